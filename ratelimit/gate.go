@@ -1,0 +1,159 @@
+// Package ratelimit paces outbound attempts to one provider: a token bucket
+// (golang.org/x/time/rate) for the configured requests per second, and a
+// provider-wide pause that a 429/503 Retry-After sets, during which no
+// attempt leaves at all (SPEC "Retries": Retry-After "pauses all outbound
+// traffic to that provider, not only the one request").
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// ErrDeadline is returned by [Gate.Wait] when the attempt could not leave
+// before the context's deadline. Wait returns it at once instead of sleeping
+// into a deadline it cannot meet: a wait that would overrun the retry budget
+// ends the attempt sequence (SPEC "Retries": a total budget).
+var ErrDeadline = errors.New("ratelimit: wait would pass the deadline")
+
+// Gate paces outbound attempts and holds the provider-wide pause. All its
+// methods are safe for concurrent use. Create it with [New]; set Now and Sleep
+// before first use, if at all.
+type Gate struct {
+	// Now returns the current time. If nil, time.Now is used.
+	Now func() time.Time
+	// Sleep waits for d or until ctx is done, returning ctx's error in the
+	// latter case. If nil, a timer that honours ctx is used.
+	Sleep func(ctx context.Context, d time.Duration) error
+
+	limiter *rate.Limiter // nil = no rate limit
+
+	mu          sync.Mutex
+	pausedUntil time.Time
+}
+
+// New returns a Gate allowing perSecond attempts per second with the given
+// burst. perSecond <= 0 means no rate limit (the pause still works); a burst
+// below 1 is raised to 1, because a zero burst would refuse every attempt.
+func New(perSecond float64, burst int) *Gate {
+	g := &Gate{}
+	if perSecond > 0 {
+		g.limiter = rate.NewLimiter(rate.Limit(perSecond), max(burst, 1))
+	}
+	return g
+}
+
+// Wait blocks until the pause, if any, is over and a rate token is available,
+// and reports how long it waited. If ctx has a deadline that comes before the
+// attempt could leave, Wait returns an error wrapping [ErrDeadline] at once,
+// without sleeping. If ctx is done while waiting, Wait returns ctx's error.
+// A pause set or extended while Wait sleeps is honoured: it re-checks after
+// every sleep.
+func (g *Gate) Wait(ctx context.Context) (time.Duration, error) {
+	var (
+		waited time.Duration
+		res    *rate.Reservation // the token held once reserved; reserved at most once
+	)
+	for {
+		now := g.now()
+		d, r := g.delay(now, res)
+		res = r
+		if d <= 0 {
+			return waited, nil
+		}
+		if err := g.sleepWithin(ctx, now, d); err != nil {
+			if res != nil {
+				// Give the token back so a failed wait does not slow the others.
+				res.CancelAt(g.now())
+			}
+			return waited, err
+		}
+		waited += d
+	}
+}
+
+// delay reports how long the caller must still wait at now: the rest of the
+// pause first, then the delay of its token. It reserves the token on the
+// first call after the pause is over and returns the reservation so that the
+// same token is kept across re-checks (reserving again would spend two).
+func (g *Gate) delay(now time.Time, res *rate.Reservation) (time.Duration, *rate.Reservation) {
+	if p := g.PausedUntil().Sub(now); p > 0 {
+		return p, res
+	}
+	if g.limiter == nil {
+		return 0, nil
+	}
+	if res == nil {
+		// ReserveN, not Wait: the limiter reads our clock, so tests fix time.
+		// burst >= 1 and n == 1, so the reservation is always OK.
+		res = g.limiter.ReserveN(now, 1)
+	}
+	return res.DelayFrom(now), res
+}
+
+// sleepWithin sleeps d unless that would reach ctx's deadline, in which case
+// it fails at once with ErrDeadline.
+func (g *Gate) sleepWithin(ctx context.Context, now time.Time, d time.Duration) error {
+	if deadline, ok := ctx.Deadline(); ok && !now.Add(d).Before(deadline) {
+		return fmt.Errorf("ratelimit: wait %v: %w", d, ErrDeadline)
+	}
+	if err := g.sleep(ctx, d); err != nil {
+		return fmt.Errorf("ratelimit: wait %v: %w", d, err)
+	}
+	return nil
+}
+
+// PauseUntil pauses all attempts until t. It only ever extends the pause: a
+// t before the current pause end is ignored, so a short Retry-After from one
+// response cannot cut short a longer one from another.
+func (g *Gate) PauseUntil(t time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if t.After(g.pausedUntil) {
+		g.pausedUntil = t
+	}
+}
+
+// PausedUntil returns the end of the pause; the zero time if none was set.
+// A time in the past means the pause is over.
+func (g *Gate) PausedUntil() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.pausedUntil
+}
+
+func (g *Gate) now() time.Time {
+	if g.Now != nil {
+		return g.Now()
+	}
+	return time.Now()
+}
+
+func (g *Gate) sleep(ctx context.Context, d time.Duration) error {
+	if g.Sleep != nil {
+		return g.Sleep(ctx, d)
+	}
+	return SleepContext(ctx, d)
+}
+
+// SleepContext waits for d or until ctx is done, whichever comes first, and
+// returns ctx's error in the latter case. It is the default Sleep of [Gate]
+// and of the retry transport.
+func SleepContext(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

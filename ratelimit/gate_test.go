@@ -1,0 +1,280 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is an injected clock: Sleep advances Now by d at once and
+// records d, so tests assert the waits a Gate asked for without sleeping.
+// It starts at the real time so that real context deadlines derived from it
+// lie in the future while the test runs.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	sleeps  []time.Duration
+	onSleep func(n int) // called after the n-th sleep (1-based), outside the lock
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.sleeps = append(c.sleeps, d)
+	n, hook := len(c.sleeps), c.onSleep
+	c.mu.Unlock()
+	if hook != nil {
+		hook(n)
+	}
+	return nil
+}
+
+func (c *fakeClock) Sleeps() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.sleeps)
+}
+
+func newTestGate(perSecond float64, burst int) (*Gate, *fakeClock) {
+	c := newFakeClock()
+	g := New(perSecond, burst)
+	g.Now, g.Sleep = c.Now, c.Sleep
+	return g, c
+}
+
+func TestGateRatePacing(t *testing.T) {
+	tests := []struct {
+		name      string
+		perSecond float64
+		burst     int
+		calls     int
+		want      []time.Duration // waits reported by each call
+	}{
+		{"2 per second, burst 1", 2, 1, 4, []time.Duration{0, 500 * time.Millisecond, 500 * time.Millisecond, 500 * time.Millisecond}},
+		{"10 per second, burst 3", 10, 3, 5, []time.Duration{0, 0, 0, 100 * time.Millisecond, 100 * time.Millisecond}},
+		{"burst 0 is raised to 1", 1, 0, 2, []time.Duration{0, time.Second}},
+		{"no limit", 0, 0, 5, []time.Duration{0, 0, 0, 0, 0}},
+		{"negative rate is no limit", -1, 5, 3, []time.Duration{0, 0, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g, c := newTestGate(tt.perSecond, tt.burst)
+			var got []time.Duration
+			for range tt.calls {
+				w, err := g.Wait(context.Background())
+				if err != nil {
+					t.Fatalf("Wait: %v", err)
+				}
+				got = append(got, w)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("waits = %v, want %v", got, tt.want)
+			}
+			var wantSleeps []time.Duration
+			for _, w := range tt.want {
+				if w > 0 {
+					wantSleeps = append(wantSleeps, w)
+				}
+			}
+			if s := c.Sleeps(); !slices.Equal(s, wantSleeps) {
+				t.Errorf("sleeps = %v, want %v", s, wantSleeps)
+			}
+		})
+	}
+}
+
+func TestGatePause(t *testing.T) {
+	g, c := newTestGate(0, 1)
+	start := c.Now()
+	g.PauseUntil(start.Add(2 * time.Second))
+	w, err := g.Wait(context.Background())
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if w != 2*time.Second {
+		t.Errorf("waited %v, want 2s", w)
+	}
+	if !c.Now().Equal(start.Add(2 * time.Second)) {
+		t.Errorf("left at %v after start, want 2s", c.Now().Sub(start))
+	}
+	// The pause is over: the next attempt leaves at once.
+	if w, err := g.Wait(context.Background()); err != nil || w != 0 {
+		t.Errorf("second Wait = %v, %v; want 0, nil", w, err)
+	}
+}
+
+func TestGatePauseOnlyExtends(t *testing.T) {
+	g, c := newTestGate(0, 1)
+	long := c.Now().Add(5 * time.Second)
+	g.PauseUntil(long)
+	g.PauseUntil(c.Now().Add(time.Second))
+	if got := g.PausedUntil(); !got.Equal(long) {
+		t.Errorf("PausedUntil = +%v, want +5s", got.Sub(c.Now()))
+	}
+	if got := New(1, 1).PausedUntil(); !got.IsZero() {
+		t.Errorf("new gate PausedUntil = %v, want zero", got)
+	}
+}
+
+// A pause extended while an attempt already sleeps is honoured: Wait
+// re-checks after waking instead of leaving at the old pause end.
+func TestGatePauseExtendedWhileWaiting(t *testing.T) {
+	g, c := newTestGate(0, 1)
+	start := c.Now()
+	g.PauseUntil(start.Add(2 * time.Second))
+	c.onSleep = func(n int) {
+		if n == 1 {
+			g.PauseUntil(start.Add(5 * time.Second))
+		}
+	}
+	w, err := g.Wait(context.Background())
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if want := []time.Duration{2 * time.Second, 3 * time.Second}; !slices.Equal(c.Sleeps(), want) {
+		t.Errorf("sleeps = %v, want %v", c.Sleeps(), want)
+	}
+	if w != 5*time.Second {
+		t.Errorf("waited %v, want 5s", w)
+	}
+}
+
+// The token reserved before a pause is kept through it: a rate-limited
+// attempt caught by a pause does not reserve a second token afterwards.
+func TestGatePauseWhileHoldingToken(t *testing.T) {
+	g, c := newTestGate(1, 1)
+	if _, err := g.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	start := c.Now()
+	c.onSleep = func(n int) {
+		if n == 1 { // woke for the token; a 429 elsewhere pauses everyone
+			g.PauseUntil(start.Add(3 * time.Second))
+		}
+	}
+	w, err := g.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []time.Duration{time.Second, 2 * time.Second}; !slices.Equal(c.Sleeps(), want) {
+		t.Errorf("sleeps = %v, want %v", c.Sleeps(), want)
+	}
+	if w != 3*time.Second {
+		t.Errorf("waited %v, want 3s", w)
+	}
+}
+
+func TestGateDeadline(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(g *Gate, now time.Time)
+	}{
+		{"pause ends after the deadline", func(g *Gate, now time.Time) {
+			g.PauseUntil(now.Add(2 * time.Hour))
+		}},
+		{"pause ends exactly at the deadline", func(g *Gate, now time.Time) {
+			g.PauseUntil(now.Add(time.Hour))
+		}},
+		{"token comes after the deadline", func(g *Gate, now time.Time) {
+			g.limiter.SetLimitAt(now, 1.0/7200) // one token per two hours
+			if _, err := g.Wait(context.Background()); err != nil {
+				panic(err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g, c := newTestGate(1, 1)
+			tt.setup(g, c.Now())
+			ctx, cancel := context.WithDeadline(context.Background(), c.Now().Add(time.Hour))
+			defer cancel()
+			w, err := g.Wait(ctx)
+			if !errors.Is(err, ErrDeadline) {
+				t.Fatalf("Wait err = %v, want ErrDeadline", err)
+			}
+			if w != 0 || len(c.Sleeps()) != 0 {
+				t.Errorf("waited %v with sleeps %v; want an immediate error", w, c.Sleeps())
+			}
+		})
+	}
+}
+
+// A wait that fails on the deadline gives its token back, so the next
+// attempt is not delayed by a token nobody used.
+func TestGateDeadlineReturnsToken(t *testing.T) {
+	g, c := newTestGate(1, 1)
+	if _, err := g.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), c.Now().Add(500*time.Millisecond))
+	defer cancel()
+	if _, err := g.Wait(ctx); !errors.Is(err, ErrDeadline) {
+		t.Fatalf("Wait err = %v, want ErrDeadline", err)
+	}
+	w, err := g.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w != time.Second {
+		t.Errorf("waited %v after a cancelled reservation, want 1s", w)
+	}
+}
+
+func TestGateContextCanceled(t *testing.T) {
+	g := New(0, 1) // real clock and sleep
+	g.PauseUntil(time.Now().Add(time.Hour))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := g.Wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait err = %v, want context.Canceled", err)
+	}
+}
+
+// Concurrent waiters behind one pause all leave after it ends (real clock;
+// the assertion compares instants, not durations, so it is not timed).
+func TestGateConcurrentPause(t *testing.T) {
+	g := New(1000, 8)
+	end := time.Now().Add(50 * time.Millisecond)
+	g.PauseUntil(end)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if _, err := g.Wait(context.Background()); err != nil {
+				t.Error(err)
+				return
+			}
+			if left := time.Now(); left.Before(end) {
+				t.Errorf("left %v before the pause ended", end.Sub(left))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestSleepContext(t *testing.T) {
+	if err := SleepContext(context.Background(), 0); err != nil {
+		t.Errorf("SleepContext(0) = %v", err)
+	}
+	if err := SleepContext(context.Background(), time.Millisecond); err != nil {
+		t.Errorf("SleepContext(1ms) = %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := SleepContext(ctx, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Errorf("SleepContext(canceled) = %v, want context.Canceled", err)
+	}
+}
