@@ -1,0 +1,96 @@
+package idemkey
+
+import (
+	"net/http"
+
+	"github.com/google/uuid"
+)
+
+// Request is what derivation and fingerprinting read from an HTTP request.
+// Path is the request path as it will be forwarded and RawQuery the query
+// without '?'; Body is the whole body, already read (nil means empty).
+// A nil Header has no fields.
+type Request struct {
+	Method, Path, RawQuery, ContentType string
+	Header                              http.Header
+	Body                                []byte
+}
+
+// namespace is the UUIDv5 namespace of derived keys:
+// uuid.NewSHA1(uuid.NameSpaceURL, "https://github.com/idemproxy/idemproxy#idempotency-key").
+// Changing it changes every derived key, which would send a second charge for
+// any operation in flight across the change.
+var namespace = uuid.MustParse("37a209bb-1b51-5f69-bf68-a0460f24db7b")
+
+// Derive returns the key derived from the first of sources present in r, and
+// that source; ok is false, and key empty, when none is present.
+//
+// The key is a UUIDv5 (uuid.NewSHA1 over a fixed idemproxy namespace) of an
+// unambiguous, length-prefixed encoding of r's method and path, the source
+// and its value. It is deterministic, so a legacy app's blind retry gets the
+// same key, and it differs per method and path, because a payment and a
+// refund of one order are two operations (SPEC.md, "Protected requests").
+// It also differs per source, so changing IDEMPROXY_KEY_SOURCES changes the
+// keys of operations in flight; change it only when none are.
+//
+// Values, empty ones counting as absent:
+//   - JSON: the member at the dotted path of a body that is a JSON object,
+//     tried whenever the body starts with '{' (legacy apps send JSON with a
+//     missing or wrong Content-Type). A string gives its decoded value, a
+//     number its literal text; null, bools, objects and arrays are absent.
+//     The number 12345 and the string "12345" give the same key, because
+//     legacy apps are inconsistent about quoting order ids and a retry that
+//     quotes differently must not become a second charge. Invalid JSON has
+//     no values (it is still forwarded; the provider decides).
+//   - Form: the first value of the field in an application/x-www-form-urlencoded
+//     body, or in a body without Content-Type that does not start with '{'.
+//   - Header: r.Header.Get(Name).
+//   - Query: the first value of the query parameter.
+func Derive(sources []Source, r Request) (key string, src Source, ok bool) {
+	st := getState()
+	defer putState(st)
+	for _, s := range sources {
+		if val, ok := st.value(s, r); ok {
+			return st.key(r, s, val), s, true
+		}
+	}
+	return "", Source{}, false
+}
+
+// value returns the value of source s in r.
+func (st *state) value(s Source, r Request) ([]byte, bool) {
+	switch s.Kind {
+	case JSON:
+		if firstNonSpace(r.Body) != '{' {
+			return nil, false
+		}
+		return st.json.lookup(r.Body, s.Name)
+	case Form:
+		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(r.Body) == '{') {
+			return nil, false
+		}
+		var ok bool
+		st.val, ok = formValue(st.val, r.Body, s.Name)
+		return st.val, ok
+	case Header:
+		st.val = append(st.val[:0], r.Header.Get(s.Name)...)
+		return st.val, len(st.val) > 0
+	case Query:
+		var ok bool
+		st.val, ok = formValue(st.val, r.RawQuery, s.Name)
+		return st.val, ok
+	}
+	return nil, false
+}
+
+// key computes the derived key for value val of source s.
+func (st *state) key(r Request, s Source, val []byte) string {
+	b := append(st.buf[:0], "idemproxy-key-v1"...)
+	b = appendField(b, r.Method)
+	b = appendField(b, r.Path)
+	b = appendField(b, s.Kind.String())
+	b = appendField(b, s.Name)
+	b = appendField(b, val)
+	st.buf = b
+	return uuid.NewSHA1(namespace, b).String()
+}

@@ -1,0 +1,300 @@
+package idemkey
+
+import (
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+)
+
+var uuidShape = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+func mustSources(t testing.TB, s string) []Source {
+	t.Helper()
+	srcs, err := ParseSources(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srcs
+}
+
+func postJSON(body string) Request {
+	return Request{Method: "POST", Path: "/v1/payments", ContentType: "application/json", Body: []byte(body)}
+}
+
+// wantKey is the key Derive must produce, computed here from the documented
+// encoding rather than through Derive's own code.
+func wantKey(method, path string, src Source, value string) string {
+	var b []byte
+	b = append(b, "idemproxy-key-v1"...)
+	for _, f := range []string{method, path, src.Kind.String(), src.Name, value} {
+		b = append(b, byte(len(f))) // every field in these tests is shorter than 128 bytes
+		b = append(b, f...)
+	}
+	return uuid.NewSHA1(namespace, b).String()
+}
+
+func TestNamespaceProvenance(t *testing.T) {
+	got := uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://github.com/idemproxy/idemproxy#idempotency-key"))
+	if got != namespace {
+		t.Fatalf("namespace = %s, but its documented derivation gives %s", namespace, got)
+	}
+}
+
+func TestDerive(t *testing.T) {
+	form := func(body string) Request {
+		return Request{Method: "POST", Path: "/payouts", ContentType: "application/x-www-form-urlencoded; charset=utf-8", Body: []byte(body)}
+	}
+	tests := []struct {
+		name      string
+		sources   string
+		req       Request
+		wantSrc   Source
+		wantValue string
+	}{
+		{"json top level", "json:order_id", postJSON(`{"amount":100,"order_id":"A-1"}`), Source{JSON, "order_id"}, "A-1"},
+		{"json nested", "json:payment.order.id", postJSON(`{"payment":{"order":{"id":"N-7"},"id":"x"}}`), Source{JSON, "payment.order.id"}, "N-7"},
+		{"json number", "json:order_id", postJSON(`{"order_id":12345}`), Source{JSON, "order_id"}, "12345"},
+		{"json number literal text", "json:order_id", postJSON(`{"order_id":-1.50e+3}`), Source{JSON, "order_id"}, "-1.50e+3"},
+		{"json escaped string", "json:order_id", postJSON(`{"order_id":"A\u002d1"}`), Source{JSON, "order_id"}, "A-1"},
+		{"json escaped key", "json:order_id", postJSON(`{"order\u005fid":"A-1"}`), Source{JSON, "order_id"}, "A-1"},
+		{"json last duplicate wins", "json:order_id", postJSON(`{"order_id":"A","order_id":"B"}`), Source{JSON, "order_id"}, "B"},
+		{"json without content type", "json:order_id", Request{Method: "POST", Path: "/p", Body: []byte(" \n{\"order_id\":\"A\"}")}, Source{JSON, "order_id"}, "A"},
+		{"json with wrong content type", "json:order_id", Request{Method: "POST", Path: "/p", ContentType: "text/plain", Body: []byte(`{"order_id":"A"}`)}, Source{JSON, "order_id"}, "A"},
+		{"form", "form:order_id", form("amount=1&order_id=F%2D1+x&order_id=second"), Source{Form, "order_id"}, "F-1 x"},
+		{"form skips malformed pairs", "form:order_id", form("order_id=%zz&order_id=ok"), Source{Form, "order_id"}, "ok"},
+		{"form without content type", "form:order_id", Request{Method: "POST", Path: "/p", Body: []byte("order_id=7")}, Source{Form, "order_id"}, "7"},
+		{"header", "header:x-order-id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1"}}}, Source{Header, "X-Order-Id"}, "H-1"},
+		{"query", "query:order", Request{Method: "POST", Path: "/p", RawQuery: "a=1&order=Q%201&order=2"}, Source{Query, "order"}, "Q 1"},
+		{"first present wins", "json:order_id,form:order_id,header:X-Id,query:id",
+			Request{Method: "POST", Path: "/p", RawQuery: "id=q", Header: http.Header{"X-Id": {"h"}}, Body: []byte(`{"other":1}`)},
+			Source{Header, "X-Id"}, "h"},
+		{"order of sources decides", "query:id,header:X-Id",
+			Request{Method: "POST", Path: "/p", RawQuery: "id=q", Header: http.Header{"X-Id": {"h"}}},
+			Source{Query, "id"}, "q"},
+		{"empty json value falls through", "json:order_id,query:id", Request{Method: "POST", Path: "/p", RawQuery: "id=q", Body: []byte(`{"order_id":""}`)}, Source{Query, "id"}, "q"},
+		{"null falls through", "json:order_id,query:id", Request{Method: "POST", Path: "/p", RawQuery: "id=q", Body: []byte(`{"order_id":null}`)}, Source{Query, "id"}, "q"},
+		{"invalid json falls through", "json:order_id,query:id", Request{Method: "POST", Path: "/p", RawQuery: "id=q", Body: []byte(`{"order_id":"A",}`)}, Source{Query, "id"}, "q"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key, src, ok := Derive(mustSources(t, tt.sources), tt.req)
+			if !ok || src != tt.wantSrc {
+				t.Fatalf("Derive = %q, %v, %v; want source %v", key, src, ok, tt.wantSrc)
+			}
+			if want := wantKey(tt.req.Method, tt.req.Path, tt.wantSrc, tt.wantValue); key != want {
+				t.Fatalf("Derive key = %s, want %s (value %q)", key, want, tt.wantValue)
+			}
+			if !uuidShape.MatchString(key) || len(key) > MaxLen {
+				t.Fatalf("key %q is not a UUIDv5", key)
+			}
+		})
+	}
+}
+
+func TestDeriveNotPresent(t *testing.T) {
+	tests := []struct {
+		name, sources string
+		req           Request
+	}{
+		{"no body", "json:order_id", Request{Method: "POST", Path: "/p"}},
+		{"missing field", "json:order_id", postJSON(`{"id":"x"}`)},
+		{"nested field missing", "json:a.b", postJSON(`{"a":{"c":"x"},"b":"y"}`)},
+		{"path through a non-object", "json:a.b", postJSON(`{"a":"x"}`)},
+		{"path through an array", "json:a.b", postJSON(`{"a":[{"b":"x"}]}`)},
+		{"empty string", "json:order_id", postJSON(`{"order_id":""}`)},
+		{"null", "json:order_id", postJSON(`{"order_id":null}`)},
+		{"bool", "json:order_id", postJSON(`{"order_id":true}`)},
+		{"object", "json:order_id", postJSON(`{"order_id":{"id":"x"}}`)},
+		{"array", "json:order_id", postJSON(`{"order_id":["x"]}`)},
+		{"last duplicate is empty", "json:order_id", postJSON(`{"order_id":"A","order_id":""}`)},
+		{"last duplicate of parent lacks it", "json:a.b", postJSON(`{"a":{"b":"x"},"a":{}}`)},
+		{"top-level array", "json:order_id", postJSON(`[{"order_id":"A"}]`)},
+		{"trailing garbage", "json:order_id", postJSON(`{"order_id":"A"} x`)},
+		{"truncated", "json:order_id", postJSON(`{"order_id":"A"`)},
+		{"invalid UTF-8", "json:order_id", postJSON("{\"order_id\":\"A\xff\"}")},
+		{"form field empty", "form:order_id", Request{ContentType: "application/x-www-form-urlencoded", Body: []byte("order_id=&x=1")}},
+		{"form field without value", "form:order_id", Request{ContentType: "application/x-www-form-urlencoded", Body: []byte("order_id")}},
+		{"form body with JSON content type", "form:order_id", Request{ContentType: "application/json", Body: []byte("order_id=1")}},
+		{"form source on a JSON body", "form:order_id", Request{Body: []byte(`{"order_id":"1"}`)}},
+		{"header absent", "header:X-Id", Request{Header: http.Header{"X-Other": {"1"}}}},
+		{"header empty", "header:X-Id", Request{Header: http.Header{"X-Id": {""}}}},
+		{"nil header", "header:X-Id", Request{}},
+		{"query absent", "query:id", Request{RawQuery: "idx=1"}},
+		{"query empty", "query:id", Request{RawQuery: "id="}},
+		{"no sources", "", Request{RawQuery: "id=1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var srcs []Source
+			if tt.sources != "" {
+				srcs = mustSources(t, tt.sources)
+			}
+			if key, src, ok := Derive(srcs, tt.req); ok || key != "" || src != (Source{}) {
+				t.Fatalf("Derive = %q, %v, %v; want nothing", key, src, ok)
+			}
+		})
+	}
+}
+
+func TestDeriveSameOperation(t *testing.T) {
+	srcs := mustSources(t, "json:order_id")
+	base := postJSON(`{"order_id":"12345","amount":100}`)
+	baseKey, _, _ := Derive(srcs, base)
+	same := []Request{
+		base,
+		postJSON(`{"order_id":12345,"amount":100}`),             // legacy apps quote ids inconsistently
+		postJSON(` { "amount" : 999 , "order_id" : "12345" } `), // another body is still the same operation
+		{Method: "POST", Path: "/v1/payments", Body: []byte(`{"order_id":"\u0031\u0032345"}`)},
+	}
+	for i, r := range same {
+		if key, _, _ := Derive(srcs, r); key != baseKey {
+			t.Errorf("request %d: key %s, want %s", i, key, baseKey)
+		}
+	}
+}
+
+func TestDeriveDifferentOperations(t *testing.T) {
+	srcs := mustSources(t, "json:order_id")
+	base := postJSON(`{"order_id":"12345"}`)
+	baseKey, _, _ := Derive(srcs, base)
+	other := map[string]Request{
+		"refund of the same order": {Method: "POST", Path: "/v1/refunds", Body: base.Body},
+		"other method":             {Method: "PUT", Path: base.Path, Body: base.Body},
+		"other order":              postJSON(`{"order_id":"12346"}`),
+		"number text differs":      postJSON(`{"order_id":12345.0}`),
+		// With plain concatenation, method+path "POST"+"/v1/payments" would equal "POS"+"T/v1/payments".
+		"shifted field boundary": {Method: "POS", Path: "T/v1/payments", Body: base.Body},
+	}
+	for name, r := range other {
+		if key, _, _ := Derive(srcs, r); key == baseKey {
+			t.Errorf("%s: same key %s as the payment", name, key)
+		}
+	}
+	// The same value in another source is another key.
+	q := Request{Method: "POST", Path: "/v1/payments", RawQuery: "order_id=12345"}
+	if key, _, _ := Derive(mustSources(t, "query:order_id"), q); key == baseKey {
+		t.Errorf("query source gave the JSON source's key")
+	}
+}
+
+func TestDeriveDeterministic(t *testing.T) {
+	srcs := mustSources(t, "json:order_id")
+	r := postJSON(paymentBody)
+	first, _, ok := Derive(srcs, r)
+	if !ok {
+		t.Fatal("no key for the payment body")
+	}
+	for range 100 {
+		if key, _, _ := Derive(srcs, r); key != first {
+			t.Fatalf("key changed: %s then %s", first, key)
+		}
+	}
+	// Pinned, so that a change of encoding (which would give every operation in
+	// flight a new key, i.e. a second charge) cannot go unnoticed.
+	const pinned = "c3d6bc0f-c5e2-52ae-9a10-dc04e86e9b67"
+	if first != pinned || first != wantKey("POST", "/v1/payments", Source{JSON, "order_id"}, "ORD-2024-000123456") {
+		t.Fatalf("key for the payment body = %s; pinned %s", first, pinned)
+	}
+}
+
+func TestDeriveLongValue(t *testing.T) {
+	// A long value still gives a UUID; length prefixes of more than one byte work.
+	long := strings.Repeat("x", 100000)
+	key, _, ok := Derive(mustSources(t, "header:X-Id"), Request{Header: http.Header{"X-Id": {long}}})
+	if !ok || !uuidShape.MatchString(key) {
+		t.Fatalf("Derive = %q, %v", key, ok)
+	}
+	key2, _, _ := Derive(mustSources(t, "header:X-Id"), Request{Header: http.Header{"X-Id": {long + "y"}}})
+	if key == key2 {
+		t.Fatal("values differing at the end gave one key")
+	}
+}
+
+func TestDeriveDeepNesting(t *testing.T) {
+	deep := func(n int) []byte {
+		return []byte(`{"a":` + strings.Repeat(`{"a":`, n-1) + `"x"` + strings.Repeat("}", n))
+	}
+	path := strings.TrimSuffix(strings.Repeat("a.", 100), ".")
+	if _, _, ok := Derive(mustSources(t, "json:"+path), Request{Body: deep(100)}); !ok {
+		t.Fatal("no key at depth 100")
+	}
+	// Deeper than encoding/json accepts: not a value, and no stack exhaustion.
+	if _, _, ok := Derive(mustSources(t, "json:a"), Request{Body: deep(maxDepth + 1)}); ok {
+		t.Fatal("key from a document nested deeper than maxDepth")
+	}
+}
+
+func FuzzDeriveJSON(f *testing.F) {
+	for _, s := range []string{
+		paymentBody, `{"order_id":1}`, `{"order_id":""}`, `{"a":{"b":"c"}}`, `{"order_id":"\ud800"}`,
+		`{"order_id":"A","order_id":{}}`, `{`, `{"a":[1,{"order_id":2}]}`, " {\"order_id\" : -0.0e-0 }",
+	} {
+		f.Add(s)
+	}
+	srcs := mustSources(f, "json:order_id,json:a.b")
+	f.Fuzz(func(t *testing.T, body string) {
+		r := Request{Method: "POST", Path: "/p", Body: []byte(body)}
+		key, src, ok := Derive(srcs, r)
+		if !ok {
+			if key != "" {
+				t.Fatalf("key %q with ok=false", key)
+			}
+			return
+		}
+		if len(key) > MaxLen || !uuidShape.MatchString(key) {
+			t.Fatalf("key %q is not a UUIDv5", key)
+		}
+		if src.Kind != JSON {
+			t.Fatalf("source %v", src)
+		}
+		if again, _, _ := Derive(srcs, r); again != key {
+			t.Fatalf("not deterministic: %s then %s", key, again)
+		}
+		if _, err := CanonicalJSON(nil, r.Body); err != nil {
+			t.Fatalf("key derived from a body CanonicalJSON rejects: %v", err)
+		}
+	})
+}
+
+// paymentBody is a realistic ~500-byte payment request.
+const paymentBody = `{
+  "order_id": "ORD-2024-000123456",
+  "amount": {"value": 150000, "currency": "RUB"},
+  "description": "Оплата заказа №123456",
+  "payment_method": {"type": "bank_card", "card": {"token": "tok_1NxJ2eHk9vQ8aB3cD4eF5gH6", "expiry": "12/27"}},
+  "customer": {"id": "cus_884213", "email": "ivan.petrov@example.com", "phone": "+79161234567"},
+  "capture": true,
+  "metadata": {"cart_id": 998877, "source": "legacy-shop", "campaign": null},
+  "return_url": "https://shop.example.com/orders/123456/complete"
+}`
+
+func BenchmarkDerive(b *testing.B) {
+	srcs := mustSources(b, "json:order_id")
+	r := postJSON(paymentBody)
+	b.SetBytes(int64(len(r.Body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, ok := Derive(srcs, r); !ok {
+			b.Fatal("no key")
+		}
+	}
+}
+
+func ExampleDerive() {
+	srcs, err := ParseSources("json:order_id,header:X-Order-Id")
+	if err != nil {
+		panic(err)
+	}
+	pay := Request{Method: "POST", Path: "/v1/payments", Body: []byte(`{"order_id": 42, "amount": 100}`)}
+	retry := Request{Method: "POST", Path: "/v1/payments", Body: []byte(`{"amount":100,"order_id":"42"}`)}
+	refund := Request{Method: "POST", Path: "/v1/refunds", Body: []byte(`{"order_id": 42}`)}
+	k1, src, _ := Derive(srcs, pay)
+	k2, _, _ := Derive(srcs, retry)
+	k3, _, _ := Derive(srcs, refund)
+	fmt.Println(src, k1 == k2, k1 == k3)
+	// Output: json:order_id true false
+}

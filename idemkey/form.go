@@ -1,0 +1,147 @@
+package idemkey
+
+import (
+	"slices"
+	"strings"
+)
+
+// text is what form and query scanning accept: a request body or a raw query.
+type text interface{ ~string | ~[]byte }
+
+// formValue returns the decoded value of the first field called name in the
+// application/x-www-form-urlencoded text s, appended to buf[:0]. Like
+// url.ParseQuery, it skips pairs that do not decode, and a field without '='
+// has an empty value; an empty value counts as absent, and so does the field.
+func formValue[T text](buf []byte, s T, name string) ([]byte, bool) {
+	for len(s) > 0 {
+		var pair T
+		pair, s = cutByte(s, '&')
+		k, v := cutByte(pair, '=')
+		key, ok := unescapeForm(buf[:0], k)
+		if !ok || string(key) != name {
+			continue
+		}
+		val, ok := unescapeForm(key[:0], v)
+		if !ok {
+			continue
+		}
+		return val, len(val) > 0
+	}
+	return buf[:0], false
+}
+
+// pair is one decoded form field: key and value as ranges of a buffer.
+type pair struct{ kStart, kEnd, vStart, vEnd int }
+
+// formPairs decodes every field of s into buf, appending their ranges to
+// pairs (empty segments, as in "a=1&&b=2", are skipped, as url.ParseQuery
+// does), and sorts them by key, keeping the order of repeated keys, which
+// is significant to the applications that read them. ok is false when a
+// field does not decode.
+func formPairs[T text](buf []byte, pairs []pair, s T) ([]byte, []pair, bool) {
+	for len(s) > 0 {
+		var seg T
+		seg, s = cutByte(s, '&')
+		if len(seg) == 0 {
+			continue
+		}
+		k, v := cutByte(seg, '=')
+		var p pair
+		var ok bool
+		p.kStart = len(buf)
+		if buf, ok = unescapeForm(buf, k); !ok {
+			return buf, pairs, false
+		}
+		p.kEnd, p.vStart = len(buf), len(buf)
+		if buf, ok = unescapeForm(buf, v); !ok {
+			return buf, pairs, false
+		}
+		p.vEnd = len(buf)
+		pairs = append(pairs, p)
+	}
+	slices.SortStableFunc(pairs, func(a, b pair) int {
+		return strings.Compare(string(buf[a.kStart:a.kEnd]), string(buf[b.kStart:b.kEnd]))
+	})
+	return buf, pairs, true
+}
+
+// cutByte splits s around the first c (the whole of s when there is none).
+func cutByte[T text](s T, c byte) (before, after T) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			return s[:i], s[i+1:]
+		}
+	}
+	return s, s[len(s):]
+}
+
+// unescapeForm appends s decoded as by url.QueryUnescape ('+' is a space,
+// %XX a byte); ok is false for a malformed percent escape.
+func unescapeForm[T text](dst []byte, s T) ([]byte, bool) {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '+':
+			dst = append(dst, ' ')
+		case '%':
+			if i+2 >= len(s) {
+				return dst, false
+			}
+			hi, ok1 := unhex(s[i+1])
+			lo, ok2 := unhex(s[i+2])
+			if !ok1 || !ok2 {
+				return dst, false
+			}
+			dst = append(dst, hi<<4|lo)
+			i += 2
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst, true
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+// mediaType returns the media type of a Content-Type value, without parameters.
+func mediaType(contentType string) string {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.TrimSpace(mt)
+}
+
+// isFormType reports whether contentType is application/x-www-form-urlencoded.
+func isFormType(contentType string) bool {
+	return strings.EqualFold(mediaType(contentType), "application/x-www-form-urlencoded")
+}
+
+// isJSONType reports whether contentType is application/json or any
+// */json or */*+json type (RFC 6839 §3.1).
+func isJSONType(contentType string) bool {
+	_, sub, ok := strings.Cut(mediaType(contentType), "/")
+	if !ok {
+		return false
+	}
+	return strings.EqualFold(sub, "json") ||
+		(len(sub) > 5 && strings.EqualFold(sub[len(sub)-5:], "+json"))
+}
+
+// firstNonSpace returns the first byte of b that is not JSON whitespace, or 0.
+func firstNonSpace(b []byte) byte {
+	for _, c := range b {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+		default:
+			return c
+		}
+	}
+	return 0
+}

@@ -1,0 +1,584 @@
+package idemkey
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// ErrInvalidJSON is wrapped by [CanonicalJSON]'s errors.
+var ErrInvalidJSON = errors.New("invalid JSON")
+
+// maxDepth is encoding/json's nesting limit, so every document the standard
+// library accepts is accepted here, and a hostile body cannot exhaust the stack.
+const maxDepth = 10000
+
+// CanonicalJSON appends the canonical form of the JSON document body to dst:
+// object members sorted by key (bytewise on the canonical key encoding; members
+// with the same key keep their order), no insignificant whitespace, numbers
+// copied as written, strings re-encoded canonically (the shortest escapes of
+// RFC 8785: \" \\ \b \f \n \r \t, \u00xx for other control characters, every
+// other character as raw UTF-8; a lone surrogate escape stays \uxxxx).
+//
+// Two documents have the same canonical form exactly when they differ only in
+// member order, whitespace and string escaping, so comparing canonical forms
+// never mistakes one request for another. Invalid JSON, including invalid
+// UTF-8, which RFC 8259 §8.1 forbids, gives an error wrapping
+// [ErrInvalidJSON], and dst is returned with its original length.
+func CanonicalJSON(dst, body []byte) ([]byte, error) {
+	st := getState()
+	defer putState(st)
+	p := &st.json
+	p.reset(body, true)
+	p.out = dst
+	defer func() { p.out = nil }() // dst belongs to the caller, not the pool
+	if err := p.document(); err != nil {
+		return dst, fmt.Errorf("canonical JSON: %w", err)
+	}
+	return p.out, nil
+}
+
+// jsonParser is a small validating JSON parser. With emit set it appends the
+// canonical form to out; lookup walks to one value without emitting. Its
+// slices are reused between documents (see state).
+type jsonParser struct {
+	data []byte
+	pos  int
+	emit bool
+	out  []byte
+
+	members []member // open objects' members, innermost last (emit only)
+	scratch []byte   // an object's members while they are reordered
+	key     []byte   // decoded object key (lookup)
+	val     []byte   // decoded value found by lookup
+}
+
+// member locates one object member in out: [start,end) is `"key":value`,
+// [keyStart,keyEnd) the key between its quotes.
+type member struct{ start, keyStart, keyEnd, end int }
+
+func (p *jsonParser) reset(data []byte, emit bool) {
+	p.data, p.pos, p.emit = data, 0, emit
+	p.members = p.members[:0]
+}
+
+func (p *jsonParser) fail(what string) error {
+	return fmt.Errorf("%w: %s at offset %d", ErrInvalidJSON, what, p.pos)
+}
+
+// peek returns the current byte, or 0 (never valid JSON) at the end.
+func (p *jsonParser) peek() byte {
+	if p.pos < len(p.data) {
+		return p.data[p.pos]
+	}
+	return 0
+}
+
+func (p *jsonParser) put(c byte) {
+	if p.emit {
+		p.out = append(p.out, c)
+	}
+}
+
+func (p *jsonParser) skipWS() {
+	for p.pos < len(p.data) {
+		switch p.data[p.pos] {
+		case ' ', '\t', '\n', '\r':
+			p.pos++
+		default:
+			return
+		}
+	}
+}
+
+// document parses one complete document: a value with optional whitespace around it.
+func (p *jsonParser) document() error {
+	p.skipWS()
+	if err := p.value(0); err != nil {
+		return err
+	}
+	p.skipWS()
+	if p.pos != len(p.data) {
+		return p.fail("data after the top-level value")
+	}
+	return nil
+}
+
+// value parses the value at p.pos; depth counts the containers around it.
+func (p *jsonParser) value(depth int) error {
+	switch c := p.peek(); {
+	case c == '{':
+		return p.object(depth + 1)
+	case c == '[':
+		return p.array(depth + 1)
+	case c == '"':
+		if p.emit {
+			return p.str(&p.out, true)
+		}
+		return p.str(nil, false)
+	case c == '-' || isDigit(c):
+		start := p.pos
+		if err := p.number(); err != nil {
+			return err
+		}
+		if p.emit {
+			p.out = append(p.out, p.data[start:p.pos]...)
+		}
+		return nil
+	case c == 't':
+		return p.literal("true")
+	case c == 'f':
+		return p.literal("false")
+	case c == 'n':
+		return p.literal("null")
+	case p.pos >= len(p.data):
+		return p.fail("unexpected end of input")
+	}
+	return p.fail("unexpected character")
+}
+
+func (p *jsonParser) object(depth int) error {
+	if depth > maxDepth {
+		return p.fail("nesting too deep")
+	}
+	open, base := len(p.out), len(p.members)
+	p.pos++
+	p.put('{')
+	p.skipWS()
+	if p.peek() == '}' {
+		p.pos++
+		p.put('}')
+		return nil
+	}
+	for first := true; ; first = false {
+		if !first {
+			p.put(',')
+		}
+		if err := p.objectMember(depth); err != nil {
+			return err
+		}
+		p.skipWS()
+		switch p.peek() {
+		case ',':
+			p.pos++
+			p.skipWS()
+		case '}':
+			p.pos++
+			if p.emit {
+				p.sortMembers(open, base)
+				p.out = append(p.out, '}')
+			}
+			return nil
+		default:
+			return p.fail("want ',' or '}' after an object member")
+		}
+	}
+}
+
+// objectMember parses `"key": value` and, when emitting, records where it went.
+func (p *jsonParser) objectMember(depth int) error {
+	if p.peek() != '"' {
+		return p.fail("want an object key")
+	}
+	m := member{start: len(p.out), keyStart: len(p.out) + 1}
+	var err error
+	if p.emit {
+		err = p.str(&p.out, true)
+	} else {
+		err = p.str(nil, false)
+	}
+	if err != nil {
+		return err
+	}
+	m.keyEnd = len(p.out) - 1
+	if err := p.colon(); err != nil {
+		return err
+	}
+	if err := p.value(depth); err != nil {
+		return err
+	}
+	if p.emit {
+		m.end = len(p.out)
+		p.members = append(p.members, m)
+	}
+	return nil
+}
+
+func (p *jsonParser) colon() error {
+	p.skipWS()
+	if p.peek() != ':' {
+		return p.fail("want ':' after an object key")
+	}
+	p.pos++
+	p.put(':')
+	p.skipWS()
+	return nil
+}
+
+// sortMembers orders the members of the object opened at out[open] (recorded
+// from p.members[base]) by key, then drops them from p.members.
+func (p *jsonParser) sortMembers(open, base int) {
+	ms := p.members[base:]
+	defer func() { p.members = p.members[:base] }()
+	body := open + 1
+	if slices.IsSortedFunc(ms, p.keyOrder(p.out, 0)) {
+		return
+	}
+	p.scratch = append(p.scratch[:0], p.out[body:]...)
+	p.out = p.out[:body]
+	slices.SortStableFunc(ms, p.keyOrder(p.scratch, body))
+	for i, m := range ms {
+		if i > 0 {
+			p.out = append(p.out, ',')
+		}
+		p.out = append(p.out, p.scratch[m.start-body:m.end-body]...)
+	}
+}
+
+// keyOrder compares members by their canonical key bytes held in buf, whose
+// first byte is at offset shift of out.
+func (p *jsonParser) keyOrder(buf []byte, shift int) func(a, b member) int {
+	return func(a, b member) int {
+		return bytes.Compare(buf[a.keyStart-shift:a.keyEnd-shift], buf[b.keyStart-shift:b.keyEnd-shift])
+	}
+}
+
+func (p *jsonParser) array(depth int) error {
+	if depth > maxDepth {
+		return p.fail("nesting too deep")
+	}
+	p.pos++
+	p.put('[')
+	p.skipWS()
+	if p.peek() == ']' {
+		p.pos++
+		p.put(']')
+		return nil
+	}
+	for {
+		if err := p.value(depth); err != nil {
+			return err
+		}
+		p.skipWS()
+		switch p.peek() {
+		case ',':
+			p.pos++
+			p.put(',')
+			p.skipWS()
+		case ']':
+			p.pos++
+			p.put(']')
+			return nil
+		default:
+			return p.fail("want ',' or ']' in an array")
+		}
+	}
+}
+
+func (p *jsonParser) literal(word string) error {
+	if !bytes.HasPrefix(p.data[p.pos:], []byte(word)) {
+		return p.fail("unexpected character")
+	}
+	p.pos += len(word)
+	if p.emit {
+		p.out = append(p.out, word...)
+	}
+	return nil
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// number consumes an RFC 8259 §6 number.
+func (p *jsonParser) number() error {
+	if p.peek() == '-' {
+		p.pos++
+	}
+	switch c := p.peek(); {
+	case c == '0':
+		p.pos++
+	case isDigit(c):
+		p.digits()
+	default:
+		return p.fail("want a digit")
+	}
+	if p.peek() == '.' {
+		p.pos++
+		if !isDigit(p.peek()) {
+			return p.fail("want a digit after '.'")
+		}
+		p.digits()
+	}
+	if c := p.peek(); c == 'e' || c == 'E' {
+		p.pos++
+		if c := p.peek(); c == '+' || c == '-' {
+			p.pos++
+		}
+		if !isDigit(p.peek()) {
+			return p.fail("want a digit in the exponent")
+		}
+		p.digits()
+	}
+	return nil
+}
+
+func (p *jsonParser) digits() {
+	for isDigit(p.peek()) {
+		p.pos++
+	}
+}
+
+// str consumes the string at p.pos. With dst nil it only validates; otherwise
+// it appends the string to *dst, canonically encoded with its quotes when
+// canon is set, else decoded (lone surrogates become U+FFFD, as in
+// encoding/json).
+func (p *jsonParser) str(dst *[]byte, canon bool) error {
+	p.pos++ // opening quote
+	if dst != nil && canon {
+		*dst = append(*dst, '"')
+	}
+	for {
+		start := p.pos
+		for p.pos < len(p.data) {
+			if c := p.data[p.pos]; c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
+				break
+			}
+			p.pos++
+		}
+		if dst != nil {
+			*dst = append(*dst, p.data[start:p.pos]...)
+		}
+		switch c := p.peek(); {
+		case p.pos >= len(p.data):
+			return p.fail("unterminated string")
+		case c == '"':
+			p.pos++
+			if dst != nil && canon {
+				*dst = append(*dst, '"')
+			}
+			return nil
+		case c == '\\':
+			if err := p.escape(dst, canon); err != nil {
+				return err
+			}
+		case c < 0x20:
+			return p.fail("control character in a string")
+		default:
+			r, size := utf8.DecodeRune(p.data[p.pos:])
+			if r == utf8.RuneError && size == 1 {
+				return p.fail("invalid UTF-8 in a string")
+			}
+			if dst != nil {
+				*dst = append(*dst, p.data[p.pos:p.pos+size]...)
+			}
+			p.pos += size
+		}
+	}
+}
+
+// escape consumes one backslash escape and appends what it stands for.
+func (p *jsonParser) escape(dst *[]byte, canon bool) error {
+	if p.pos+1 >= len(p.data) {
+		return p.fail("unterminated string")
+	}
+	c := p.data[p.pos+1]
+	p.pos += 2
+	var r rune
+	switch c {
+	case '"', '\\', '/':
+		r = rune(c)
+	case 'b':
+		r = '\b'
+	case 'f':
+		r = '\f'
+	case 'n':
+		r = '\n'
+	case 'r':
+		r = '\r'
+	case 't':
+		r = '\t'
+	case 'u':
+		return p.unicodeEscape(dst, canon)
+	default:
+		p.pos -= 2
+		return p.fail("invalid escape in a string")
+	}
+	if dst != nil {
+		*dst = appendRune(*dst, r, canon)
+	}
+	return nil
+}
+
+// unicodeEscape consumes the hex digits of a \u escape (the "\u" is already
+// consumed), pairing a high surrogate with a following low one.
+func (p *jsonParser) unicodeEscape(dst *[]byte, canon bool) error {
+	r, ok := hex4(p.data[p.pos:])
+	if !ok {
+		return p.fail(`want 4 hex digits after \u`)
+	}
+	p.pos += 4
+	if utf16.IsSurrogate(r) && r < 0xdc00 && bytes.HasPrefix(p.data[p.pos:], []byte(`\u`)) {
+		if r2, ok := hex4(p.data[p.pos+2:]); ok && 0xdc00 <= r2 && r2 < 0xe000 {
+			p.pos += 6
+			r = utf16.DecodeRune(r, r2)
+		}
+	}
+	if dst == nil {
+		return nil
+	}
+	if utf16.IsSurrogate(r) && canon {
+		// A lone surrogate has no UTF-8 form; keep it escaped so that it stays
+		// distinct from U+FFFD and from other lone surrogates.
+		*dst = append(*dst, '\\', 'u', hexDigits[r>>12], hexDigits[r>>8&0xf], hexDigits[r>>4&0xf], hexDigits[r&0xf])
+		return nil
+	}
+	*dst = appendRune(*dst, r, canon)
+	return nil
+}
+
+const hexDigits = "0123456789abcdef"
+
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		var v byte
+		switch {
+		case '0' <= c && c <= '9':
+			v = c - '0'
+		case 'a' <= c && c <= 'f':
+			v = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			v = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(v)
+	}
+	return r, true
+}
+
+// appendRune appends r decoded, or canonically escaped when canon is set.
+func appendRune(dst []byte, r rune, canon bool) []byte {
+	if !canon {
+		return utf8.AppendRune(dst, r)
+	}
+	switch r {
+	case '"', '\\':
+		return append(dst, '\\', byte(r))
+	case '\b':
+		return append(dst, '\\', 'b')
+	case '\f':
+		return append(dst, '\\', 'f')
+	case '\n':
+		return append(dst, '\\', 'n')
+	case '\r':
+		return append(dst, '\\', 'r')
+	case '\t':
+		return append(dst, '\\', 't')
+	}
+	if r < 0x20 {
+		return append(dst, '\\', 'u', '0', '0', hexDigits[r>>4], hexDigits[r&0xf])
+	}
+	return utf8.AppendRune(dst, r)
+}
+
+// lookup returns the scalar at the dotted path in data, which must be a
+// valid JSON document whose top-level value is an object. Strings give their
+// decoded value, numbers their literal text; an empty string, null, a bool,
+// an object, an array, a missing member or invalid JSON give ok=false. When a
+// key repeats, the last member wins, as in encoding/json and JavaScript, so
+// the value is the one the provider most likely reads. val is valid until the
+// parser is reused.
+func (p *jsonParser) lookup(data []byte, path string) (val []byte, ok bool) {
+	p.reset(data, false)
+	p.skipWS()
+	if p.peek() != '{' {
+		return nil, false
+	}
+	ok, err := p.lookupObject(path, 1)
+	if err != nil {
+		return nil, false
+	}
+	if p.skipWS(); p.pos != len(p.data) {
+		return nil, false
+	}
+	return p.val, ok
+}
+
+// lookupObject walks the object at p.pos (depth containers deep) for path.
+func (p *jsonParser) lookupObject(path string, depth int) (found bool, err error) {
+	if depth > maxDepth {
+		return false, p.fail("nesting too deep")
+	}
+	seg, rest, nested := cutDot(path)
+	p.pos++
+	p.skipWS()
+	if p.peek() == '}' {
+		p.pos++
+		return false, nil
+	}
+	for {
+		if p.peek() != '"' {
+			return false, p.fail("want an object key")
+		}
+		p.key = p.key[:0]
+		if err := p.str(&p.key, false); err != nil {
+			return false, err
+		}
+		if err := p.colon(); err != nil {
+			return false, err
+		}
+		if string(p.key) == seg {
+			found, err = p.lookupMember(rest, nested, depth)
+		} else {
+			err = p.value(depth)
+		}
+		if err != nil {
+			return false, err
+		}
+		p.skipWS()
+		switch p.peek() {
+		case ',':
+			p.pos++
+			p.skipWS()
+		case '}':
+			p.pos++
+			return found, nil
+		default:
+			return false, p.fail("want ',' or '}' after an object member")
+		}
+	}
+}
+
+// lookupMember reads the value of a member whose key matched.
+func (p *jsonParser) lookupMember(rest string, nested bool, depth int) (bool, error) {
+	switch c := p.peek(); {
+	case nested && c == '{':
+		return p.lookupObject(rest, depth+1)
+	case !nested && c == '"':
+		p.val = p.val[:0]
+		err := p.str(&p.val, false)
+		return len(p.val) > 0, err
+	case !nested && (c == '-' || isDigit(c)):
+		start := p.pos
+		err := p.number()
+		p.val = append(p.val[:0], p.data[start:p.pos]...)
+		return true, err
+	}
+	return false, p.value(depth)
+}
+
+// cutDot splits a dotted path at its first dot.
+func cutDot(path string) (seg, rest string, nested bool) {
+	for i := 0; i < len(path); i++ {
+		if path[i] == '.' {
+			return path[:i], path[i+1:], true
+		}
+	}
+	return path, "", false
+}
