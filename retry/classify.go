@@ -1,0 +1,155 @@
+package retry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"syscall"
+)
+
+// Reason says why an attempt is followed by another one. ReasonNone marks an
+// attempt whose result is final.
+type Reason string
+
+// The reasons for a retry, by kind of failure (as caddy's reverse proxy
+// decides: a dial error means the upstream never saw the request; an error
+// after the connection was made means it may have).
+const (
+	ReasonNone    Reason = ""         // final result: no retry
+	ReasonNotSent Reason = "not_sent" // dial failed: the upstream never saw the request; retried at once
+	ReasonTimeout Reason = "timeout"  // sent, no complete answer in time: outcome unknown
+	ReasonNetwork Reason = "network"  // sent, connection broke (reset, EOF): outcome unknown
+	ReasonStatus  Reason = "status"   // retriable HTTP status
+	ReasonCode    Reason = "code"     // 4xx with a retriable business code
+)
+
+// errorReason classifies a failed attempt: whether the request can have
+// reached the upstream, and whether the failure was a timeout.
+func errorReason(m Mode, err error) (r Reason, timeout bool) {
+	timeout = isTimeout(err)
+	switch {
+	case m == Once:
+		return ReasonNone, timeout
+	case neverSent(err):
+		return ReasonNotSent, timeout
+	case timeout:
+		return ReasonTimeout, true
+	default:
+		return ReasonNetwork, false
+	}
+}
+
+// neverSent reports a failure to connect: *http.Transport returns the dial
+// error as a *net.OpError with Op "dial" (or "proxyconnect" when the proxy
+// in between failed). No request byte left, so a resend cannot duplicate.
+func neverSent(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && (op.Op == "dial" || op.Op == "proxyconnect") {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// responseReason decides whether a received response is retried.
+//
+// Bodies whose operation status is "needs_review" or "failed" are always
+// final (SPEC "Retries"; seed cards-idempotency: needs_review must never be
+// repeated, it is resolved by an event; a failed operation is returned again
+// for the same key, so only a NEW key, which is the application's decision,
+// can try again). The operation status is read at the top-level "status"
+// (the cards operation object) and at "data.status" (an enveloped object);
+// only string values count, so {"status":500} is not an operation status.
+func responseReason(m Mode, p Policy, status int, body []byte) Reason {
+	r := statusReason(m, p, status)
+	if status < 400 || (r == ReasonNone && m != Protected) {
+		return r // success, or nothing in the body could change the answer
+	}
+	facts := parseBody(body)
+	if facts.final() {
+		return ReasonNone
+	}
+	if r == ReasonNone && m == Protected && status < 500 && facts.code != "" && p.Codes[facts.code] {
+		return ReasonCode
+	}
+	return r
+}
+
+func statusReason(m Mode, p Policy, status int) Reason {
+	switch {
+	case m == Safe && status >= 500:
+		return ReasonStatus
+	case m == Protected && p.Statuses[status]:
+		return ReasonStatus
+	}
+	return ReasonNone
+}
+
+// bodyFacts is what a JSON response body says about retrying.
+type bodyFacts struct {
+	statuses []string // operation status at "status" and "data.status"
+	code     string   // business code at "error.code", else at "code"
+}
+
+// final reports an operation status that must never be retried.
+func (f bodyFacts) final() bool {
+	for _, s := range f.statuses {
+		if s == "needs_review" || s == "failed" {
+			return true
+		}
+	}
+	return false
+}
+
+// parseBody extracts bodyFacts from a JSON object; anything else (HTML from a
+// gateway, an empty body) has no facts. Fields of unexpected types are
+// ignored rather than failing the whole parse.
+func parseBody(b []byte) bodyFacts {
+	var f bodyFacts
+	top := object(b)
+	if top == nil {
+		return f
+	}
+	if s, ok := str(top["status"]); ok {
+		f.statuses = append(f.statuses, s)
+	}
+	if s, ok := str(object(top["data"])["status"]); ok {
+		f.statuses = append(f.statuses, s)
+	}
+	if s, ok := str(object(top["error"])["code"]); ok {
+		f.code = s
+	} else if s, ok := str(top["code"]); ok {
+		f.code = s // payouts: {"code":"payout.funds_maturing",...} variants
+	}
+	return f
+}
+
+func object(b []byte) map[string]json.RawMessage {
+	var m map[string]json.RawMessage
+	if len(b) == 0 || json.Unmarshal(b, &m) != nil {
+		return nil
+	}
+	return m
+}
+
+func str(b json.RawMessage) (string, bool) {
+	var s string
+	if len(b) == 0 || b[0] != '"' || json.Unmarshal(b, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// pausesProvider reports a response whose Retry-After speaks for the whole
+// provider (rate limit, maintenance), not only for this request. A
+// Retry-After on, say, 409 idempotency_in_progress concerns one key: it sets
+// this request's wait but pauses nobody else.
+func pausesProvider(status int) bool {
+	return status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
+}

@@ -1,0 +1,66 @@
+package retry
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// ErrResponseTooLarge is returned (wrapped) when a response body exceeds
+// [Transport.MaxResponseBytes]. It is not retried: the provider would send
+// the same body again.
+var ErrResponseTooLarge = errors.New("retry: response body too large")
+
+// ExhaustedError reports an attempt sequence that ended without a final
+// answer: every attempt failed in a retriable way and the attempts, the
+// budget or the time left for the next wait ran out. The outcome upstream
+// may be unknown, so the proxy must not store anything as final and answers
+// 502/504 upstream_unavailable; the client's next request resumes with the
+// same key (SPEC "What is stored as final").
+type ExhaustedError struct {
+	Method string // request method
+	Path   string // URL path only: no query, no host, nothing secret
+	// Attempts is the number of attempts sent (0 when the budget ran out
+	// before the first one could leave, e.g. behind a long provider pause).
+	Attempts int
+	// Timeout is true when the last failure was a timeout, or when no
+	// attempt left before the budget ended; the proxy answers 504, else 502.
+	Timeout bool
+	// LastStatus is the status of the last response; 0 when the last
+	// attempt got none.
+	LastStatus int
+	// Err is the last attempt's network error or the reason the sequence
+	// stopped early; nil when the last attempt got a retriable response.
+	Err error
+}
+
+// Error names the method, the path and the attempt count, and the last
+// failure. It never contains the query, headers or body.
+func (e *ExhaustedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "retry: %s %s: no final answer after %d attempt", e.Method, e.Path, e.Attempts)
+	if e.Attempts != 1 {
+		b.WriteByte('s')
+	}
+	if e.LastStatus != 0 {
+		fmt.Fprintf(&b, ": last status %d", e.LastStatus)
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, ": %v", e.Err)
+	}
+	return b.String()
+}
+
+// Unwrap returns Err.
+func (e *ExhaustedError) Unwrap() error { return e.Err }
+
+// redact drops the URL a *url.Error carries (the query may hold secrets) and
+// keeps the underlying error; other errors are returned as they are.
+func redact(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("%s: %w", ue.Op, ue.Err)
+	}
+	return err
+}

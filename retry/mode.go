@@ -1,0 +1,47 @@
+package retry
+
+import "context"
+
+// Mode says which failures of one request may be retried. The proxy knows
+// whether a request is protected by an idempotency key; the transport only
+// sees the request, so the proxy puts the mode in the request's context.
+type Mode int
+
+const (
+	// Once sends the request a single time and returns whatever comes back.
+	// It is the zero Mode and the default: without an idempotency key, a
+	// resend of a money-moving request could be a second charge.
+	Once Mode = iota
+	// Safe is for unprotected safe methods (GET, HEAD): network errors and
+	// 5xx are retried (SPEC "Unprotected requests").
+	Safe
+	// Protected is for requests carrying an idempotency key: network errors,
+	// timeouts, Policy.Statuses and 4xx bodies with a Policy.Codes code are
+	// retried, always with the same request (SPEC "Retries").
+	Protected
+)
+
+// String returns the mode's name, for logs and metrics.
+func (m Mode) String() string {
+	switch m {
+	case Safe:
+		return "safe"
+	case Protected:
+		return "protected"
+	default:
+		return "once"
+	}
+}
+
+type modeKey struct{}
+
+// WithMode returns a copy of ctx that carries m for [Transport.RoundTrip].
+func WithMode(ctx context.Context, m Mode) context.Context {
+	return context.WithValue(ctx, modeKey{}, m)
+}
+
+// ModeFrom returns the mode carried by ctx, or Once when there is none.
+func ModeFrom(ctx context.Context) Mode {
+	m, _ := ctx.Value(modeKey{}).(Mode)
+	return m
+}

@@ -1,0 +1,199 @@
+package retry
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+type connCounterKey struct{}
+
+// dropSecondServer serves keep-alive connections; on the SECOND request of
+// a connection it reads the request fully (the provider has it, and might
+// have acted on it), then hijacks and closes the connection without
+// answering. That is the case where *http.Transport replays on its own.
+// It counts arrivals by the X-Marker header.
+type dropSecondServer struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func newDropSecondServer(t *testing.T) *dropSecondServer {
+	d := &dropSecondServer{seen: make(map[string]int)}
+	d.srv = httptest.NewUnstartedServer(http.HandlerFunc(d.serve))
+	d.srv.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, connCounterKey{}, new(atomic.Int32))
+	}
+	d.srv.Start()
+	t.Cleanup(d.srv.Close)
+	return d
+}
+
+func (d *dropSecondServer) serve(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	d.mu.Lock()
+	d.seen[r.Header.Get("X-Marker")]++
+	d.mu.Unlock()
+	if r.Context().Value(connCounterKey{}).(*atomic.Int32).Add(1) == 2 {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		conn.Close()
+		return
+	}
+	io.WriteString(w, "ok")
+}
+
+func (d *dropSecondServer) count(marker string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.seen[marker]
+}
+
+// TestOneShotPreventsSilentResend proves the hazard and the fix. Through a
+// plain *http.Transport, the second request on a kept-alive connection that
+// the server drops after reading it is resent by net/http itself
+// (transport.go:818 shouldRetryRequest, request.go:1534 isReplayable): the
+// server sees the same marker — in real life the same signed nonce — twice,
+// and the caller sees a success and one attempt. Through OneShot it is sent
+// exactly once and the error reaches the caller, whose retry loop counts it,
+// waits, and re-signs.
+func TestOneShotPreventsSilentResend(t *testing.T) {
+	tests := []struct {
+		name    string
+		request func(url string) *http.Request
+	}{
+		{"POST with Idempotency-Key and GetBody", func(url string) *http.Request {
+			r, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader([]byte(`{"order_id":"o-1"}`)))
+			r.Header.Set("Idempotency-Key", "k-1")
+			return r
+		}},
+		{"POST with Idempotency-Key and no body", func(url string) *http.Request {
+			r, _ := http.NewRequest(http.MethodPost, url, nil)
+			r.Header.Set("Idempotency-Key", "k-1")
+			return r
+		}},
+		{"GET", func(url string) *http.Request {
+			r, _ := http.NewRequest(http.MethodGet, url, nil)
+			return r
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Run("plain http.Transport resends", func(t *testing.T) {
+				d := newDropSecondServer(t)
+				wire := &http.Transport{}
+				defer wire.CloseIdleConnections()
+				warmUp(t, wire, d.srv.URL)
+				req := tt.request(d.srv.URL)
+				req.Header.Set("X-Marker", "m")
+				resp, err := wire.RoundTrip(req)
+				if err != nil {
+					t.Fatalf("plain transport: %v (expected its silent resend to succeed)", err)
+				}
+				resp.Body.Close()
+				if n := d.count("m"); n != 2 {
+					t.Errorf("server saw the request %d times, want 2 (the silent resend)", n)
+				}
+			})
+			t.Run("OneShot sends once", func(t *testing.T) {
+				d := newDropSecondServer(t)
+				wire := &http.Transport{}
+				defer wire.CloseIdleConnections()
+				warmUp(t, wire, d.srv.URL)
+				req := tt.request(d.srv.URL)
+				req.Header.Set("X-Marker", "m")
+				getBody := req.GetBody
+				resp, err := OneShot{Next: wire}.RoundTrip(req)
+				if err == nil {
+					resp.Body.Close()
+					t.Fatal("OneShot: got a response, want the dropped connection's error")
+				}
+				if n := d.count("m"); n != 1 {
+					t.Errorf("server saw the request %d times, want exactly 1", n)
+				}
+				if (getBody == nil) != (req.GetBody == nil) {
+					t.Error("OneShot modified the caller's request")
+				}
+			})
+		})
+	}
+}
+
+// warmUp makes one request and returns its connection to the idle pool, so
+// that the next request reuses it (the resend only happens on reused
+// connections: transport.go shouldRetryRequest, "!pc.isReused()").
+func warmUp(t *testing.T, rt http.RoundTripper, url string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set("X-Marker", "warm-up")
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("warm-up: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+// An empty body sent through OneShot is still empty on the wire. This pins
+// the framing documented on OneShot: no body for GET/DELETE, a zero-length
+// chunked body for POST.
+func TestOneShotEmptyBodyFraming(t *testing.T) {
+	type seen struct {
+		length   int64
+		chunked  bool
+		bodySize int
+		key      string
+	}
+	got := make(chan seen, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.ContentLength, len(r.TransferEncoding) > 0, len(b), r.Header.Get("Idempotency-Key")}
+	}))
+	defer srv.Close()
+	tests := []struct {
+		name        string
+		method      string
+		body        io.Reader
+		wantChunked bool
+	}{
+		{"GET nil body", http.MethodGet, nil, false},
+		{"DELETE nil body", http.MethodDelete, nil, false},
+		{"POST nil body", http.MethodPost, nil, true},
+		{"POST NoBody", http.MethodPost, http.NoBody, true},
+		{"POST with body", http.MethodPost, bytes.NewReader([]byte("{}")), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tt.method, srv.URL, tt.body)
+			req.Header.Set("Idempotency-Key", "k-1")
+			resp, err := OneShot{Next: srv.Client().Transport}.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.Request != req {
+				t.Error("response.Request is not the caller's request")
+			}
+			s := <-got
+			wantSize := 0
+			if req.ContentLength > 0 {
+				wantSize = int(req.ContentLength)
+			}
+			if s.bodySize != wantSize || s.chunked != tt.wantChunked || s.key != "k-1" {
+				t.Errorf("server saw body %d bytes, chunked %v, key %q; want %d, %v, k-1", s.bodySize, s.chunked, s.key, wantSize, tt.wantChunked)
+			}
+			if !tt.wantChunked && s.length != int64(wantSize) {
+				t.Errorf("server saw Content-Length %d, want %d", s.length, wantSize)
+			}
+		})
+	}
+}

@@ -1,0 +1,433 @@
+package retry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemproxy/idemproxy/ratelimit"
+)
+
+// AttemptsHeader is set on every response Transport returns: the number of
+// attempts the sequence made, so the app and the proxy's logs can see it.
+const AttemptsHeader = "Idemproxy-Attempts"
+
+// DefaultMaxResponseBytes is the response body cap when
+// [Transport.MaxResponseBytes] is zero.
+const DefaultMaxResponseBytes = 16 << 20
+
+// ErrBudget is wrapped in an [ExhaustedError] when the next wait would end
+// after the budget deadline: the sequence ends instead of sleeping.
+var ErrBudget = errors.New("retry: next wait would pass the budget deadline")
+
+// Transport is an http.RoundTripper that runs the attempt sequence of one
+// request: attempt, decide, wait. Every attempt is a clone of the caller's
+// request with the same headers (the Idempotency-Key included) and the same
+// body bytes, sent by a separate Next.RoundTrip call so that the signing
+// layer below gives it fresh signature headers.
+//
+// Which failures are retried depends on the [Mode] in the request's context
+// (see [WithMode]); the default is Once. Transport is safe for concurrent use;
+// its fields must not change once it is in use.
+type Transport struct {
+	// Next sends one attempt; it is the re-signing layer. If nil,
+	// OneShot{Next: http.DefaultTransport} is used, so that net/http cannot
+	// resend an attempt behind the loop's back (see [OneShot]).
+	Next http.RoundTripper
+	// Policy says what is retried and how long to wait.
+	Policy Policy
+	// Gate paces attempts and holds the provider-wide Retry-After pause.
+	// If nil, attempts are not paced and Retry-After only delays its own
+	// request.
+	Gate *ratelimit.Gate
+	// Now returns the current time. If nil, time.Now is used. The budget is
+	// also a context deadline, so Now must stay close to the real time.
+	Now func() time.Time
+	// Sleep waits for d or until ctx is done, returning ctx's error in the
+	// latter case. If nil, a timer honouring ctx is used.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// Rand returns a float in [0, 1) for the backoff jitter. If nil,
+	// math/rand/v2 is used.
+	Rand func() float64
+	// MaxResponseBytes caps a response body, which is held in memory.
+	// Zero means DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+	// OnAttempt, if not nil, is called after every attempt is decided, from
+	// the goroutine running RoundTrip, for metrics and logs.
+	OnAttempt func(AttemptInfo)
+}
+
+// AttemptInfo describes one attempt for [Transport.OnAttempt]. It carries no
+// header, body or query, so it is safe to log.
+type AttemptInfo struct {
+	Method   string        // request method
+	Path     string        // URL path only
+	Mode     Mode          // the request's mode
+	Attempt  int           // 1 for the first attempt
+	GateWait time.Duration // time spent at the Gate before the attempt left
+	Duration time.Duration // from sending to the end of the response body
+	Status   int           // response status; 0 when none came
+	Err      error         // the attempt's network error; nil when a response came
+	Reason   Reason        // why another attempt is wanted; ReasonNone when the result is final
+	Wait     time.Duration // the wait before the next attempt, when one follows
+	Last     bool          // no attempt follows: the result is final or the sequence gave up
+}
+
+// RoundTrip sends req until the answer is final or the policy gives up. It
+// returns a final response with its body in memory and the [AttemptsHeader];
+// an *[ExhaustedError] when retriable failures used up the attempts or the
+// budget (never the last retriable response, which must not pass as final);
+// the caller's context error, wrapped, when the caller's context ends.
+// RoundTrip reads and closes req.Body.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	s, err := t.begin(req)
+	if err != nil {
+		return nil, err
+	}
+	defer s.cancel()
+	for {
+		o, err := s.attempt()
+		if err != nil {
+			return nil, err
+		}
+		wait, done, err := s.decide(o)
+		switch {
+		case err != nil:
+			return nil, err
+		case done:
+			return s.response(o), nil
+		}
+		if err := s.wait(wait); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// sequence is the state of one RoundTrip.
+type sequence struct {
+	t        *Transport
+	req      *http.Request
+	body     []byte // the request body, read once, sent by every attempt
+	mode     Mode
+	ctx      context.Context // req's context, bounded by the budget
+	cancel   context.CancelFunc
+	deadline time.Time // ctx's deadline; zero when none
+	attempts int
+	last     outcome
+}
+
+// outcome is the result of one attempt.
+type outcome struct {
+	resp          *http.Response // nil when err != nil; its body is already read
+	body          []byte
+	err           error
+	timeout       bool
+	retryAfter    time.Duration // capped; valid when hasRetryAfter
+	hasRetryAfter bool
+	gateWait      time.Duration
+	duration      time.Duration
+}
+
+// begin buffers the body so that every attempt sends identical bytes, and
+// bounds the sequence by the budget.
+func (t *Transport) begin(req *http.Request) (*sequence, error) {
+	body, err := readBody(req)
+	if err != nil {
+		return nil, fmt.Errorf("retry: %s %s: read request body: %w", req.Method, req.URL.Path, err)
+	}
+	s := &sequence{t: t, req: req, body: body, mode: ModeFrom(req.Context())}
+	if b := t.Policy.Budget; b > 0 {
+		s.ctx, s.cancel = context.WithDeadline(req.Context(), t.now().Add(b))
+	} else {
+		s.ctx, s.cancel = context.WithCancel(req.Context())
+	}
+	s.deadline, _ = s.ctx.Deadline()
+	return s, nil
+}
+
+func readBody(req *http.Request) ([]byte, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil
+	}
+	defer req.Body.Close()
+	return io.ReadAll(req.Body)
+}
+
+// attempt passes the Gate and sends one attempt. An error means the
+// sequence is over: the caller left, the Gate could not let the attempt out
+// within the budget, or the response was too large to hold.
+func (s *sequence) attempt() (outcome, error) {
+	if err := s.req.Context().Err(); err != nil {
+		return outcome{}, s.callerGone(err)
+	}
+	var o outcome
+	waited, err := s.passGate()
+	o.gateWait = waited
+	if err != nil {
+		return o, s.stopped(err)
+	}
+	s.attempts++
+	start := s.t.now()
+	o.resp, o.body, o.err = s.send()
+	o.duration = s.t.now().Sub(start)
+	if errors.Is(o.err, ErrResponseTooLarge) {
+		return o, fmt.Errorf("retry: %s %s: attempt %d: %w", s.req.Method, s.req.URL.Path, s.attempts, o.err)
+	}
+	if o.err != nil {
+		if err := s.req.Context().Err(); err != nil {
+			return o, s.callerGone(err)
+		}
+		o.err, o.timeout = redact(o.err), isTimeout(o.err)
+	} else {
+		s.noteRetryAfter(&o)
+	}
+	s.last = o
+	return o, nil
+}
+
+func (s *sequence) passGate() (time.Duration, error) {
+	if s.t.Gate == nil {
+		return 0, nil
+	}
+	return s.t.Gate.Wait(s.ctx)
+}
+
+// send makes one attempt and reads the whole response body within the
+// attempt's timeout, so a slow body counts as that attempt's timeout.
+func (s *sequence) send() (*http.Response, []byte, error) {
+	ctx, cancel := s.attemptContext()
+	defer cancel()
+	resp, err := s.t.next().RoundTrip(s.newRequest(ctx))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := readLimited(resp.Body, s.t.maxResponseBytes())
+	if err != nil {
+		// A body cut short is an answer lost on the way: outcome unknown.
+		return nil, nil, err
+	}
+	return resp, body, nil
+}
+
+func (s *sequence) attemptContext() (context.Context, context.CancelFunc) {
+	if d := s.t.Policy.AttemptTimeout; d > 0 {
+		return context.WithTimeout(s.ctx, d)
+	}
+	return context.WithCancel(s.ctx)
+}
+
+// newRequest clones the caller's request for one attempt: same method, URL
+// and headers (the Idempotency-Key included), a fresh reader over the same
+// body bytes. GetBody lets the signer below read the body; OneShot removes
+// it before the wire so net/http cannot replay the attempt on its own.
+func (s *sequence) newRequest(ctx context.Context) *http.Request {
+	r := s.req.Clone(ctx)
+	r.Body, _ = s.getBody()
+	r.GetBody = s.getBody
+	r.ContentLength = int64(len(s.body))
+	r.TransferEncoding = nil // the length is known: send Content-Length
+	return r
+}
+
+func (s *sequence) getBody() (io.ReadCloser, error) {
+	if len(s.body) == 0 {
+		return http.NoBody, nil
+	}
+	return io.NopCloser(bytes.NewReader(s.body)), nil
+}
+
+func readLimited(r io.Reader, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w (over %d bytes)", ErrResponseTooLarge, limit)
+	}
+	return b, nil
+}
+
+// noteRetryAfter records the response's Retry-After, capped by MaxDelay, and
+// for 429/503 pauses ALL outbound attempts until it ends (SPEC "Retries";
+// seed payouts-resilient-client: 429 comes with Retry-After: 60). The pause
+// is set whatever the mode, since it describes the provider, not this
+// request.
+func (s *sequence) noteRetryAfter(o *outcome) {
+	v := o.resp.Header.Get("Retry-After")
+	if v == "" {
+		return
+	}
+	now := s.t.now()
+	d, ok := ParseRetryAfter(v, now)
+	if !ok {
+		return
+	}
+	o.retryAfter, o.hasRetryAfter = s.t.Policy.capDelay(d), true
+	if s.t.Gate != nil && pausesProvider(o.resp.StatusCode) && o.retryAfter > 0 {
+		s.t.Gate.PauseUntil(now.Add(o.retryAfter))
+	}
+}
+
+// decide classifies the outcome and plans the next step: done with a final
+// response (err nil), done with an error, or another attempt after wait.
+func (s *sequence) decide(o outcome) (wait time.Duration, done bool, err error) {
+	reason := s.reason(o)
+	switch {
+	case reason == ReasonNone && o.err != nil:
+		err = s.exhausted(nil) // Once mode: a network error is not an answer
+	case reason != ReasonNone:
+		wait = s.waitFor(o, reason)
+		err = s.limit(wait)
+	}
+	done = reason == ReasonNone || err != nil
+	s.report(o, reason, wait, done)
+	return wait, done, err
+}
+
+func (s *sequence) reason(o outcome) Reason {
+	if o.err != nil {
+		r, _ := errorReason(s.mode, o.err)
+		return r
+	}
+	return responseReason(s.mode, s.t.Policy, o.resp.StatusCode, o.body)
+}
+
+// waitFor is the wait before the next attempt: none when the last one never
+// reached the upstream (nothing happened there to wait for), Retry-After when
+// the response had one, else backoff.
+func (s *sequence) waitFor(o outcome, r Reason) time.Duration {
+	switch {
+	case r == ReasonNotSent:
+		return 0
+	case o.hasRetryAfter:
+		return o.retryAfter
+	default:
+		return s.t.Policy.Backoff(s.attempts-1, s.t.Rand)
+	}
+}
+
+// limit ends the sequence when no attempt is left, or when the wait would
+// end after the budget deadline: sleeping into a deadline that then cuts the
+// attempt short only delays the client's 502/504.
+func (s *sequence) limit(wait time.Duration) error {
+	if s.attempts >= s.t.Policy.maxAttempts() {
+		return s.exhausted(nil)
+	}
+	if !s.deadline.IsZero() && !s.t.now().Add(wait).Before(s.deadline) {
+		return s.exhausted(ErrBudget)
+	}
+	return nil
+}
+
+func (s *sequence) wait(d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	if err := s.t.sleep(s.ctx, d); err != nil {
+		return s.stopped(err)
+	}
+	return nil
+}
+
+// stopped turns an interrupted wait into the sequence's error: the caller's
+// context error if the caller left, else exhaustion (the budget ended).
+func (s *sequence) stopped(err error) error {
+	if cerr := s.req.Context().Err(); cerr != nil {
+		return s.callerGone(cerr)
+	}
+	return s.exhausted(err)
+}
+
+func (s *sequence) callerGone(err error) error {
+	return fmt.Errorf("retry: %s %s: stopped after %d attempts: %w", s.req.Method, s.req.URL.Path, s.attempts, err)
+}
+
+// exhausted builds the error for a sequence that ends without a final answer.
+// cause, when not nil, is why it ended before the attempts ran out.
+func (s *sequence) exhausted(cause error) *ExhaustedError {
+	o := s.last
+	e := &ExhaustedError{
+		Method:   s.req.Method,
+		Path:     s.req.URL.Path,
+		Attempts: s.attempts,
+		Timeout:  o.timeout || s.attempts == 0,
+		Err:      o.err,
+	}
+	if o.resp != nil {
+		e.LastStatus = o.resp.StatusCode
+	}
+	switch {
+	case cause != nil && e.Err != nil:
+		e.Err = fmt.Errorf("%w; last error: %w", cause, e.Err)
+	case cause != nil:
+		e.Err = cause
+	}
+	return e
+}
+
+func (s *sequence) report(o outcome, r Reason, wait time.Duration, last bool) {
+	if s.t.OnAttempt == nil {
+		return
+	}
+	info := AttemptInfo{
+		Method: s.req.Method, Path: s.req.URL.Path, Mode: s.mode,
+		Attempt: s.attempts, GateWait: o.gateWait, Duration: o.duration,
+		Err: o.err, Reason: r, Last: last,
+	}
+	if o.resp != nil {
+		info.Status = o.resp.StatusCode
+	}
+	if !last {
+		info.Wait = wait
+	}
+	s.t.OnAttempt(info)
+}
+
+// response returns the final response with its body in memory.
+func (s *sequence) response(o outcome) *http.Response {
+	resp := o.resp
+	resp.Body = io.NopCloser(bytes.NewReader(o.body))
+	if s.req.Method != http.MethodHead {
+		resp.ContentLength = int64(len(o.body))
+	}
+	if resp.Header == nil {
+		resp.Header = make(http.Header)
+	}
+	resp.Header.Set(AttemptsHeader, strconv.Itoa(s.attempts))
+	resp.Request = s.req
+	return resp
+}
+
+func (t *Transport) next() http.RoundTripper {
+	if t.Next != nil {
+		return t.Next
+	}
+	return OneShot{Next: http.DefaultTransport}
+}
+
+func (t *Transport) now() time.Time {
+	if t.Now != nil {
+		return t.Now()
+	}
+	return time.Now()
+}
+
+func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
+	if t.Sleep != nil {
+		return t.Sleep(ctx, d)
+	}
+	return ratelimit.SleepContext(ctx, d)
+}
+
+func (t *Transport) maxResponseBytes() int64 {
+	if t.MaxResponseBytes > 0 {
+		return t.MaxResponseBytes
+	}
+	return DefaultMaxResponseBytes
+}
