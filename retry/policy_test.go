@@ -89,8 +89,8 @@ func TestParseRetryAfter(t *testing.T) {
 		{date(90 * time.Second), 90 * time.Second, true},
 		{date(-time.Hour), 0, true},
 		{"Wednesday, 07-Oct-26 09:13:32 GMT", 30 * time.Second, true}, // RFC 850, obsolete but valid
-		{"Wed Oct  7 09:14:02 2026", time.Minute, true},                // asctime
-		{"99999999999999999999", math.MaxInt64, true},                  // saturates; callers cap
+		{"Wed Oct  7 09:14:02 2026", time.Minute, true},               // asctime
+		{"99999999999999999999", math.MaxInt64, true},                 // saturates; callers cap
 		{"9223372036", 9223372036 * time.Second, true},
 		{"9223372037", math.MaxInt64, true},
 		{"", 0, false},
