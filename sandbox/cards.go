@@ -1,0 +1,253 @@
+package sandbox
+
+import (
+	"errors"
+	"math/big"
+	"net/http"
+	"sync"
+)
+
+// cards behaves like the provider of the cards-idempotency seed.
+type cards struct {
+	*core
+	secret []byte // empty means signatures are not checked
+
+	mu       sync.Mutex
+	byKey    map[string]reply // Idempotency-Key → original operation, forever
+	holders  map[string]reply // external_id → cardholder
+	cards    map[string]*card // card id → card
+	inflight flights          // "key:<key>" and "holder:<external_id>"
+}
+
+// card is an issued card.
+type card struct {
+	id        string
+	status    string // "active" or "closed"
+	balance   *big.Rat
+	createdAt string
+}
+
+// cardView is a card as GET /cards/{id} shows it.
+type cardView struct {
+	ID        string `json:"id"`
+	Status    string `json:"status"`
+	Balance   string `json:"balance"`
+	CreatedAt string `json:"created_at"`
+}
+
+// cardOperation is the seed's operation body: the same id on every repeat.
+type cardOperation struct {
+	ID         string `json:"id"`
+	Kind       string `json:"kind"`   // "issue", "topup" or "close"
+	Status     string `json:"status"` // "processing" or "succeeded"
+	HoldAmount string `json:"hold_amount"`
+	NetAmount  string `json:"net_amount"`
+	CreatedAt  string `json:"created_at"`
+	CardID     string `json:"card_id"`
+}
+
+// cardholder is the body of POST /cardholders.
+type cardholder struct {
+	ID         string `json:"id"`
+	ExternalID string `json:"external_id"`
+	Name       string `json:"name,omitempty"`
+	CreatedAt  string `json:"created_at"`
+}
+
+// holdRate is the reserve per unit of net amount: the seed's example holds
+// 57.0464 for a net 50.
+var holdRate = big.NewRat(1140928, 1000000)
+
+// newCards returns an empty cards provider.
+func newCards(c *core, secret []byte) *cards {
+	return &cards{core: c, secret: secret, byKey: map[string]reply{}, holders: map[string]reply{},
+		cards: map[string]*card{}, inflight: flights{}}
+}
+
+// register adds the seed's endpoints and GET /cards/{id}.
+func (p *cards) register(mux *http.ServeMux, wrap func(handler) http.Handler) {
+	mux.Handle("POST /cardholders", wrap(p.createHolder))
+	mux.Handle("POST /cards", wrap(p.issue))
+	mux.Handle("POST /cards/{id}/topup", wrap(p.topup))
+	mux.Handle("POST /cards/{id}/close", wrap(p.close))
+	mux.Handle("GET /cards/{id}", wrap(p.get))
+}
+
+// authenticate checks X-Timestamp and X-Signature when a secret is set. The
+// seed asks for a new signature ("новое время") on every retry; a fixed
+// window is how a stale one is refused.
+func (p *cards) authenticate(c *call) (reply, bool) {
+	if len(p.secret) == 0 {
+		return reply{}, true
+	}
+	err := checkTimestampSigned(c, p.secret, p.now())
+	switch {
+	case errors.Is(err, errStaleTimestamp):
+		return errorReply(http.StatusUnauthorized, "timestamp_out_of_window", err.Error()), false
+	case err != nil:
+		return errorReply(http.StatusUnauthorized, "invalid_signature", err.Error()), false
+	}
+	return reply{}, true
+}
+
+// throttled is the seed's "429 rate_limited".
+func (p *cards) throttled(retryAfter int) reply {
+	return errorReply(http.StatusTooManyRequests, "rate_limited", "rate limit exceeded").withRetryAfter(retryAfter)
+}
+
+// schemaError is the seed's 422: the request does not pass the schema check.
+func schemaError(message string) reply {
+	return errorReply(http.StatusUnprocessableEntity, "schema_validation_failed", message)
+}
+
+// once runs a keyed operation at most once per Idempotency-Key. Seed: "Сервер
+// находит операцию по ключу и возвращает её, даже если тело нового запроса
+// другое", so a known key returns its original operation whatever the body
+// or endpoint. A repeat that arrives while the first is executing waits for
+// it. Refusals are not stored: the seed says to fix the cause and repeat.
+func (p *cards) once(c *call, kind string, run func(Operation, fields) reply) reply {
+	if c.key == "" {
+		return schemaError("Idempotency-Key header is required")
+	}
+	p.mu.Lock()
+	if err := p.inflight.await(c.r.Context(), &p.mu, "key:"+c.key); err != nil {
+		p.mu.Unlock()
+		return cancelled()
+	}
+	if rep, ok := p.byKey[c.key]; ok {
+		p.mu.Unlock()
+		p.ledger.replay()
+		return rep
+	}
+	end := p.inflight.start(&p.mu, "key:"+c.key)
+	p.mu.Unlock()
+	defer end()
+	f, err := decodeFields(c.body)
+	if err != nil {
+		return schemaError("body must be a JSON object")
+	}
+	return run(Operation{Kind: "card." + kind, IdempotencyKey: c.key, OrderID: f.str("order_id")}, f)
+}
+
+// commit stores rep as the operation of op's key (p.mu held) and returns it.
+func (p *cards) commit(op Operation, rep reply) reply {
+	p.byKey[op.IdempotencyKey] = rep
+	return rep
+}
+
+// operation builds the seed's operation body; hold_amount includes the fee.
+func (p *cards) operation(kind, cardID, status string, net *big.Rat) reply {
+	hold := new(big.Rat).Mul(net, holdRate)
+	return jsonReply(http.StatusOK, cardOperation{ID: p.rng.uuid(), Kind: kind, Status: status,
+		HoldAmount: decimal(hold), NetAmount: decimal(net), CreatedAt: p.timestamp(), CardID: cardID})
+}
+
+// issue is POST /cards {tariff_id, holder_external_id, amount}.
+func (p *cards) issue(c *call) reply {
+	return p.once(c, "issue", func(op Operation, f fields) reply {
+		_, amount, ok := f.amount("amount")
+		if !ok {
+			return schemaError("amount must be a positive decimal")
+		}
+		return p.execute(op, func() (reply, bool) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			cd := &card{id: p.rng.uuid(), status: "active", balance: amount, createdAt: p.timestamp()}
+			p.cards[cd.id] = cd
+			// The seed's example answers an issue with "processing".
+			return p.commit(op, p.operation("issue", cd.id, "processing", amount)), true
+		})
+	})
+}
+
+// topup is POST /cards/{id}/topup {amount}.
+func (p *cards) topup(c *call) reply {
+	return p.once(c, "topup", func(op Operation, f fields) reply {
+		_, amount, ok := f.amount("amount")
+		if !ok {
+			return schemaError("amount must be a positive decimal")
+		}
+		return p.execute(op, func() (reply, bool) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			cd, refusal := p.activeCard(c.r.PathValue("id"))
+			if cd == nil {
+				return refusal, false
+			}
+			cd.balance = new(big.Rat).Add(cd.balance, amount)
+			return p.commit(op, p.operation("topup", cd.id, "succeeded", amount)), true
+		})
+	})
+}
+
+// close is POST /cards/{id}/close.
+func (p *cards) close(c *call) reply {
+	return p.once(c, "close", func(op Operation, _ fields) reply {
+		return p.execute(op, func() (reply, bool) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			cd, refusal := p.activeCard(c.r.PathValue("id"))
+			if cd == nil {
+				return refusal, false
+			}
+			cd.status = "closed"
+			return p.commit(op, p.operation("close", cd.id, "succeeded", new(big.Rat))), true
+		})
+	})
+}
+
+// activeCard finds an active card (p.mu held), or returns the seed-style
+// business refusal: 4xx with a code, not to be retried as is.
+func (p *cards) activeCard(id string) (*card, reply) {
+	cd, ok := p.cards[id]
+	switch {
+	case !ok:
+		return nil, errorReply(http.StatusNotFound, "card_not_found", "no card "+id)
+	case cd.status != "active":
+		return nil, errorReply(http.StatusConflict, "card_not_active", "card "+id+" is "+cd.status)
+	}
+	return cd, reply{}
+}
+
+// createHolder is POST /cardholders {external_id, name}: idempotent by
+// external_id, so the key is optional (seed: "эндпоинт и так идемпотентен по
+// external_id").
+func (p *cards) createHolder(c *call) reply {
+	f, err := decodeFields(c.body)
+	ext := f.str("external_id")
+	if err != nil || ext == "" {
+		return schemaError("external_id is required")
+	}
+	p.mu.Lock()
+	if err := p.inflight.await(c.r.Context(), &p.mu, "holder:"+ext); err != nil {
+		p.mu.Unlock()
+		return cancelled()
+	}
+	if rep, ok := p.holders[ext]; ok {
+		p.mu.Unlock()
+		p.ledger.replay()
+		return rep
+	}
+	end := p.inflight.start(&p.mu, "holder:"+ext)
+	p.mu.Unlock()
+	defer end()
+	op := Operation{Kind: "cardholder.create", IdempotencyKey: c.key, OrderID: f.str("order_id")}
+	return p.execute(op, func() (reply, bool) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		rep := jsonReply(http.StatusOK, cardholder{ID: p.rng.uuid(), ExternalID: ext, Name: f.str("name"), CreatedAt: p.timestamp()})
+		p.holders[ext] = rep
+		return rep, true
+	})
+}
+
+// get is GET /cards/{id}.
+func (p *cards) get(c *call) reply {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cd, ok := p.cards[c.r.PathValue("id")]
+	if !ok {
+		return errorReply(http.StatusNotFound, "card_not_found", "no card "+c.r.PathValue("id"))
+	}
+	return jsonReply(http.StatusOK, cardView{ID: cd.id, Status: cd.status, Balance: decimal(cd.balance), CreatedAt: cd.createdAt})
+}
