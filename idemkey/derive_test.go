@@ -1,11 +1,14 @@
 package idemkey
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -31,7 +34,7 @@ func wantKey(method, path string, src Source, value string) string {
 	var b []byte
 	b = append(b, "idemproxy-key-v1"...)
 	for _, f := range []string{method, path, src.Kind.String(), src.Name, value} {
-		b = append(b, byte(len(f))) // every field in these tests is shorter than 128 bytes
+		b = binary.AppendUvarint(b, uint64(len(f)))
 		b = append(b, f...)
 	}
 	return uuid.NewSHA1(namespace, b).String()
@@ -258,6 +261,54 @@ func FuzzDeriveJSON(f *testing.F) {
 			t.Fatalf("key derived from a body CanonicalJSON rejects: %v", err)
 		}
 	})
+}
+
+// FuzzDeriveJSONStdlib checks the hand-written lookup against encoding/json:
+// a key is derived exactly when encoding/json finds a non-empty string or a
+// number at the path, and it is the key of that value.
+func FuzzDeriveJSONStdlib(f *testing.F) {
+	for _, s := range []string{
+		paymentBody, `{"a":{"b":"x"},"a":{}}`, `{"a":{"b":1e5}}`, `{"a":{"b":"\ud800"}}`, `{"a":{"b":""}}`,
+		`{"a":{"b":"x","b":null}}`, `{"a\u002e":{"b":"x"}}`, `{"a":[{"b":"x"}]}`,
+	} {
+		f.Add(s)
+	}
+	src := Source{JSON, "a.b"}
+	f.Fuzz(func(t *testing.T, body string) {
+		if !utf8.ValidString(body) {
+			return // encoding/json accepts invalid UTF-8; Derive, like RFC 8259, does not
+		}
+		want, wantOK := stdlibLookup(body)
+		key, _, ok := Derive([]Source{src}, Request{Method: "POST", Path: "/p", Body: []byte(body)})
+		if ok != wantOK {
+			t.Fatalf("Derive found=%v, encoding/json found=%v (%q)", ok, wantOK, want)
+		}
+		if ok && key != wantKey("POST", "/p", src, want) {
+			t.Fatalf("key is not the key of %q", want)
+		}
+	})
+}
+
+// stdlibLookup returns a.b of body as encoding/json reads it.
+func stdlibLookup(body string) (string, bool) {
+	if !json.Valid([]byte(body)) {
+		return "", false
+	}
+	d := json.NewDecoder(strings.NewReader(body))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return "", false
+	}
+	top, _ := v.(map[string]any)
+	a, _ := top["a"].(map[string]any)
+	switch b := a["b"].(type) {
+	case string:
+		return b, b != ""
+	case json.Number:
+		return string(b), true
+	}
+	return "", false
 }
 
 // paymentBody is a realistic ~500-byte payment request.

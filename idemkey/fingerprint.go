@@ -28,7 +28,9 @@ const (
 //   - any other body, and a JSON or form body that does not parse, by its raw
 //     bytes: invalid bodies are still forwarded and the provider decides.
 //
-// Distinct requests never share a fingerprint short of a SHA-256 collision.
+// Requests that still differ after this canonicalisation never share a
+// fingerprint, short of a SHA-256 collision: every field is length-prefixed
+// and every body encoding tagged.
 func Fingerprint(r Request) [32]byte {
 	st := getState()
 	defer putState(st)

@@ -27,7 +27,8 @@ const maxDepth = 10000
 // member order, whitespace and string escaping, so comparing canonical forms
 // never mistakes one request for another. Invalid JSON, including invalid
 // UTF-8, which RFC 8259 §8.1 forbids, gives an error wrapping
-// [ErrInvalidJSON], and dst is returned with its original length.
+// [ErrInvalidJSON], and dst is returned with its original length. dst must
+// not overlap body.
 func CanonicalJSON(dst, body []byte) ([]byte, error) {
 	st := getState()
 	defer putState(st)
