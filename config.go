@@ -1,0 +1,220 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/resign"
+	"github.com/idemproxy/idemproxy/retry"
+)
+
+// envPrefix is the prefix of every variable (SPEC.md, Configuration).
+const envPrefix = "IDEMPROXY_"
+
+// config is the whole process configuration, read once from the environment by
+// loadConfig. The `doc` tags feed the README's table (see TestREADMEVariables).
+type config struct {
+	UpstreamURL  string        `env:"UPSTREAM_URL,required,notEmpty" doc:"provider base URL (required)"`
+	ListenAddr   string        `env:"LISTEN_ADDR" envDefault:":8080" doc:"where legacy apps connect"`
+	AdminAddr    string        `env:"ADMIN_ADDR" envDefault:":9090" doc:"health, readiness, metrics"`
+	DataDir      string        `env:"DATA_DIR" envDefault:"./data" doc:"Badger directory (/data in the container)"`
+	RecordTTL    time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept"`
+	MaxBodyBytes int64         `env:"MAX_BODY_BYTES" envDefault:"1048576" doc:"request body cap (413 above it)"`
+	InflightWait time.Duration `env:"INFLIGHT_WAIT" envDefault:"10s" doc:"how long a repeat waits for the same key in flight before 409 idempotency_in_progress"`
+	Protected    string        `env:"PROTECTED_METHODS" envDefault:"POST" doc:"comma list of methods that get keys and records"`
+	KeySources   string        `env:"KEY_SOURCES" envDefault:"json:order_id" doc:"comma list of json:<dotted.path>, form:<field>, header:<Name>, query:<name>"`
+	MissingKey   string        `env:"MISSING_KEY" envDefault:"reject" doc:"reject, generate or passthrough"`
+
+	SignSecret        string `env:"SIGN_SECRET" doc:"HMAC secret; empty = no signing (secret)"`
+	SignSecretFile    string `env:"SIGN_SECRET_FILE,file" doc:"path of a file holding SIGN_SECRET (container secrets)"`
+	SignCanonical     string `env:"SIGN_CANONICAL" envDefault:"{timestamp}\\n{method}\\n{path}\\n{body}" doc:"canonical string template; placeholders {timestamp} {nonce} {method} {path} {query} {body} {body_sha256} {idempotency_key}"`
+	SignEncoding      string `env:"SIGN_ENCODING" envDefault:"hex" doc:"hex or base64"`
+	SignatureHeader   string `env:"SIGNATURE_HEADER" envDefault:"X-Signature" doc:"signature header name"`
+	TimestampHeader   string `env:"TIMESTAMP_HEADER" envDefault:"X-Timestamp" doc:"timestamp header name (unix seconds)"`
+	NonceHeader       string `env:"NONCE_HEADER" doc:"nonce header name, e.g. X-Nonce; empty = no nonce"`
+	StaticHeaders     string `env:"STATIC_HEADERS" doc:"comma list of Name=value set on every upstream call, e.g. X-Public-Id=abc (secret)"`
+	StaticHeadersFile string `env:"STATIC_HEADERS_FILE,file" doc:"path of a file holding STATIC_HEADERS"`
+
+	RetryMaxAttempts int           `env:"RETRY_MAX_ATTEMPTS" envDefault:"5" doc:"attempts per request, first included"`
+	RetryBaseDelay   time.Duration `env:"RETRY_BASE_DELAY" envDefault:"500ms" doc:"backoff base"`
+	RetryMaxDelay    time.Duration `env:"RETRY_MAX_DELAY" envDefault:"60s" doc:"cap per wait, Retry-After included"`
+	RetryBudget      time.Duration `env:"RETRY_BUDGET" envDefault:"2m" doc:"total time for one request's attempts"`
+	AttemptTimeout   time.Duration `env:"ATTEMPT_TIMEOUT" envDefault:"30s" doc:"one upstream attempt"`
+	RetryStatuses    string        `env:"RETRY_STATUSES" envDefault:"429,500,502,503,504" doc:"retriable HTTP statuses"`
+	RetryCodes       string        `env:"RETRY_CODES" envDefault:"idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen" doc:"retriable business codes at error.code or code in a 4xx JSON body"`
+	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off"`
+	RateBurst        int           `env:"RATE_BURST" envDefault:"1" doc:"outbound burst"`
+
+	LogLevel      string        `env:"LOG_LEVEL" envDefault:"info" doc:"debug, info, warn or error"`
+	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"30s" doc:"how long SIGTERM waits for in-flight operations"`
+}
+
+// settings is config parsed into the types the packages take.
+type settings struct {
+	upstream   *url.URL
+	protected  []string
+	sources    []idemkey.Source
+	missingKey proxy.MissingKey
+	sign       resign.Config
+	policy     retry.Policy
+}
+
+// loadConfig reads the environment (environ as from os.Environ) and checks it. Every
+// error names the variable at fault.
+func loadConfig(environ []string) (config, settings, error) {
+	cfg, err := env.ParseAsWithOptions[config](env.Options{
+		Prefix:      envPrefix,
+		Environment: env.ToMap(environ),
+	})
+	if err != nil {
+		return cfg, settings{}, err
+	}
+	s, err := cfg.settings()
+	return cfg, s, err
+}
+
+func bad(name string, err error) error {
+	return fmt.Errorf("%s%s: %w", envPrefix, name, err)
+}
+
+func (c *config) settings() (settings, error) {
+	var s settings
+	var err error
+	if s.upstream, err = parseUpstream(c.UpstreamURL); err != nil {
+		return s, bad("UPSTREAM_URL", err)
+	}
+	if s.sources, err = idemkey.ParseSources(c.KeySources); err != nil {
+		return s, bad("KEY_SOURCES", err)
+	}
+	if s.missingKey, err = proxy.ParseMissingKey(c.MissingKey); err != nil {
+		return s, bad("MISSING_KEY", err)
+	}
+	if s.protected, err = parseMethods(c.Protected); err != nil {
+		return s, bad("PROTECTED_METHODS", err)
+	}
+	if s.sign, err = c.signConfig(); err != nil {
+		return s, err
+	}
+	if s.policy, err = c.retryPolicy(); err != nil {
+		return s, err
+	}
+	return s, c.checkNumbers()
+}
+
+func parseUpstream(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, errors.New("not a URL")
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, errors.New("want an absolute http or https URL such as https://api.provider.example")
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, errors.New("must not carry credentials, a query or a fragment")
+	}
+	return u, nil
+}
+
+func parseMethods(s string) ([]string, error) {
+	var out []string
+	for _, m := range strings.Split(s, ",") {
+		m = strings.ToUpper(strings.TrimSpace(m))
+		if m == "" || strings.ContainsFunc(m, func(r rune) bool { return r < 'A' || r > 'Z' }) {
+			return nil, fmt.Errorf("bad method %q", m)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// secret returns the value of NAME or NAME_FILE, never both.
+func secret(name, val, fromFile string) (string, error) {
+	if val != "" && fromFile != "" {
+		return "", fmt.Errorf("%s%s and %s%s_FILE are both set; use one", envPrefix, name, envPrefix, name)
+	}
+	if fromFile != "" {
+		return strings.TrimRight(fromFile, "\r\n"), nil
+	}
+	return val, nil
+}
+
+func (c *config) signConfig() (resign.Config, error) {
+	var sc resign.Config
+	key, err := secret("SIGN_SECRET", c.SignSecret, c.SignSecretFile)
+	if err != nil {
+		return sc, err
+	}
+	static, err := secret("STATIC_HEADERS", c.StaticHeaders, c.StaticHeadersFile)
+	if err != nil {
+		return sc, err
+	}
+	sc.Secret = []byte(key)
+	if sc.Template, err = resign.ParseTemplate(c.SignCanonical); err != nil {
+		return sc, bad("SIGN_CANONICAL", err)
+	}
+	if c.SignEncoding != "hex" && c.SignEncoding != "base64" {
+		return sc, bad("SIGN_ENCODING", fmt.Errorf("want hex or base64, got %q", c.SignEncoding))
+	}
+	sc.Encoding = c.SignEncoding
+	if sc.StaticHeaders, err = resign.ParseStaticHeaders(static); err != nil {
+		// The value may hold credentials: name the variable, not the content.
+		return sc, bad("STATIC_HEADERS", errors.New("want a comma list of Name=value"))
+	}
+	sc.SignatureHeader, sc.TimestampHeader, sc.NonceHeader = c.SignatureHeader, c.TimestampHeader, c.NonceHeader
+	return sc, nil
+}
+
+func (c *config) retryPolicy() (retry.Policy, error) {
+	p := retry.Policy{
+		MaxAttempts:    c.RetryMaxAttempts,
+		BaseDelay:      c.RetryBaseDelay,
+		MaxDelay:       c.RetryMaxDelay,
+		Budget:         c.RetryBudget,
+		AttemptTimeout: c.AttemptTimeout,
+		Codes:          retry.ParseCodes(c.RetryCodes),
+	}
+	var err error
+	if p.Statuses, err = retry.ParseStatuses(c.RetryStatuses); err != nil {
+		return p, bad("RETRY_STATUSES", err)
+	}
+	return p, nil
+}
+
+// checkNumbers rejects values that parse but make no sense.
+func (c *config) checkNumbers() error {
+	checks := []struct {
+		name string
+		ok   bool
+	}{
+		{"MAX_BODY_BYTES", c.MaxBodyBytes > 0},
+		{"RECORD_TTL", c.RecordTTL > 0},
+		{"INFLIGHT_WAIT", c.InflightWait > 0},
+		{"RETRY_MAX_ATTEMPTS", c.RetryMaxAttempts >= 1},
+		{"RETRY_BASE_DELAY", c.RetryBaseDelay > 0},
+		{"RETRY_MAX_DELAY", c.RetryMaxDelay >= c.RetryBaseDelay},
+		{"RETRY_BUDGET", c.RetryBudget > 0},
+		{"ATTEMPT_TIMEOUT", c.AttemptTimeout > 0},
+		{"RATE_LIMIT", c.RateLimit >= 0},
+		{"RATE_BURST", c.RateBurst >= 1},
+		{"SHUTDOWN_GRACE", c.ShutdownGrace > 0},
+		{"LISTEN_ADDR", c.ListenAddr != ""},
+		{"ADMIN_ADDR", c.AdminAddr != ""},
+		{"DATA_DIR", c.DataDir != ""},
+	}
+	for _, ch := range checks {
+		if !ch.ok {
+			return bad(ch.name, errors.New("value out of range"))
+		}
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return bad("LOG_LEVEL", err)
+	}
+	return nil
+}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// binPath is the idemproxy binary built once for the end-to-end tests, run exactly as
+// the container runs it: configuration from the environment only.
+var binPath string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idemproxy-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binPath = filepath.Join(dir, "idemproxy")
+	build := exec.Command("go", "build", "-o", binPath, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build idemproxy:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a running idemproxy binary.
+type proc struct {
+	cmd   *exec.Cmd
+	addr  string // proxy address
+	admin string
+	mu    sync.Mutex
+	log   strings.Builder
+	done  chan struct{} // closed when the process has exited
+	err   error         // its exit status, once done is closed
+}
+
+// startBinary runs the binary with env (plus free loopback ports) and waits until
+// it logs that it listens.
+func startBinary(t *testing.T, env ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(binPath)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"),
+		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"}, env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	listening := make(chan struct{})
+	go p.readLog(stderr, listening)
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+	select {
+	case <-listening:
+	case <-p.done:
+		t.Fatalf("idemproxy exited at start: %v\n%s", p.err, p.logText())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("idemproxy did not start:\n%s", p.logText())
+	}
+	return p
+}
+
+func (p *proc) readLog(r io.Reader, listening chan struct{}) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		p.mu.Lock()
+		p.log.WriteString(line + "\n")
+		p.mu.Unlock()
+		if strings.Contains(line, `"msg":"idemproxy listening"`) && p.addr == "" {
+			p.addr = jsonField(line, "proxy")
+			p.admin = jsonField(line, "admin")
+			close(listening)
+		}
+	}
+}
+
+func (p *proc) logText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// jsonField pulls "name":"value" out of one JSON log line.
+func jsonField(line, name string) string {
+	_, rest, ok := strings.Cut(line, `"`+name+`":"`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
+}
+
+// heldProvider executes each key once and replays it after; the first execution
+// blocks until release is closed, so a test can act while it is in flight.
+type heldProvider struct {
+	mu      sync.Mutex
+	execs   map[string]int
+	seen    map[string]int
+	stored  map[string]string
+	entered chan string
+	release chan struct{}
+}
+
+func (p *heldProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	p.mu.Lock()
+	p.seen[key]++
+	prev, ok := p.stored[key]
+	p.mu.Unlock()
+	if ok {
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, prev)
+		return
+	}
+	p.entered <- key
+	<-p.release
+	out := fmt.Sprintf(`{"id":"pay_%s","status":"succeeded"}`, key[:8])
+	p.mu.Lock()
+	p.execs[key]++
+	p.stored[key] = out
+	p.mu.Unlock()
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, out)
+}
+
+func TestSIGKILLMidRequestResumesWithSameKey(t *testing.T) {
+	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
+		entered: make(chan string, 1), release: make(chan struct{})}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	dataDir := t.TempDir()
+	env := []string{"IDEMPROXY_UPSTREAM_URL=" + up.URL, "IDEMPROXY_DATA_DIR=" + dataDir, "IDEMPROXY_INFLIGHT_WAIT=1m"}
+	p1 := startBinary(t, env...)
+	body := `{"order_id":"crash-1","amount":"42.00"}`
+	go func() {
+		resp, err := http.Post("http://"+p1.addr+"/v1/payments", "application/json", strings.NewReader(body))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	key := <-prov.entered // the provider has the request: the in-flight record must be on disk
+	if err := p1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p1.done
+	close(prov.release) // the provider executes; the answer has nobody to go to
+
+	p2 := startBinary(t, env...)
+	if !strings.Contains(p2.logText(), `"count":1`) {
+		t.Errorf("restart did not release exactly one in-flight record:\n%s", p2.logText())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+p2.addr+"/v1/payments", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotency-Key") != key {
+		t.Fatalf("retry after restart = %d %s key=%q, want 201 under %q", resp.StatusCode, b, resp.Header.Get("Idempotency-Key"), key)
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.execs[key] != 1 || len(prov.execs) != 1 {
+		t.Errorf("executions %v, want exactly one for %q", prov.execs, key)
+	}
+	if prov.seen[key] != 2 {
+		t.Errorf("provider saw key %q %d times, want 2 (lost answer, resumed retry)", key, prov.seen[key])
+	}
+}
+
+func TestBinaryRejectsBadConfig(t *testing.T) {
+	cases := []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"no upstream", nil, "IDEMPROXY_UPSTREAM_URL"},
+		{"relative upstream", []string{"IDEMPROXY_UPSTREAM_URL=/x"}, "IDEMPROXY_UPSTREAM_URL"},
+		{"bad key sources", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_KEY_SOURCES=cookie:x"}, "IDEMPROXY_KEY_SOURCES"},
+		{"bad duration", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_RETRY_BUDGET=soon"}, "IDEMPROXY_RETRY_BUDGET"},
+		{"bad policy", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_MISSING_KEY=maybe"}, "IDEMPROXY_MISSING_KEY"},
+		{"missing secret file", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGN_SECRET_FILE=/nonexistent/secret"}, "IDEMPROXY_SIGN_SECRET_FILE"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := exec.Command(binPath)
+			cmd.Env = append([]string{"IDEMPROXY_DATA_DIR=" + t.TempDir()}, c.env...)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !asExit(err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("exit %v, want status 2; output:\n%s", err, out)
+			}
+			if !strings.Contains(string(out), c.want) {
+				t.Errorf("output does not name %s:\n%s", c.want, out)
+			}
+		})
+	}
+}
+
+func asExit(err error, ee **exec.ExitError) bool {
+	e, ok := err.(*exec.ExitError)
+	*ee = e
+	return ok
+}

@@ -1,0 +1,108 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/retry"
+)
+
+// Error is an error idemproxy itself answers with. Its Message is written for the
+// client: it never carries internal error text, secrets or upstream details.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// The errors of SPEC.md's table, plus the request-shape errors the table leaves open.
+var (
+	ErrKeyMissing  = &Error{http.StatusUnprocessableEntity, "idempotency_key_missing", "protected request has no Idempotency-Key and no configured key source"}
+	ErrKeyInvalid  = &Error{http.StatusBadRequest, "idempotency_key_invalid", "Idempotency-Key must be 1-255 printable ASCII characters (bare or an RFC 8941 string)"}
+	ErrConflict    = &Error{http.StatusConflict, "idempotency_conflict", "Idempotency-Key was already used for a different request"}
+	ErrInProgress  = &Error{http.StatusConflict, "idempotency_in_progress", "a request with this Idempotency-Key is still in flight; retry later with the same key"}
+	ErrBodyTooLong = &Error{http.StatusRequestEntityTooLarge, "body_too_large", "request body exceeds the configured limit"}
+	ErrStore       = &Error{http.StatusServiceUnavailable, "store_unavailable", "the idempotency record store cannot be written; nothing was sent upstream"}
+	ErrBadRequest  = &Error{http.StatusBadRequest, "bad_request", "request cannot be proxied"}
+	ErrMethod      = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not proxied"}
+	ErrUpgrade     = &Error{http.StatusBadRequest, "upgrade_not_supported", "protocol upgrades are not proxied"}
+	ErrClientGone  = &Error{499, "client_closed_request", "client closed the request"}
+)
+
+// errStore wraps a store failure so that the one mapping function answers 503 while
+// the log keeps the cause.
+type storeError struct{ err error }
+
+func (e storeError) Error() string { return "record store: " + e.err.Error() }
+func (e storeError) Unwrap() error { return e.err }
+
+// errorBody is SPEC.md's error shape; Key and Attempts are filled for
+// upstream_unavailable so the app can retry with the same key.
+type errorBody struct {
+	Error struct {
+		Code     string `json:"code"`
+		Message  string `json:"message"`
+		Key      string `json:"idempotency_key,omitempty"`
+		Attempts int    `json:"attempts,omitempty"`
+	} `json:"error"`
+}
+
+// classify maps any error on the request path to what the client is told. It is the
+// only place where errors become HTTP statuses and SPEC.md codes.
+func classify(err error) (status int, code, msg string, attempts int) {
+	var (
+		pe  *Error
+		ex  *retry.ExhaustedError
+		mbe *http.MaxBytesError
+		se  storeError
+	)
+	switch {
+	case errors.As(err, &pe):
+		return pe.Status, pe.Code, pe.Message, 0
+	case errors.As(err, &mbe):
+		return ErrBodyTooLong.Status, ErrBodyTooLong.Code, ErrBodyTooLong.Message, 0
+	case errors.Is(err, idemkey.ErrInvalidKey):
+		return ErrKeyInvalid.Status, ErrKeyInvalid.Code, ErrKeyInvalid.Message, 0
+	case errors.As(err, &se):
+		return ErrStore.Status, ErrStore.Code, ErrStore.Message, 0
+	case errors.As(err, &ex):
+		status = http.StatusBadGateway
+		if ex.Timeout {
+			status = http.StatusGatewayTimeout
+		}
+		return status, "upstream_unavailable", "upstream did not give a final answer; the outcome may be unknown: retry with the same Idempotency-Key", ex.Attempts
+	case errors.Is(err, context.Canceled):
+		return ErrClientGone.Status, ErrClientGone.Code, ErrClientGone.Message, 0
+	default:
+		return http.StatusBadGateway, "upstream_unavailable", "upstream request failed; the outcome may be unknown: retry with the same Idempotency-Key", 0
+	}
+}
+
+// writeError answers err in SPEC.md's JSON shape. key is the idempotency key in use
+// ("" when none was established yet).
+func writeError(w http.ResponseWriter, err error, key string) {
+	status, code, msg, attempts := classify(err)
+	var body errorBody
+	body.Error.Code, body.Error.Message = code, msg
+	if code == "upstream_unavailable" {
+		body.Error.Key, body.Error.Attempts = key, attempts
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	if attempts > 0 {
+		h.Set(AttemptsHeader, strconv.Itoa(attempts))
+	}
+	if code == ErrInProgress.Code {
+		h.Set("Retry-After", "1")
+	}
+	b, _ := json.Marshal(body)
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

@@ -1,0 +1,43 @@
+package proxy
+
+import (
+	"sync"
+
+	"github.com/idemproxy/idemproxy/cache"
+)
+
+// flights lets requests waiting for a key in flight in this process wake the moment
+// it ends, instead of polling the store.
+type flights struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+func flightKey(id cache.ID) string { return id.Tenant + "\x00" + id.Key }
+
+// open registers an operation for id and returns the channel closed when it ends.
+func (f *flights) open(id cache.ID) chan struct{} {
+	ch := make(chan struct{})
+	f.mu.Lock()
+	f.m[flightKey(id)] = ch
+	f.mu.Unlock()
+	return ch
+}
+
+// close ends the operation registered as ch.
+func (f *flights) close(id cache.ID, ch chan struct{}) {
+	f.mu.Lock()
+	if f.m[flightKey(id)] == ch {
+		delete(f.m, flightKey(id))
+	}
+	f.mu.Unlock()
+	close(ch)
+}
+
+// wait returns a channel closed when id's local operation ends; nil (never ready)
+// when none runs here.
+func (f *flights) wait(id cache.ID) <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.m[flightKey(id)]
+}

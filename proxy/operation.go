@@ -1,0 +1,165 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/retry"
+)
+
+// result is what a protected request answers: a stored or fresh upstream response,
+// or the error of a sequence that gave no final answer.
+type result struct {
+	resp     cache.Response
+	replayed bool
+	err      error
+}
+
+// obtain returns the answer for key id: a replay of a stored final response, the
+// result of a new upstream operation this request starts, or the result of one in
+// flight that it waits for. Only one operation per key runs at a time.
+func (h *Handler) obtain(r *http.Request, id cache.ID, fp, body []byte, sum *Summary) (result, error) {
+	ctx := r.Context()
+	deadline := h.opt.Now().Add(h.opt.InflightWait)
+	owner := newOwner()
+	for {
+		rec, created, err := h.opt.Store.Begin(ctx, id, fp, owner, h.opt.Lease)
+		if err != nil {
+			return result{}, storeError{err}
+		}
+		if created {
+			sum.Outcome = OutcomeForwarded
+			return h.start(r, id, owner, body), nil
+		}
+		if !bytes.Equal(rec.Fingerprint, fp) {
+			sum.Outcome = OutcomeConflict
+			return result{}, ErrConflict
+		}
+		if rec.State == cache.Final {
+			sum.Outcome = OutcomeReplayed
+			return result{resp: rec.Response, replayed: true}, nil
+		}
+		if err := h.awaitOther(ctx, id, deadline); err != nil {
+			sum.Outcome = OutcomeInProgress
+			return result{}, err
+		}
+	}
+}
+
+// awaitOther waits until the operation in flight for id (run by this process or
+// another replica) may have ended, or the wait bound passes.
+func (h *Handler) awaitOther(ctx context.Context, id cache.ID, deadline time.Time) error {
+	left := deadline.Sub(h.opt.Now())
+	if left <= 0 {
+		return ErrInProgress
+	}
+	// Another replica's operation gives no local signal: poll the store as well.
+	poll := min(left, 100*time.Millisecond)
+	t := time.NewTimer(poll)
+	defer t.Stop()
+	select {
+	case <-h.flights.wait(id):
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// start runs the upstream operation for id detached from the client: once sent, it
+// finishes and is stored even if the client goes away (SPEC.md, Detachment). The
+// caller waits for its result unless its own context ends first.
+func (h *Handler) start(r *http.Request, id cache.ID, owner string, body []byte) result {
+	done := h.flights.open(id)
+	out := make(chan result, 1)
+	h.ops.Add(1)
+	go func() {
+		defer h.ops.Done()
+		defer h.flights.close(id, done)
+		out <- h.run(r, id, owner, body)
+	}()
+	select {
+	case res := <-out:
+		return res
+	case <-r.Context().Done():
+		return result{err: r.Context().Err()}
+	}
+}
+
+// run performs the attempt sequence and records its outcome: a final response is
+// completed in the store before anyone sees it; anything else releases the key so
+// the next request resumes with the same key.
+func (h *Handler) run(r *http.Request, id cache.ID, owner string, body []byte) result {
+	ctx := context.WithoutCancel(r.Context())
+	res := h.roundTrip(ctx, r, id.Key, body)
+	if res.err == nil {
+		err := h.opt.Store.Complete(ctx, id, owner, res.resp)
+		if err == nil {
+			return res
+		}
+		h.opt.Logger.Error("storing final response failed; key released", "err", err)
+		res = result{err: storeError{err}}
+	}
+	if err := h.opt.Store.Abandon(ctx, id, owner); err != nil {
+		h.opt.Logger.Error("releasing in-flight record failed", "err", err)
+	}
+	return res
+}
+
+// roundTrip sends the request upstream through the ReverseProxy and captures the
+// answer. A response that reaches here is final: the attempt layer turns retriable
+// failures it could not overcome into an error.
+func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte) result {
+	out := r.Clone(retry.WithMode(ctx, retry.Protected))
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.ContentLength = int64(len(body))
+	out.Header.Set(KeyHeader, key)
+	rec := &recorder{header: http.Header{}}
+	h.rp.ServeHTTP(rec, out)
+	if rec.err != nil {
+		return result{err: rec.err}
+	}
+	return result{resp: cache.Response{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}}
+}
+
+// writeResult sends res to the client.
+func writeResult(w http.ResponseWriter, res result, sum *Summary) {
+	h := w.Header()
+	for k, v := range res.resp.Header {
+		h[k] = v
+	}
+	if res.replayed {
+		h.Set(ReplayedHeader, "true")
+		sum.Replayed = true
+	}
+	sum.Status = res.resp.Status
+	sum.Attempts, _ = strconv.Atoi(res.resp.Header.Get(AttemptsHeader))
+	w.WriteHeader(res.resp.Status)
+	w.Write(res.resp.Body)
+}
+
+// recorder is the ResponseWriter a detached operation's ReverseProxy writes to.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+	err    error
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.body.Write(b)
+}
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+}

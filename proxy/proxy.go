@@ -1,0 +1,299 @@
+// Package proxy is idemproxy's request path: it gives every protected request an
+// idempotency key, claims the key in the record store, runs the upstream operation
+// detached from the client, stores the final answer and replays it to repeats.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/retry"
+)
+
+// Header names idemproxy reads or writes.
+const (
+	KeyHeader      = "Idempotency-Key"
+	ReplayedHeader = "Idempotent-Replayed"
+	AttemptsHeader = "Idemproxy-Attempts"
+)
+
+// DefaultTenant namespaces records while client authentication is off.
+const DefaultTenant = "default"
+
+// Store is the record store the proxy needs. *cache.Store (Badger) implements it; a
+// shared store for several replicas implements the same lease-with-owner contract.
+type Store interface {
+	Begin(ctx context.Context, id cache.ID, fp []byte, owner string, lease time.Duration) (cache.Record, bool, error)
+	Complete(ctx context.Context, id cache.ID, owner string, resp cache.Response) error
+	Abandon(ctx context.Context, id cache.ID, owner string) error
+	Get(ctx context.Context, id cache.ID) (cache.Record, error)
+}
+
+var _ Store = (*cache.Store)(nil)
+
+// MissingKey is the policy for a protected request with no key and no key source.
+type MissingKey int
+
+const (
+	// Reject answers 422 idempotency_key_missing and sends nothing (the default).
+	Reject MissingKey = iota
+	// Generate uses a random key: the request is stored, but the app's own blind
+	// retries are not recognised as repeats.
+	Generate
+	// Passthrough forwards the request untouched, without a key or a record.
+	Passthrough
+)
+
+// ParseMissingKey parses IDEMPROXY_MISSING_KEY.
+func ParseMissingKey(s string) (MissingKey, error) {
+	switch s {
+	case "reject", "":
+		return Reject, nil
+	case "generate":
+		return Generate, nil
+	case "passthrough":
+		return Passthrough, nil
+	}
+	return 0, fmt.Errorf("unknown policy %q (want reject, generate or passthrough)", s)
+}
+
+// Options configure a Handler. Zero values have the defaults stated.
+type Options struct {
+	// Upstream is the one provider base URL requests go to. Required.
+	Upstream *url.URL
+	// Transport performs the upstream attempt sequence (retry → sign → wire).
+	// Nil means http.DefaultTransport, one attempt, unsigned.
+	Transport http.RoundTripper
+	// Store holds idempotency records. Required.
+	Store Store
+	// Protected lists the methods that get keys and records. Nil means POST.
+	Protected []string
+	// KeySources are tried in order when the client sent no Idempotency-Key.
+	KeySources []idemkey.Source
+	// MissingKey is the policy when no key can be found (zero: Reject).
+	MissingKey MissingKey
+	// MaxBodyBytes caps request bodies (413 above). Zero means 1 MiB.
+	MaxBodyBytes int64
+	// InflightWait bounds how long a repeat waits for the same key in flight
+	// before 409 idempotency_in_progress. Zero means 10 s.
+	InflightWait time.Duration
+	// Lease is how long an in-flight record is owned; it must outlast the whole
+	// attempt sequence. Zero means 5 min.
+	Lease time.Duration
+	// Logger receives operational errors; nil discards them.
+	Logger *slog.Logger
+	// OnDone, if set, is called once per request with its summary (logs, metrics).
+	OnDone func(Summary)
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Handler is the proxy's http.Handler. Close nothing: call Drain on shutdown to wait
+// for detached upstream operations.
+type Handler struct {
+	opt       Options
+	protected map[string]bool
+	rp        *httputil.ReverseProxy
+	ops       sync.WaitGroup
+	flights   flights
+}
+
+// New checks opts and builds a Handler.
+func New(opts Options) (*Handler, error) {
+	if opts.Upstream == nil || opts.Upstream.Host == "" {
+		return nil, errors.New("proxy: upstream URL with a host is required")
+	}
+	if opts.Store == nil {
+		return nil, errors.New("proxy: store is required")
+	}
+	if opts.Transport == nil {
+		opts.Transport = http.DefaultTransport
+	}
+	if opts.Protected == nil {
+		opts.Protected = []string{http.MethodPost}
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 1 << 20
+	}
+	if opts.InflightWait <= 0 {
+		opts.InflightWait = 10 * time.Second
+	}
+	if opts.Lease <= 0 {
+		opts.Lease = 5 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	h := &Handler{opt: opts, protected: map[string]bool{}}
+	for _, m := range opts.Protected {
+		h.protected[strings.ToUpper(m)] = true
+	}
+	h.flights.m = map[string]chan struct{}{}
+	h.rp = &httputil.ReverseProxy{
+		// Rewrite, not Director: hop-by-hop headers are removed after Director
+		// runs, which could strip headers set there (STYLE.md, Go issue 50580).
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(opts.Upstream)
+		},
+		Transport:    opts.Transport,
+		ErrorHandler: h.upstreamError,
+		ErrorLog:     slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
+		// Responses are passed on as they come; protected ones are buffered by the
+		// attempt layer anyway.
+		FlushInterval: -1,
+	}
+	return h, nil
+}
+
+// Drain waits until every detached upstream operation has finished and been stored,
+// or ctx ends.
+func (h *Handler) Drain(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { h.ops.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("drain: %w", ctx.Err())
+	}
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	sum := &Summary{Method: r.Method, Path: r.URL.Path, Start: h.opt.Now()}
+	defer h.done(sum)
+	if err := checkShape(r); err != nil {
+		h.fail(w, sum, err)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
+	if !h.protected[r.Method] {
+		sum.Outcome = OutcomeForwarded
+		h.forward(w, r, modeFor(r.Method))
+		return
+	}
+	h.serveProtected(w, r, sum)
+}
+
+// checkShape refuses what a reverse proxy to one upstream must never do: act as a
+// forward proxy (absolute-URI or CONNECT requests) or tunnel an upgraded protocol.
+func checkShape(r *http.Request) error {
+	switch {
+	case r.Method == http.MethodConnect:
+		return ErrMethod
+	case r.URL.IsAbs() || !strings.HasPrefix(r.RequestURI, "/"):
+		return ErrBadRequest
+	case r.Header.Get("Upgrade") != "":
+		return ErrUpgrade
+	}
+	return nil
+}
+
+func modeFor(method string) retry.Mode {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return retry.Safe
+	}
+	return retry.Once
+}
+
+// forward passes an unprotected request through, streaming the answer.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode) {
+	h.rp.ServeHTTP(w, r.WithContext(retry.WithMode(r.Context(), m)))
+}
+
+// upstreamError is the ReverseProxy's error handler. For a detached operation it
+// records the error on the recorder; for a streamed request it answers the client.
+func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if rec, ok := w.(*recorder); ok {
+		rec.err = err
+		return
+	}
+	if !errors.Is(err, context.Canceled) {
+		h.opt.Logger.Warn("upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, err, "")
+}
+
+func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, sum *Summary) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		h.fail(w, sum, err)
+		return
+	}
+	kr := idemkey.Request{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery,
+		ContentType: r.Header.Get("Content-Type"), Header: r.Header, Body: body}
+	key, err := h.resolveKey(kr)
+	if err != nil {
+		h.fail(w, sum, err)
+		return
+	}
+	if key == "" { // Passthrough policy
+		sum.Outcome = OutcomeForwarded
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		h.forward(w, r, retry.Once)
+		return
+	}
+	sum.Key = key
+	w.Header().Set(KeyHeader, key)
+	fp := idemkey.Fingerprint(kr)
+	id := cache.ID{Tenant: DefaultTenant, Key: key}
+	res, err := h.obtain(r, id, fp[:], body, sum)
+	if err == nil {
+		err = res.err
+	}
+	if err != nil {
+		h.fail(w, sum, err)
+		return
+	}
+	writeResult(w, res, sum)
+}
+
+// resolveKey returns the key for a protected request: the client's own, else one
+// derived from the first configured source, else what the MissingKey policy says
+// ("" for Passthrough).
+func (h *Handler) resolveKey(r idemkey.Request) (string, error) {
+	key, present, err := idemkey.FromHeader(r.Header)
+	if err != nil {
+		return "", err
+	}
+	if present {
+		return key, nil
+	}
+	if key, _, ok := idemkey.Derive(h.opt.KeySources, r); ok {
+		return key, nil
+	}
+	switch h.opt.MissingKey {
+	case Generate:
+		return uuid.NewString(), nil
+	case Passthrough:
+		return "", nil
+	}
+	return "", ErrKeyMissing
+}
+
+// newOwner returns a random owner token for an in-flight lease.
+func newOwner() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

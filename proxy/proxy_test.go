@@ -1,0 +1,513 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/retry"
+)
+
+// provider is an httptest upstream that behaves like the payments provider of the
+// seeds as far as this package cares: it executes each Idempotency-Key once, replays
+// it afterwards, and counts executions and requests per key.
+type provider struct {
+	mu       sync.Mutex
+	execs    map[string]int    // executions per key
+	requests map[string]int    // requests seen per key
+	stored   map[string][]byte // response per key
+	total    int
+	// hold, when non-nil, blocks each execution until it is closed.
+	hold chan struct{}
+	// entered is signalled when an execution starts (buffered by the test).
+	entered chan string
+	// status, when set, answers every request with it and executes nothing.
+	status int
+}
+
+func newProvider() *provider {
+	return &provider{execs: map[string]int{}, requests: map[string]int{}, stored: map[string][]byte{}}
+}
+
+func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	p.mu.Lock()
+	p.total++
+	p.requests[key]++
+	status, hold, entered := p.status, p.hold, p.entered
+	prev, replay := p.stored[key]
+	p.mu.Unlock()
+	if r.Method == http.MethodGet {
+		fmt.Fprintf(w, `{"path":%q}`, r.URL.Path)
+		return
+	}
+	if status != 0 {
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `{"error":{"code":"http_%d"}}`, status)
+		return
+	}
+	if key != "" && replay {
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.Write(prev)
+		return
+	}
+	if entered != nil {
+		entered <- key
+	}
+	if hold != nil {
+		<-hold
+	}
+	var in map[string]any
+	json.Unmarshal(body, &in)
+	if in["amount"] == "-1" {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"error":{"code":"invalid_amount","message":"amount must be positive"}}`)
+		p.record(key, nil)
+		return
+	}
+	p.mu.Lock()
+	n := len(p.stored) + 1
+	p.mu.Unlock()
+	out := []byte(fmt.Sprintf(`{"id":"pay_%d","order_id":%q,"status":"succeeded","path":%q}`, n, in["order_id"], r.URL.Path))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Provider-Request", fmt.Sprint(n))
+	w.WriteHeader(http.StatusCreated)
+	w.Write(out)
+	p.record(key, out)
+}
+
+func (p *provider) record(key string, out []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.execs[key]++
+	if out != nil {
+		p.stored[key] = out
+	}
+}
+
+func (p *provider) counts() (total int, execs map[string]int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := map[string]int{}
+	for k, v := range p.execs {
+		m[k] = v
+	}
+	return p.total, m
+}
+
+type env struct {
+	prov  *provider
+	up    *httptest.Server
+	store *cache.Store
+	h     *proxy.Handler
+	srv   *httptest.Server
+}
+
+type envOpt func(*proxy.Options, *retry.Policy)
+
+func newEnv(t *testing.T, opts ...envOpt) *env {
+	t.Helper()
+	e := &env{prov: newProvider()}
+	e.up = httptest.NewServer(e.prov)
+	t.Cleanup(e.up.Close)
+	st, err := cache.Open(cache.Options{Dir: t.TempDir(), SyncWrites: true, TTL: time.Hour, GCInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.store = st
+	t.Cleanup(func() { st.Close() })
+	u, _ := url.Parse(e.up.URL)
+	sources, err := idemkey.ParseSources("json:order_id,query:order_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := retry.Policy{MaxAttempts: 1, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond,
+		Statuses: map[int]bool{500: true, 502: true, 503: true, 504: true, 429: true}}
+	o := proxy.Options{Upstream: u, Store: st, KeySources: sources, InflightWait: 5 * time.Second}
+	for _, f := range opts {
+		f(&o, &pol)
+	}
+	o.Transport = &retry.Transport{Policy: pol, Next: &retry.OneShot{Next: e.up.Client().Transport}}
+	h, err := proxy.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.h = h
+	e.srv = httptest.NewServer(h)
+	t.Cleanup(e.srv.Close)
+	t.Cleanup(func() { h.Drain(context.Background()) })
+	return e
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (e *env) do(t *testing.T, method, path, body string, hdr ...string) answer {
+	t.Helper()
+	req, err := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answer{resp.StatusCode, resp.Header, b}
+}
+
+func errorCode(t *testing.T, a answer) string {
+	t.Helper()
+	var v struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	if err := json.Unmarshal(a.body, &v); err != nil {
+		t.Fatalf("error body %q: %v", a.body, err)
+	}
+	if ct := a.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("error Content-Type = %q", ct)
+	}
+	return v.Error.Code
+}
+
+const order = `{"order_id":"ord-1","amount":"10.00","currency":"USD"}`
+
+func TestConcurrentIdenticalPostsExecuteOnce(t *testing.T) {
+	e := newEnv(t)
+	const n = 50
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = e.do(t, "POST", "/v1/payments", order)
+		}()
+	}
+	wg.Wait()
+	total, execs := e.prov.counts()
+	if len(execs) != 1 || total != 1 {
+		t.Fatalf("provider saw %d requests, executions %v; want exactly one", total, execs)
+	}
+	key := answers[0].header.Get("Idempotency-Key")
+	if execs[key] != 1 {
+		t.Fatalf("execution not under the echoed key %q: %v", key, execs)
+	}
+	replays := 0
+	for i, a := range answers {
+		if a.status != http.StatusCreated || !bytes.Equal(a.body, answers[0].body) {
+			t.Fatalf("answer %d = %d %q, want 201 %q", i, a.status, a.body, answers[0].body)
+		}
+		if a.header.Get("Idempotency-Key") != key {
+			t.Fatalf("answer %d key %q, want %q", i, a.header.Get("Idempotency-Key"), key)
+		}
+		if a.header.Get("Idempotent-Replayed") == "true" {
+			replays++
+		}
+	}
+	if replays != n-1 {
+		t.Errorf("%d answers marked replayed, want %d", replays, n-1)
+	}
+}
+
+func TestReplayIsByteIdenticalAndSkipsUpstream(t *testing.T) {
+	e := newEnv(t)
+	first := e.do(t, "POST", "/v1/payments", order)
+	if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first = %d replayed=%q", first.status, first.header.Get("Idempotent-Replayed"))
+	}
+	// Same JSON with other key order and whitespace is the same request.
+	again := e.do(t, "POST", "/v1/payments", "{ \"currency\":\"USD\",\n \"amount\":\"10.00\", \"order_id\":\"ord-1\" }")
+	if again.status != first.status || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("replay = %d %q, want %d %q", again.status, again.body, first.status, first.body)
+	}
+	if again.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay lacks Idempotent-Replayed: true")
+	}
+	for _, h := range []string{"Content-Type", "X-Provider-Request", "Idempotency-Key"} {
+		if again.header.Get(h) != first.header.Get(h) {
+			t.Errorf("replay header %s = %q, want %q", h, again.header.Get(h), first.header.Get(h))
+		}
+	}
+	if total, _ := e.prov.counts(); total != 1 {
+		t.Errorf("provider saw %d requests, want 1", total)
+	}
+}
+
+func TestConflictingBodySends409AndNothingUpstream(t *testing.T) {
+	e := newEnv(t)
+	e.do(t, "POST", "/v1/payments", order)
+	a := e.do(t, "POST", "/v1/payments", `{"order_id":"ord-1","amount":"99.00","currency":"USD"}`)
+	if a.status != http.StatusConflict || errorCode(t, a) != "idempotency_conflict" {
+		t.Fatalf("got %d %s, want 409 idempotency_conflict", a.status, a.body)
+	}
+	if a.header.Get("Idempotency-Key") == "" {
+		t.Error("conflict answer lacks the Idempotency-Key header")
+	}
+	if total, _ := e.prov.counts(); total != 1 {
+		t.Errorf("provider saw %d requests, want 1", total)
+	}
+}
+
+func TestKeyResolution(t *testing.T) {
+	e := newEnv(t)
+	pay := e.do(t, "POST", "/v1/payments", order)
+	refund := e.do(t, "POST", "/v1/refunds", order)
+	if pay.header.Get("Idempotency-Key") == refund.header.Get("Idempotency-Key") {
+		t.Error("a payment and a refund of one order got the same key")
+	}
+	bare := e.do(t, "POST", "/v1/payments", `{"amount":"1"}`, "Idempotency-Key", "client-key-1")
+	quoted := e.do(t, "POST", "/v1/payments", `{"amount":"1"}`, "Idempotency-Key", `"client-key-1"`)
+	if bare.header.Get("Idempotency-Key") != "client-key-1" || quoted.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("bare and RFC 8941 quoted key were not one record: %v / %v", bare.header, quoted.header)
+	}
+	q := e.do(t, "POST", "/v1/payments?order_id=ord-q", `{"amount":"1"}`)
+	if q.status != http.StatusCreated || q.header.Get("Idempotency-Key") == "" {
+		t.Errorf("query source: %d %v", q.status, q.header)
+	}
+	_, execs := e.prov.counts()
+	for _, k := range []string{pay.header.Get("Idempotency-Key"), "client-key-1", q.header.Get("Idempotency-Key")} {
+		if execs[k] != 1 {
+			t.Errorf("key %q executed %d times, want 1 (all: %v)", k, execs[k], execs)
+		}
+	}
+}
+
+func TestMissingAndInvalidKeys(t *testing.T) {
+	cases := []struct {
+		name     string
+		policy   proxy.MissingKey
+		key      string
+		status   int
+		code     string
+		sentKey  bool // the upstream got an Idempotency-Key
+		upstream int  // requests the upstream saw
+	}{
+		{"reject", proxy.Reject, "", 422, "idempotency_key_missing", false, 0},
+		{"generate", proxy.Generate, "", 201, "", true, 1},
+		{"passthrough", proxy.Passthrough, "", 201, "", false, 1},
+		{"too long", proxy.Reject, strings.Repeat("k", 256), 400, "idempotency_key_invalid", false, 0},
+		{"non-ASCII", proxy.Reject, "ключ", 400, "idempotency_key_invalid", false, 0},
+		{"empty quoted", proxy.Reject, `""`, 400, "idempotency_key_invalid", false, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.MissingKey = c.policy })
+			var hdr []string
+			if c.key != "" {
+				hdr = []string{"Idempotency-Key", c.key}
+			}
+			a := e.do(t, "POST", "/v1/payments", `{"amount":"1"}`, hdr...)
+			if a.status != c.status {
+				t.Fatalf("status %d %s, want %d", a.status, a.body, c.status)
+			}
+			if c.code != "" && errorCode(t, a) != c.code {
+				t.Errorf("code %s, want %s", a.body, c.code)
+			}
+			total, execs := e.prov.counts()
+			if total != c.upstream {
+				t.Errorf("upstream saw %d requests, want %d", total, c.upstream)
+			}
+			_, unkeyed := execs[""]
+			if c.upstream > 0 && unkeyed == c.sentKey {
+				t.Errorf("upstream keyed=%v, want %v (%v)", !unkeyed, c.sentKey, execs)
+			}
+		})
+	}
+}
+
+func TestBodyTooLarge(t *testing.T) {
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.MaxBodyBytes = 64 })
+	for _, m := range []string{"POST", "PUT"} {
+		a := e.do(t, m, "/v1/payments", `{"order_id":"big","pad":"`+strings.Repeat("x", 100)+`"}`)
+		if a.status != http.StatusRequestEntityTooLarge || errorCode(t, a) != "body_too_large" {
+			t.Errorf("%s: got %d %s, want 413 body_too_large", m, a.status, a.body)
+		}
+	}
+	if total, _ := e.prov.counts(); total != 0 {
+		t.Errorf("upstream saw %d requests, want 0", total)
+	}
+}
+
+func TestClientDisconnectDoesNotStopTheOperation(t *testing.T) {
+	e := newEnv(t)
+	e.prov.hold = make(chan struct{})
+	e.prov.entered = make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", e.srv.URL+"/v1/payments", strings.NewReader(order))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := e.srv.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	key := <-e.prov.entered // the operation reached the provider
+	cancel()                // the legacy client times out
+	if err := <-errc; err == nil {
+		t.Fatal("client request did not fail after cancel")
+	}
+	close(e.prov.hold) // the provider finishes after the client left
+	if err := e.h.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a := e.do(t, "POST", "/v1/payments", order)
+	if a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after disconnect = %d replayed=%q, want the stored 201", a.status, a.header.Get("Idempotent-Replayed"))
+	}
+	if _, execs := e.prov.counts(); execs[key] != 1 || len(execs) != 1 {
+		t.Errorf("executions %v, want one for %q", execs, key)
+	}
+}
+
+func TestInProgressPastTheWaitBound(t *testing.T) {
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.InflightWait = 50 * time.Millisecond })
+	e.prov.hold = make(chan struct{})
+	e.prov.entered = make(chan string, 1)
+	first := make(chan answer, 1)
+	go func() { first <- e.do(t, "POST", "/v1/payments", order) }()
+	<-e.prov.entered
+	a := e.do(t, "POST", "/v1/payments", order)
+	if a.status != http.StatusConflict || errorCode(t, a) != "idempotency_in_progress" || a.header.Get("Retry-After") == "" {
+		t.Fatalf("got %d %s Retry-After=%q, want 409 idempotency_in_progress with Retry-After", a.status, a.body, a.header.Get("Retry-After"))
+	}
+	// A different body with the key in flight is a conflict at once, not a wait.
+	c := e.do(t, "POST", "/v1/payments", `{"order_id":"ord-1","amount":"1"}`)
+	if c.status != http.StatusConflict || errorCode(t, c) != "idempotency_conflict" {
+		t.Fatalf("got %d %s, want 409 idempotency_conflict", c.status, c.body)
+	}
+	close(e.prov.hold)
+	f := <-first
+	r := e.do(t, "POST", "/v1/payments", order)
+	if !bytes.Equal(r.body, f.body) || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("after the first finished: %d %q, want replay of %q", r.status, r.body, f.body)
+	}
+	if total, _ := e.prov.counts(); total != 1 {
+		t.Errorf("upstream saw %d requests, want 1", total)
+	}
+}
+
+func TestFinalAndNonFinalResponses(t *testing.T) {
+	e := newEnv(t)
+	// A non-retriable 4xx is final: stored and replayed.
+	bad := `{"order_id":"ord-bad","amount":"-1"}`
+	a := e.do(t, "POST", "/v1/payments", bad)
+	b := e.do(t, "POST", "/v1/payments", bad)
+	if a.status != 400 || b.status != 400 || b.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(a.body, b.body) {
+		t.Errorf("4xx: %d/%d replayed=%q", a.status, b.status, b.header.Get("Idempotent-Replayed"))
+	}
+	// A retriable failure that spent the budget is not stored: 502 upstream_unavailable,
+	// and the next request resumes with the same key.
+	e.prov.mu.Lock()
+	e.prov.status = http.StatusServiceUnavailable
+	e.prov.mu.Unlock()
+	u := e.do(t, "POST", "/v1/payments", order)
+	if u.status != http.StatusBadGateway || errorCode(t, u) != "upstream_unavailable" {
+		t.Fatalf("got %d %s, want 502 upstream_unavailable", u.status, u.body)
+	}
+	var eb struct {
+		Error struct {
+			Key      string `json:"idempotency_key"`
+			Attempts int    `json:"attempts"`
+		} `json:"error"`
+	}
+	json.Unmarshal(u.body, &eb)
+	key := u.header.Get("Idempotency-Key")
+	if eb.Error.Key != key || eb.Error.Attempts != 1 {
+		t.Errorf("error body %s: want key %q and attempts 1", u.body, key)
+	}
+	e.prov.mu.Lock()
+	e.prov.status = 0
+	e.prov.mu.Unlock()
+	ok := e.do(t, "POST", "/v1/payments", order)
+	if ok.status != http.StatusCreated || ok.header.Get("Idempotent-Replayed") == "true" || ok.header.Get("Idempotency-Key") != key {
+		t.Errorf("resume: %d replayed=%q key=%q, want a fresh 201 under %q", ok.status, ok.header.Get("Idempotent-Replayed"), ok.header.Get("Idempotency-Key"), key)
+	}
+	e.prov.mu.Lock()
+	seen := e.prov.requests[key]
+	e.prov.mu.Unlock()
+	if seen != 2 {
+		t.Errorf("provider saw key %q %d times, want 2 (failed attempt, resumed attempt)", key, seen)
+	}
+}
+
+func TestStoreUnavailableSendsNothing(t *testing.T) {
+	e := newEnv(t)
+	e.store.Close()
+	a := e.do(t, "POST", "/v1/payments", order)
+	if a.status != http.StatusServiceUnavailable || errorCode(t, a) != "store_unavailable" {
+		t.Fatalf("got %d %s, want 503 store_unavailable", a.status, a.body)
+	}
+	if total, _ := e.prov.counts(); total != 0 {
+		t.Errorf("upstream saw %d requests, want 0", total)
+	}
+}
+
+func TestUnprotectedForwarded(t *testing.T) {
+	e := newEnv(t)
+	a := e.do(t, "GET", "/v1/payments/pay_1?x=1", "")
+	if a.status != 200 || string(a.body) != `{"path":"/v1/payments/pay_1"}` || a.header.Get("Idempotency-Key") != "" {
+		t.Fatalf("GET: %d %q %v", a.status, a.body, a.header)
+	}
+}
+
+// rawRequest writes a request line by hand, for shapes net/http clients won't send.
+func rawRequest(t *testing.T, addr, req string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, req)
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	return line
+}
+
+func TestRefusesForwardProxyAndUpgrades(t *testing.T) {
+	e := newEnv(t)
+	addr := strings.TrimPrefix(e.srv.URL, "http://")
+	cases := []struct{ name, req, want string }{
+		{"absolute URI", "GET http://evil.example/x HTTP/1.1\r\nHost: evil.example\r\n\r\n", "400"},
+		{"CONNECT", "CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n", "405"},
+		{"upgrade", "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", "400"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if line := rawRequest(t, addr, c.req); !strings.Contains(line, " "+c.want+" ") {
+				t.Errorf("status line %q, want %s", line, c.want)
+			}
+		})
+	}
+	if total, _ := e.prov.counts(); total != 0 {
+		t.Errorf("upstream saw %d requests, want 0", total)
+	}
+}

@@ -1,0 +1,60 @@
+package proxy
+
+import (
+	"net/http"
+	"time"
+)
+
+// Outcome says what idemproxy did with a request.
+type Outcome string
+
+// Outcomes, as used in logs and metrics.
+const (
+	OutcomeForwarded   Outcome = "forwarded"
+	OutcomeReplayed    Outcome = "replayed"
+	OutcomeConflict    Outcome = "conflict"
+	OutcomeInProgress  Outcome = "in_progress"
+	OutcomeRejected    Outcome = "rejected"
+	OutcomeUnavailable Outcome = "upstream_unavailable"
+	OutcomeStoreError  Outcome = "store_unavailable"
+)
+
+// Summary describes one finished request, for logs and metrics. It never holds
+// bodies or credential headers.
+type Summary struct {
+	Method, Path string
+	Key          string
+	Outcome      Outcome
+	Status       int
+	Attempts     int
+	Replayed     bool
+	Start        time.Time
+	Duration     time.Duration
+}
+
+// fail answers err and records it on the summary.
+func (h *Handler) fail(w http.ResponseWriter, sum *Summary, err error) {
+	status, code, _, attempts := classify(err)
+	sum.Status, sum.Attempts = status, attempts
+	switch code {
+	case "upstream_unavailable":
+		sum.Outcome = OutcomeUnavailable
+	case ErrStore.Code:
+		sum.Outcome = OutcomeStoreError
+	case ErrConflict.Code:
+		sum.Outcome = OutcomeConflict
+	case ErrInProgress.Code:
+		sum.Outcome = OutcomeInProgress
+	default:
+		sum.Outcome = OutcomeRejected
+	}
+	writeError(w, err, sum.Key)
+}
+
+func (h *Handler) done(sum *Summary) {
+	if h.opt.OnDone == nil {
+		return
+	}
+	sum.Duration = h.opt.Now().Sub(sum.Start)
+	h.opt.OnDone(*sum)
+}
