@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 
@@ -69,15 +70,37 @@ type settings struct {
 // loadConfig reads the environment (environ as from os.Environ) and checks it. Every
 // error names the variable at fault.
 func loadConfig(environ []string) (config, settings, error) {
-	cfg, err := env.ParseAsWithOptions[config](env.Options{
-		Prefix:      envPrefix,
-		Environment: env.ToMap(environ),
-	})
+	opts := env.Options{Prefix: envPrefix, Environment: env.ToMap(environ)}
+	cfg, err := env.ParseAsWithOptions[config](opts)
 	if err != nil {
-		return cfg, settings{}, err
+		return cfg, settings{}, nameVariables(err, opts)
 	}
 	s, err := cfg.settings()
 	return cfg, s, err
+}
+
+// nameVariables rewrites env's parse errors, which name the Go field, so that they
+// name the environment variable an operator has to fix.
+func nameVariables(err error, opts env.Options) error {
+	var agg env.AggregateError
+	if !errors.As(err, &agg) {
+		return err
+	}
+	vars := map[string]string{}
+	t := reflect.TypeFor[config]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("env"), ",")
+		vars[t.Field(i).Name] = opts.Prefix + name
+	}
+	out := make([]error, 0, len(agg.Errors))
+	for _, e := range agg.Errors {
+		var pe env.ParseError
+		if errors.As(e, &pe) && vars[pe.Name] != "" {
+			e = fmt.Errorf("%s: cannot parse as %s: %w", vars[pe.Name], pe.Type, pe.Err)
+		}
+		out = append(out, e)
+	}
+	return errors.Join(out...)
 }
 
 func bad(name string, err error) error {
