@@ -229,3 +229,93 @@ func asExit(err error, ee **exec.ExitError) bool {
 	*ee = e
 	return ok
 }
+
+// countingProvider executes each key once, replays it after, and counts.
+type countingProvider struct {
+	mu    sync.Mutex
+	execs map[string]int
+	total int
+}
+
+func (p *countingProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.total++
+	p.execs[key]++
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":"pay_%d","key":%q}`, len(p.execs), key)
+}
+
+func TestBinaryConcurrentIdenticalPosts(t *testing.T) {
+	prov := &countingProvider{execs: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir())
+	const n = 50
+	type answer struct {
+		status   int
+		body     string
+		key      string
+		replayed bool
+	}
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post("http://"+p.addr+"/v1/payments", "application/json",
+				strings.NewReader(`{"amount":"5.00","order_id":"same-order"}`))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			answers[i] = answer{resp.StatusCode, string(b), resp.Header.Get("Idempotency-Key"), resp.Header.Get("Idempotent-Replayed") == "true"}
+		}()
+	}
+	wg.Wait()
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.total != 1 {
+		t.Fatalf("provider saw %d requests (%v), want 1", prov.total, prov.execs)
+	}
+	replayed := 0
+	for i, a := range answers {
+		if a.status != http.StatusCreated || a.body != answers[0].body || a.key != answers[0].key {
+			t.Fatalf("answer %d = %+v, want the same as %+v", i, a, answers[0])
+		}
+		if a.replayed {
+			replayed++
+		}
+	}
+	if replayed != n-1 {
+		t.Errorf("%d replays, want %d", replayed, n-1)
+	}
+}
+
+func TestBinaryRefusesCorruptDataDir(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"MANIFEST", "000001.vlog", "KEYREGISTRY"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("this is not badger data"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(binPath)
+	cmd.Env = []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir,
+		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !asExit(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("exit %v, want status 1; output:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "open data directory") || !strings.Contains(string(out), dir) {
+		t.Errorf("output does not explain the data directory problem:\n%s", out)
+	}
+	if strings.Contains(string(out), "panic") {
+		t.Errorf("binary panicked:\n%s", out)
+	}
+}
