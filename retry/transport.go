@@ -76,6 +76,9 @@ type AttemptInfo struct {
 	Reason   Reason        // why another attempt is wanted; ReasonNone when the result is final
 	Wait     time.Duration // the wait before the next attempt, when one follows
 	Last     bool          // no attempt follows: the result is final or the sequence gave up
+	// Paused is the provider-wide pause this attempt's 429/503 Retry-After
+	// set at the Gate; 0 when it set none (no Gate, other status, no header).
+	Paused time.Duration
 }
 
 // RoundTrip sends req until the answer is final or the policy gives up. It
@@ -131,6 +134,7 @@ type outcome struct {
 	hasRetryAfter bool
 	gateWait      time.Duration
 	duration      time.Duration
+	paused        time.Duration // the Gate pause this attempt's Retry-After set
 }
 
 // begin buffers the body so that every attempt sends identical bytes, and
@@ -271,6 +275,7 @@ func (s *sequence) noteRetryAfter(o *outcome) {
 	o.retryAfter, o.hasRetryAfter = s.t.Policy.capDelay(d), true
 	if s.t.Gate != nil && pausesProvider(o.resp.StatusCode) && o.retryAfter > 0 {
 		s.t.Gate.PauseUntil(now.Add(o.retryAfter))
+		o.paused = o.retryAfter
 	}
 }
 
@@ -378,7 +383,7 @@ func (s *sequence) report(o outcome, r Reason, wait time.Duration, last bool) {
 	info := AttemptInfo{
 		Method: s.req.Method, Path: s.req.URL.Path, Mode: s.mode,
 		Attempt: s.attempts, GateWait: o.gateWait, Duration: o.duration,
-		Err: o.err, Reason: r, Last: last,
+		Err: o.err, Reason: r, Last: last, Paused: o.paused,
 	}
 	if o.resp != nil {
 		info.Status = o.resp.StatusCode
