@@ -179,7 +179,7 @@ func (h *Handler) Drain(ctx context.Context) error {
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	sum := &Summary{Method: r.Method, Path: r.URL.Path, Start: h.opt.Now()}
+	sum := newSummary(r, h.opt.Now())
 	defer h.done(sum)
 	if err := checkShape(r); err != nil {
 		h.fail(w, sum, err)
