@@ -1,0 +1,241 @@
+// Package metrics holds idemproxy's Prometheus collectors. They live on a
+// registry of their own, not the client library's global one, so that every
+// Metrics starts from zero (tests, several handlers in one process) and
+// /metrics shows exactly what idemproxy registered: its own series plus the Go
+// runtime and process collectors.
+//
+// The series are fed by three hooks: [Metrics.Request] from proxy.Options.OnDone
+// (one call per client request), [Metrics.Attempt] from
+// retry.Transport.OnAttempt (one call per upstream attempt), and the
+// [InstrumentedStore] that wraps the record store.
+package metrics
+
+import (
+	"net/http"
+	"runtime"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/retry"
+)
+
+const namespace = "idemproxy"
+
+// Bucket bounds, in seconds unless stated. The request buckets reach the
+// default retry budget (2m); the attempt buckets the default attempt timeout
+// (30s); the store buckets start below one fsync.
+var (
+	requestBuckets  = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+	attemptBuckets  = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	waitBuckets     = []float64{.001, .01, .1, .5, 1, 5, 10, 30, 60}
+	storeBuckets    = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
+	attemptsBuckets = []float64{1, 2, 3, 4, 5, 6, 8, 10}
+)
+
+// Metrics is idemproxy's set of collectors. Create it with [New]; its methods
+// are safe for concurrent use.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	requests         *prometheus.CounterVec
+	requestSeconds   *prometheus.HistogramVec
+	requestsInFlight prometheus.Gauge
+
+	attempts       *prometheus.CounterVec
+	retries        *prometheus.CounterVec
+	attemptsPerReq *prometheus.HistogramVec
+	attemptSeconds *prometheus.HistogramVec
+	gateWait       prometheus.Histogram
+	pauses         *prometheus.CounterVec
+	pauseSeconds   prometheus.Counter
+
+	storeSeconds *prometheus.HistogramVec
+	storeErrors  *prometheus.CounterVec
+	operations   prometheus.Gauge
+	stored       prometheus.Counter
+	released     prometheus.Counter
+}
+
+// New creates the collectors and registers them, with the Go runtime and
+// process collectors and idemproxy_build_info{version}, on a new registry.
+func New(version string) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.newRequestMetrics()
+	m.newUpstreamMetrics()
+	m.newStoreMetrics()
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "build_info",
+		Help:        "Always 1; the labels say which build runs.",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+	})
+	info.Set(1)
+	m.reg.MustRegister(info,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *Metrics) newRequestMetrics() {
+	m.requests = m.counterVec("requests_total",
+		"Client requests answered, by method and outcome (forwarded, replayed, conflict, in_progress, rejected, upstream_unavailable, store_unavailable).",
+		"method", "outcome")
+	m.requestSeconds = m.histogramVec("request_duration_seconds",
+		"End-to-end time from receiving a client request to its answer, by outcome.",
+		requestBuckets, "outcome")
+	m.requestsInFlight = m.gauge("requests_in_flight", "Client requests being served now.")
+}
+
+func (m *Metrics) newUpstreamMetrics() {
+	m.attempts = m.counterVec("upstream_attempts_total",
+		"Upstream attempts sent, by mode (protected, safe, once) and result (2xx..5xx, or error when no response came).",
+		"mode", "result")
+	m.retries = m.counterVec("upstream_retries_total",
+		"Upstream attempts followed by another attempt, by reason (not_sent, timeout, network, status, code).",
+		"reason")
+	m.attemptsPerReq = m.histogramVec("upstream_attempts_per_request",
+		"Attempts an upstream attempt sequence made before its result was final or it gave up, by mode.",
+		attemptsBuckets, "mode")
+	m.attemptSeconds = m.histogramVec("upstream_attempt_duration_seconds",
+		"Time of one upstream attempt, from sending to the end of the response body, by mode.",
+		attemptBuckets, "mode")
+	m.gateWait = m.histogram("ratelimit_wait_seconds",
+		"Time an attempt waited at the outbound rate limit and Retry-After pause before leaving.",
+		waitBuckets)
+	m.pauses = m.counterVec("retry_after_pauses_total",
+		"429/503 responses whose Retry-After paused all outbound attempts, by status.",
+		"status")
+	m.pauseSeconds = m.counter("retry_after_pause_seconds_total",
+		"Sum of the provider-wide pauses set by Retry-After (overlapping pauses are each counted).")
+}
+
+func (m *Metrics) newStoreMetrics() {
+	m.storeSeconds = m.histogramVec("store_operation_duration_seconds",
+		"Time of record store operations (begin, complete, abandon, get, ping), fsync included.",
+		storeBuckets, "op")
+	m.storeErrors = m.counterVec("store_errors_total",
+		"Record store operations that failed, by op and kind (not_owner, no_space, too_large, closed, canceled, other).",
+		"op", "kind")
+	m.operations = m.gauge("operations_in_flight",
+		"Protected upstream operations holding an in-flight record: claimed and not yet stored or released.")
+	m.stored = m.counter("records_stored_total", "Final responses stored for replay.")
+	m.released = m.counter("inflight_released_total",
+		"In-flight records left by a previous process (a crash) and released at start.")
+}
+
+// Handler serves the registry in the Prometheus text format (/metrics).
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Registry returns the registry the collectors are on, for reading them in
+// tests or registering more.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Request records one answered client request; it is proxy.Options.OnDone's
+// metrics half.
+func (m *Metrics) Request(s proxy.Summary) {
+	outcome := string(s.Outcome)
+	if outcome == "" {
+		outcome = "unknown"
+	}
+	m.requests.WithLabelValues(methodLabel(s.Method), outcome).Inc()
+	m.requestSeconds.WithLabelValues(outcome).Observe(s.Duration.Seconds())
+}
+
+// RequestStarted counts a client request in flight until the returned func is
+// called.
+func (m *Metrics) RequestStarted() (done func()) {
+	m.requestsInFlight.Inc()
+	return m.requestsInFlight.Dec
+}
+
+// Attempt records one decided upstream attempt; it is
+// retry.Transport.OnAttempt.
+func (m *Metrics) Attempt(a retry.AttemptInfo) {
+	mode := a.Mode.String()
+	m.attempts.WithLabelValues(mode, attemptResult(a)).Inc()
+	m.attemptSeconds.WithLabelValues(mode).Observe(a.Duration.Seconds())
+	m.gateWait.Observe(a.GateWait.Seconds())
+	if a.Reason != retry.ReasonNone && !a.Last {
+		m.retries.WithLabelValues(string(a.Reason)).Inc()
+	}
+	if a.Last {
+		m.attemptsPerReq.WithLabelValues(mode).Observe(float64(a.Attempt))
+	}
+	if a.Paused > 0 {
+		m.pauses.WithLabelValues(strconv.Itoa(a.Status)).Inc()
+		m.pauseSeconds.Add(a.Paused.Seconds())
+	}
+}
+
+// Released records n in-flight records released at start.
+func (m *Metrics) Released(n int) { m.released.Add(float64(n)) }
+
+// StoreSize exports the store's on-disk size as
+// idemproxy_store_size_bytes{part="lsm"|"vlog"}, read at every scrape from
+// size (for example (*cache.Store).Size).
+func (m *Metrics) StoreSize(size func() (lsm, vlog int64)) {
+	for i, part := range []string{"lsm", "vlog"} {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "store_size_bytes",
+			Help:        "On-disk size of the record store, as Badger last measured it (about once a minute).",
+			ConstLabels: prometheus.Labels{"part": part},
+		}, func() float64 {
+			lsm, vlog := size()
+			return float64([]int64{lsm, vlog}[i])
+		}))
+	}
+}
+
+// methodLabel bounds the method label: any other method becomes "other".
+func methodLabel(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+		http.MethodPatch, http.MethodDelete, http.MethodOptions:
+		return method
+	}
+	return "other"
+}
+
+// attemptResult is the status class of the attempt's response, or "error"
+// when none came.
+func attemptResult(a retry.AttemptInfo) string {
+	if a.Err != nil || a.Status < 100 {
+		return "error"
+	}
+	return strconv.Itoa(a.Status/100) + "xx"
+}
+
+func (m *Metrics) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})
+	m.reg.MustRegister(c)
+	return c
+}
+
+func (m *Metrics) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels)
+	m.reg.MustRegister(c)
+	return c
+}
+
+func (m *Metrics) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help})
+	m.reg.MustRegister(g)
+	return g
+}
+
+func (m *Metrics) histogram(name, help string, buckets []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets})
+	m.reg.MustRegister(h)
+	return h
+}
+
+func (m *Metrics) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets}, labels)
+	m.reg.MustRegister(h)
+	return h
+}
