@@ -1,31 +1,44 @@
 package main
 
+// The operator's side of the process: the admin listener (health, readiness,
+// metrics), the request log and metrics fed by the proxy's hooks, the JSON
+// logger, and the healthcheck subcommand the container image runs.
+
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemproxy/idemproxy/metrics"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/retry"
 )
 
 // pinger is what readiness needs of the store.
 type pinger interface{ Ping(context.Context) error }
 
-// admin serves /healthz and /readyz on the admin listener.
+// admin serves /healthz, /readyz and /metrics on the admin listener.
 type admin struct {
 	mux      *http.ServeMux
 	store    pinger
-	draining atomic.Bool
+	draining atomic.Bool // set first thing on shutdown
 }
 
-func newAdmin(store pinger) *admin {
+func newAdmin(store pinger, metricsHandler http.Handler) *admin {
 	a := &admin{mux: http.NewServeMux(), store: store}
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	a.mux.HandleFunc("GET /readyz", a.ready)
+	a.mux.Handle("GET /metrics", metricsHandler)
 	return a
 }
 
@@ -46,8 +59,219 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintln(w, "ready")
 }
 
+// observer turns the proxy's hooks into metrics and the request log: one line
+// per request (proxy.Options.OnDone) and, at debug level, one per upstream
+// attempt (retry.Transport.OnAttempt). Neither hook carries headers or bodies,
+// so no credential can reach the log through them.
+type observer struct {
+	log *slog.Logger
+	m   *metrics.Metrics
+}
+
+// exchangeKey carries the request's *statusWriter from wrap to done.
+type exchangeKey struct{}
+
+// wrap counts the request in flight and records the status the client is sent:
+// the proxy's summary has none for streamed (unprotected) requests.
+func (o *observer) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer o.m.RequestStarted()()
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, sw)))
+	})
+}
+
+// done is proxy.Options.OnDone.
+func (o *observer) done(s proxy.Summary) {
+	if sw, ok := s.Context().Value(exchangeKey{}).(*statusWriter); ok {
+		if s.Status == 0 {
+			s.Status = sw.status
+		}
+		if s.Attempts == 0 { // streamed: the attempt layer's header went to the client
+			s.Attempts, _ = strconv.Atoi(sw.Header().Get(retry.AttemptsHeader))
+		}
+	}
+	o.m.Request(s)
+	level := slog.LevelInfo
+	if s.Outcome == proxy.OutcomeUnavailable || s.Outcome == proxy.OutcomeStoreError {
+		level = slog.LevelWarn
+	}
+	o.log.LogAttrs(context.Background(), level, "request",
+		slog.String("method", s.Method),
+		slog.String("path", s.Path),
+		slog.String("key", s.Key),
+		slog.String("outcome", string(s.Outcome)),
+		slog.Int("status", s.Status),
+		slog.Int("attempts", s.Attempts),
+		slog.Bool("replayed", s.Replayed),
+		slog.Float64("duration_ms", millis(s.Duration)))
+}
+
+// attempt is retry.Transport.OnAttempt. A provider-wide pause is logged as a
+// warning: every outbound request waits while it lasts.
+func (o *observer) attempt(a retry.AttemptInfo) {
+	o.m.Attempt(a)
+	level := slog.LevelDebug
+	if a.Paused > 0 {
+		level = slog.LevelWarn
+	}
+	ctx := context.Background()
+	if !o.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("method", a.Method),
+		slog.String("path", a.Path),
+		slog.String("mode", a.Mode.String()),
+		slog.Int("attempt", a.Attempt),
+		slog.Int("status", a.Status),
+		slog.String("retry_reason", string(a.Reason)),
+		slog.Bool("last", a.Last),
+		slog.Float64("duration_ms", millis(a.Duration)),
+		slog.Float64("gate_wait_ms", millis(a.GateWait)),
+		slog.Float64("next_wait_ms", millis(a.Wait)),
+	}
+	if a.Err != nil {
+		attrs = append(attrs, slog.String("err", a.Err.Error()))
+	}
+	msg := "upstream attempt"
+	if a.Paused > 0 {
+		msg = "provider asked to pause: all outbound attempts wait"
+		attrs = append(attrs, slog.Float64("pause_ms", millis(a.Paused)))
+	}
+	o.log.LogAttrs(ctx, level, msg, attrs...)
+}
+
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// statusWriter records the status sent to the client. It keeps Flush working
+// (streamed answers) and lets http.ResponseController reach the writer below.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 { // 1xx are not the answer
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush implements http.Flusher.
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap is for http.ResponseController.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// newLogger returns the process's JSON logger at level (validated by
+// loadConfig). As a last line of defence, any attribute or message that
+// contains one of secrets (values of at least minSecretLen bytes, so that a
+// short value cannot blank out ordinary words) is replaced whole.
+func newLogger(w io.Writer, level string, secrets []string) *slog.Logger {
+	lvl, _ := parseLevel(level)
+	opts := &slog.HandlerOptions{Level: lvl}
+	var long []string
+	for _, s := range secrets {
+		if len(s) >= minSecretLen {
+			long = append(long, s)
+		}
+	}
+	if len(long) > 0 {
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			return redact(a, long)
+		}
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// minSecretLen is the shortest secret the logger's safety net looks for.
+const minSecretLen = 6
+
+func redact(a slog.Attr, secrets []string) slog.Attr {
+	k := a.Value.Kind()
+	if k != slog.KindString && k != slog.KindAny {
+		return a
+	}
+	text := a.Value.String()
+	for _, s := range secrets {
+		if strings.Contains(text, s) {
+			return slog.String(a.Key, "[redacted]")
+		}
+	}
+	return a
+}
+
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	err := l.UnmarshalText([]byte(strings.ToUpper(s)))
 	return l, err
+}
+
+// healthcheck asks the idemproxy whose admin listener IDEMPROXY_ADMIN_ADDR names
+// whether it is ready, and returns the exit status: 0 ready, 1 not (not running,
+// shutting down, store not writable). It is the image's HEALTHCHECK, since a
+// minimal image has no shell or curl, so it reads only that one variable: the
+// rest of the configuration may be absent from the probe's environment.
+func healthcheck(environ []string, stderr io.Writer) int {
+	url, err := readyURL(lookupEnv(environ, "AdminAddr"))
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy healthcheck:", err)
+		return 1
+	}
+	// No proxy from HTTP_PROXY: the probe goes to this container's loopback.
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{Proxy: nil}}
+	resp, err := client.Get(url)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy healthcheck:", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(stderr, "idemproxy healthcheck: %s: %s\n", url, resp.Status)
+		return 1
+	}
+	return 0
+}
+
+// readyURL is the /readyz URL for the admin listen address addr: a wildcard or
+// empty host is probed on 127.0.0.1.
+func readyURL(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("%sADMIN_ADDR %q: %w", envPrefix, addr, err)
+	}
+	if port == "" || port == "0" {
+		return "", fmt.Errorf("%sADMIN_ADDR %q: no fixed port to probe", envPrefix, addr)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/readyz", nil
+}
+
+// lookupEnv returns the value in environ of the variable of config's field, or
+// the field's envDefault when the variable is unset or empty (as env does).
+func lookupEnv(environ []string, field string) string {
+	f, _ := reflect.TypeFor[config]().FieldByName(field)
+	name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, envPrefix+name+"="); ok && v != "" {
+			return v
+		}
+	}
+	return f.Tag.Get("envDefault")
 }

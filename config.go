@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"reflect"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/resign"
@@ -240,4 +242,29 @@ func (c *config) checkNumbers() error {
 		return bad("LOG_LEVEL", err)
 	}
 	return nil
+}
+
+// storeOptions are the Badger store's options: durable writes (SPEC.md: the
+// in-flight record is on disk before the first upstream byte) and the cache
+// package's memory defaults, sized for a small container (README, Memory).
+func storeOptions(cfg config, log *slog.Logger) cache.Options {
+	return cache.Options{
+		Dir:        cfg.DataDir,
+		SyncWrites: true,
+		TTL:        cfg.RecordTTL,
+		Logger:     log,
+	}
+}
+
+// secrets returns the configured values that must never reach a log line: the
+// signing secret and the static header values (credentials such as X-Public-Id).
+func (s settings) secrets() []string {
+	var out []string
+	if len(s.sign.Secret) > 0 {
+		out = append(out, string(s.sign.Secret))
+	}
+	for _, vals := range s.sign.StaticHeaders {
+		out = append(out, vals...)
+	}
+	return out
 }

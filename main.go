@@ -1,41 +1,78 @@
 // Command idemproxy is a reverse proxy that makes a legacy app's money-moving
 // requests to a payment provider safe to repeat. Configuration is environment
 // variables only (SPEC.md); see README.md.
+//
+// Usage:
+//
+//	idemproxy              serve (proxy and admin listeners) until SIGTERM or SIGINT
+//	idemproxy healthcheck  exit 0 if the idemproxy on IDEMPROXY_ADMIN_ADDR is ready, else 1
+//	idemproxy version      print the version stamped at build time
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/metrics"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/ratelimit"
 	"github.com/idemproxy/idemproxy/resign"
 	"github.com/idemproxy/idemproxy/retry"
 )
 
+// version is stamped at build time: go build -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
 func main() {
-	cfg, set, err := loadConfig(os.Environ())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "idemproxy: configuration:", err)
-		os.Exit(2)
+	os.Exit(command(os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
+}
+
+// command runs the subcommand named by args[0] (none: serve) and returns the
+// exit status: 0 done, 1 failed, 2 bad usage or configuration.
+func command(args, environ []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		return serveFromEnv(environ, stderr)
 	}
-	level, _ := parseLevel(cfg.LogLevel)
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	switch args[0] {
+	case "healthcheck":
+		return healthcheck(environ, stderr)
+	case "version":
+		fmt.Fprintln(stdout, version)
+		return 0
+	}
+	fmt.Fprintf(stderr, "idemproxy: unknown command %q; usage: idemproxy [healthcheck|version]\n", args[0])
+	return 2
+}
+
+// serveFromEnv loads the configuration and serves until SIGTERM or SIGINT. A
+// second signal during the drain stops the process at once: what was in flight
+// is released at the next start.
+func serveFromEnv(environ []string, stderr io.Writer) int {
+	cfg, set, err := loadConfig(environ)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy: configuration:", err)
+		return 2
+	}
+	log := newLogger(stderr, cfg.LogLevel, set.secrets())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	go func() { <-ctx.Done(); stop() }()
 	if err := run(ctx, cfg, set, log, nil); err != nil {
 		log.Error("idemproxy stopped", "err", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // listeners reports where run listens, once both listeners are open.
@@ -43,29 +80,23 @@ type listeners struct{ Proxy, Admin net.Addr }
 
 // run serves until ctx ends, then shuts down gracefully. ready, if non-nil, is
 // called once the listeners are open (end-to-end tests use ":0").
-func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready func(listeners)) error {
-	store, err := cache.Open(cache.Options{
-		Dir:        cfg.DataDir,
-		SyncWrites: true,
-		TTL:        cfg.RecordTTL,
-		Logger:     log,
-	})
+func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready func(listeners)) (err error) {
+	store, err := cache.Open(storeOptions(cfg, log))
 	if err != nil {
 		return fmt.Errorf("open data directory %s: %w", cfg.DataDir, err)
 	}
-	defer store.Close()
-	// One process owns a Badger directory, so every in-flight record here was left
-	// by a crash: release them so the first retry resumes at once with the same key.
-	n, err := store.ReleaseInFlight()
-	if err != nil {
-		return fmt.Errorf("release in-flight records: %w", err)
+	defer func() { err = errors.Join(err, closeStore(store, log)) }()
+	m := metrics.New(version)
+	m.StoreSize(store.Size)
+	if err := releaseInFlight(store, m, log); err != nil {
+		return err
 	}
-	log.Info("released in-flight records left by a previous process", "count", n)
-
+	obs := &observer{log: log, m: m}
+	records := m.Store(store)
 	handler, err := proxy.New(proxy.Options{
 		Upstream:     set.upstream,
-		Transport:    upstreamTransport(cfg, set),
-		Store:        store,
+		Transport:    upstreamTransport(cfg, set, obs.attempt),
+		Store:        records,
 		Protected:    set.protected,
 		KeySources:   set.sources,
 		MissingKey:   set.missingKey,
@@ -73,16 +104,43 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		InflightWait: cfg.InflightWait,
 		Lease:        cfg.RetryBudget + cfg.AttemptTimeout + time.Minute,
 		Logger:       log,
+		OnDone:       obs.done,
 	})
 	if err != nil {
 		return err
 	}
-	return serve(ctx, cfg, handler, store, log, ready)
+	adm := newAdmin(records, m.Handler())
+	return serve(ctx, cfg, app{proxy: obs.wrap(handler), drain: handler.Drain, admin: adm}, log, ready)
+}
+
+// releaseInFlight frees the records a crashed process left in flight. One
+// process owns a Badger directory, so every in-flight record here is dead: the
+// first retry then resumes at once with the same key.
+func releaseInFlight(store *cache.Store, m *metrics.Metrics, log *slog.Logger) error {
+	n, err := store.ReleaseInFlight()
+	m.Released(n)
+	if err != nil {
+		return fmt.Errorf("release in-flight records: %w", err)
+	}
+	level := slog.LevelInfo
+	if n > 0 {
+		level = slog.LevelWarn // a crash or a kill left them
+	}
+	log.Log(context.Background(), level, "released in-flight records left by a previous process", "count", n)
+	return nil
+}
+
+func closeStore(store *cache.Store, log *slog.Logger) error {
+	if err := store.Close(); err != nil {
+		return fmt.Errorf("close store: %w", err)
+	}
+	log.Info("store closed")
+	return nil
 }
 
 // upstreamTransport builds the attempt chain: retry loop → signer → one wire
-// attempt per RoundTrip → a pooled transport.
-func upstreamTransport(cfg config, set settings) http.RoundTripper {
+// attempt per RoundTrip → a pooled transport. onAttempt sees every attempt.
+func upstreamTransport(cfg config, set settings, onAttempt func(retry.AttemptInfo)) http.RoundTripper {
 	wire := &http.Transport{
 		DialContext:       (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2: true,
@@ -99,16 +157,24 @@ func upstreamTransport(cfg config, set settings) http.RoundTripper {
 		panic(err) // set.sign was validated by loadConfig
 	}
 	return &retry.Transport{
-		Next:   signer,
-		Policy: set.policy,
-		Gate:   ratelimit.New(cfg.RateLimit, cfg.RateBurst),
+		Next:      signer,
+		Policy:    set.policy,
+		Gate:      ratelimit.New(cfg.RateLimit, cfg.RateBurst),
+		OnAttempt: onAttempt,
 	}
 }
 
-// serve runs the proxy and admin listeners until ctx ends, then drains: readiness
-// turns false, listeners stop accepting, in-flight operations finish and are stored
-// (bounded by the grace period), and the store is closed by the caller.
-func serve(ctx context.Context, cfg config, h *proxy.Handler, store *cache.Store, log *slog.Logger, ready func(listeners)) error {
+// app is what serve runs: the proxy handler (wrapped for logs and metrics), the
+// proxy's drain of detached operations, and the admin handler.
+type app struct {
+	proxy http.Handler
+	drain func(context.Context) error
+	admin *admin
+}
+
+// serve runs the proxy and admin listeners until ctx ends, then drains (see
+// shutdown); the caller closes the store after.
+func serve(ctx context.Context, cfg config, a app, log *slog.Logger, ready func(listeners)) error {
 	pl, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.ListenAddr, err)
@@ -118,44 +184,64 @@ func serve(ctx context.Context, cfg config, h *proxy.Handler, store *cache.Store
 		pl.Close()
 		return fmt.Errorf("listen %s: %w", cfg.AdminAddr, err)
 	}
-	adm := newAdmin(store)
 	ps := &http.Server{
-		Handler:           h,
+		Handler:           a.proxy,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	as := &http.Server{Handler: adm, ReadHeaderTimeout: 5 * time.Second}
+	as := &http.Server{Handler: a.admin, ReadHeaderTimeout: 5 * time.Second}
 	errc := make(chan error, 2)
-	go func() { errc <- ps.Serve(pl) }()
+	go func() { errc <- ps.Serve(&loggedListener{Listener: pl, log: log}) }()
 	go func() { errc <- as.Serve(al) }()
-	log.Info("idemproxy listening", "proxy", pl.Addr().String(), "admin", al.Addr().String(), "upstream", cfg.UpstreamURL)
+	log.Info("idemproxy listening", "proxy", pl.Addr().String(), "admin", al.Addr().String(),
+		"upstream", cfg.UpstreamURL, "version", version)
 	if ready != nil {
 		ready(listeners{Proxy: pl.Addr(), Admin: al.Addr()})
 	}
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
+		ps.Close()
+		as.Close()
 		return fmt.Errorf("serve: %w", err)
 	}
-	return shutdown(cfg.ShutdownGrace, ps, as, h, adm, log)
+	return shutdown(cfg.ShutdownGrace, ps, as, a, log)
 }
 
-func shutdown(grace time.Duration, ps, as *http.Server, h *proxy.Handler, adm *admin, log *slog.Logger) error {
-	adm.draining.Store(true)
-	log.Info("shutting down", "grace", grace.String())
+// shutdown drains within grace: readiness turns false first, then the proxy
+// listener closes, requests being served finish, and detached operations whose
+// clients left finish and are stored. Operations still running when grace ends
+// stay in flight on disk and are released at the next start.
+func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger) error {
+	a.admin.draining.Store(true)
+	log.Info("shutting down: not ready, draining", "grace", grace.String())
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	err := ps.Shutdown(ctx)
-	if derr := h.Drain(ctx); derr != nil {
+	if derr := a.drain(ctx); derr != nil {
 		err = errors.Join(err, derr)
 	}
 	as.Close()
 	if err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+		return fmt.Errorf("shutdown after %s grace: %w", grace, err)
 	}
-	log.Info("shutdown complete")
+	log.Info("shutdown complete: in-flight operations finished and stored")
 	return nil
+}
+
+// loggedListener logs when the proxy listener closes, the moment from which no
+// new connection is accepted.
+type loggedListener struct {
+	net.Listener
+	log  *slog.Logger
+	once sync.Once
+}
+
+func (l *loggedListener) Close() error {
+	err := l.Listener.Close()
+	l.once.Do(func() { l.log.Info("proxy listener closed; finishing requests in flight") })
+	return err
 }
