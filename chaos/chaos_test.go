@@ -1,0 +1,171 @@
+package chaos
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/sandbox"
+)
+
+var (
+	ordersFlag = flag.Int("chaos.orders", 2000, "orders in TestChaos (the short run; cmd/chaos runs long ones)")
+	killsFlag  = flag.Int("chaos.kills", 4, "SIGKILLs in TestChaos")
+	seedFlag   = flag.Int64("chaos.seed", 1, "seed of TestChaos")
+	binFlag    = flag.String("chaos.binary", "", "idemproxy binary to test; empty = build it from the module root")
+)
+
+// binPath is the idemproxy binary built once from the module root, the
+// directory above this package's.
+var binPath string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "idemproxy-chaos")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := func() int {
+		defer os.RemoveAll(dir)
+		binPath = *binFlag
+		var err error
+		if binPath == "" {
+			var root string
+			if root, err = ModuleRoot(".."); err == nil {
+				binPath, err = Build(context.Background(), root, dir)
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// TestChaos is the short run CI executes: the real binary between the
+// faulty sandbox and the blind legacy client, killed at random moments. Any
+// non-zero must-be-zero count fails the build.
+func TestChaos(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{Binary: binPath, DataDir: t.TempDir(), Orders: *ordersFlag,
+		Kills: *killsFlag, Faults: DefaultFaults(), Seed: *seedFlag, Logf: t.Logf})
+	if rep != nil {
+		t.Logf("report:\n%s", rep)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range rep.Failures() {
+		t.Errorf("promise broken: %s", f)
+	}
+	// The verdict only means something if the run went through what it claims.
+	if rep.Kills < min(*killsFlag, 3) {
+		t.Errorf("proxy killed %d times, want at least %d", rep.Kills, min(*killsFlag, 3))
+	}
+	faulted := 0
+	for kind, n := range rep.Faults {
+		faulted += n
+		if n == 0 {
+			t.Errorf("no %s fault was injected", kind)
+		}
+	}
+	if faulted*5 < rep.UpstreamTotal { // DefaultFaults is about 30%
+		t.Errorf("%d of %d upstream requests faulted, want at least 20%%", faulted, rep.UpstreamTotal)
+	}
+	if rep.Succeeded == 0 || rep.Executions == 0 {
+		t.Errorf("nothing succeeded (%d) or executed (%d): the run proves nothing", rep.Succeeded, rep.Executions)
+	}
+}
+
+// TestChaosCatchesKeyChange is the control experiment: a proxy that gives
+// every request a new random key (no key source matches, MISSING_KEY=generate)
+// and does not retry itself must be caught charging twice, so a passing
+// TestChaos means something.
+func TestChaosCatchesKeyChange(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{Binary: binPath, DataDir: t.TempDir(), Orders: 200, Workers: 16,
+		Faults: sandbox.Faults{DropAfterProcessing: 0.3}, Seed: 2,
+		ProxyEnv: []string{"IDEMPROXY_KEY_SOURCES=header:X-Chaos-Absent", "IDEMPROXY_MISSING_KEY=generate",
+			"IDEMPROXY_RETRY_MAX_ATTEMPTS=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report:\n%s", rep)
+	if rep.DuplicateExecutions == 0 || rep.KeyChanges == 0 {
+		t.Errorf("duplicates %d, key changes %d: want both caught", rep.DuplicateExecutions, rep.KeyChanges)
+	}
+	if len(rep.Failures()) == 0 {
+		t.Error("Failures() is empty for a run with second charges")
+	}
+}
+
+func TestShellUnquote(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"plain", "plain"},
+		{"'json:order_id'", "json:order_id"},
+		{`'{timestamp}\n{method}'`, `{timestamp}\n{method}`},
+		{`'it'\''s'`, "it's"},
+		{"''", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.in, func(t *testing.T) {
+			got, err := shellUnquote(c.in)
+			if err != nil || got != c.want {
+				t.Errorf("shellUnquote(%q) = %q, %v; want %q", c.in, got, err, c.want)
+			}
+		})
+	}
+	for _, bad := range []string{"'open", "'a'b"} {
+		if got, err := shellUnquote(bad); err == nil {
+			t.Errorf("shellUnquote(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+func TestUpstreamProxyEnvFillsSecret(t *testing.T) {
+	up, err := StartUpstream(sandbox.Config{Provider: sandbox.ProviderPayments, Secret: []byte("s3cret")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	env, err := up.ProxyEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.Join(env, "\n")
+	for _, want := range []string{
+		"IDEMPROXY_UPSTREAM_URL=" + up.URL,
+		"IDEMPROXY_SIGN_SECRET=s3cret",
+		"IDEMPROXY_NONCE_HEADER=X-Nonce",
+		"IDEMPROXY_SIGN_CANONICAL=" + sandbox.PaymentsCanonical,
+	} {
+		if !strings.Contains(joined, want+"\n") && !strings.HasSuffix(joined, want) {
+			t.Errorf("ProxyEnv lacks %q:\n%s", want, joined)
+		}
+	}
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	h := Histogram{1: 90, 2: 9, 7: 1}
+	cases := []struct {
+		q    float64
+		want int
+	}{{0.5, 1}, {0.9, 1}, {0.95, 2}, {0.99, 2}, {1, 7}}
+	for _, c := range cases {
+		if got := h.Quantile(c.q); got != c.want {
+			t.Errorf("Quantile(%v) = %d, want %d", c.q, got, c.want)
+		}
+	}
+	if got := (Histogram{}).Quantile(0.5); got != 0 {
+		t.Errorf("empty Quantile = %d, want 0", got)
+	}
+}

@@ -1,0 +1,190 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemproxy/idemproxy/sandbox"
+)
+
+// stopGrace bounds the proxy's graceful stop at the end of a run; it is above
+// the IDEMPROXY_SHUTDOWN_GRACE the suite sets.
+const stopGrace = 15 * time.Second
+
+// Run carries out one chaos run: sandbox up, proxy up, the client pays every
+// order while the proxy is killed and restarted cfg.Kills times, then the
+// proxy stops gracefully, the sandbox stops, and Judge compares. A broken
+// promise is a Report with Failures; an error means the run itself could not
+// be carried out (the proxy did not restart, ctx ended, ...), and the report,
+// when not nil, holds what was seen until then.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	up, err := StartUpstream(sandboxConfig(cfg))
+	if err != nil {
+		return nil, err
+	}
+	env, err := up.ProxyEnv()
+	if err != nil {
+		return nil, errors.Join(err, up.Close())
+	}
+	px := NewProxy(cfg.Binary, cfg.DataDir, append(append(env, proxyTimings...), cfg.ProxyEnv...))
+	if err := px.Start(ctx); err != nil {
+		return nil, errors.Join(err, up.Close())
+	}
+	cfg.Logf("chaos: sandbox %s at %s, idemproxy at %s, %d orders, %d kills", cfg.Provider, up.URL, px.Addr, cfg.Orders, cfg.Kills)
+	rep := &Report{Provider: cfg.Provider, Workers: cfg.Workers, MaxTries: cfg.MaxTries}
+	orders, runErr := pay(ctx, cfg, px, rep)
+	rep.Released = px.Released()
+	if err := px.Stop(stopGrace); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	if err := up.Close(); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	wire, unattributed := up.Wire()
+	rep.Verdict = Judge(up.Ledger(), wire, unattributed, orders)
+	return rep, runErr
+}
+
+// pay runs the client over every order while a killer goroutine kills and
+// restarts the proxy at the drawn moments. It owns px until it returns.
+func pay(ctx context.Context, cfg Config, px *Proxy, rep *Report) ([]Order, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ids, path, body := orderPlan(cfg)
+	k := &killer{px: px, rng: mrand.New(mrand.NewPCG(uint64(cfg.Seed), 0x6b696c6c)), logf: cfg.Logf,
+		at: killMoments(cfg), signal: make(chan struct{}, cfg.Kills)}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := k.run(ctx); err != nil {
+			k.err = err
+			cancel() // no proxy to talk to: stop the client
+		}
+	}()
+	client := &Client{Target: "http://" + px.Addr, Path: path, Body: body, Timeout: cfg.ClientTimeout, MaxTries: cfg.MaxTries}
+	var done atomic.Int64
+	start := time.Now()
+	orders := client.PayAll(ctx, ids, cfg.Workers, cfg.Seed, func() {
+		n := int(done.Add(1))
+		k.progress(n)
+		if n%max(cfg.Orders/10, 1) == 0 {
+			cfg.Logf("chaos: %d/%d orders settled", n, cfg.Orders)
+		}
+	})
+	rep.Duration = time.Since(start)
+	close(k.signal)
+	wg.Wait()
+	rep.Kills, rep.Restarts = k.kills, k.restarts
+	if k.err == nil && ctx.Err() != nil {
+		return orders, fmt.Errorf("chaos: run interrupted: %w", ctx.Err())
+	}
+	return orders, k.err
+}
+
+// killer SIGKILLs the proxy when the client's progress reaches each moment in
+// at, after a random pause of up to 200 ms so that the kill lands anywhere in
+// the requests then in flight, and restarts it at once.
+type killer struct {
+	px       *Proxy
+	rng      *mrand.Rand
+	logf     func(string, ...any)
+	at       []int         // settled-order counts that trigger a kill, ascending
+	signal   chan struct{} // one value per kill due; closed when the client is done
+	kills    int
+	restarts []time.Duration
+	err      error
+}
+
+// progress is called with the number of settled orders, once per order.
+func (k *killer) progress(n int) {
+	if _, found := slices.BinarySearch(k.at, n); found {
+		k.signal <- struct{}{} // buffered for every kill
+	}
+}
+
+func (k *killer) run(ctx context.Context) error {
+	for range k.signal {
+		pause := time.Duration(k.rng.Int64N(int64(200 * time.Millisecond)))
+		if err := sleepCtx(ctx, pause); err != nil {
+			return nil // the run is ending anyway
+		}
+		if err := k.px.Kill(); err != nil {
+			return err
+		}
+		k.kills++
+		start := time.Now()
+		if err := k.px.Start(ctx); err != nil {
+			return fmt.Errorf("chaos: restart after SIGKILL %d: %w", k.kills, err)
+		}
+		k.restarts = append(k.restarts, time.Since(start))
+		k.logf("chaos: SIGKILL %d, proxy listening again after %s", k.kills, time.Since(start).Round(time.Millisecond))
+	}
+	return nil
+}
+
+// killMoments draws cfg.Kills distinct progress counts between 5% and 90% of
+// the orders, so every kill happens with many orders still to go.
+func killMoments(cfg Config) []int {
+	rng := mrand.New(mrand.NewPCG(uint64(cfg.Seed), 0x6d6f6d))
+	lo, hi := max(cfg.Orders/20, 1), max(cfg.Orders*9/10, 1)
+	set := map[int]bool{}
+	for len(set) < min(cfg.Kills, hi-lo+1) {
+		set[lo+rng.IntN(hi-lo+1)] = true
+	}
+	at := make([]int, 0, len(set))
+	for n := range set {
+		at = append(at, n)
+	}
+	slices.Sort(at)
+	return at
+}
+
+// orderPlan names the orders and gives the route and body the legacy client
+// sends for the provider.
+func orderPlan(cfg Config) (ids []string, path string, body func(string) []byte) {
+	ids = make([]string, cfg.Orders)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("chaos-%d-%07d", cfg.Seed, i)
+	}
+	if cfg.Provider == sandbox.ProviderPayouts {
+		return ids, "/v1/payout", func(id string) []byte {
+			return fmt.Appendf(nil, `{"amount":"%d","currency":"USDT","network":"tron","address":"TXYchaos","order_id":%q}`, 10+len(id)%90, id)
+		}
+	}
+	return ids, "/payments", func(id string) []byte {
+		return fmt.Appendf(nil, `{"order_id":%q,"amount":"%d.%02d","currency":"EUR"}`, id, 1+len(id)%50, len(id)%100)
+	}
+}
+
+// sandboxConfig is the provider for cfg: signatures on with a fresh secret,
+// faults as configured, and for payouts the public id and a tenth of the
+// orders answering 409 funds_maturing/frozen once.
+func sandboxConfig(cfg Config) sandbox.Config {
+	sc := sandbox.Config{Provider: cfg.Provider, Secret: newSecret(), Faults: cfg.Faults,
+		SlowDelay: cfg.SlowDelay, RetryAfter: cfg.RetryAfter, Seed: cfg.Seed}
+	if cfg.Provider == sandbox.ProviderPayouts {
+		sc.PublicID = "chaos-public-id"
+		sc.MaturingAttempts, sc.MaturingShare = 1, 0.1
+	}
+	return sc
+}
+
+// newSecret returns a random HMAC secret for one run.
+func newSecret() []byte {
+	var b [24]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return []byte(hex.EncodeToString(b[:]))
+}
