@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/metrics"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// pingFunc is a pinger made of a function.
+type pingFunc func(context.Context) error
+
+func (f pingFunc) Ping(ctx context.Context) error { return f(ctx) }
+
+func TestReadiness(t *testing.T) {
+	ok := pingFunc(func(context.Context) error { return nil })
+	broken := pingFunc(func(context.Context) error { return errors.New("disk full") })
+	cases := []struct {
+		name     string
+		store    pinger
+		draining bool
+		path     string
+		want     int
+	}{
+		{"ready", ok, false, "/readyz", 200},
+		{"store not writable", broken, false, "/readyz", 503},
+		{"shutting down", ok, true, "/readyz", 503},
+		{"alive while shutting down", broken, true, "/healthz", 200},
+		{"metrics", ok, false, "/metrics", 200},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := newAdmin(c.store, metrics.New("test").Handler())
+			a.draining.Store(c.draining)
+			rec := httptest.NewRecorder()
+			a.ServeHTTP(rec, httptest.NewRequest("GET", c.path, nil))
+			if rec.Code != c.want {
+				t.Errorf("GET %s = %d %s, want %d", c.path, rec.Code, rec.Body, c.want)
+			}
+		})
+	}
+}
+
+func TestReadyURL(t *testing.T) {
+	cases := []struct {
+		addr, want string
+		bad        bool
+	}{
+		{":9090", "http://127.0.0.1:9090/readyz", false},
+		{"0.0.0.0:9090", "http://127.0.0.1:9090/readyz", false},
+		{"[::]:9091", "http://127.0.0.1:9091/readyz", false},
+		{"10.1.2.3:9090", "http://10.1.2.3:9090/readyz", false},
+		{"[::1]:9090", "http://[::1]:9090/readyz", false},
+		{"localhost:9090", "http://localhost:9090/readyz", false},
+		{"127.0.0.1:0", "", true},
+		{"9090", "", true},
+	}
+	for _, c := range cases {
+		t.Run(c.addr, func(t *testing.T) {
+			got, err := readyURL(c.addr)
+			if (err != nil) != c.bad || got != c.want {
+				t.Errorf("readyURL(%q) = %q, %v; want %q, error %v", c.addr, got, err, c.want, c.bad)
+			}
+		})
+	}
+}
+
+func TestLookupEnv(t *testing.T) {
+	cases := []struct {
+		name    string
+		environ []string
+		want    string
+	}{
+		{"unset: the struct's default", []string{"IDEMPROXY_LISTEN_ADDR=:1"}, ":9090"},
+		{"empty: the default, as env does", []string{"IDEMPROXY_ADMIN_ADDR="}, ":9090"},
+		{"set", []string{"IDEMPROXY_ADMIN_ADDR_X=:2", "IDEMPROXY_ADMIN_ADDR=:7"}, ":7"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := lookupEnv(c.environ, "AdminAddr"); got != c.want {
+				t.Errorf("= %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+// freePort returns a loopback port nothing listens on (it was free a moment ago).
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	l.Close()
+	return port
+}
+
+func TestHealthcheckCommand(t *testing.T) {
+	ready := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+		}
+	}))
+	defer ready.Close()
+	draining := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "shutting down", http.StatusServiceUnavailable)
+	}))
+	defer draining.Close()
+	port := func(s *httptest.Server) string { u, _ := url.Parse(s.URL); return u.Port() }
+	cases := []struct {
+		name    string
+		environ []string
+		want    int
+	}{
+		{"ready, wildcard address", []string{"IDEMPROXY_ADMIN_ADDR=:" + port(ready)}, 0},
+		{"ready, only this variable and a proxy that must be ignored", []string{"HTTP_PROXY=http://127.0.0.1:1", "IDEMPROXY_ADMIN_ADDR=0.0.0.0:" + port(ready)}, 0},
+		{"not ready", []string{"IDEMPROXY_ADMIN_ADDR=:" + port(draining)}, 1},
+		{"not running", []string{"IDEMPROXY_ADMIN_ADDR=127.0.0.1:" + freePort(t)}, 1},
+		{"bad address", []string{"IDEMPROXY_ADMIN_ADDR=nonsense"}, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if got := command([]string{"healthcheck"}, c.environ, &out, &errOut); got != c.want {
+				t.Errorf("exit %d, want %d; stderr %s", got, c.want, errOut.String())
+			}
+			if c.want != 0 && errOut.Len() == 0 {
+				t.Error("a failed check says nothing on stderr")
+			}
+		})
+	}
+}
+
+func TestCommandUsage(t *testing.T) {
+	cases := []struct {
+		args       []string
+		want       int
+		stdout     string
+		stderrWant string
+	}{
+		{[]string{"version"}, 0, version + "\n", ""},
+		{[]string{"serve-please"}, 2, "", "unknown command"},
+		{nil, 2, "", "IDEMPROXY_UPSTREAM_URL"}, // serving needs the upstream
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			got := command(c.args, nil, &out, &errOut)
+			if got != c.want || out.String() != c.stdout || !strings.Contains(errOut.String(), c.stderrWant) {
+				t.Errorf("exit %d stdout %q stderr %q; want %d %q %q", got, out.String(), errOut.String(), c.want, c.stdout, c.stderrWant)
+			}
+		})
+	}
+}
+
+func TestRedact(t *testing.T) {
+	secrets := []string{"s3cr3t-value", "pub_abcdef"}
+	cases := []struct {
+		attr slog.Attr
+		want string
+	}{
+		{slog.String("msg", "signing with s3cr3t-value"), "[redacted]"},
+		{slog.Any("err", errors.New("bad header X-Public-Id: pub_abcdef")), "[redacted]"},
+		{slog.String("path", "/v1/payments"), "/v1/payments"},
+		{slog.Int("status", 201), "201"},
+	}
+	for _, c := range cases {
+		t.Run(c.attr.Key, func(t *testing.T) {
+			if got := redact(c.attr, secrets).Value.String(); got != c.want {
+				t.Errorf("redact(%v) = %q, want %q", c.attr, got, c.want)
+			}
+		})
+	}
+	var buf bytes.Buffer
+	log := newLogger(&buf, "info", []string{"abc", "long-enough-secret"})
+	log.Info("x abc long-enough-secret", "k", "abc")
+	if got := buf.String(); strings.Contains(got, "long-enough-secret") || !strings.Contains(got, `"k":"abc"`) {
+		t.Errorf("log line %s: want the long secret redacted and the short value (below %d bytes) kept", got, minSecretLen)
+	}
+}
+
+// TestStreamedRequestThroughObserver sends an unprotected GET through the
+// observer and the proxy to an upstream that streams: the client must read the
+// first chunk while the upstream still holds the rest (Flush passes through the
+// status-capturing writer), and the request line must carry the status.
+func TestStreamedRequestThroughObserver(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		io.WriteString(w, "first\n")
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, "second\n")
+	}))
+	defer up.Close()
+	store, err := cache.Open(cache.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	var logBuf syncBuffer
+	obs := &observer{log: slog.New(slog.NewJSONHandler(&logBuf, nil)), m: metrics.New("test")}
+	u, _ := url.Parse(up.URL)
+	h, err := proxy.New(proxy.Options{Upstream: u, Store: store, OnDone: obs.done})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(obs.wrap(h))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/v1/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	first, err := br.ReadString('\n')
+	if err != nil || first != "first\n" {
+		t.Fatalf("first chunk %q, %v", first, err)
+	}
+	close(release) // only now may the rest come
+	rest, _ := io.ReadAll(br)
+	if string(rest) != "second\n" || resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("rest %q status %d", rest, resp.StatusCode)
+	}
+	srv.Close() // waits for the handler, so the request line is written
+	var line struct {
+		Msg, Outcome string
+		Status       int
+		Attempts     int
+	}
+	if err := json.Unmarshal(logBuf.Bytes(), &line); err != nil || line.Msg != "request" {
+		t.Fatalf("request line %q: %v", logBuf.Bytes(), err)
+	}
+	if line.Status != http.StatusAccepted || line.Outcome != "forwarded" {
+		t.Errorf("request line = %+v, want status 202 outcome forwarded", line)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing from handler goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.buf.Bytes()...)
+}
