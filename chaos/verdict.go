@@ -13,7 +13,7 @@ import (
 // maxExamples caps the violations a report describes one by one.
 const maxExamples = 10
 
-// Verdict is the judgement of a run. The first six counts are the promise
+// Verdict is the judgement of a run. The first seven counts are the promise
 // (issue 4) and must all be zero; the rest say what the run went through.
 type Verdict struct {
 	// DuplicateExecutions counts executions beyond the first, summed over
@@ -34,6 +34,10 @@ type Verdict struct {
 	// KeyChanges counts orders that reached the provider under more than one
 	// Idempotency-Key (or none): SPEC.md's one rule that matters most.
 	KeyChanges int
+	// WrongKeyAnswers counts proxy answers whose Idempotency-Key header is
+	// missing or differs from the one key the order reached the provider
+	// under (SPEC.md: the response always carries the key used).
+	WrongKeyAnswers int
 	// Refused counts orders the client stopped on a final non-2xx answer
 	// (a 4xx): with a well-configured proxy and provider there are none, so
 	// one is a conflict or a signing failure.
@@ -89,6 +93,9 @@ func Judge(ledger sandbox.LedgerSnapshot, wire map[string]WireOrder, unattribute
 			v.KeyChanges++
 			v.example("order %s reached the provider under %d keys: %v", id, len(w.Keys), w.Keys)
 		}
+	}
+	for i := range orders {
+		v.judgeKeys(&orders[i], wire[orders[i].ID])
 	}
 	v.UpstreamTotal += unattributed
 	return v
@@ -148,6 +155,25 @@ func (v *Verdict) judgeOrder(o *Order, execs int, orig sandbox.Entry) {
 	}
 }
 
+// judgeKeys checks that every answer from the proxy names the key the order
+// was sent upstream under. Orders that never reached the provider, or reached
+// it under several keys (counted as KeyChanges), have no one key to compare.
+func (v *Verdict) judgeKeys(o *Order, w WireOrder) {
+	if len(w.Keys) != 1 {
+		return
+	}
+	var sent string
+	for k := range w.Keys {
+		sent = k
+	}
+	for _, a := range o.Answers {
+		if a.Status != 0 && a.Key != sent {
+			v.WrongKeyAnswers++
+			v.example("order %s: answer %d names key %q, the provider got %q", o.ID, a.Status, a.Key, sent)
+		}
+	}
+}
+
 // judgeLedger counts executions of orders the client never sent (which no
 // proxy should invent) as duplicates of nothing: they are second charges too.
 func (v *Verdict) judgeLedger(ledger sandbox.LedgerSnapshot, orders []Order) {
@@ -192,6 +218,7 @@ func (v Verdict) mustBeZero() []count {
 		{"executed but success never learned", v.ExecutedNotLearned},
 		{"replays differing from the original", v.ReplayMismatches},
 		{"orders sent upstream under more than one key", v.KeyChanges},
+		{"answers naming another key than the one sent", v.WrongKeyAnswers},
 		{"orders refused with a final 4xx", v.Refused},
 	}
 }

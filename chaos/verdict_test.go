@@ -35,8 +35,8 @@ func entry(seq int, order, key, body string) sandbox.Entry {
 		Seq: seq, Status: 201, Body: json.RawMessage(body)}
 }
 
-func ok(body string, replayed bool) Answer {
-	return Answer{Status: 201, Body: []byte(body), Replayed: replayed, ProxyAttempts: 1}
+func ok(key, body string, replayed bool) Answer {
+	return Answer{Status: 201, Key: key, Body: []byte(body), Replayed: replayed, ProxyAttempts: 1}
 }
 
 var lost = Answer{Err: "connection"}
@@ -47,7 +47,7 @@ func cleanRun() run {
 	return run{
 		entries: []sandbox.Entry{entry(1, "A", "ka", bodyA), entry(2, "B", "kb", bodyB)},
 		wire:    map[string]WireOrder{"A": {Requests: 2, Keys: map[string]int{"ka": 2}}, "B": {Requests: 1, Keys: map[string]int{"kb": 1}}},
-		orders:  []Order{{ID: "A", Answers: []Answer{lost, ok(bodyA, true)}}, {ID: "B", Answers: []Answer{ok(bodyB, false)}}},
+		orders:  []Order{{ID: "A", Answers: []Answer{lost, ok("ka", bodyA, true)}}, {ID: "B", Answers: []Answer{ok("kb", bodyB, false)}}},
 	}
 }
 
@@ -65,19 +65,25 @@ func TestJudge(t *testing.T) {
 			func(v Verdict) int { return v.SucceededNotExecuted }},
 		{"executed, client never learned", func(r *run) { r.orders[0].Answers = slices.Repeat([]Answer{lost}, 20) },
 			func(v Verdict) int { return v.ExecutedNotLearned }},
-		{"replay body differs", func(r *run) { r.orders[0].Answers[1] = ok(bodyA+" ", true) },
+		{"replay body differs", func(r *run) { r.orders[0].Answers[1] = ok("ka", bodyA+" ", true) },
 			func(v Verdict) int { return v.ReplayMismatches }},
 		{"replay status differs", func(r *run) { r.orders[1].Answers[0].Status = 200 },
 			func(v Verdict) int { return v.ReplayMismatches }},
-		{"another order's answer", func(r *run) { r.orders[1].Answers[0] = ok(bodyA, false) },
+		{"another order's answer", func(r *run) { r.orders[1].Answers[0] = ok("kb", bodyA, false) },
 			func(v Verdict) int { return v.ReplayMismatches }},
 		{"key changed", func(r *run) { r.wire["A"] = WireOrder{Requests: 2, Keys: map[string]int{"ka": 1, "ka2": 1}} },
 			func(v Verdict) int { return v.KeyChanges }},
 		{"sent without key", func(r *run) { r.wire["B"] = WireOrder{Requests: 1, Keys: map[string]int{"": 1}} },
 			func(v Verdict) int { return v.KeyChanges }},
 		{"refused", func(r *run) {
-			r.orders[1].Answers[0] = Answer{Status: 409, Body: []byte(`{"error":{"code":"idempotency_conflict"}}`)}
+			r.orders[1].Answers[0] = Answer{Status: 409, Key: "kb", Body: []byte(`{"error":{"code":"idempotency_conflict"}}`)}
 		}, func(v Verdict) int { return v.Refused }},
+		{"answer names another key", func(r *run) { r.orders[0].Answers[1].Key = "kz" },
+			func(v Verdict) int { return v.WrongKeyAnswers }},
+		{"answer names no key", func(r *run) {
+			r.orders[1].Answers[0] = Answer{Status: 502, Body: []byte(`{"error":{"code":"upstream_unavailable"}}`)}
+			r.orders[1].Answers = append(r.orders[1].Answers, ok("kb", bodyB, false))
+		}, func(v Verdict) int { return v.WrongKeyAnswers }},
 	}
 	if f := cleanRun().judge().Failures(); len(f) != 0 {
 		t.Fatalf("clean run fails: %v", f)
