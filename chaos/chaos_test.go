@@ -189,3 +189,31 @@ func TestHistogramQuantile(t *testing.T) {
 		t.Errorf("empty Quantile = %d, want 0", got)
 	}
 }
+
+func TestKillMoments(t *testing.T) {
+	cases := []struct {
+		orders, kills, want, minGap int
+	}{
+		{2000, 4, 4, 200},
+		{50000, 25, 25, 800},
+		{2000, 0, 0, 0},
+		{10, 3, 3, 1},
+		{2, 5, 1, 0}, // more kills than moments: as many as fit
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%d orders %d kills", c.orders, c.kills), func(t *testing.T) {
+			at := killMoments(Config{Orders: c.orders, Kills: c.kills, Seed: 3})
+			if len(at) != c.want {
+				t.Fatalf("killMoments = %v, want %d moments", at, c.want)
+			}
+			for i, n := range at {
+				if n < 1 || n > c.orders {
+					t.Errorf("moment %d out of 1..%d", n, c.orders)
+				}
+				if i > 0 && n-at[i-1] < c.minGap {
+					t.Errorf("moments %d and %d closer than %d", at[i-1], n, c.minGap)
+				}
+			}
+		})
+	}
+}

@@ -29,6 +29,8 @@ type Answer struct {
 	Replayed bool
 	// ProxyAttempts is the Idemproxy-Attempts header; 0 when absent.
 	ProxyAttempts int
+	// At is when the request was sent, from the order's first request.
+	At time.Duration
 }
 
 // OK reports a 2xx answer: the legacy app's "payment done".
@@ -117,11 +119,14 @@ func (c *Client) PayAll(ctx context.Context, ids []string, n int, seed int64, do
 func (w *worker) pay(ctx context.Context, id string) Order {
 	o := Order{ID: id}
 	body := w.c.Body(id)
+	start := time.Now()
 	for try := range w.c.MaxTries {
 		if try > 0 && sleepCtx(ctx, w.backoff(try)) != nil {
 			break
 		}
+		at := time.Since(start)
 		a := w.send(ctx, body, try == 0)
+		a.At = at
 		o.Answers = append(o.Answers, a)
 		if !retriable(a) {
 			break
@@ -133,10 +138,11 @@ func (w *worker) pay(ctx context.Context, id string) Order {
 	return o
 }
 
-// backoff is the pause before try n (n >= 1): 20 ms doubling to 400 ms, with
-// jitter, so a proxy restart costs a few tries, not the whole budget.
+// backoff is the pause before try n (n >= 1): 20 ms doubling to 800 ms, with
+// jitter, so a proxy restart costs a few tries and 20 tries span about 15 s,
+// far more than a restart takes.
 func (w *worker) backoff(n int) time.Duration {
-	d := min(20*time.Millisecond<<min(n-1, 5), 400*time.Millisecond)
+	d := min(20*time.Millisecond<<min(n-1, 6), 800*time.Millisecond)
 	return d/2 + time.Duration(w.rng.Int64N(int64(d/2)+1))
 }
 

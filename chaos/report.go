@@ -91,6 +91,7 @@ func (r *Report) WriteTo(w io.Writer) (int64, error) {
 		percent(faulted, r.UpstreamTotal), faultList(r.Faults))
 	fmt.Fprintf(&b, "provider: %d replays of stored operations, %d own-limit 429s, %d requests without order_id\n",
 		r.ProviderReplays, r.Throttled, r.Unattributed)
+	fmt.Fprintf(&b, "most client requests for one order: %s\n", r.Longest)
 	for _, e := range r.Examples {
 		fmt.Fprintf(&b, "  violation: %s\n", e)
 	}

@@ -135,18 +135,25 @@ func (k *killer) run(ctx context.Context) error {
 	return nil
 }
 
-// killMoments draws cfg.Kills distinct progress counts between 5% and 90% of
-// the orders, so every kill happens with many orders still to go.
+// killMoments draws cfg.Kills progress counts between 5% and 90% of the
+// orders: one in the middle half of each of Kills equal stretches, so the
+// moments are random yet at least half a stretch apart, and every kill finds
+// many orders still to go and a proxy that has been up for a while.
 func killMoments(cfg Config) []int {
 	rng := mrand.New(mrand.NewPCG(uint64(cfg.Seed), 0x6d6f6d))
-	lo, hi := max(cfg.Orders/20, 1), max(cfg.Orders*9/10, 1)
-	set := map[int]bool{}
-	for len(set) < min(cfg.Kills, hi-lo+1) {
-		set[lo+rng.IntN(hi-lo+1)] = true
+	lo, hi := cfg.Orders/20, cfg.Orders*9/10
+	if cfg.Kills == 0 || hi-lo < 4*cfg.Kills {
+		lo, hi = 0, cfg.Orders // too few orders to spread them: anywhere
 	}
-	at := make([]int, 0, len(set))
-	for n := range set {
-		at = append(at, n)
+	seen := map[int]bool{}
+	var at []int
+	for i := range cfg.Kills {
+		seg := (hi - lo) / cfg.Kills
+		n := max(lo+i*seg+seg/4+rng.IntN(seg/2+1), 1)
+		if !seen[n] && n <= cfg.Orders {
+			seen[n] = true
+			at = append(at, n)
+		}
 	}
 	slices.Sort(at)
 	return at

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/idemproxy/idemproxy/sandbox"
 )
@@ -68,6 +70,10 @@ type Verdict struct {
 	// ProviderReplays and Throttled are the ledger's counts of answers served
 	// from a stored operation and of its own rate limit's 429s.
 	ProviderReplays, Throttled int
+	// Longest is the order that took the most client requests, with each
+	// answer and when it was sent, e.g. "chaos-1-0000042: 0s connection,
+	// 32ms 2xx replayed".
+	Longest string
 	// Examples describe up to ten violations, one line each.
 	Examples []string
 }
@@ -85,6 +91,7 @@ func Judge(ledger sandbox.LedgerSnapshot, wire map[string]WireOrder, unattribute
 		v.judgeOrder(&orders[i], ledger.ByOrder[orders[i].ID], first[orders[i].ID])
 	}
 	v.judgeLedger(ledger, orders)
+	v.Longest = longest(orders)
 	for _, id := range slices.Sorted(maps.Keys(wire)) {
 		w := wire[id]
 		v.UpstreamTotal += w.Requests
@@ -227,6 +234,19 @@ func (v *Verdict) example(format string, args ...any) {
 	if len(v.Examples) < maxExamples {
 		v.Examples = append(v.Examples, fmt.Sprintf(format, args...))
 	}
+}
+
+// longest describes the order with the most answers.
+func longest(orders []Order) string {
+	if len(orders) == 0 {
+		return ""
+	}
+	o := slices.MaxFunc(orders, func(a, b Order) int { return len(a.Answers) - len(b.Answers) })
+	parts := make([]string, len(o.Answers))
+	for i, a := range o.Answers {
+		parts[i] = a.At.Round(time.Millisecond).String() + " " + describe(a)
+	}
+	return o.ID + ": " + strings.Join(parts, ", ")
 }
 
 // describe names an answer for the request counts: "2xx", "2xx replayed",
