@@ -1,0 +1,263 @@
+// Command idembench is idemproxy's side-by-side benchmark (BENCHMARKS.md). On
+// loopback it starts a minimal upstream and, in front of it, a plain Go
+// reverse proxy, nginx (when installed) and the real idemproxy binary, then
+// drives every target with the same load generator (bench/loadgen):
+//
+//	A  direct to the upstream          B  plain httputil.ReverseProxy
+//	C  nginx proxy_pass, keep-alive    D  idemproxy, unprotected GET
+//	E  idemproxy, protected POST, a new key every request, durable records
+//	F  idemproxy, protected POST replays of stored keys
+//
+// at fixed concurrency (closed loop) and at a fixed rate, measuring req/s,
+// latency percentiles, CPU per 10k requests and peak RSS of the target
+// process; and optionally a memory run that stores a million records. Use
+// bench/run.sh, which builds the binaries first.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// options are the command-line flags.
+type options struct {
+	bin, out, nginx        string
+	conns                  []int
+	warmup, duration       time.Duration
+	settle                 time.Duration
+	rounds                 int
+	rate                   float64
+	rateConns              int
+	rateDuration           time.Duration
+	replayKeys             int
+	throughput, fixedRate  bool
+	memory                 bool
+	records                int
+	memConns               int
+	memTTL, memGCInterval  time.Duration
+	memSlack               time.Duration
+	keepData               bool
+	idemproxyEnv           []string
+	targets                string
+	onlyTargets            map[string]bool
+	runID                  string
+	upstreamBin, plainBin  string
+	idemproxyBin, nginxBin string
+}
+
+func parseFlags() (*options, error) {
+	o := &options{}
+	var conns, env string
+	flag.StringVar(&o.bin, "bin", "", "directory holding the built idemproxy, upstream and plainproxy binaries (required)")
+	flag.StringVar(&o.out, "out", "", "results directory (required; logs, data directories, results.json, results.md)")
+	flag.StringVar(&o.nginx, "nginx", "nginx", "nginx binary; empty or missing skips target C")
+	flag.StringVar(&conns, "conns", "16,64", "closed-loop concurrency levels")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "warm-up before each measured window")
+	flag.DurationVar(&o.duration, "duration", 6*time.Second, "measured window of each closed-loop phase")
+	flag.DurationVar(&o.settle, "settle", time.Second, "pause between phases")
+	flag.IntVar(&o.rounds, "rounds", 2, "rounds of the closed-loop matrix; the table shows the median")
+	flag.Float64Var(&o.rate, "rate", 1000, "fixed-rate mode: requests per second (0 skips it)")
+	flag.IntVar(&o.rateConns, "rate-conns", 16, "fixed-rate mode: connections")
+	flag.DurationVar(&o.rateDuration, "rate-duration", 6*time.Second, "fixed-rate mode: measured window")
+	flag.IntVar(&o.replayKeys, "replay-keys", 20000, "F: operations stored before the replays")
+	flag.BoolVar(&o.throughput, "throughput", true, "run the closed-loop matrix")
+	flag.BoolVar(&o.memory, "memory", false, "run the memory run (records stored under load, then TTL expiry)")
+	flag.IntVar(&o.records, "records", 1000000, "memory run: records to store")
+	flag.IntVar(&o.memConns, "mem-conns", 64, "memory run: connections")
+	flag.DurationVar(&o.memTTL, "mem-ttl", 0, "memory run: IDEMPROXY_RECORD_TTL; 0 = the fill time estimated from E at the highest concurrency, plus a margin")
+	flag.DurationVar(&o.memGCInterval, "mem-gc-interval", 5*time.Minute, "memory run: the store's value-log GC interval (cache.Options.GCInterval; idemproxy uses the default, 5m)")
+	flag.DurationVar(&o.memSlack, "mem-slack", 20*time.Second, "memory run: wait this long past the first GC tick after expiry")
+	flag.BoolVar(&o.keepData, "keep-data", false, "keep idemproxy data directories after the run")
+	flag.StringVar(&env, "idemproxy-env", "", "extra NAME=value settings for every idemproxy, comma-separated (e.g. IDEMPROXY_SIGN_SECRET=x)")
+	flag.StringVar(&o.targets, "targets", "ABCDEF", "targets of the closed-loop and fixed-rate phases")
+	flag.Parse()
+	if o.bin == "" || o.out == "" {
+		return nil, errors.New("-bin and -out are required")
+	}
+	var err error
+	if o.out, err = filepath.Abs(o.out); err != nil {
+		return nil, err
+	}
+	if o.bin, err = filepath.Abs(o.bin); err != nil {
+		return nil, err
+	}
+	for _, c := range strings.Split(conns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-conns: bad value %q", c)
+		}
+		o.conns = append(o.conns, n)
+	}
+	if env != "" {
+		o.idemproxyEnv = strings.Split(env, ",")
+	}
+	o.onlyTargets = map[string]bool{}
+	for _, t := range o.targets {
+		o.onlyTargets[string(t)] = true
+	}
+	o.runID = strconv.FormatInt(time.Now().UnixNano(), 36)
+	o.upstreamBin = filepath.Join(o.bin, "upstream")
+	o.plainBin = filepath.Join(o.bin, "plainproxy")
+	o.idemproxyBin = filepath.Join(o.bin, "idemproxy")
+	return o, nil
+}
+
+func main() {
+	o, err := parseFlags()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idembench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "idembench:", err)
+		os.Exit(1)
+	}
+}
+
+// report is everything one run measured; results.json holds it.
+type report struct {
+	Machine   machine         `json:"machine"`
+	Options   map[string]any  `json:"options"`
+	Phases    []*phaseResult  `json:"phases"`
+	Prefill   *phaseResult    `json:"prefill,omitempty"`
+	EDataDir  *dirSize        `json:"e_data_dir,omitempty"`
+	Memory    *memoryResult   `json:"memory,omitempty"`
+	Started   time.Time       `json:"started"`
+	Took      string          `json:"took"`
+	Notes     []string        `json:"notes,omitempty"`
+	targetSet map[string]bool // targets that ran
+}
+
+func run(ctx context.Context, o *options) error {
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	rep := &report{Started: time.Now(), Machine: describeMachine(o), targetSet: map[string]bool{}}
+	rep.Options = map[string]any{
+		"conns": o.conns, "warmup": o.warmup.String(), "duration": o.duration.String(), "rounds": o.rounds,
+		"rate": o.rate, "rate_conns": o.rateConns, "rate_duration": o.rateDuration.String(),
+		"replay_keys": o.replayKeys, "records": o.records, "idemproxy_env": o.idemproxyEnv,
+	}
+	fmt.Printf("idembench: results in %s\n%s\n", o.out, rep.Machine)
+	up, err := start("upstream", o.out, o.upstreamBin, nil, nil, true)
+	if err != nil {
+		return err
+	}
+	defer up.stop(5 * time.Second)
+	var runErr error
+	if o.throughput || o.rate > 0 {
+		runErr = runMatrix(ctx, o, up, rep)
+	}
+	if runErr == nil && o.memory {
+		rep.Memory, runErr = runMemory(ctx, o, up, rep)
+	}
+	rep.Machine.LoadAfter = loadAvg()
+	rep.Took = time.Since(rep.Started).Round(time.Second).String()
+	if err := writeReport(o, rep); err != nil {
+		return errors.Join(runErr, err)
+	}
+	return runErr
+}
+
+// targets holds the running processes of the closed-loop and rate phases.
+type targets struct {
+	up, plain, nginx, d, e, f *proc
+}
+
+func (t *targets) stopAll() {
+	for _, p := range []*proc{t.plain, t.nginx, t.d, t.e, t.f} {
+		p.stop(30 * time.Second)
+	}
+}
+
+func startTargets(o *options, up *proc, rep *report) (*targets, error) {
+	t := &targets{up: up}
+	var err error
+	if t.plain, err = start("plainproxy", o.out, o.plainBin, []string{"-upstream", "http://" + up.addr}, nil, true); err != nil {
+		return t, err
+	}
+	if o.onlyTargets["C"] {
+		t.nginx, err = startNginx(o.nginx, filepath.Join(o.out, "nginx"), o.out, up.addr)
+		if err != nil {
+			return t, err
+		}
+		if t.nginx == nil {
+			rep.Notes = append(rep.Notes, "nginx not installed: target C skipped")
+		}
+	}
+	for _, x := range []struct {
+		id  string
+		dst **proc
+	}{{"D", &t.d}, {"E", &t.e}, {"F", &t.f}} {
+		if !o.onlyTargets[x.id] {
+			continue
+		}
+		dir := filepath.Join(o.out, "data-"+x.id)
+		if *x.dst, err = startIdemproxy("idemproxy-"+x.id, o.out, o.idemproxyBin, dir, up.addr, o.idemproxyEnv...); err != nil {
+			return t, err
+		}
+	}
+	return t, nil
+}
+
+// runMatrix runs the closed-loop rounds and the fixed-rate phases.
+func runMatrix(ctx context.Context, o *options, up *proc, rep *report) error {
+	t, err := startTargets(o, up, rep)
+	defer t.stopAll()
+	if err != nil {
+		return err
+	}
+	m := &matrix{o: o, t: t, rep: rep}
+	if t.f != nil {
+		if err := m.prefill(ctx); err != nil {
+			return err
+		}
+	}
+	if o.throughput {
+		if err := m.closedLoop(ctx); err != nil {
+			return err
+		}
+	}
+	if o.rate > 0 {
+		if err := m.fixedRate(ctx); err != nil {
+			return err
+		}
+	}
+	if t.e != nil {
+		ds := sizeOf(filepath.Join(o.out, "data-E"))
+		rep.EDataDir = &ds
+	}
+	if !o.keepData {
+		t.stopAll()
+		for _, id := range []string{"D", "E", "F"} {
+			os.RemoveAll(filepath.Join(o.out, "data-"+id))
+		}
+	}
+	return nil
+}
+
+func writeReport(o *options, rep *report) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(o.out, "results.json"), b, 0o644); err != nil {
+		return err
+	}
+	md := renderMarkdown(o, rep)
+	fmt.Println()
+	fmt.Print(md)
+	return os.WriteFile(filepath.Join(o.out, "results.md"), []byte(md), 0o644)
+}

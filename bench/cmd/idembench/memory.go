@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemproxy/idemproxy/bench/loadgen"
+)
+
+// memoryResult is the memory run: a fresh idemproxy stores Records
+// operations through its HTTP front door (protected POSTs with new keys,
+// durable, exactly as E), then sits idle until every record's TTL has passed
+// and the store's value-log GC has run at least once.
+type memoryResult struct {
+	Records       int         `json:"records"`
+	Conns         int         `json:"conns"`
+	TTL           string      `json:"ttl"`
+	FillSeconds   float64     `json:"fill_seconds"`
+	FillRPS       float64     `json:"fill_rps"`
+	FillOK        int64       `json:"fill_ok"`
+	FillFailed    int64       `json:"fill_failed"`
+	Samples       []memSample `json:"samples"`
+	MaxSampledMiB float64     `json:"max_sampled_rss_mib"`
+	// After the fill, before any expiry.
+	RSSAfterFillMiB float64 `json:"rss_after_fill_mib"`
+	PeakRSSMiB      float64 `json:"peak_rss_mib"` // VmHWM since start
+	DirAfterFill    dirSize `json:"dir_after_fill"`
+	// LiveAfterFill is how many records had not yet reached their TTL when
+	// the after-fill figures were taken (all of them unless the fill took
+	// longer than the TTL), from the progress samples.
+	LiveAfterFill    int64 `json:"live_records_after_fill"`
+	ReplaysAfterFill int64 `json:"replays_of_1000_after_fill"`
+	// After TTL expiry and a GC tick.
+	WaitedSeconds     float64 `json:"waited_seconds"`
+	RSSAfterExpiryMiB float64 `json:"rss_after_expiry_mib"`
+	DirAfterExpiry    dirSize `json:"dir_after_expiry"`
+	ReplaysAfterTTL   int64   `json:"replays_of_1000_after_expiry"`
+}
+
+// memSample is the RSS of the idemproxy process during the fill.
+type memSample struct {
+	Seconds float64 `json:"s"`
+	Records int64   `json:"records"`
+	RSSMiB  float64 `json:"rss_mib"`
+}
+
+// checkKeys is how many stored operations are re-sent to check that they
+// replay after the fill and no longer replay after expiry.
+const checkKeys = 1000
+
+func runMemory(ctx context.Context, o *options, up *proc, rep *report) (*memoryResult, error) {
+	ttl := memoryTTL(o, rep)
+	res := &memoryResult{Records: o.records, Conns: o.memConns, TTL: ttl.String()}
+	dir := filepath.Join(o.out, "data-memory")
+	env := append(slices.Clone(o.idemproxyEnv), "IDEMPROXY_RECORD_TTL="+ttl.String())
+	p, err := startIdemproxy("idemproxy-memory", o.out, o.idemproxyBin, dir, up.addr, env...)
+	if err != nil {
+		return nil, err
+	}
+	defer p.stop(30 * time.Second)
+	started := time.Now()
+	fmt.Printf("memory: storing %d records (TTL %s, %d connections)\n", o.records, ttl, o.memConns)
+	prefix := "m-" + o.runID + "-"
+	if err := res.fill(ctx, p, prefix); err != nil {
+		return res, err
+	}
+	fillEnd := time.Now()
+	res.LiveAfterFill = res.live(started, fillEnd, ttl)
+	res.RSSAfterFillMiB = float64(statusKB(p.pids(), "VmRSS")) / 1024
+	res.PeakRSSMiB = float64(statusKB(p.pids(), "VmHWM")) / 1024
+	res.DirAfterFill = sizeOf(dir)
+	fmt.Printf("memory: after fill RSS %.1f MiB (peak %.1f), data dir %s\n", res.RSSAfterFillMiB, res.PeakRSSMiB, res.DirAfterFill)
+	if res.ReplaysAfterFill, err = checkReplays(ctx, p, prefix, o.records); err != nil {
+		return res, err
+	}
+	until := afterExpiryAndGC(started, fillEnd, ttl, o.memGCInterval).Add(o.memSlack)
+	fmt.Printf("memory: %d of %d re-sent operations replayed; idle until %s (TTL expiry, then a GC tick)\n",
+		res.ReplaysAfterFill, checkKeys, until.Format(time.TimeOnly))
+	if err := sleepOrDone(ctx, time.Until(until)); err != nil {
+		return res, err
+	}
+	res.WaitedSeconds = time.Since(fillEnd).Seconds()
+	res.RSSAfterExpiryMiB = float64(statusKB(p.pids(), "VmRSS")) / 1024
+	res.DirAfterExpiry = sizeOf(dir)
+	if res.ReplaysAfterTTL, err = checkReplays(ctx, p, prefix, o.records); err != nil {
+		return res, err
+	}
+	fmt.Printf("memory: after expiry RSS %.1f MiB, data dir %s; %d of %d old operations replayed\n",
+		res.RSSAfterExpiryMiB, res.DirAfterExpiry, res.ReplaysAfterTTL, checkKeys)
+	if !o.keepData {
+		p.stop(30 * time.Second)
+		os.RemoveAll(dir)
+	}
+	return res, nil
+}
+
+// memoryTTL is -mem-ttl, or a TTL longer than the fill is expected to take
+// (from E's throughput at the highest concurrency of this run), so every
+// record is still live when the fill ends.
+func memoryTTL(o *options, rep *report) time.Duration {
+	if o.memTTL > 0 {
+		return o.memTTL
+	}
+	rps := 0.0
+	top := slices.Max(o.conns)
+	var all []float64
+	for _, p := range rep.Phases {
+		if p.Target == "E" && p.Mode == "closed" && p.Conns == top {
+			all = append(all, p.RPS)
+		}
+	}
+	if len(all) > 0 {
+		rps = median(all)
+	}
+	if rps <= 0 {
+		rps = 2000 // no E phase in this run: a conservative guess
+	}
+	fill := time.Duration(float64(o.records) / rps * float64(time.Second))
+	ttl := (fill*6/5 + time.Minute).Truncate(time.Minute)
+	fmt.Printf("memory: E stored %.0f req/s at %d connections, so the fill should take about %s; TTL %s\n",
+		rps, top, fill.Round(time.Second), ttl)
+	return ttl
+}
+
+// live counts the records written after at-ttl (still live at at): all but
+// those stored before the first sample taken at or after that instant.
+func (m *memoryResult) live(started, at time.Time, ttl time.Duration) int64 {
+	cut := at.Add(-ttl).Sub(started).Seconds()
+	if cut <= 0 {
+		return m.FillOK
+	}
+	var expired int64
+	for _, s := range m.Samples {
+		if s.Seconds <= cut {
+			expired = s.Records
+		}
+	}
+	return m.FillOK - expired
+}
+
+// fill drives the new-key load until Records responses arrived, sampling the
+// process's RSS every 5 s.
+func (m *memoryResult) fill(ctx context.Context, p *proc, prefix string) error {
+	var n atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				s := memSample{Seconds: time.Since(start).Seconds(), Records: n.Load(),
+					RSSMiB: float64(statusKB(p.pids(), "VmRSS")) / 1024}
+				m.Samples = append(m.Samples, s)
+				m.MaxSampledMiB = max(m.MaxSampledMiB, s.RSSMiB)
+				if len(m.Samples)%6 == 0 {
+					fmt.Printf("memory: %6.0fs %8d records, RSS %.1f MiB\n", s.Seconds, s.Records, s.RSSMiB)
+				}
+			}
+		}
+	}()
+	res, err := loadgen.Run(ctx, loadgen.Config{
+		Addr: p.addr, Conns: m.Conns, Total: int64(m.Records),
+		Build: buildNewPost(prefix), Responses: &n,
+	})
+	close(stop)
+	<-done
+	if err != nil {
+		return err
+	}
+	m.FillSeconds, m.FillRPS, m.FillOK, m.FillFailed = res.Elapsed.Seconds(), res.RPS(), res.OK, res.Failed()
+	if res.Replayed != 0 {
+		return fmt.Errorf("memory fill: %d responses were replays, want none", res.Replayed)
+	}
+	return nil
+}
+
+// checkReplays re-sends checkKeys operations spread over the stored ones
+// and returns how many came back as replays.
+func checkReplays(ctx context.Context, p *proc, prefix string, records int) (int64, error) {
+	stride := uint64(max(records/checkKeys, 1))
+	res, err := loadgen.Run(ctx, loadgen.Config{
+		Addr: p.addr, Conns: 8, Total: checkKeys,
+		Build: func(dst []byte, seq uint64) []byte { return appendPost(dst, prefix, seq*stride) },
+	})
+	if err != nil {
+		return 0, err
+	}
+	if res.Failed() != 0 {
+		return res.Replayed, fmt.Errorf("replay check: %d failed: %v %v", res.Failed(), res.Statuses, res.Errors)
+	}
+	return res.Replayed, nil
+}
+
+// afterExpiryAndGC is the first GC tick (every gcEvery since the process
+// started) at or after every record written by fillEnd has expired.
+func afterExpiryAndGC(started, fillEnd time.Time, ttl, gcEvery time.Duration) time.Time {
+	// Badger keeps expiry in whole seconds: allow one more.
+	expired := fillEnd.Add(ttl + time.Second)
+	if gcEvery <= 0 {
+		return expired
+	}
+	ticks := (expired.Sub(started) + gcEvery - 1) / gcEvery
+	return started.Add(ticks * gcEvery)
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of idemproxy against a bare upstream, a plain Go
+# reverse proxy and nginx, all on loopback. See BENCHMARKS.md.
+#
+#   bench/run.sh            full run: closed-loop matrix, fixed rate, memory run
+#   bench/run.sh quick      smoke test: short phases, 20k records (about 2 min)
+#   bench/run.sh matrix     closed-loop matrix and fixed rate only
+#   bench/run.sh memory     memory run only
+#   bench/run.sh micro      Go micro-benchmarks of the hot path (-benchmem)
+#
+# Extra arguments after the mode go to idembench (e.g. -rounds 3, -rate 500,
+# -idemproxy-env IDEMPROXY_SIGN_SECRET=x). Results: bench/results/<time>/.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+mode="${1:-full}"
+[ $# -gt 0 ] && shift
+
+export PATH="/usr/local/go/bin:$PATH"
+stamp="$(date +%Y%m%d-%H%M%S)"
+out="bench/results/$stamp-$mode"
+bin="$out/bin"
+mkdir -p "$bin"
+
+# nginx (target C) comes from the distribution; install it once if missing.
+ensure_nginx() {
+	command -v nginx >/dev/null 2>&1 && return 0
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+		echo "installing nginx-light (target C)..." >&2
+		{ apt-get update -qq && { apt-get install -y -qq nginx-light || apt-get install -y -qq nginx; }; } >&2 ||
+			echo "nginx install failed: target C will be skipped" >&2
+	else
+		echo "nginx not found and cannot install it: target C will be skipped" >&2
+	fi
+}
+
+micro() {
+	# -run '^$': benchmarks only. Each package's benchmarks are short (-benchtime).
+	go test -run '^$' -bench . -benchmem -benchtime "${BENCHTIME:-1s}" -count 1 \
+		./proxy/ ./idemkey/ ./resign/ ./cache/ | tee "$out/micro.txt"
+}
+
+if [ "$mode" = micro ]; then
+	micro
+	exit 0
+fi
+
+ensure_nginx
+go build -o "$bin/idemproxy" .
+go build -o "$bin/" ./bench/cmd/upstream ./bench/cmd/plainproxy ./bench/cmd/idembench
+
+case "$mode" in
+full) args=(-memory) ;;
+matrix) args=() ;;
+memory) args=(-throughput=false -rate 0 -memory) ;;
+quick) args=(-rounds 1 -warmup 500ms -duration 2s -rate-duration 2s -settle 200ms -replay-keys 2000
+	-memory -records 20000 -mem-ttl 30s -mem-gc-interval 0) ;;
+*)
+	echo "unknown mode $mode (full, quick, matrix, memory, micro)" >&2
+	exit 2
+	;;
+esac
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$bin/idembench" -bin "$bin" -out "$out" -nginx "$(command -v nginx || true)" "${args[@]}" "$@"
+rm -rf "$bin"
+echo "results: $out/results.md"
