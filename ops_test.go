@@ -46,7 +46,7 @@ type launchSpec struct {
 }
 
 // launch runs the binary and waits until it logs that it listens.
-func launch(t *testing.T, spec launchSpec) *opsProc {
+func launch(t testing.TB, spec launchSpec) *opsProc {
 	t.Helper()
 	bin := spec.bin
 	if bin == "" {
@@ -92,7 +92,7 @@ func (p *opsProc) read(r io.Reader) {
 // waitLine returns the first log line containing substr, waiting for it to be
 // written. It fails the test if the log ends without one; the one-minute bound
 // only keeps a broken binary from hanging the run.
-func (p *opsProc) waitLine(t *testing.T, substr string) string {
+func (p *opsProc) waitLine(t testing.TB, substr string) string {
 	t.Helper()
 	bound := time.After(time.Minute)
 	for i := 0; ; {
@@ -144,7 +144,7 @@ func (p *opsProc) requestLines(t *testing.T) []map[string]any {
 }
 
 // terminate sends SIGTERM and waits for the exit; it returns the exit error.
-func (p *opsProc) terminate(t *testing.T) error {
+func (p *opsProc) terminate(t testing.TB) error {
 	t.Helper()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -171,7 +171,7 @@ type reply struct {
 	body   string
 }
 
-func send(t *testing.T, method, url, body string, header ...string) reply {
+func send(t testing.TB, method, url, body string, header ...string) reply {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
@@ -452,7 +452,7 @@ func checkRequestLog(t *testing.T, p *opsProc) {
 
 // scrape reads a Prometheus text page into series (name with its labels, as
 // printed) → value.
-func scrape(t *testing.T, url string) map[string]float64 {
+func scrape(t testing.TB, url string) map[string]float64 {
 	t.Helper()
 	r := send(t, http.MethodGet, url, "")
 	if r.status != http.StatusOK || !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain") {

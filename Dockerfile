@@ -1,0 +1,53 @@
+# syntax=docker/dockerfile:1
+#
+# idemproxy container image: a static binary on distroless, non-root, with the
+# Badger store on the /data volume. Build:
+#
+#   docker build --build-arg VERSION=$(git describe --tags --always) -t idemproxy .
+#
+# The sandbox provider (for compose.yaml and trials) is the "sandbox" target:
+#
+#   docker build --target sandbox -t idemproxy-sandbox .
+#
+# dockerfile_test.go checks this file: Go version equal to go.mod's, static
+# build flags, non-root user, HEALTHCHECK through the binary, VOLUME /data.
+
+# Pinned to go.mod's go line, so the image builds with the toolchain the tests ran on.
+FROM golang:1.26.8-bookworm AS build
+ENV CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download && go mod verify
+COPY . .
+ARG VERSION=dev
+# Static (CGO_ENABLED=0), reproducible (-trimpath, no VCS stamp, no symbol
+# table), version stamped for `idemproxy version` and idemproxy_build_info.
+RUN go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/idemproxy . \
+ && mkdir -p /out/data
+
+FROM build AS build-sandbox
+RUN go build -trimpath -ldflags "-s -w" -o /out/sandbox ./cmd/sandbox
+
+# The fake provider: not for production.
+FROM gcr.io/distroless/static-debian12:nonroot AS sandbox
+COPY --from=build-sandbox /out/sandbox /sandbox
+USER 65532:65532
+ENV SANDBOX_ADDR=0.0.0.0:8081
+EXPOSE 8081
+ENTRYPOINT ["/sandbox"]
+
+# The default target. distroless/static has CA certificates, /etc/passwd with
+# the nonroot user (65532) and no shell: the health check is the binary itself.
+FROM gcr.io/distroless/static-debian12:nonroot AS idemproxy
+COPY --from=build /out/idemproxy /idemproxy
+# A named volume mounted on /data starts as a copy of this directory, owned by
+# nonroot; a bind mount must be chowned to 65532 by the operator (README).
+COPY --from=build --chown=65532:65532 /out/data /data
+USER 65532:65532
+ENV IDEMPROXY_DATA_DIR=/data \
+    IDEMPROXY_LISTEN_ADDR=:8080 \
+    IDEMPROXY_ADMIN_ADDR=:9090
+VOLUME /data
+EXPOSE 8080 9090
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 CMD ["/idemproxy", "healthcheck"]
+ENTRYPOINT ["/idemproxy"]
