@@ -378,4 +378,3 @@ func checkOwner(t *testing.T, dir string, uid int) {
 		t.Errorf("data directory has %d entries: the store wrote nothing?", n)
 	}
 }
-
