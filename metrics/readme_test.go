@@ -1,0 +1,131 @@
+package metrics
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/retry"
+)
+
+// updateREADME rewrites the README's generated metrics table:
+//
+//	go test ./metrics -run TestREADMEMetrics -update-readme
+var updateREADME = flag.Bool("update-readme", false, "rewrite ../README.md's metrics table from the collectors")
+
+const (
+	readmePath     = "../README.md"
+	metricsBegin   = "<!-- metrics:begin: generated from the collectors; go test ./metrics -run TestREADMEMetrics -update-readme -->"
+	metricsEnd     = "<!-- metrics:end -->"
+	opsEndMarker   = "<!-- ops:end -->"
+	opsBeginMarker = "<!-- ops:begin"
+)
+
+// everySeries returns a Metrics on which every idemproxy_ series exists.
+func everySeries(t *testing.T) *Metrics {
+	t.Helper()
+	m := New("readme")
+	m.Request(proxy.Summary{Method: "POST", Outcome: proxy.OutcomeForwarded})
+	m.RequestStarted()()
+	m.Attempt(retry.AttemptInfo{Mode: retry.Protected, Attempt: 1, Status: 429, Reason: retry.ReasonStatus, Paused: time.Second})
+	m.Attempt(retry.AttemptInfo{Mode: retry.Protected, Attempt: 2, Status: 201, Last: true})
+	m.Released(0)
+	m.StoreSize(func() (int64, int64) { return 0, 0 })
+	db, err := cache.Open(cache.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s, ctx, id := m.Store(db), context.Background(), cache.ID{Tenant: "t", Key: "k"}
+	s.Begin(ctx, id, []byte("fp"), "owner", time.Minute)
+	s.Complete(ctx, id, "stranger", cache.Response{Status: 201}) // a store error
+	return m
+}
+
+// metricsTable renders the idemproxy_ families as the README's Markdown table.
+func metricsTable(t *testing.T, m *Metrics) string {
+	t.Helper()
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	b.WriteString("| metric | type | labels | meaning |\n|---|---|---|---|\n")
+	for _, f := range fams {
+		if !strings.HasPrefix(f.GetName(), namespace+"_") {
+			continue
+		}
+		var labels []string
+		for _, mt := range f.Metric {
+			for _, lp := range mt.Label {
+				if !slices.Contains(labels, lp.GetName()) {
+					labels = append(labels, lp.GetName())
+				}
+			}
+		}
+		slices.Sort(labels)
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", f.GetName(), typeName(f.GetType()),
+			strings.Join(labels, ", "), strings.ReplaceAll(f.GetHelp(), "|", `\|`))
+	}
+	return b.String()
+}
+
+func typeName(t dto.MetricType) string { return strings.ToLower(t.String()) }
+
+func TestREADMEMetrics(t *testing.T) {
+	raw, err := os.ReadFile(readmePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(raw)
+	ops, opsAt := between(t, readme, opsBeginMarker, opsEndMarker)
+	table, at := between(t, ops, metricsBegin, metricsEnd)
+	want := metricsTable(t, everySeries(t))
+	if *updateREADME {
+		start := opsAt + at
+		readme = readme[:start] + "\n" + want + readme[start+len(table):]
+		if err := os.WriteFile(readmePath, []byte(readme), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	for _, line := range strings.Split(want, "\n")[2:] {
+		if line != "" && !strings.Contains(table, line) {
+			name, _, _ := strings.Cut(strings.TrimPrefix(line, "| `"), "`")
+			t.Errorf("README's row of %s is missing or differs; want %s", name, line)
+		}
+	}
+	for _, line := range strings.Split(table, "\n") {
+		if strings.HasPrefix(line, "| `") && !strings.Contains(want, line+"\n") {
+			t.Errorf("README lists a series the collectors do not have: %s", line)
+		}
+	}
+	if table != "\n"+want && !t.Failed() {
+		t.Error("README's metrics table is not as generated; run: go test ./metrics -run TestREADMEMetrics -update-readme")
+	}
+}
+
+// between returns the text after the line holding begin and before end, and
+// where it starts.
+func between(t *testing.T, text, begin, end string) (string, int) {
+	t.Helper()
+	i := strings.Index(text, begin)
+	if i < 0 {
+		t.Fatalf("README has no %q", begin)
+	}
+	i += strings.IndexByte(text[i:], '\n')
+	j := strings.Index(text[i:], end)
+	if j < 0 {
+		t.Fatalf("README has no %q after %q", end, begin)
+	}
+	return text[i : i+j], i
+}

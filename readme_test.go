@@ -1,0 +1,136 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// updateREADME rewrites the README's generated variable table:
+//
+//	go test -run TestREADMEVariables -update-readme .
+var updateREADME = flag.Bool("update-readme", false, "rewrite README.md's variable table from config's tags")
+
+// The README's operator section and, inside it, the generated variable table.
+const (
+	opsBegin  = "<!-- ops:begin"
+	opsEnd    = "<!-- ops:end -->"
+	varsBegin = "<!-- vars:begin: generated from config.go; go test -run TestREADMEVariables -update-readme . -->"
+	varsEnd   = "<!-- vars:end -->"
+)
+
+// varRow is one variable: its name, its default as the README shows it, and
+// what it means.
+type varRow struct{ name, def, doc string }
+
+// configRows are the variables of config's struct tags, in field order.
+func configRows(t *testing.T) []varRow {
+	t.Helper()
+	var rows []varRow
+	ct := reflect.TypeFor[config]()
+	for i := range ct.NumField() {
+		f := ct.Field(i)
+		name, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
+		doc := f.Tag.Get("doc")
+		if name == "" || doc == "" {
+			t.Errorf("config.%s needs env and doc tags", f.Name)
+		}
+		def := "empty"
+		if d, ok := f.Tag.Lookup("envDefault"); ok {
+			def = "`" + d + "`"
+		}
+		if strings.Contains(opts, "required") {
+			def = "(required)"
+		}
+		rows = append(rows, varRow{envPrefix + name, def, markdownText(doc)})
+	}
+	return rows
+}
+
+// markdownText escapes what Markdown would not show as written in a table
+// cell: a pipe ends the cell, and <name> reads as an HTML tag.
+func markdownText(s string) string {
+	return strings.NewReplacer("|", `\|`, "<", `\<`).Replace(s)
+}
+
+// variableTable renders rows as the README's Markdown table.
+func variableTable(rows []varRow) string {
+	var b strings.Builder
+	b.WriteString("| variable | default | meaning |\n|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", r.name, r.def, r.doc)
+	}
+	return b.String()
+}
+
+// readmeRows parses the variable rows of the README's table.
+func readmeRows(table string) map[string]varRow {
+	rows := map[string]varRow{}
+	for _, line := range strings.Split(table, "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		cells := strings.Split(strings.TrimSuffix(strings.TrimPrefix(line, "| "), " |"), " | ")
+		for len(cells) < 3 {
+			cells = append(cells, "")
+		}
+		name := strings.Trim(cells[0], "`")
+		rows[name] = varRow{name, cells[1], strings.Join(cells[2:], " | ")}
+	}
+	return rows
+}
+
+func TestREADMEVariables(t *testing.T) {
+	raw, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(raw)
+	ops, opsAt := section(t, readme, opsBegin, opsEnd)
+	table, at := section(t, ops, varsBegin, varsEnd)
+	want := configRows(t)
+	if *updateREADME {
+		start := opsAt + at
+		readme = readme[:start] + "\n" + variableTable(want) + readme[start+len(table):]
+		if err := os.WriteFile("README.md", []byte(readme), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	got := readmeRows(table)
+	for _, w := range want {
+		g, ok := got[w.name]
+		switch {
+		case !ok:
+			t.Errorf("README lacks %s", w.name)
+		case g != w:
+			t.Errorf("README's row of %s is %q %q; config says %q %q", w.name, g.def, g.doc, w.def, w.doc)
+		}
+		delete(got, w.name)
+	}
+	for name := range got {
+		t.Errorf("README documents %s, which config does not read", name)
+	}
+	if table != "\n"+variableTable(want) && !t.Failed() {
+		t.Errorf("README's variable table is not as generated; run: go test -run TestREADMEVariables -update-readme .")
+	}
+}
+
+// section returns what lies between the line starting with begin and end in
+// text, and where it starts.
+func section(t *testing.T, text, begin, end string) (string, int) {
+	t.Helper()
+	i := strings.Index(text, begin)
+	if i < 0 {
+		t.Fatalf("README has no %q", begin)
+	}
+	i += strings.IndexByte(text[i:], '\n')
+	j := strings.Index(text[i:], end)
+	if j < 0 {
+		t.Fatalf("README has no %q after %q", end, begin)
+	}
+	return text[i : i+j], i
+}
