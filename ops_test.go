@@ -6,6 +6,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -534,5 +535,57 @@ func TestNoSecretInLogs(t *testing.T) {
 	}
 	if strings.Contains(log, "[redacted]") {
 		t.Errorf("the logger's safety net had to redact something; a secret was logged:\n%s", log)
+	}
+}
+
+// TestClientGoneOperationFinishes: a client that leaves while its operation is
+// at the provider is logged and counted as client_gone; the operation finishes
+// and is stored, and the client's retry is a replay.
+func TestClientGoneOperationFinishes(t *testing.T) {
+	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
+		entered: make(chan string, 1), release: make(chan struct{})}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := launch(t, launchSpec{env: baseEnv(up.URL, t.TempDir(), "IDEMPROXY_INFLIGHT_WAIT=1m")})
+	body := `{"order_id":"gone-1","amount":"3.00"}`
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+p.proxy+"/v1/payments", strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	key := <-prov.entered
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the canceled client got an answer")
+	}
+	line := p.waitLine(t, `"outcome":"client_gone"`)
+	if !strings.Contains(line, `"key":"`+key+`"`) {
+		t.Errorf("client_gone line lacks the key %s: %s", key, line)
+	}
+	close(prov.release)
+	r := send(t, "POST", "http://"+p.proxy+"/v1/payments", body) // waits for the operation, then replays it
+	if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry = %d replayed=%q %s, want the stored 201", r.status, r.header.Get("Idempotent-Replayed"), r.body)
+	}
+	series := scrape(t, "http://"+p.admin+"/metrics")
+	for s, want := range map[string]float64{
+		`idemproxy_requests_total{method="POST",outcome="client_gone"}`: 1,
+		`idemproxy_requests_total{method="POST",outcome="replayed"}`:    1,
+		`idemproxy_records_stored_total`:                                1,
+		`idemproxy_operations_in_flight`:                                0,
+	} {
+		if series[s] != want {
+			t.Errorf("%s = %v, want %v", s, series[s], want)
+		}
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.seen[key] != 1 {
+		t.Errorf("provider saw the key %d times, want 1", prov.seen[key])
 	}
 }

@@ -81,7 +81,7 @@ func New(version string) *Metrics {
 
 func (m *Metrics) newRequestMetrics() {
 	m.requests = m.counterVec("requests_total",
-		"Client requests answered, by method and outcome (forwarded, replayed, conflict, in_progress, rejected, upstream_unavailable, store_unavailable).",
+		"Client requests answered, by method and outcome (forwarded, replayed, conflict, in_progress, rejected, upstream_unavailable, store_unavailable, client_gone).",
 		"method", "outcome")
 	m.requestSeconds = m.histogramVec("request_duration_seconds",
 		"End-to-end time from receiving a client request to its answer, by outcome.",

@@ -18,6 +18,9 @@ const (
 	OutcomeRejected    Outcome = "rejected"
 	OutcomeUnavailable Outcome = "upstream_unavailable"
 	OutcomeStoreError  Outcome = "store_unavailable"
+	// OutcomeClientGone: the client left before its answer; an operation it
+	// started still finishes and is stored for its retry (SPEC.md, Detachment).
+	OutcomeClientGone Outcome = "client_gone"
 )
 
 // Summary describes one finished request, for logs and metrics. It never holds
@@ -64,6 +67,8 @@ func (h *Handler) fail(w http.ResponseWriter, sum *Summary, err error) {
 		sum.Outcome = OutcomeConflict
 	case ErrInProgress.Code:
 		sum.Outcome = OutcomeInProgress
+	case ErrClientGone.Code:
+		sum.Outcome = OutcomeClientGone
 	default:
 		sum.Outcome = OutcomeRejected
 	}
