@@ -13,7 +13,7 @@
 # build flags, non-root user, HEALTHCHECK through the binary, VOLUME /data.
 
 # Pinned to go.mod's go line, so the image builds with the toolchain the tests ran on.
-FROM golang:1.26.8-bookworm AS build
+FROM golang:1.26.8 AS build
 ENV CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 WORKDIR /src
 COPY go.mod go.sum ./
