@@ -236,6 +236,7 @@ func (l *logTail) add(line string) {
 	}
 }
 
+// String is the kept lines, oldest first.
 func (l *logTail) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()

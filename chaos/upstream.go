@@ -143,6 +143,7 @@ type wireCounter struct {
 	unattributed int
 }
 
+// ServeHTTP counts a provider request, then hands it on with its body intact.
 func (w *wireCounter) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, "/_sandbox/") {
 		w.next.ServeHTTP(rw, r)
