@@ -1,0 +1,291 @@
+package cache
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// ID names one record: the client identity (tenant) and the idempotency key.
+// An empty Tenant is a valid tenant of its own; Key must not be empty.
+type ID struct {
+	Tenant string
+	Key    string
+}
+
+// State is the life-cycle stage of a record. The zero State is not valid.
+type State uint8
+
+const (
+	// InFlight means an upstream operation is running for the key.
+	InFlight State = 1
+	// Final means a final response is stored and is replayed on repeats.
+	Final State = 2
+)
+
+// String returns "in_flight", "final" or "state(N)" for logs.
+func (s State) String() string {
+	switch s {
+	case InFlight:
+		return "in_flight"
+	case Final:
+		return "final"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// Response is a stored final upstream response, replayed byte for byte.
+// A nil Header or Body is stored and returned as empty.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Record is what the store keeps for one ID.
+type Record struct {
+	State       State
+	Fingerprint []byte    // request fingerprint (32 bytes from the proxy), compared by the proxy
+	Owner       string    // owner token of the in-flight lease; kept on Final for diagnostics
+	LeaseUntil  time.Time // in-flight lease expiry; zero on Final records
+	CreatedAt   time.Time // when the first Begin created the record
+	Response    Response  // set when State == Final
+}
+
+// ErrCorrupt is wrapped by every record decoding failure.
+var ErrCorrupt = errors.New("cache: corrupt record")
+
+// recordVersion is the first byte of every encoded record. Bump it when the
+// layout changes and teach decodeRecord the old layout, so a store written by
+// an older build still opens.
+const recordVersion = 1
+
+// Key layout: "r/" + first 8 bytes of SHA-256(tenant) + SHA-256(len(tenant),
+// tenant, key). The tenant prefix keeps one tenant's records contiguous (a
+// future per-tenant purge is one DropPrefix); the full-width second hash
+// covers the tenant too, so two tenants cannot share a record even if their
+// 8-byte prefixes collided. Raw idempotency keys (which may embed order ids)
+// never reach the disk. Binary rather than hex halves the key size, which is
+// what Badger keeps in its indexes and bloom filters.
+const (
+	recordPrefix = "r/"
+	tenantLen    = 8
+	keyLen       = len(recordPrefix) + tenantLen + sha256.Size
+)
+
+// recordKey returns the Badger key for id.
+func recordKey(id ID) []byte {
+	t := sha256.Sum256([]byte(id.Tenant))
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(id.Tenant)))])
+	h.Write([]byte(id.Tenant))
+	h.Write([]byte(id.Key))
+	k := make([]byte, 0, keyLen)
+	k = append(k, recordPrefix...)
+	k = append(k, t[:tenantLen]...)
+	return h.Sum(k)
+}
+
+// appendRecord appends the version-1 encoding of r to dst:
+//
+//	version u8 | state u8 | fingerprint bytes | owner bytes |
+//	leaseUntil time | createdAt time | status uvarint |
+//	header count uvarint, then per name (sorted): name bytes, value count uvarint, values bytes |
+//	body bytes
+//
+// where "bytes" is a uvarint length then the bytes, and "time" is a varint of
+// Unix nanoseconds with 0 meaning the zero time.
+func appendRecord(dst []byte, r *Record) []byte {
+	dst = append(dst, recordVersion, byte(r.State))
+	dst = appendBytes(dst, r.Fingerprint)
+	dst = appendBytes(dst, []byte(r.Owner))
+	dst = appendTime(dst, r.LeaseUntil)
+	dst = appendTime(dst, r.CreatedAt)
+	dst = binary.AppendUvarint(dst, uint64(max(r.Response.Status, 0)))
+	dst = appendHeader(dst, r.Response.Header)
+	return appendBytes(dst, r.Response.Body)
+}
+
+func appendBytes(dst, b []byte) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(b)))
+	return append(dst, b...)
+}
+
+func appendTime(dst []byte, t time.Time) []byte {
+	if t.IsZero() {
+		return binary.AppendVarint(dst, 0)
+	}
+	return binary.AppendVarint(dst, t.UnixNano())
+}
+
+// appendHeader writes names in sorted order so equal headers encode equally.
+func appendHeader(dst []byte, h http.Header) []byte {
+	names := make([]string, 0, len(h))
+	for name := range h {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	dst = binary.AppendUvarint(dst, uint64(len(names)))
+	for _, name := range names {
+		dst = appendBytes(dst, []byte(name))
+		dst = binary.AppendUvarint(dst, uint64(len(h[name])))
+		for _, v := range h[name] {
+			dst = appendBytes(dst, []byte(v))
+		}
+	}
+	return dst
+}
+
+// decodeRecord parses an encoded record. It never panics and never keeps a
+// reference to b (Badger's value buffers are only valid inside a
+// transaction). Failures wrap ErrCorrupt.
+func decodeRecord(b []byte) (Record, error) {
+	if len(b) == 0 {
+		return Record{}, fmt.Errorf("%w: empty value", ErrCorrupt)
+	}
+	if b[0] != recordVersion {
+		return Record{}, fmt.Errorf("%w: format version %d unknown (this build reads version %d)",
+			ErrCorrupt, b[0], recordVersion)
+	}
+	d := decoder{buf: b[1:]}
+	r := d.record()
+	if d.err != nil {
+		return Record{}, fmt.Errorf("%w: %w", ErrCorrupt, d.err)
+	}
+	if len(d.buf) != 0 {
+		return Record{}, fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(d.buf))
+	}
+	return r, nil
+}
+
+var errShort = errors.New("truncated")
+
+// decoder reads fields off buf; after the first failure every read returns a
+// zero value and err stays set, so callers check err once at the end.
+type decoder struct {
+	buf []byte
+	err error
+}
+
+func (d *decoder) record() Record {
+	var r Record
+	r.State = State(d.byte())
+	if d.err == nil && r.State != InFlight && r.State != Final {
+		d.err = fmt.Errorf("unknown state %d", r.State)
+	}
+	r.Fingerprint = d.bytes()
+	r.Owner = string(d.bytes())
+	r.LeaseUntil = d.time()
+	r.CreatedAt = d.time()
+	status := d.uvarint()
+	if status > math.MaxInt32 {
+		d.fail(fmt.Errorf("status %d out of range", status))
+	}
+	r.Response.Status = int(status)
+	r.Response.Header = d.header()
+	r.Response.Body = d.bytes()
+	return r
+}
+
+func (d *decoder) fail(err error) {
+	if d.err == nil {
+		d.err = err
+	}
+	d.buf = nil
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil || len(d.buf) == 0 {
+		d.fail(errShort)
+		return 0
+	}
+	c := d.buf[0]
+	d.buf = d.buf[1:]
+	return c
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.buf)
+	if n <= 0 {
+		d.fail(errShort)
+		return 0
+	}
+	d.buf = d.buf[n:]
+	return v
+}
+
+// bytes returns a copy of the next length-prefixed field (nil if empty).
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.buf)) {
+		d.fail(errShort)
+		return nil
+	}
+	b := bytes.Clone(d.buf[:n])
+	d.buf = d.buf[n:]
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+func (d *decoder) time() time.Time {
+	if d.err != nil {
+		return time.Time{}
+	}
+	v, n := binary.Varint(d.buf)
+	if n <= 0 {
+		d.fail(errShort)
+		return time.Time{}
+	}
+	d.buf = d.buf[n:]
+	if v == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, v).UTC()
+}
+
+// header reads the header block. Counts are checked against the bytes left
+// (every entry takes at least one byte), so a forged count cannot make it
+// allocate more than the input's size.
+func (d *decoder) header() http.Header {
+	n := d.count()
+	if n == 0 {
+		return http.Header{}
+	}
+	h := make(http.Header, n)
+	for range n {
+		name := string(d.bytes())
+		values := make([]string, d.count())
+		for i := range values {
+			values[i] = string(d.bytes())
+		}
+		if d.err != nil {
+			return http.Header{}
+		}
+		h[name] = values
+	}
+	return h
+}
+
+func (d *decoder) count() int {
+	n := d.uvarint()
+	if n > uint64(len(d.buf)) {
+		d.fail(fmt.Errorf("count %d exceeds remaining %d bytes", n, len(d.buf)))
+		return 0
+	}
+	return int(n)
+}

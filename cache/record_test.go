@@ -1,0 +1,259 @@
+package cache
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2031, 5, 6, 7, 8, 9, 123456789, time.UTC)
+
+func sampleRecords() map[string]Record {
+	return map[string]Record{
+		"in flight": {
+			State:       InFlight,
+			Fingerprint: bytes.Repeat([]byte{0xab}, 32),
+			Owner:       "owner-1",
+			LeaseUntil:  t0.Add(30 * time.Second),
+			CreatedAt:   t0,
+		},
+		"final with header and body": {
+			State:       Final,
+			Fingerprint: bytes.Repeat([]byte{1}, 32),
+			Owner:       "owner-2",
+			CreatedAt:   t0,
+			Response: Response{
+				Status: 201,
+				Header: http.Header{
+					"Content-Type": {"application/json"},
+					"Set-Cookie":   {"a=1", "b=2"},
+					"X-Empty":      {""},
+				},
+				Body: []byte(`{"id":"pay_1","status":"succeeded"}`),
+			},
+		},
+		"final with binary body and zero times": {
+			State:    Final,
+			Response: Response{Status: 422, Header: http.Header{}, Body: []byte{0, 0xff, '\n'}},
+		},
+		"final with nil header and body": {
+			State:    Final,
+			Response: Response{Status: 204},
+		},
+		"pre-1970 time": {
+			State:     InFlight,
+			Owner:     "o",
+			CreatedAt: time.Date(1960, 1, 1, 0, 0, 0, 1, time.UTC),
+		},
+	}
+}
+
+// normalize maps the forms decoding cannot tell apart (nil vs empty).
+func normalize(r Record) Record {
+	if len(r.Fingerprint) == 0 {
+		r.Fingerprint = nil
+	}
+	if len(r.Response.Body) == 0 {
+		r.Response.Body = nil
+	}
+	if r.Response.Header == nil {
+		r.Response.Header = http.Header{}
+	}
+	r.LeaseUntil, r.CreatedAt = r.LeaseUntil.UTC(), r.CreatedAt.UTC()
+	return r
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	for name, want := range sampleRecords() {
+		t.Run(name, func(t *testing.T) {
+			enc := appendRecord(nil, &want)
+			if enc[0] != recordVersion {
+				t.Fatalf("first byte %d, want version %d", enc[0], recordVersion)
+			}
+			got, err := decodeRecord(enc)
+			if err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			if !reflect.DeepEqual(got, normalize(want)) {
+				t.Fatalf("round trip:\n got %#v\nwant %#v", got, normalize(want))
+			}
+			if again := appendRecord(nil, &got); !bytes.Equal(again, enc) {
+				t.Fatalf("re-encoding differs:\n%x\n%x", again, enc)
+			}
+		})
+	}
+}
+
+func TestRecordEncodingIsDeterministic(t *testing.T) {
+	r := Record{State: Final, Response: Response{Header: http.Header{}}}
+	for _, name := range []string{"B", "A", "D", "C", "E"} {
+		r.Response.Header[name] = []string{name}
+	}
+	first := appendRecord(nil, &r)
+	for range 20 {
+		if got := appendRecord(nil, &r); !bytes.Equal(got, first) {
+			t.Fatal("same record encoded differently (header map order leaked)")
+		}
+	}
+}
+
+func TestDecodeRecordRejects(t *testing.T) {
+	valid := appendRecord(nil, &Record{State: Final, Owner: "o", Response: Response{Status: 200, Body: []byte("x")}})
+	tests := []struct {
+		name string
+		in   []byte
+		want string
+	}{
+		{"empty", nil, "empty value"},
+		{"unknown version", append([]byte{2}, valid[1:]...), "format version 2 unknown"},
+		{"version zero", append([]byte{0}, valid[1:]...), "format version 0 unknown"},
+		{"state zero", append([]byte{recordVersion, 0}, valid[2:]...), "unknown state 0"},
+		{"state three", append([]byte{recordVersion, 3}, valid[2:]...), "unknown state 3"},
+		{"trailing byte", append(bytes.Clone(valid), 0), "1 trailing bytes"},
+		{"fingerprint longer than input", []byte{recordVersion, 1, 0x7f, 1}, "truncated"},
+		{"header count beyond input", []byte{recordVersion, 2, 0, 0, 0, 0, 0, 0xc8, 1, 0xff, 0xff, 0x03}, "exceeds remaining"},
+		{"status out of range", []byte{recordVersion, 2, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f, 0, 0}, "status"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := decodeRecord(tt.in)
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("decode(%x) = %v, want ErrCorrupt mentioning %q", tt.in, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDecodeRecordRejectsEveryTruncation(t *testing.T) {
+	for name, r := range sampleRecords() {
+		enc := appendRecord(nil, &r)
+		for n := range len(enc) {
+			if _, err := decodeRecord(enc[:n]); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("%s: prefix of %d/%d bytes decoded without error", name, n, len(enc))
+			}
+		}
+	}
+}
+
+func TestDecodeRecordDoesNotAlias(t *testing.T) {
+	r := sampleRecords()["final with header and body"]
+	enc := appendRecord(nil, &r)
+	got, err := decodeRecord(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range enc {
+		enc[i] = 0
+	}
+	if !reflect.DeepEqual(got, normalize(r)) {
+		t.Fatal("decoded record changed when the input buffer was overwritten")
+	}
+}
+
+func FuzzDecodeRecord(f *testing.F) {
+	for _, r := range sampleRecords() {
+		f.Add(appendRecord(nil, &r))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{recordVersion})
+	f.Add([]byte{recordVersion, 2, 0, 0, 0, 0, 0, 0xc8, 1, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		r, err := decodeRecord(in)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		// Whatever decodes must survive its own round trip.
+		again, err := decodeRecord(appendRecord(nil, &r))
+		if err != nil {
+			t.Fatalf("re-decoding a decoded record: %v", err)
+		}
+		if !reflect.DeepEqual(again, r) {
+			t.Fatalf("round trip of decoded record:\n got %#v\nwant %#v", again, r)
+		}
+	})
+}
+
+func TestRecordKey(t *testing.T) {
+	a := recordKey(ID{Tenant: "acme", Key: "order-1"})
+	tests := []struct {
+		name string
+		id   ID
+	}{
+		{"other key", ID{Tenant: "acme", Key: "order-2"}},
+		{"other tenant", ID{Tenant: "globex", Key: "order-1"}},
+		{"empty tenant", ID{Key: "order-1"}},
+		// Without the length prefix these two would hash the same bytes.
+		{"boundary shift", ID{Tenant: "acmeo", Key: "rder-1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if bytes.Equal(recordKey(tt.id), a) {
+				t.Fatalf("%+v shares the key of acme/order-1", tt.id)
+			}
+		})
+	}
+	t.Run("layout", func(t *testing.T) {
+		if len(a) != keyLen || !bytes.HasPrefix(a, []byte(recordPrefix)) {
+			t.Fatalf("key %x: want %d bytes starting %q", a, keyLen, recordPrefix)
+		}
+		same := recordKey(ID{Tenant: "acme", Key: "other"})
+		if !bytes.Equal(a[:len(recordPrefix)+tenantLen], same[:len(recordPrefix)+tenantLen]) {
+			t.Fatal("records of one tenant do not share the tenant prefix")
+		}
+		if bytes.Contains(a, []byte("order-1")) || bytes.Contains(a, []byte("acme")) {
+			t.Fatal("raw tenant or key found in the stored key")
+		}
+	})
+}
+
+func BenchmarkRecordEncode(b *testing.B) {
+	r := benchRecord()
+	buf := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = appendRecord(buf[:0], &r)
+	}
+	b.SetBytes(int64(len(buf)))
+}
+
+func BenchmarkRecordDecode(b *testing.B) {
+	r := benchRecord()
+	enc := appendRecord(nil, &r)
+	b.SetBytes(int64(len(enc)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := decodeRecord(enc); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchRecord is a typical final record: 32-byte fingerprint, a few
+// response headers and a 512-byte JSON body.
+func benchRecord() Record {
+	return Record{
+		State:       Final,
+		Fingerprint: bytes.Repeat([]byte{7}, 32),
+		Owner:       "0b8f5e3c-4f6a-4a8e-9a47-1c1f3e0d9b21",
+		CreatedAt:   t0,
+		Response: Response{
+			Status: 200,
+			Header: http.Header{
+				"Content-Type":         {"application/json"},
+				"Date":                 {"Tue, 06 May 2031 07:08:09 GMT"},
+				"Idempotent-Replayed":  {"false"},
+				"X-Request-Id":         {"req_8d1f0c3b2a"},
+				"Idempotency-Key":      {"5b0f3f4e-2d7a-5c1b-9e8f-6a7b8c9d0e1f"},
+				"Strict-Transport-Sec": {"max-age=63072000"},
+			},
+			Body: bytes.Repeat([]byte("a"), 512),
+		},
+	}
+}
