@@ -1,0 +1,314 @@
+package cache
+
+import (
+	"bufio"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// writerEnv makes the test binary act as a writer process that
+// TestRecordsSurviveSIGKILL kills.
+const writerEnv = "IDEMPROXY_CACHE_TEST_WRITER_DIR"
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(writerEnv); dir != "" {
+		runWriter(dir)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runWriter writes records from 8 goroutines until killed, printing
+// "done <key>" once Complete has returned nil. A 1 MiB memtable makes WALs
+// rotate while it runs.
+func runWriter(dir string) {
+	s, err := Open(Options{Dir: dir, SyncWrites: true, MemTableSize: 1 << 20, MinFreeBytes: -1})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	var mu sync.Mutex
+	body := []byte(strings.Repeat("x", 1000))
+	for w := range 8 {
+		go func() {
+			for i := 0; ; i++ {
+				id := ID{Tenant: "crash", Key: fmt.Sprintf("%d-%d", w, i)}
+				if _, _, err := s.Begin(ctx, id, fpA, "writer", time.Minute); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					os.Exit(3)
+				}
+				if err := s.Complete(ctx, id, "writer", Response{Status: 200, Body: body}); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					os.Exit(3)
+				}
+				mu.Lock()
+				fmt.Fprintf(os.Stdout, "done %s\n", id.Key)
+				mu.Unlock()
+			}
+		}()
+	}
+	select {}
+}
+
+// TestRecordsSurviveSIGKILL kills a writing process and checks that every
+// record it acknowledged is there after reopening. SIGKILL keeps the page
+// cache, so this checks recovery from an unclosed directory (WAL replay,
+// rotated WALs), not fsync itself; durable.go argues the power-loss case.
+func TestRecordsSurviveSIGKILL(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), writerEnv+"="+dir)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var done []string
+	lines := bufio.NewScanner(out)
+	for lines.Scan() {
+		done = append(done, strings.TrimPrefix(lines.Text(), "done "))
+		if len(done) == 1500 {
+			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("writer ended with %v after %d records, want killed by SIGKILL", err, len(done))
+	}
+
+	s := openStore(t, dir, newClock(), 0)
+	if _, err := s.ReleaseInFlight(); err != nil {
+		t.Fatalf("ReleaseInFlight: %v", err)
+	}
+	for _, key := range done {
+		rec, err := s.Get(ctx, ID{Tenant: "crash", Key: key})
+		if err != nil || rec.State != Final || len(rec.Response.Body) != 1000 {
+			t.Fatalf("acknowledged record %s after SIGKILL = %v %v; want final (%d acknowledged)", key, rec.State, err, len(done))
+		}
+	}
+	t.Logf("%d acknowledged records all present after SIGKILL", len(done))
+}
+
+// TestWriteFailsWhenSyncFails: a write whose sync fails is reported with the
+// operation's name, never as success.
+func TestWriteFailsWhenSyncFails(t *testing.T) {
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	id := ID{Key: "k"}
+	mustBegin(t, s, id, fpA, "o")
+	eio := errors.New("fsync: input/output error")
+	s.group.sync = func() error { return eio }
+
+	calls := map[string]error{
+		"cache: begin":    func() error { _, _, err := s.Begin(ctx, ID{Key: "other"}, fpA, "o", time.Minute); return err }(),
+		"cache: complete": s.Complete(ctx, id, "o", okRes),
+		"cache: ping":     s.Ping(ctx),
+	}
+	for prefix, err := range calls {
+		if !errors.Is(err, eio) || !strings.HasPrefix(err.Error(), prefix) {
+			t.Errorf("got %v, want %q wrapping the fsync error", err, prefix)
+		}
+	}
+}
+
+// TestReadsWaitForSync: a record is returned only once synced, so a client
+// never sees a response that a crash could take back.
+func TestReadsWaitForSync(t *testing.T) {
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	id := ID{Key: "k"}
+	mustBegin(t, s, id, fpA, "o")
+	mustComplete(t, s, id, "o")
+	var version uint64
+	err := s.db.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(recordKey(id))
+		if err == nil {
+			version = item.Version()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if synced := s.syncedTs.Load(); synced < version {
+		t.Fatalf("Complete returned with syncedTs %d below its commit %d", synced, version)
+	}
+
+	// Pretend the commit is not synced yet: Get must sync before answering.
+	s.syncedTs.Store(0)
+	eio := errors.New("fsync: input/output error")
+	s.group.sync = func() error { return eio }
+	if _, err := s.Get(ctx, id); !errors.Is(err, eio) {
+		t.Fatalf("Get of an unsynced record = %v, want the sync error", err)
+	}
+	if _, _, err := s.Begin(ctx, id, fpA, "o2", time.Minute); !errors.Is(err, eio) {
+		t.Fatalf("Begin returning an unsynced record = %v, want the sync error", err)
+	}
+}
+
+// TestWALRotation: with a 1 MiB memtable the WAL rotates many times; every
+// round must sync all WALs present and the directory once per new one.
+func TestWALRotation(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, SyncWrites: true, MemTableSize: 1 << 20, MinFreeBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	body := []byte(strings.Repeat("y", 4000))
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 100 {
+				id := ID{Key: fmt.Sprintf("%d-%d", w, i)}
+				if _, _, err := s.Begin(ctx, id, fpA, "o", time.Minute); err != nil {
+					errs <- err
+					return
+				}
+				if err := s.Complete(ctx, id, "o", Response{Status: 200, Body: body}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	wals, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
+	if len(wals) == 0 || len(s.knownWALs) == 0 {
+		t.Fatalf("no WAL seen (files %v, known %v)", wals, s.knownWALs)
+	}
+	for name := range s.knownWALs {
+		if !strings.HasSuffix(name, ".mem") {
+			t.Fatalf("knownWALs holds %q", name)
+		}
+	}
+	slices.Sort(wals)
+	if newest := filepath.Base(wals[len(wals)-1]); newest <= "00001.mem" {
+		t.Fatalf("3 MiB written through a 1 MiB memtable but the WAL never rotated (newest %s)", newest)
+	}
+}
+
+// TestNoSpace: writes are refused with ErrNoSpace before the disk is full,
+// because Badger's mmapped writes turn a full disk into SIGBUS.
+func TestNoSpace(t *testing.T) {
+	t.Run("reserve above free space", func(t *testing.T) {
+		s, err := Open(Options{Dir: t.TempDir(), SyncWrites: true, MinFreeBytes: math.MaxInt64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		assertNoSpace(t, s)
+	})
+	t.Run("tmpfs fills up", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "mnt")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=32m"); err != nil {
+			// Not root or no CAP_SYS_ADMIN: check the guard on the real
+			// file system with a reserve just above its free space.
+			free, ferr := freeBytes(dir)
+			if ferr != nil {
+				t.Fatal(ferr)
+			}
+			t.Logf("tmpfs unavailable (%v); reserve set above the %d free bytes instead", err, free)
+			s, err := Open(Options{Dir: dir, MinFreeBytes: int64(free) + 1<<30})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			assertNoSpace(t, s)
+			return
+		}
+		t.Cleanup(func() { syscall.Unmount(dir, 0) })
+		s, err := Open(Options{Dir: dir, MemTableSize: 1 << 20, MinFreeBytes: 12 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		body := make([]byte, 16<<10)
+		rand.Read(body) // incompressible, so the disk fills quickly
+		var i int
+		for i = 0; i < 200_000; i++ {
+			id := ID{Key: fmt.Sprint(i)}
+			_, _, err := s.Begin(ctx, id, fpA, "o", time.Minute)
+			if err == nil {
+				err = s.Complete(ctx, id, "o", Response{Status: 200, Body: body})
+			}
+			if errors.Is(err, ErrNoSpace) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("write %d: %v", i, err)
+			}
+		}
+		if i == 0 || i == 200_000 {
+			t.Fatalf("ErrNoSpace after %d records, want after some but before 200000", i)
+		}
+		t.Logf("refused after %d records", i)
+		assertNoSpace(t, s)
+		if _, err := s.Get(ctx, ID{Key: "0"}); err != nil {
+			t.Fatalf("Get on a full disk: %v", err)
+		}
+	})
+}
+
+func assertNoSpace(t *testing.T, s *Store) {
+	t.Helper()
+	_, _, err := s.Begin(ctx, ID{Key: "refused"}, fpA, "o", time.Minute)
+	if !errors.Is(err, ErrNoSpace) || !strings.HasPrefix(err.Error(), "cache: begin: ") {
+		t.Fatalf("Begin = %v, want cache: begin: ... ErrNoSpace", err)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Ping = %v, want ErrNoSpace", err)
+	}
+	if _, err := s.Get(ctx, ID{Key: "refused"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after a refused Begin = %v, want ErrNotFound", err)
+	}
+}
+
+// TestNoSpaceStillReplays: on a nearly full disk a repeat still gets its
+// stored response, and an owner can still abandon.
+func TestNoSpaceStillReplays(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := openStore(t, dir, c, 0)
+	final, inflight := ID{Key: "final"}, ID{Key: "in-flight"}
+	mustBegin(t, s, final, fpA, "o")
+	mustComplete(t, s, final, "o")
+	mustBegin(t, s, inflight, fpA, "o")
+	s.minFree = math.MaxUint64
+
+	rec, created, err := s.Begin(ctx, final, fpA, "o2", time.Minute)
+	if err != nil || created || rec.State != Final {
+		t.Fatalf("Begin on a stored final record with a full disk = %v created %v, %v; want the replay", rec.State, created, err)
+	}
+	if err := s.Complete(ctx, inflight, "o", okRes); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Complete with a full disk = %v, want ErrNoSpace", err)
+	}
+	if err := s.Abandon(ctx, inflight, "o"); err != nil {
+		t.Fatalf("Abandon with a full disk: %v", err)
+	}
+}

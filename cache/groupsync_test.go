@@ -1,0 +1,94 @@
+package cache
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// TestGroupSyncSharesRounds: while one sync runs, every caller that arrives
+// joins the next round, and that one round serves all of them.
+func TestGroupSyncSharesRounds(t *testing.T) {
+	const waiters = 16
+	var rounds atomic.Int32
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	joined := make(chan struct{}, waiters+1)
+	g := &groupSync{
+		sync: func() error {
+			if rounds.Add(1) == 1 {
+				close(entered)
+				<-release
+			}
+			return nil
+		},
+		joined: func() { joined <- struct{}{} },
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { g.wait() }) // leads round 1 and blocks in it
+	<-entered
+	<-joined
+	for range waiters {
+		wg.Go(func() { g.wait() })
+	}
+	for range waiters {
+		<-joined
+	}
+	close(release)
+	wg.Wait()
+	if got := rounds.Load(); got != 2 {
+		t.Fatalf("%d sync rounds for 1+%d callers, want 2", got, waiters)
+	}
+}
+
+// TestGroupSyncCoversEarlierWrites: wait returns only after a sync that
+// started after the caller's write.
+func TestGroupSyncCoversEarlierWrites(t *testing.T) {
+	var written, synced atomic.Int64
+	g := &groupSync{sync: func() error {
+		synced.Store(written.Load())
+		return nil
+	}}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Go(func() {
+			for range 50 {
+				w := written.Add(1)
+				if err := g.wait(); err != nil {
+					errs <- err
+					return
+				}
+				if s := synced.Load(); s < w {
+					errs <- errors.New("wait returned before a sync covered the write")
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func TestGroupSyncError(t *testing.T) {
+	boom := errors.New("fsync: input/output error")
+	fail := true
+	g := &groupSync{sync: func() error {
+		if fail {
+			return boom
+		}
+		return nil
+	}}
+	if err := g.wait(); !errors.Is(err, boom) {
+		t.Fatalf("wait = %v, want the sync error", err)
+	}
+	fail = false
+	if err := g.wait(); err != nil {
+		t.Fatalf("wait after recovery = %v", err)
+	}
+}

@@ -1,0 +1,302 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// maxConflictRetries bounds the retries of one operation on ErrConflict. A
+// conflict means another transaction wrote the key, so every retry sees newer
+// data; the bound only stops a bug from spinning forever.
+const maxConflictRetries = 1000
+
+// Begin atomically creates an in-flight record {fp, owner, lease} for id and
+// returns (that record, true, nil). If a record exists it returns (existing,
+// false, nil) without changing it, except an in-flight record whose lease has
+// expired: Begin takes that over (new owner and lease, original Fingerprint
+// and CreatedAt kept, so the caller must still compare fingerprints) and
+// returns (record, true, nil). Of concurrent Begins on one id exactly one gets
+// created=true. The in-flight record is durable before Begin returns (with
+// SyncWrites), and so is an existing record it returns.
+func (s *Store) Begin(ctx context.Context, id ID, fp []byte, owner string, lease time.Duration) (Record, bool, error) {
+	const op = "begin"
+	if err := checkArgs(op, id, owner); err != nil {
+		return Record{}, false, err
+	}
+	if lease <= 0 {
+		return Record{}, false, fmt.Errorf("cache: %s: lease %v is not positive", op, lease)
+	}
+	leave, err := s.enter(op)
+	if err != nil {
+		return Record{}, false, err
+	}
+	defer leave()
+
+	var rec Record
+	var created bool
+	var version uint64
+	key := recordKey(id)
+	err = s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
+		cur, ver, err := s.read(txn, key, now)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			cur = Record{State: InFlight, Fingerprint: bytes.Clone(fp), CreatedAt: now}
+		case err != nil:
+			return false, err
+		case cur.State == InFlight && !now.Before(cur.LeaseUntil):
+			// The owner's lease ran out: it crashed or hung. Take over.
+		default:
+			rec, created, version = cur, false, ver
+			return false, nil
+		}
+		cur.Owner, cur.LeaseUntil = owner, now.Add(lease)
+		rec, created = cur, true
+		return true, s.put(txn, key, &cur, now)
+	})
+	if err == nil && !created {
+		err = s.waitDurable(version)
+	}
+	if err != nil {
+		return Record{}, false, fmt.Errorf("cache: %s: %w", op, err)
+	}
+	return rec, created, nil
+}
+
+// Complete turns owner's in-flight record into a Final one holding resp,
+// with a fresh TTL. It returns ErrNotOwner if owner does not hold the
+// in-flight record, and ErrTooLarge if the record would exceed the size
+// limit (1 MiB with the default MemTableSize).
+func (s *Store) Complete(ctx context.Context, id ID, owner string, resp Response) error {
+	const op = "complete"
+	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, cur Record, now time.Time) error {
+		cur.State = Final
+		cur.LeaseUntil = time.Time{}
+		cur.Response = resp
+		return s.put(txn, key, &cur, now)
+	})
+}
+
+// Abandon deletes owner's in-flight record without a final response, so the
+// next Begin starts afresh. It returns ErrNotOwner if owner does not hold the
+// in-flight record.
+func (s *Store) Abandon(ctx context.Context, id ID, owner string) error {
+	const op = "abandon"
+	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, _ Record, _ time.Time) error {
+		return txn.Delete(key)
+	})
+}
+
+// ownerUpdate runs write on id's record if owner holds it in flight.
+func (s *Store) ownerUpdate(ctx context.Context, op string, id ID, owner string,
+	write func(txn *badger.Txn, key []byte, cur Record, now time.Time) error) error {
+	if err := checkArgs(op, id, owner); err != nil {
+		return err
+	}
+	leave, err := s.enter(op)
+	if err != nil {
+		return err
+	}
+	defer leave()
+	key := recordKey(id)
+	err = s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
+		cur, _, err := s.read(txn, key, now)
+		if errors.Is(err, ErrNotFound) {
+			return false, fmt.Errorf("%w: no record", ErrNotOwner)
+		}
+		if err != nil {
+			return false, err
+		}
+		if cur.State != InFlight || cur.Owner != owner {
+			return false, fmt.Errorf("%w: record is %s", ErrNotOwner, cur.State)
+		}
+		return true, write(txn, key, cur, now)
+	})
+	if err != nil {
+		return fmt.Errorf("cache: %s: %w", op, err)
+	}
+	return nil
+}
+
+// Get returns id's record, or ErrNotFound if it is missing or expired. A
+// record is returned only once it is durable (with SyncWrites).
+func (s *Store) Get(ctx context.Context, id ID) (Record, error) {
+	const op = "get"
+	if err := checkID(op, id); err != nil {
+		return Record{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Record{}, fmt.Errorf("cache: %s: %w", op, err)
+	}
+	leave, err := s.enter(op)
+	if err != nil {
+		return Record{}, err
+	}
+	defer leave()
+	var rec Record
+	var version uint64
+	err = s.db.View(func(txn *badger.Txn) error {
+		rec, version, err = s.read(txn, recordKey(id), s.now())
+		return err
+	})
+	if err == nil {
+		err = s.waitDurable(version)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("cache: %s: %w", op, err)
+	}
+	return rec, nil
+}
+
+// Ping checks that the store is writable (readiness): it writes and deletes
+// a probe key and, with SyncWrites, syncs. A nearly full disk fails it with
+// ErrNoSpace.
+func (s *Store) Ping(ctx context.Context) error {
+	const op = "ping"
+	leave, err := s.enter(op)
+	if err != nil {
+		return err
+	}
+	defer leave()
+	key := []byte("p/ping")
+	for _, write := range []func(*badger.Txn) error{
+		func(txn *badger.Txn) error {
+			if err := s.checkSpace(); err != nil {
+				return err
+			}
+			return txn.Set(key, []byte{1})
+		},
+		func(txn *badger.Txn) error { return txn.Delete(key) },
+	} {
+		err := s.update(ctx, op, func(txn *badger.Txn, _ time.Time) (bool, error) { return true, write(txn) })
+		if err != nil {
+			return fmt.Errorf("cache: %s: %w", op, err)
+		}
+	}
+	return nil
+}
+
+// update runs fn in a read-write transaction stamped with one clock reading,
+// commits it, retries on ErrConflict, and, if fn reported a write, waits for
+// the commit to be durable.
+func (s *Store) update(ctx context.Context, op string, fn func(*badger.Txn, time.Time) (bool, error)) error {
+	for range maxConflictRetries {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		wrote, err := s.try(fn)
+		if errors.Is(err, badger.ErrConflict) {
+			continue
+		}
+		if err != nil || !wrote || s.group == nil {
+			return err
+		}
+		return s.group.wait()
+	}
+	return fmt.Errorf("%s still conflicting after %d retries", op, maxConflictRetries)
+}
+
+// try runs fn once and commits; wrote is fn's report that it wrote.
+func (s *Store) try(fn func(*badger.Txn, time.Time) (bool, error)) (wrote bool, err error) {
+	txn := s.db.NewTransaction(true)
+	defer txn.Discard()
+	wrote, err = fn(txn, s.now().UTC()) // UTC, as decodeRecord returns times
+	if err == nil {
+		err = txn.Commit()
+	}
+	return wrote, translate(err)
+}
+
+// read returns the live record at key and its commit version. An entry whose
+// ExpiresAt has passed by the store's clock counts as missing (Badger only
+// checks the real clock).
+func (s *Store) read(txn *badger.Txn, key []byte, now time.Time) (Record, uint64, error) {
+	item, err := txn.Get(key)
+	if err != nil {
+		return Record{}, 0, translate(err)
+	}
+	if exp := item.ExpiresAt(); exp != 0 && uint64(now.Unix()) >= exp {
+		return Record{}, 0, ErrNotFound
+	}
+	var rec Record
+	err = item.Value(func(v []byte) error {
+		rec, err = decodeRecord(v)
+		return err
+	})
+	if err != nil {
+		return Record{}, 0, err
+	}
+	return rec, item.Version(), nil
+}
+
+// put writes rec at key with the store's TTL counted from now. UserMeta
+// carries the state so ReleaseInFlight can scan without reading values.
+// ExpiresAt is what Entry.WithTTL sets, but taken from the store's clock.
+// Only puts check free space: reads, replays and deletes still work on a
+// nearly full disk.
+func (s *Store) put(txn *badger.Txn, key []byte, rec *Record, now time.Time) error {
+	if err := s.checkSpace(); err != nil {
+		return err
+	}
+	val := appendRecord(nil, rec)
+	if len(val) >= s.maxValue {
+		return fmt.Errorf("%w: %d bytes encoded, limit %d", ErrTooLarge, len(val), s.maxValue-1)
+	}
+	e := badger.NewEntry(key, val).WithMeta(byte(rec.State))
+	if s.ttl > 0 {
+		e.ExpiresAt = uint64(now.Add(s.ttl).Unix())
+	}
+	return translate(txn.SetEntry(e))
+}
+
+// translate maps Badger's sentinels to the package's at the edge.
+func translate(err error) error {
+	switch {
+	case errors.Is(err, badger.ErrKeyNotFound):
+		return ErrNotFound
+	case errors.Is(err, badger.ErrTxnTooBig):
+		return fmt.Errorf("%w: %w", ErrTooLarge, err)
+	case errors.Is(err, badger.ErrDBClosed):
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return err
+}
+
+// checkSpace refuses a write while free space is below the reserve, before
+// Badger's mmapped writes could hit a full disk.
+func (s *Store) checkSpace() error {
+	if s.minFree == 0 {
+		return nil
+	}
+	free, err := freeBytes(s.dir)
+	if err != nil {
+		return err
+	}
+	if free < s.minFree {
+		return fmt.Errorf("%w: %d bytes free in %s, reserve is %d", ErrNoSpace, free, s.dir, s.minFree)
+	}
+	return nil
+}
+
+// checkArgs rejects an empty key or owner token.
+func checkArgs(op string, id ID, owner string) error {
+	if err := checkID(op, id); err != nil {
+		return err
+	}
+	if owner == "" {
+		return fmt.Errorf("cache: %s: empty owner token", op)
+	}
+	return nil
+}
+
+// checkID rejects an empty idempotency key.
+func checkID(op string, id ID) error {
+	if id.Key == "" {
+		return fmt.Errorf("cache: %s: empty idempotency key", op)
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// releaseChunk is how many deletes go into one transaction, far below
+// Badger's per-transaction limit.
+const releaseChunk = 1000
+
+// ReleaseInFlight deletes every in-flight record and returns how many it
+// deleted. Badger lets only one process open a directory, so at start every
+// in-flight record belongs to a dead process (crash): the caller runs this
+// once, before serving, so that the first retry resumes at once with the
+// SAME key (SPEC: crash safety). Running it while serving would release live
+// operations.
+func (s *Store) ReleaseInFlight() (int, error) {
+	const op = "release in-flight"
+	leave, err := s.enter(op)
+	if err != nil {
+		return 0, err
+	}
+	defer leave()
+	keys, err := s.inFlightKeys()
+	if err != nil {
+		return 0, fmt.Errorf("cache: %s: scan: %w", op, err)
+	}
+	released := 0
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), releaseChunk)]
+		keys = keys[len(chunk):]
+		n, err := s.release(chunk)
+		released += n
+		if err != nil {
+			return released, fmt.Errorf("cache: %s: %w", op, err)
+		}
+	}
+	return released, nil
+}
+
+// inFlightKeys lists the keys of in-flight records from UserMeta alone,
+// without reading values.
+func (s *Store) inFlightKeys() ([][]byte, error) {
+	var keys [][]byte
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(recordPrefix)})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			if it.Item().UserMeta() == byte(InFlight) {
+				keys = append(keys, it.Item().KeyCopy(nil))
+			}
+		}
+		return nil
+	})
+	return keys, err
+}
+
+// release deletes the keys that are still in flight, in one transaction.
+func (s *Store) release(keys [][]byte) (int, error) {
+	var n int
+	err := s.update(context.Background(), "release", func(txn *badger.Txn, _ time.Time) (bool, error) {
+		n = 0
+		for _, k := range keys {
+			item, err := txn.Get(k)
+			if errors.Is(err, badger.ErrKeyNotFound) {
+				continue // gone since the scan
+			}
+			if err != nil {
+				return false, err
+			}
+			if item.UserMeta() != byte(InFlight) {
+				continue
+			}
+			if err := txn.Delete(k); err != nil {
+				return false, err
+			}
+			n++
+		}
+		return n > 0, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}

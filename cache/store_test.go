@@ -1,0 +1,581 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// clock is a settable clock for Options.Now. It starts at the real time,
+// because Badger itself hides entries whose TTL ran out by the real clock.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Now().Truncate(time.Second)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// openStore opens a durable store in dir with the test's clock, closed at
+// the end of the test.
+func openStore(t testing.TB, dir string, c *clock, ttl time.Duration) *Store {
+	t.Helper()
+	s, err := Open(Options{Dir: dir, SyncWrites: true, TTL: ttl, Now: c.Now, MemTableSize: 8 << 20, MinFreeBytes: -1})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+var (
+	ctx   = context.Background()
+	fpA   = bytes.Repeat([]byte{0xa}, 32)
+	fpB   = bytes.Repeat([]byte{0xb}, 32)
+	okRes = Response{
+		Status: 201,
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   []byte(`{"id":"pay_1"}`),
+	}
+)
+
+func TestBeginCompleteGet(t *testing.T) {
+	c := newClock()
+	s := openStore(t, t.TempDir(), c, 0)
+	id := ID{Tenant: "acme", Key: "k1"}
+
+	rec, created, err := s.Begin(ctx, id, fpA, "owner-1", 30*time.Second)
+	if err != nil || !created {
+		t.Fatalf("first Begin = created %v, %v; want created", created, err)
+	}
+	want := Record{State: InFlight, Fingerprint: fpA, Owner: "owner-1", LeaseUntil: c.Now().Add(30 * time.Second), CreatedAt: c.Now()}
+	assertRecord(t, "Begin", rec, want)
+	got, err := s.Get(ctx, id)
+	if err != nil {
+		t.Fatalf("Get in flight: %v", err)
+	}
+	assertRecord(t, "Get in flight", got, want)
+
+	rec, created, err = s.Begin(ctx, id, fpB, "owner-2", 30*time.Second)
+	if err != nil || created {
+		t.Fatalf("second Begin = created %v, %v; want existing", created, err)
+	}
+	assertRecord(t, "second Begin", rec, want)
+
+	c.Add(time.Second)
+	if err := s.Complete(ctx, id, "owner-1", okRes); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	final := Record{State: Final, Fingerprint: fpA, Owner: "owner-1", CreatedAt: want.CreatedAt, Response: okRes}
+	got, err = s.Get(ctx, id)
+	if err != nil {
+		t.Fatalf("Get final: %v", err)
+	}
+	assertRecord(t, "Get final", got, final)
+
+	rec, created, err = s.Begin(ctx, id, fpA, "owner-3", 30*time.Second)
+	if err != nil || created {
+		t.Fatalf("Begin on final = created %v, %v; want existing", created, err)
+	}
+	assertRecord(t, "Begin on final", rec, final)
+}
+
+func TestGetMissing(t *testing.T) {
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	_, err := s.Get(ctx, ID{Tenant: "acme", Key: "nope"})
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get missing = %v, want ErrNotFound", err)
+	}
+}
+
+func TestAbandon(t *testing.T) {
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	id := ID{Tenant: "acme", Key: "k1"}
+	mustBegin(t, s, id, fpA, "owner-1")
+	if err := s.Abandon(ctx, id, "owner-1"); err != nil {
+		t.Fatalf("Abandon: %v", err)
+	}
+	if _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after Abandon = %v, want ErrNotFound", err)
+	}
+	rec := mustBegin(t, s, id, fpB, "owner-2")
+	if !bytes.Equal(rec.Fingerprint, fpB) || rec.Owner != "owner-2" {
+		t.Fatalf("Begin after Abandon kept old data: %+v", rec)
+	}
+}
+
+func TestNotOwner(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, s *Store, id ID)
+		op    func(s *Store, id ID) error
+	}{
+		{"complete by another owner", func(t *testing.T, s *Store, id ID) { mustBegin(t, s, id, fpA, "owner-1") },
+			func(s *Store, id ID) error { return s.Complete(ctx, id, "intruder", okRes) }},
+		{"abandon by another owner", func(t *testing.T, s *Store, id ID) { mustBegin(t, s, id, fpA, "owner-1") },
+			func(s *Store, id ID) error { return s.Abandon(ctx, id, "intruder") }},
+		{"complete twice", func(t *testing.T, s *Store, id ID) {
+			mustBegin(t, s, id, fpA, "owner-1")
+			mustComplete(t, s, id, "owner-1")
+		},
+			func(s *Store, id ID) error { return s.Complete(ctx, id, "owner-1", okRes) }},
+		{"abandon a final record", func(t *testing.T, s *Store, id ID) {
+			mustBegin(t, s, id, fpA, "owner-1")
+			mustComplete(t, s, id, "owner-1")
+		},
+			func(s *Store, id ID) error { return s.Abandon(ctx, id, "owner-1") }},
+		{"complete a missing record", func(*testing.T, *Store, ID) {},
+			func(s *Store, id ID) error { return s.Complete(ctx, id, "owner-1", okRes) }},
+		{"abandon a missing record", func(*testing.T, *Store, ID) {},
+			func(s *Store, id ID) error { return s.Abandon(ctx, id, "owner-1") }},
+	}
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := ID{Tenant: "acme", Key: fmt.Sprint("k", i)}
+			tt.setup(t, s, id)
+			before, beforeErr := s.Get(ctx, id)
+			if err := tt.op(s, id); !errors.Is(err, ErrNotOwner) {
+				t.Fatalf("got %v, want ErrNotOwner", err)
+			}
+			after, afterErr := s.Get(ctx, id)
+			if !reflect.DeepEqual(before, after) || fmt.Sprint(afterErr) != fmt.Sprint(beforeErr) {
+				t.Fatalf("record changed by a refused call: %+v (%v) -> %+v (%v)", before, beforeErr, after, afterErr)
+			}
+		})
+	}
+}
+
+func TestConcurrentBeginCreatesOnce(t *testing.T) {
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	id := ID{Tenant: "acme", Key: "contended"}
+	const n = 64
+	var created atomic.Int32
+	owners := make([]string, n)
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			rec, ok, err := s.Begin(ctx, id, fpA, fmt.Sprint("owner-", i), time.Minute)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if ok {
+				created.Add(1)
+			}
+			owners[i] = rec.Owner
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Begin: %v", err)
+	}
+	if got := created.Load(); got != 1 {
+		t.Fatalf("%d Begins created the record, want exactly 1", got)
+	}
+	for i, o := range owners {
+		if o != owners[0] {
+			t.Fatalf("caller %d saw owner %q, caller 0 saw %q", i, o, owners[0])
+		}
+	}
+}
+
+func TestLeaseTakeover(t *testing.T) {
+	c := newClock()
+	s := openStore(t, t.TempDir(), c, 0)
+	id := ID{Tenant: "acme", Key: "k1"}
+	first := mustBegin(t, s, id, fpA, "owner-1")
+
+	c.Add(9 * time.Second)
+	if _, created, _ := s.Begin(ctx, id, fpA, "owner-2", 10*time.Second); created {
+		t.Fatal("Begin took over a lease that had not expired")
+	}
+
+	c.Add(time.Second) // exactly at LeaseUntil: expired
+	rec, created, err := s.Begin(ctx, id, fpB, "owner-2", 10*time.Second)
+	if err != nil || !created {
+		t.Fatalf("Begin after lease expiry = created %v, %v; want takeover", created, err)
+	}
+	want := Record{State: InFlight, Fingerprint: fpA, Owner: "owner-2", LeaseUntil: c.Now().Add(10 * time.Second), CreatedAt: first.CreatedAt}
+	assertRecord(t, "takeover", rec, want)
+
+	if err := s.Complete(ctx, id, "owner-1", okRes); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("Complete by the old owner = %v, want ErrNotOwner", err)
+	}
+	if err := s.Complete(ctx, id, "owner-2", okRes); err != nil {
+		t.Fatalf("Complete by the new owner: %v", err)
+	}
+}
+
+func TestTTL(t *testing.T) {
+	c := newClock()
+	s := openStore(t, t.TempDir(), c, time.Hour)
+	final := ID{Tenant: "acme", Key: "final"}
+	inflight := ID{Tenant: "acme", Key: "in-flight"}
+	mustBegin(t, s, final, fpA, "owner-1")
+	c.Add(30 * time.Minute)
+	mustComplete(t, s, final, "owner-1") // TTL restarts at completion
+	mustBegin(t, s, inflight, fpA, "owner-2")
+
+	c.Add(59 * time.Minute)
+	for _, id := range []ID{final, inflight} {
+		if _, err := s.Get(ctx, id); err != nil {
+			t.Fatalf("Get %s before TTL: %v", id.Key, err)
+		}
+	}
+	c.Add(time.Minute)
+	for _, id := range []ID{final, inflight} {
+		if _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Get %s after TTL = %v, want ErrNotFound", id.Key, err)
+		}
+		if err := s.Complete(ctx, id, "owner-2", okRes); !errors.Is(err, ErrNotOwner) {
+			t.Fatalf("Complete %s after TTL = %v, want ErrNotOwner", id.Key, err)
+		}
+		rec, created, err := s.Begin(ctx, id, fpB, "owner-3", time.Minute)
+		if err != nil || !created || !bytes.Equal(rec.Fingerprint, fpB) {
+			t.Fatalf("Begin %s after TTL = %+v created %v, %v; want a fresh record", id.Key, rec, created, err)
+		}
+	}
+}
+
+func TestTenantIsolation(t *testing.T) {
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	a := ID{Tenant: "acme", Key: "order-1"}
+	b := ID{Tenant: "globex", Key: "order-1"}
+	mustBegin(t, s, a, fpA, "owner-a")
+	if _, err := s.Get(ctx, b); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("other tenant sees the record: %v", err)
+	}
+	if _, created, err := s.Begin(ctx, b, fpB, "owner-b", time.Minute); err != nil || !created {
+		t.Fatalf("other tenant's Begin on the same key = created %v, %v; want its own record", created, err)
+	}
+	mustComplete(t, s, a, "owner-a")
+	if err := s.Complete(ctx, b, "owner-a", okRes); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("owner of tenant A completed tenant B's record: %v", err)
+	}
+	rec, err := s.Get(ctx, b)
+	if err != nil || rec.State != InFlight || rec.Owner != "owner-b" {
+		t.Fatalf("tenant B's record = %+v, %v; want its own in-flight record", rec, err)
+	}
+}
+
+func TestReleaseInFlightAfterReopen(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := openStore(t, dir, c, 0)
+	inflight := []ID{{Tenant: "acme", Key: "crashed-1"}, {Tenant: "globex", Key: "crashed-2"}}
+	final := ID{Tenant: "acme", Key: "done"}
+	for _, id := range inflight {
+		mustBegin(t, s, id, fpA, "dead-process")
+	}
+	mustBegin(t, s, final, fpA, "dead-process")
+	mustComplete(t, s, final, "dead-process")
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	s = openStore(t, dir, c, 0)
+	n, err := s.ReleaseInFlight()
+	if err != nil || n != len(inflight) {
+		t.Fatalf("ReleaseInFlight = %d, %v; want %d", n, err, len(inflight))
+	}
+	for _, id := range inflight {
+		if _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("in-flight %s survived release: %v", id.Key, err)
+		}
+		if _, created, err := s.Begin(ctx, id, fpA, "new-process", time.Minute); err != nil || !created {
+			t.Fatalf("retry of %s did not resume at once: created %v, %v", id.Key, created, err)
+		}
+	}
+	rec, err := s.Get(ctx, final)
+	if err != nil || rec.State != Final || !reflect.DeepEqual(rec.Response, okRes) {
+		t.Fatalf("final record after release = %+v, %v", rec, err)
+	}
+	if n, err := s.ReleaseInFlight(); err != nil || n != len(inflight) {
+		t.Fatalf("second ReleaseInFlight = %d, %v; want the %d new records", n, err, len(inflight))
+	}
+}
+
+func TestReleaseInFlightManyChunks(t *testing.T) {
+	s, err := Open(Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const n = 2*releaseChunk + 17
+	for i := range n {
+		mustBegin(t, s, ID{Key: fmt.Sprint(i)}, fpA, "o")
+	}
+	mustComplete(t, s, ID{Key: "0"}, "o")
+	if got, err := s.ReleaseInFlight(); err != nil || got != n-1 {
+		t.Fatalf("ReleaseInFlight = %d, %v; want %d", got, err, n-1)
+	}
+}
+
+func TestOpenLockedDirectory(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir, newClock(), 0)
+	_, err := Open(Options{Dir: dir})
+	if !errors.Is(err, ErrLocked) {
+		t.Fatalf("second Open = %v, want ErrLocked", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	s2, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatalf("Open after Close: %v", err)
+	}
+	s2.Close()
+}
+
+func TestOpenCorruptDirectory(t *testing.T) {
+	tests := []struct {
+		name    string
+		corrupt func(t *testing.T, dir string)
+	}{
+		{"garbage MANIFEST", func(t *testing.T, dir string) {
+			writeFile(t, filepath.Join(dir, "MANIFEST"), bytes.Repeat([]byte("garbage!"), 64))
+		}},
+		{"truncated MANIFEST", func(t *testing.T, dir string) {
+			writeFile(t, filepath.Join(dir, "MANIFEST"), []byte("Bdgr"))
+		}},
+		{"garbage KEYREGISTRY", func(t *testing.T, dir string) {
+			writeFile(t, filepath.Join(dir, "KEYREGISTRY"), bytes.Repeat([]byte{0xff}, 100))
+		}},
+		{"garbage table files", func(t *testing.T, dir string) {
+			tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+			if len(tables) == 0 {
+				t.Fatal("no table file to corrupt")
+			}
+			for _, f := range tables {
+				writeFile(t, f, bytes.Repeat([]byte{0x5a}, 4096))
+			}
+		}},
+		{"zeroed table files", func(t *testing.T, dir string) {
+			tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+			for _, f := range tables {
+				writeFile(t, f, make([]byte, 4096))
+			}
+		}},
+		{"truncated table files", func(t *testing.T, dir string) {
+			tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+			for _, f := range tables {
+				fi, err := os.Stat(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Truncate(f, fi.Size()/2); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+		{"garbage WAL file", func(t *testing.T, dir string) {
+			writeFile(t, filepath.Join(dir, "00099.mem"), bytes.Repeat([]byte{0x5a}, 4096))
+		}},
+		{"path is a file", func(t *testing.T, dir string) {
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, dir, []byte("not a directory"))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "db")
+			s := openStore(t, dir, newClock(), 0)
+			mustBegin(t, s, ID{Key: "k"}, fpA, "o")
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			tt.corrupt(t, dir)
+			s, err := Open(Options{Dir: dir})
+			if err == nil {
+				s.Close()
+				t.Fatal("Open on a corrupt directory succeeded")
+			}
+			t.Logf("Open error: %v", err)
+			if !strings.Contains(err.Error(), dir) {
+				t.Fatalf("Open error %q does not name the directory", err)
+			}
+		})
+	}
+}
+
+func TestClose(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, SyncWrites: true, GCInterval: time.Millisecond, MinFreeBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustBegin(t, s, ID{Key: "k"}, fpA, "o")
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	calls := map[string]error{
+		"Begin":    func() error { _, _, err := s.Begin(ctx, ID{Key: "k"}, fpA, "o", time.Minute); return err }(),
+		"Complete": s.Complete(ctx, ID{Key: "k"}, "o", okRes),
+		"Abandon":  s.Abandon(ctx, ID{Key: "k"}, "o"),
+		"Get":      func() error { _, err := s.Get(ctx, ID{Key: "k"}); return err }(),
+		"Ping":     s.Ping(ctx),
+		"Release":  func() error { _, err := s.ReleaseInFlight(); return err }(),
+	}
+	for name, err := range calls {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s after Close = %v, want ErrClosed", name, err)
+		}
+	}
+}
+
+func TestPing(t *testing.T) {
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	for range 3 {
+		if err := s.Ping(ctx); err != nil {
+			t.Fatalf("Ping: %v", err)
+		}
+	}
+}
+
+func TestArgumentErrors(t *testing.T) {
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	tests := map[string]error{
+		"empty key": func() error { _, _, err := s.Begin(ctx, ID{Tenant: "t"}, fpA, "o", time.Minute); return err }(),
+		"empty owner": func() error {
+			_, _, err := s.Begin(ctx, ID{Key: "k"}, fpA, "", time.Minute)
+			return err
+		}(),
+		"zero lease": func() error { _, _, err := s.Begin(ctx, ID{Key: "k"}, fpA, "o", 0); return err }(),
+		"cancelled context": func() error {
+			c, cancel := context.WithCancel(ctx)
+			cancel()
+			_, _, err := s.Begin(c, ID{Key: "k"}, fpA, "o", time.Minute)
+			return err
+		}(),
+	}
+	for name, err := range tests {
+		if err == nil {
+			t.Errorf("%s: Begin succeeded", name)
+		}
+	}
+	if _, err := s.Get(ctx, ID{Key: "k"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a refused Begin wrote a record: %v", err)
+	}
+}
+
+func TestCompleteTooLarge(t *testing.T) {
+	s := openStore(t, t.TempDir(), newClock(), 0)
+	id := ID{Key: "big"}
+	mustBegin(t, s, id, fpA, "o")
+	err := s.Complete(ctx, id, "o", Response{Status: 200, Body: make([]byte, maxValueSize)})
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("Complete with a 1 MiB body = %v, want ErrTooLarge", err)
+	}
+	// Just under the limit still fits, in the LSM tree.
+	body := make([]byte, maxValueSize-200)
+	if err := s.Complete(ctx, id, "o", Response{Status: 200, Body: body}); err != nil {
+		t.Fatalf("Complete just under the limit: %v", err)
+	}
+	rec, err := s.Get(ctx, id)
+	if err != nil || len(rec.Response.Body) != len(body) {
+		t.Fatalf("Get large record = %d bytes, %v", len(rec.Response.Body), err)
+	}
+}
+
+func TestDurableAcrossReopen(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := openStore(t, dir, c, 0)
+	const n = 300
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := ID{Tenant: "acme", Key: fmt.Sprint(i)}
+			if _, _, err := s.Begin(ctx, id, fpA, "o", time.Minute); err != nil {
+				errs <- err
+				return
+			}
+			errs <- s.Complete(ctx, id, "o", okRes)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, c, 0)
+	for i := range n {
+		rec, err := s.Get(ctx, ID{Tenant: "acme", Key: fmt.Sprint(i)})
+		if err != nil || rec.State != Final {
+			t.Fatalf("record %d after reopen = %+v, %v", i, rec, err)
+		}
+	}
+}
+
+func mustBegin(t testing.TB, s *Store, id ID, fp []byte, owner string) Record {
+	t.Helper()
+	rec, created, err := s.Begin(ctx, id, fp, owner, 10*time.Second)
+	if err != nil || !created {
+		t.Fatalf("Begin %+v = created %v, %v; want created", id, created, err)
+	}
+	return rec
+}
+
+func mustComplete(t testing.TB, s *Store, id ID, owner string) {
+	t.Helper()
+	if err := s.Complete(ctx, id, owner, okRes); err != nil {
+		t.Fatalf("Complete %+v: %v", id, err)
+	}
+}
+
+func assertRecord(t *testing.T, what string, got, want Record) {
+	t.Helper()
+	if !reflect.DeepEqual(normalize(got), normalize(want)) {
+		t.Fatalf("%s:\n got %+v\nwant %+v", what, got, want)
+	}
+}
+
+func writeFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
