@@ -48,9 +48,10 @@ import (
 //     z.OpenMmapFileUsing tests fileSize==0 after having set it);
 //  4. publish the read timestamp as syncedTs.
 //
-// Measured with BenchmarkBeginComplete (64 writers, 2 vCPUs, ext4 on a
-// virtio disk): about 27 writes share each round; 17k Begin+Complete pairs
-// per second against 2.2k with Badger's own SyncWrites=true.
+// Measured with BenchmarkBeginComplete (64 writers, 2 shared vCPUs, ext4 on
+// a virtio disk): 13-14 Begin+Complete pairs (26-28 writes) share each round;
+// 10k-17k pairs per second depending on the machine's load, about 45% of the
+// non-durable rate, against 2.1k-2.3k with Badger's own SyncWrites=true.
 //
 // Any error fails every write waiting on that round; the write may or may not
 // survive a crash and the caller answers 503 (store_unavailable). Reads apply
