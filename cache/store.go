@@ -76,10 +76,12 @@ type Options struct {
 	// MinFreeBytes refuses writes with ErrNoSpace while the file system has
 	// less space available. Badger writes through mmap into sparse files, and
 	// a full disk kills the process with SIGBUS (seen in compaction's
-	// table.CreateTable on a full tmpfs) instead of returning ENOSPC, so the
-	// reserve leaves room for memtable flushes and compactions of what is
-	// already stored. It is a guard, not a guarantee: another writer can still
-	// fill the disk. 0 means 128 MiB; negative disables the check.
+	// table.CreateTable on a full tmpfs, also during Close) instead of
+	// returning ENOSPC, so the reserve must hold the largest compaction of
+	// what is already stored. It is a guard, not a guarantee: another writer
+	// can still fill the disk. 0 means twice Badger's largest L0→L1
+	// compaction, 2 × (15 × MemTableSize + 10 MiB): 260 MiB by default;
+	// negative disables the check.
 	MinFreeBytes int64
 }
 
@@ -96,14 +98,20 @@ const (
 	// baseTableSize is Badger's L1 table size (default 2 MiB). Compaction
 	// builds up to 8+splits tables at once, each buffering about twice its
 	// size, so smaller tables cap that peak.
-	baseTableSize       = 1 << 20
-	defaultGCInterval   = 5 * time.Minute
-	defaultMinFreeBytes = 128 << 20
+	baseTableSize     = 1 << 20
+	defaultGCInterval = 5 * time.Minute
 	// numMemtables is how many full memtables may wait for flushing.
 	numMemtables = 2
 	// maxValueSize is Badger's largest ValueThreshold (1 MiB).
 	maxValueSize = 1 << 20
 )
+
+// defaultMinFree is twice the most an L0→L1 compaction writes before it
+// deletes its inputs: every L0 table (up to NumLevelZeroTablesStall = 15, one
+// memtable each) plus all of L1 (BaseLevelSize = 10 MiB), Badger's defaults.
+func defaultMinFree(memTableSize int64) int64 {
+	return 2 * (15*memTableSize + 10<<20)
+}
 
 // valueThreshold is the ValueThreshold the store gives Badger: the largest
 // it accepts, which is also capped at Badger's per-transaction size (15% of
@@ -183,7 +191,7 @@ func withDefaults(opts Options) Options {
 		opts.IndexCacheSize = defaultIndexCacheSize
 	}
 	if opts.MinFreeBytes == 0 {
-		opts.MinFreeBytes = defaultMinFreeBytes
+		opts.MinFreeBytes = defaultMinFree(opts.MemTableSize)
 	}
 	return opts
 }
