@@ -212,30 +212,39 @@ func (c *config) retryPolicy() (retry.Policy, error) {
 	return p, nil
 }
 
+// lease is how long an in-flight record is owned: longer than any attempt
+// sequence (budget plus one attempt that started just before it ran out).
+func (c *config) lease() time.Duration {
+	return c.RetryBudget + c.AttemptTimeout + time.Minute
+}
+
 // checkNumbers rejects values that parse but make no sense.
 func (c *config) checkNumbers() error {
 	checks := []struct {
 		name string
 		ok   bool
+		want string
 	}{
-		{"MAX_BODY_BYTES", c.MaxBodyBytes > 0},
-		{"RECORD_TTL", c.RecordTTL > 0},
-		{"INFLIGHT_WAIT", c.InflightWait > 0},
-		{"RETRY_MAX_ATTEMPTS", c.RetryMaxAttempts >= 1},
-		{"RETRY_BASE_DELAY", c.RetryBaseDelay > 0},
-		{"RETRY_MAX_DELAY", c.RetryMaxDelay >= c.RetryBaseDelay},
-		{"RETRY_BUDGET", c.RetryBudget > 0},
-		{"ATTEMPT_TIMEOUT", c.AttemptTimeout > 0},
-		{"RATE_LIMIT", c.RateLimit >= 0},
-		{"RATE_BURST", c.RateBurst >= 1},
-		{"SHUTDOWN_GRACE", c.ShutdownGrace > 0},
-		{"LISTEN_ADDR", c.ListenAddr != ""},
-		{"ADMIN_ADDR", c.AdminAddr != ""},
-		{"DATA_DIR", c.DataDir != ""},
+		{"MAX_BODY_BYTES", c.MaxBodyBytes > 0, "a positive number of bytes"},
+		// In-flight records expire with the TTL too: a TTL shorter than the
+		// lease would let a second sequence start while the first still runs.
+		{"RECORD_TTL", c.RecordTTL > c.lease(), fmt.Sprintf("longer than the in-flight lease, RETRY_BUDGET + ATTEMPT_TIMEOUT + 1m = %s", c.lease())},
+		{"INFLIGHT_WAIT", c.InflightWait > 0, "a positive duration"},
+		{"RETRY_MAX_ATTEMPTS", c.RetryMaxAttempts >= 1, "at least 1"},
+		{"RETRY_BASE_DELAY", c.RetryBaseDelay > 0, "a positive duration"},
+		{"RETRY_MAX_DELAY", c.RetryMaxDelay >= c.RetryBaseDelay, "at least RETRY_BASE_DELAY"},
+		{"RETRY_BUDGET", c.RetryBudget > 0, "a positive duration"},
+		{"ATTEMPT_TIMEOUT", c.AttemptTimeout > 0, "a positive duration"},
+		{"RATE_LIMIT", c.RateLimit >= 0, "0 (off) or a positive rate"},
+		{"RATE_BURST", c.RateBurst >= 1, "at least 1"},
+		{"SHUTDOWN_GRACE", c.ShutdownGrace > 0, "a positive duration"},
+		{"LISTEN_ADDR", c.ListenAddr != "", "an address such as :8080"},
+		{"ADMIN_ADDR", c.AdminAddr != "", "an address such as :9090"},
+		{"DATA_DIR", c.DataDir != "", "a directory"},
 	}
 	for _, ch := range checks {
 		if !ch.ok {
-			return bad(ch.name, errors.New("value out of range"))
+			return bad(ch.name, errors.New("must be "+ch.want))
 		}
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {

@@ -205,6 +205,7 @@ func TestBinaryRejectsBadConfig(t *testing.T) {
 		{"relative upstream", []string{"IDEMPROXY_UPSTREAM_URL=/x"}, "IDEMPROXY_UPSTREAM_URL"},
 		{"bad key sources", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_KEY_SOURCES=cookie:x"}, "IDEMPROXY_KEY_SOURCES"},
 		{"bad duration", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_RETRY_BUDGET=soon"}, "IDEMPROXY_RETRY_BUDGET"},
+		{"TTL shorter than the lease", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_RECORD_TTL=1m"}, "IDEMPROXY_RECORD_TTL"},
 		{"bad policy", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_MISSING_KEY=maybe"}, "IDEMPROXY_MISSING_KEY"},
 		{"missing secret file", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGN_SECRET_FILE=/nonexistent/secret"}, "IDEMPROXY_SIGN_SECRET_FILE"},
 	}

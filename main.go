@@ -95,14 +95,14 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	records := m.Store(store)
 	handler, err := proxy.New(proxy.Options{
 		Upstream:     set.upstream,
-		Transport:    upstreamTransport(cfg, set, obs.attempt),
+		Transport:    upstreamTransport(cfg, set, store.MaxBodyBytes(), obs.attempt),
 		Store:        records,
 		Protected:    set.protected,
 		KeySources:   set.sources,
 		MissingKey:   set.missingKey,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		InflightWait: cfg.InflightWait,
-		Lease:        cfg.RetryBudget + cfg.AttemptTimeout + time.Minute,
+		Lease:        cfg.lease(),
 		Logger:       log,
 		OnDone:       obs.done,
 	})
@@ -140,7 +140,7 @@ func closeStore(store *cache.Store, log *slog.Logger) error {
 
 // upstreamTransport builds the attempt chain: retry loop → signer → one wire
 // attempt per RoundTrip → a pooled transport. onAttempt sees every attempt.
-func upstreamTransport(cfg config, set settings, onAttempt func(retry.AttemptInfo)) http.RoundTripper {
+func upstreamTransport(cfg config, set settings, maxResponse int64, onAttempt func(retry.AttemptInfo)) http.RoundTripper {
 	wire := &http.Transport{
 		DialContext:       (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2: true,
@@ -161,6 +161,9 @@ func upstreamTransport(cfg config, set settings, onAttempt func(retry.AttemptInf
 		Policy:    set.policy,
 		Gate:      ratelimit.New(cfg.RateLimit, cfg.RateBurst),
 		OnAttempt: onAttempt,
+		// An answer the store cannot hold could never be replayed: refuse it
+		// at the attempt instead of after the fact.
+		MaxResponseBytes: maxResponse,
 	}
 }
 

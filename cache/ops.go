@@ -18,9 +18,9 @@ const maxConflictRetries = 1000
 // Begin atomically creates an in-flight record {fp, owner, lease} for id and
 // returns (that record, true, nil). If a record exists it returns (existing,
 // false, nil) without changing it, except an in-flight record whose lease has
-// expired: Begin takes that over (new owner and lease, original Fingerprint
-// and CreatedAt kept, so the caller must still compare fingerprints) and
-// returns (record, true, nil). Of concurrent Begins on one id exactly one gets
+// expired and whose Fingerprint equals fp: Begin takes that over (new owner
+// and lease, CreatedAt kept) and returns (record, true, nil). An expired
+// in-flight record of another fingerprint is returned as it is. Of concurrent Begins on one id exactly one gets
 // created=true. The in-flight record is durable before Begin returns (with
 // SyncWrites), and so is an existing record it returns.
 func (s *Store) Begin(ctx context.Context, id ID, fp []byte, owner string, lease time.Duration) (Record, bool, error) {
@@ -48,8 +48,10 @@ func (s *Store) Begin(ctx context.Context, id ID, fp []byte, owner string, lease
 			cur = Record{State: InFlight, Fingerprint: bytes.Clone(fp), CreatedAt: now}
 		case err != nil:
 			return false, err
-		case cur.State == InFlight && !now.Before(cur.LeaseUntil):
-			// The owner's lease ran out: it crashed or hung. Take over.
+		case cur.State == InFlight && !now.Before(cur.LeaseUntil) && bytes.Equal(cur.Fingerprint, fp):
+			// The owner's lease ran out: it crashed or hung. Take over — but
+			// only for the same request: another body under this key must
+			// get the existing record (and a conflict), never be sent.
 		default:
 			rec, created, version = cur, false, ver
 			return false, nil

@@ -311,3 +311,12 @@ func (s *Store) Size() (lsm, vlog int64) {
 	defer leave()
 	return s.db.Size()
 }
+
+// headerRoom is what MaxBodyBytes leaves for a record's other fields (status,
+// headers, fingerprint, owner) within the value size limit.
+const headerRoom = 64 << 10
+
+// MaxBodyBytes is the largest response body a record can hold: a larger answer
+// cannot be stored (Complete returns ErrTooLarge), so callers cap what they
+// accept from the upstream below it.
+func (s *Store) MaxBodyBytes() int64 { return int64(s.maxValue) - headerRoom }

@@ -220,7 +220,13 @@ func TestLeaseTakeover(t *testing.T) {
 	}
 
 	c.Add(time.Second) // exactly at LeaseUntil: expired
-	rec, created, err := s.Begin(ctx, id, fpB, "owner-2", 10*time.Second)
+	// Another request under the same key never takes the lease: it must get
+	// the existing record (and the proxy a 409), not be sent upstream.
+	other, created, err := s.Begin(ctx, id, fpB, "owner-3", 10*time.Second)
+	if err != nil || created || other.Owner != "owner-1" {
+		t.Fatalf("Begin with another fingerprint after expiry = %+v, created %v, %v; want the record untouched", other, created, err)
+	}
+	rec, created, err := s.Begin(ctx, id, fpA, "owner-2", 10*time.Second)
 	if err != nil || !created {
 		t.Fatalf("Begin after lease expiry = created %v, %v; want takeover", created, err)
 	}

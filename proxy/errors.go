@@ -29,10 +29,13 @@ var (
 	ErrInProgress  = &Error{http.StatusConflict, "idempotency_in_progress", "a request with this Idempotency-Key is still in flight; retry later with the same key"}
 	ErrBodyTooLong = &Error{http.StatusRequestEntityTooLarge, "body_too_large", "request body exceeds the configured limit"}
 	ErrStore       = &Error{http.StatusServiceUnavailable, "store_unavailable", "the idempotency record store cannot be written; nothing was sent upstream"}
-	ErrBadRequest  = &Error{http.StatusBadRequest, "bad_request", "request cannot be proxied"}
-	ErrMethod      = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not proxied"}
-	ErrUpgrade     = &Error{http.StatusBadRequest, "upgrade_not_supported", "protocol upgrades are not proxied"}
-	ErrClientGone  = &Error{499, "client_closed_request", "client closed the request"}
+	// ErrStoreAfterSend is store_unavailable after the upstream answered: the
+	// operation may have been executed, so the app must retry with the same key.
+	ErrStoreAfterSend = &Error{http.StatusServiceUnavailable, "store_unavailable", "the upstream answered but the answer could not be stored; the operation may have been executed: retry with the same Idempotency-Key"}
+	ErrBadRequest     = &Error{http.StatusBadRequest, "bad_request", "request cannot be proxied"}
+	ErrMethod         = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not proxied"}
+	ErrUpgrade        = &Error{http.StatusBadRequest, "upgrade_not_supported", "protocol upgrades are not proxied"}
+	ErrClientGone     = &Error{499, "client_closed_request", "client closed the request"}
 )
 
 // errStore wraps a store failure so that the one mapping function answers 503 while
@@ -63,6 +66,8 @@ func classify(err error) (status int, code, msg string, attempts int) {
 		se  storeError
 	)
 	switch {
+	case errors.Is(err, context.Canceled):
+		return ErrClientGone.Status, ErrClientGone.Code, ErrClientGone.Message, 0
 	case errors.As(err, &pe):
 		return pe.Status, pe.Code, pe.Message, 0
 	case errors.As(err, &mbe):
@@ -77,8 +82,6 @@ func classify(err error) (status int, code, msg string, attempts int) {
 			status = http.StatusGatewayTimeout
 		}
 		return status, "upstream_unavailable", "upstream did not give a final answer; the outcome may be unknown: retry with the same Idempotency-Key", ex.Attempts
-	case errors.Is(err, context.Canceled):
-		return ErrClientGone.Status, ErrClientGone.Code, ErrClientGone.Message, 0
 	default:
 		return http.StatusBadGateway, "upstream_unavailable", "upstream request failed; the outcome may be unknown: retry with the same Idempotency-Key", 0
 	}
@@ -90,7 +93,7 @@ func writeError(w http.ResponseWriter, err error, key string) {
 	status, code, msg, attempts := classify(err)
 	var body errorBody
 	body.Error.Code, body.Error.Message = code, msg
-	if code == "upstream_unavailable" {
+	if code == "upstream_unavailable" || err == ErrStoreAfterSend {
 		body.Error.Key, body.Error.Attempts = key, attempts
 	}
 	h := w.Header()

@@ -30,6 +30,9 @@ func (h *Handler) obtain(r *http.Request, id cache.ID, fp, body []byte, sum *Sum
 	for {
 		rec, created, err := h.opt.Store.Begin(ctx, id, fp, owner, h.opt.Lease)
 		if err != nil {
+			if ctx.Err() != nil { // the client left; the store is fine
+				return result{}, ctx.Err()
+			}
 			return result{}, storeError{err}
 		}
 		if created {
@@ -97,18 +100,34 @@ func (h *Handler) start(r *http.Request, id cache.ID, owner string, body []byte)
 func (h *Handler) run(r *http.Request, id cache.ID, owner string, body []byte) result {
 	ctx := context.WithoutCancel(r.Context())
 	res := h.roundTrip(ctx, r, id.Key, body)
-	if res.err == nil {
+	if res.err == nil && storable(res.resp.Status) {
 		err := h.opt.Store.Complete(ctx, id, owner, res.resp)
 		if err == nil {
 			return res
 		}
-		h.opt.Logger.Error("storing final response failed; key released", "err", err)
-		res = result{err: storeError{err}}
+		h.opt.Logger.Error("storing the final response failed after the upstream answered; key released",
+			"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status, "err", err)
+		res = result{err: ErrStoreAfterSend}
 	}
 	if err := h.opt.Store.Abandon(ctx, id, owner); err != nil {
 		h.opt.Logger.Error("releasing in-flight record failed", "err", err)
 	}
 	return res
+}
+
+// storable says whether an upstream answer is final and kept for replay: 2xx and
+// 4xx (SPEC.md, "What is stored as final"). Not kept: 1xx/3xx/5xx that reached
+// here (statuses the operator did not list as retriable — a 524 "origin timed
+// out" may hide an executed payment), and 401/403/408, where the provider did
+// not act on the request (a signature rejected during clock drift or a secret
+// rotation must not replay for the whole TTL after the fix). The answer is still
+// passed on; the key is released and the app's retry resumes with it.
+func storable(status int) bool {
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestTimeout:
+		return false
+	}
+	return status >= 200 && status < 300 || status >= 400 && status < 500
 }
 
 // roundTrip sends the request upstream through the ReverseProxy and captures the
@@ -159,7 +178,9 @@ func (r *recorder) Write(b []byte) (int, error) {
 	return r.body.Write(b)
 }
 func (r *recorder) WriteHeader(code int) {
-	if r.status == 0 {
+	// ReverseProxy relays 1xx answers (100 Continue, 103 Early Hints) before the
+	// final one; only the final status is the answer.
+	if code >= 200 && r.status == 0 {
 		r.status = code
 	}
 }

@@ -153,6 +153,8 @@ func New(opts Options) (*Handler, error) {
 		// runs, which could strip headers set there (STYLE.md, Go issue 50580).
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(opts.Upstream)
+			// The body is buffered already; waiting for 100 Continue only adds latency.
+			pr.Out.Header.Del("Expect")
 		},
 		Transport:    opts.Transport,
 		ErrorHandler: h.upstreamError,
@@ -240,7 +242,9 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, sum *Su
 		h.fail(w, sum, err)
 		return
 	}
-	kr := idemkey.Request{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery,
+	// The escaped path is what goes upstream: /cards/a%2Fb and /cards/a/b are
+	// two resources and must be two keys.
+	kr := idemkey.Request{Method: r.Method, Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery,
 		ContentType: r.Header.Get("Content-Type"), Header: r.Header, Body: body}
 	key, err := h.resolveKey(kr)
 	if err != nil {

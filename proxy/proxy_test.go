@@ -37,6 +37,8 @@ type provider struct {
 	entered chan string
 	// status, when set, answers every request with it and executes nothing.
 	status int
+	// early sends 103 Early Hints before each answer.
+	early bool
 }
 
 func newProvider() *provider {
@@ -49,16 +51,20 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.total++
 	p.requests[key]++
-	status, hold, entered := p.status, p.hold, p.entered
+	status, hold, entered, early := p.status, p.hold, p.entered, p.early
 	prev, replay := p.stored[key]
 	p.mu.Unlock()
-	if r.Method == http.MethodGet {
-		fmt.Fprintf(w, `{"path":%q}`, r.URL.Path)
-		return
+	if early {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
 	}
 	if status != 0 {
 		w.WriteHeader(status)
 		fmt.Fprintf(w, `{"error":{"code":"http_%d"}}`, status)
+		return
+	}
+	if r.Method == http.MethodGet {
+		fmt.Fprintf(w, `{"path":%q}`, r.URL.Path)
 		return
 	}
 	if key != "" && replay {
@@ -509,5 +515,74 @@ func TestRefusesForwardProxyAndUpgrades(t *testing.T) {
 	}
 	if total, _ := e.prov.counts(); total != 0 {
 		t.Errorf("upstream saw %d requests, want 0", total)
+	}
+}
+
+func (p *provider) set(f func(*provider)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f(p)
+}
+
+// A 1xx before the final answer (103 Early Hints, 100 Continue) must not become
+// the stored status: a declined payment would replay as 200.
+func TestInformationalAnswerIsNotTheStatus(t *testing.T) {
+	e := newEnv(t)
+	e.prov.set(func(p *provider) { p.early = true })
+	bad := `{"order_id":"ord-early","amount":"-1"}`
+	for i, wantReplay := range []string{"", "true"} {
+		a := e.do(t, "POST", "/v1/payments", bad)
+		if a.status != http.StatusBadRequest || !strings.Contains(string(a.body), "invalid_amount") || a.header.Get("Idempotent-Replayed") != wantReplay {
+			t.Fatalf("request %d: %d %s replayed=%q, want 400 invalid_amount replayed=%q", i, a.status, a.body, a.header.Get("Idempotent-Replayed"), wantReplay)
+		}
+	}
+}
+
+// Only 2xx and 4xx where the provider acted are stored; other answers pass
+// through and the next request asks the provider again with the same key.
+func TestAnswersThatAreNotStored(t *testing.T) {
+	for _, status := range []int{524, 501, 401, 403, 408, 302} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			e := newEnv(t)
+			e.prov.set(func(p *provider) { p.status = status })
+			first := e.do(t, "POST", "/v1/payments", order)
+			if first.status != status {
+				t.Fatalf("got %d %s, want the provider's %d passed on", first.status, first.body, status)
+			}
+			e.prov.set(func(p *provider) { p.status = 0 })
+			next := e.do(t, "POST", "/v1/payments", order)
+			if next.status != http.StatusCreated || next.header.Get("Idempotent-Replayed") != "" ||
+				next.header.Get("Idempotency-Key") != first.header.Get("Idempotency-Key") {
+				t.Errorf("next: %d replayed=%q key=%q; want a fresh 201 under %q", next.status,
+					next.header.Get("Idempotent-Replayed"), next.header.Get("Idempotency-Key"), first.header.Get("Idempotency-Key"))
+			}
+		})
+	}
+}
+
+// An unprotected GET that keeps failing gets the provider's own last answer,
+// not a 502 about idempotency keys it never had.
+func TestUnprotectedGetGetsLastAnswer(t *testing.T) {
+	e := newEnv(t, func(_ *proxy.Options, p *retry.Policy) { p.MaxAttempts = 3 })
+	e.prov.set(func(p *provider) { p.status = http.StatusServiceUnavailable })
+	a := e.do(t, "GET", "/v1/payments/pay_1", "")
+	if a.status != http.StatusServiceUnavailable || string(a.body) != `{"error":{"code":"http_503"}}` {
+		t.Fatalf("got %d %s, want the provider's 503", a.status, a.body)
+	}
+	if total, _ := e.prov.counts(); total != 3 {
+		t.Errorf("provider saw %d GETs, want 3 (a safe method is retried on 5xx)", total)
+	}
+}
+
+// /cards/a%2Fb/topup and /cards/a/b/topup are two resources, so two keys.
+func TestEscapedPathsAreDistinctOperations(t *testing.T) {
+	e := newEnv(t)
+	a := e.do(t, "POST", "/cards/a%2Fb/topup", order)
+	b := e.do(t, "POST", "/cards/a/b/topup", order)
+	if a.header.Get("Idempotency-Key") == b.header.Get("Idempotency-Key") || b.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("escaped and unescaped paths shared a key: %v / %v", a.header, b.header)
+	}
+	if total, _ := e.prov.counts(); total != 2 {
+		t.Errorf("provider saw %d requests, want 2", total)
 	}
 }

@@ -291,6 +291,11 @@ func (s *sequence) decide(o outcome) (wait time.Duration, done bool, err error) 
 		err = s.limit(wait)
 	}
 	done = reason == ReasonNone || err != nil
+	if err != nil && s.mode != Protected && o.resp != nil {
+		// An unprotected request has no record left unfinished: the client
+		// gets the provider's own last answer rather than a 502 about keys.
+		err = nil
+	}
 	s.report(o, reason, wait, done)
 	return wait, done, err
 }
