@@ -45,6 +45,10 @@ type config struct {
 	StaticHeaders     string `env:"STATIC_HEADERS" doc:"comma list of Name=value set on every upstream call, e.g. X-Public-Id=abc (secret)"`
 	StaticHeadersFile string `env:"STATIC_HEADERS_FILE,file" doc:"path of a file holding STATIC_HEADERS"`
 
+	ClientTokens     string `env:"CLIENT_TOKENS" doc:"comma list of client=token (tokens of 16+ characters); empty = no client authentication, one tenant for all (secret)"`
+	ClientTokensFile string `env:"CLIENT_TOKENS_FILE,file" doc:"path of a file holding CLIENT_TOKENS"`
+	ClientHeader     string `env:"CLIENT_HEADER" envDefault:"Idemproxy-Client-Token" doc:"request header carrying the client token; removed before forwarding"`
+
 	RetryMaxAttempts int           `env:"RETRY_MAX_ATTEMPTS" envDefault:"5" doc:"attempts per request, first included"`
 	RetryBaseDelay   time.Duration `env:"RETRY_BASE_DELAY" envDefault:"500ms" doc:"backoff base"`
 	RetryMaxDelay    time.Duration `env:"RETRY_MAX_DELAY" envDefault:"60s" doc:"cap per wait, Retry-After included"`
@@ -61,12 +65,14 @@ type config struct {
 
 // settings is config parsed into the types the packages take.
 type settings struct {
-	upstream   *url.URL
-	protected  []string
-	sources    []idemkey.Source
-	missingKey proxy.MissingKey
-	sign       resign.Config
-	policy     retry.Policy
+	clients      *proxy.ClientTokens
+	clientTokens string // the raw CLIENT_TOKENS, only for log redaction
+	upstream     *url.URL
+	protected    []string
+	sources      []idemkey.Source
+	missingKey   proxy.MissingKey
+	sign         resign.Config
+	policy       retry.Policy
 }
 
 // loadConfig reads the environment (environ as from os.Environ) and checks it. Every
@@ -123,6 +129,9 @@ func (c *config) settings() (settings, error) {
 	}
 	if s.protected, err = parseMethods(c.Protected); err != nil {
 		return s, bad("PROTECTED_METHODS", err)
+	}
+	if s.clients, s.clientTokens, err = c.clients(); err != nil {
+		return s, err
 	}
 	if s.sign, err = c.signConfig(); err != nil {
 		return s, err
@@ -267,8 +276,26 @@ func storeOptions(cfg config, log *slog.Logger) cache.Options {
 
 // secrets returns the configured values that must never reach a log line: the
 // signing secret and the static header values (credentials such as X-Public-Id).
+// clients parses client authentication; the raw list is kept for log redaction.
+func (c *config) clients() (*proxy.ClientTokens, string, error) {
+	list, err := secret("CLIENT_TOKENS", c.ClientTokens, c.ClientTokensFile)
+	if err != nil {
+		return nil, "", err
+	}
+	ct, err := proxy.ParseClientTokens(c.ClientHeader, list)
+	if err != nil {
+		return nil, "", bad("CLIENT_TOKENS", err)
+	}
+	return ct, list, nil
+}
+
 func (s settings) secrets() []string {
 	var out []string
+	for _, entry := range strings.Split(s.clientTokens, ",") {
+		if _, token, ok := strings.Cut(entry, "="); ok && token != "" {
+			out = append(out, token)
+		}
+	}
 	if len(s.sign.Secret) > 0 {
 		out = append(out, string(s.sign.Secret))
 	}

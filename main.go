@@ -97,6 +97,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		Upstream:     set.upstream,
 		Transport:    upstreamTransport(cfg, set, store.MaxBodyBytes(), obs.attempt),
 		Store:        records,
+		Clients:      set.clients,
 		Protected:    set.protected,
 		KeySources:   set.sources,
 		MissingKey:   set.missingKey,

@@ -14,6 +14,10 @@ type Request struct {
 	Method, Path, RawQuery, ContentType string
 	Header                              http.Header
 	Body                                []byte
+	// Tenant, when not empty, is part of a derived key: two apps behind one
+	// idemproxy share its provider credentials, so the same order_id from
+	// each must reach the provider as two keys. Empty keeps the v1 keys.
+	Tenant string
 }
 
 // namespace is the UUIDv5 namespace of derived keys:
@@ -91,6 +95,9 @@ func (st *state) key(r Request, s Source, val []byte) string {
 	b = appendField(b, s.Kind.String())
 	b = appendField(b, s.Name)
 	b = appendField(b, val)
+	if r.Tenant != "" {
+		b = appendField(b, r.Tenant)
+	}
 	st.buf = b
 	return uuid.NewSHA1(namespace, b).String()
 }

@@ -349,3 +349,19 @@ func ExampleDerive() {
 	fmt.Println(src, k1 == k2, k1 == k3)
 	// Output: json:order_id true false
 }
+
+func TestDeriveTenantSeparatesKeys(t *testing.T) {
+	srcs, _ := ParseSources("json:order_id")
+	r := Request{Method: "POST", Path: "/payments", Body: []byte(`{"order_id":"1"}`)}
+	none, _, _ := Derive(srcs, r)
+	r.Tenant = "app-a"
+	a, _, _ := Derive(srcs, r)
+	r.Tenant = "app-b"
+	b, _, ok := Derive(srcs, r)
+	if !ok || a == b || a == none || b == none {
+		t.Fatalf("keys none=%s a=%s b=%s: want three different keys", none, a, b)
+	}
+	if again, _, _ := Derive(srcs, r); again != b {
+		t.Fatalf("tenant key not deterministic: %s vs %s", again, b)
+	}
+}

@@ -98,6 +98,9 @@ type Options struct {
 	Lease time.Duration
 	// Logger receives operational errors; nil discards them.
 	Logger *slog.Logger
+	// Clients, if set, authenticates every request (401 otherwise) and
+	// namespaces its records by client. Nil: one DefaultTenant for all.
+	Clients *ClientTokens
 	// OnDone, if set, is called once per request with its summary (logs, metrics).
 	OnDone func(Summary)
 	// Now is the clock; nil means time.Now.
@@ -153,6 +156,9 @@ func New(opts Options) (*Handler, error) {
 		// runs, which could strip headers set there (STYLE.md, Go issue 50580).
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(opts.Upstream)
+			if opts.Clients != nil { // idemproxy's own credential stays here
+				pr.Out.Header.Del(opts.Clients.Header())
+			}
 			// The body is buffered already; waiting for 100 Continue only adds latency.
 			pr.Out.Header.Del("Expect")
 		},
@@ -187,13 +193,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, sum, err)
 		return
 	}
+	tenant, err := h.tenant(r)
+	if err != nil {
+		h.fail(w, sum, err)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
 	if !h.protected[r.Method] {
 		sum.Outcome = OutcomeForwarded
 		h.forward(w, r, modeFor(r.Method))
 		return
 	}
-	h.serveProtected(w, r, sum)
+	h.serveProtected(w, r, tenant, sum)
+}
+
+func (h *Handler) tenant(r *http.Request) (string, error) {
+	if h.opt.Clients == nil {
+		return DefaultTenant, nil
+	}
+	return h.opt.Clients.Tenant(r)
 }
 
 // checkShape refuses what a reverse proxy to one upstream must never do: act as a
@@ -236,7 +254,7 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	writeError(w, err, "")
 }
 
-func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, sum *Summary) {
+func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, sum *Summary) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		h.fail(w, sum, err)
@@ -246,6 +264,9 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, sum *Su
 	// two resources and must be two keys.
 	kr := idemkey.Request{Method: r.Method, Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery,
 		ContentType: r.Header.Get("Content-Type"), Header: r.Header, Body: body}
+	if tenant != DefaultTenant {
+		kr.Tenant = tenant
+	}
 	key, err := h.resolveKey(kr)
 	if err != nil {
 		h.fail(w, sum, err)
@@ -260,7 +281,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, sum *Su
 	sum.Key = key
 	w.Header().Set(KeyHeader, key)
 	fp := idemkey.Fingerprint(kr)
-	id := cache.ID{Tenant: DefaultTenant, Key: key}
+	id := cache.ID{Tenant: tenant, Key: key}
 	res, err := h.obtain(r, id, fp[:], body, sum)
 	if err == nil {
 		err = res.err

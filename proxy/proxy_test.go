@@ -39,6 +39,8 @@ type provider struct {
 	status int
 	// early sends 103 Early Hints before each answer.
 	early bool
+	// leaked counts requests that arrived with idemproxy's client token header.
+	leaked int
 }
 
 func newProvider() *provider {
@@ -51,6 +53,9 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.total++
 	p.requests[key]++
+	if r.Header.Get(proxy.DefaultClientHeader) != "" {
+		p.leaked++
+	}
 	status, hold, entered, early := p.status, p.hold, p.entered, p.early
 	prev, replay := p.stored[key]
 	p.mu.Unlock()
@@ -584,5 +589,64 @@ func TestEscapedPathsAreDistinctOperations(t *testing.T) {
 	}
 	if total, _ := e.prov.counts(); total != 2 {
 		t.Errorf("provider saw %d requests, want 2", total)
+	}
+}
+
+// With client tokens on, each app's records (and derived keys) are its own: the
+// same order_id from two apps is two operations, and neither sees the other's.
+func TestTenantsAreIsolated(t *testing.T) {
+	const tokA, tokB = "token-of-app-a-0123456789", "token-of-app-b-0123456789"
+	clients, err := proxy.ParseClientTokens("", "app-a="+tokA+", app-b="+tokB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.Clients = clients })
+	for _, c := range []struct{ name, token string }{{"no token", ""}, {"unknown token", "token-of-nobody-0123456789"}} {
+		var hdr []string
+		if c.token != "" {
+			hdr = []string{proxy.DefaultClientHeader, c.token}
+		}
+		for _, m := range []string{"POST", "GET"} {
+			a := e.do(t, m, "/v1/payments", order, hdr...)
+			if a.status != http.StatusUnauthorized || errorCode(t, a) != "unauthorized" {
+				t.Errorf("%s %s: %d %s, want 401 unauthorized", c.name, m, a.status, a.body)
+			}
+		}
+	}
+	a1 := e.do(t, "POST", "/v1/payments", order, proxy.DefaultClientHeader, tokA)
+	b1 := e.do(t, "POST", "/v1/payments", order, proxy.DefaultClientHeader, tokB)
+	a2 := e.do(t, "POST", "/v1/payments", order, proxy.DefaultClientHeader, tokA)
+	if a1.status != 201 || b1.status != 201 || b1.header.Get("Idempotent-Replayed") != "" || bytes.Equal(a1.body, b1.body) {
+		t.Fatalf("app b got app a's answer: a=%d %s b=%d %s replayed=%q", a1.status, a1.body, b1.status, b1.body, b1.header.Get("Idempotent-Replayed"))
+	}
+	if a1.header.Get("Idempotency-Key") == b1.header.Get("Idempotency-Key") {
+		t.Error("two apps' orders reached the provider under one key")
+	}
+	if a2.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(a2.body, a1.body) {
+		t.Errorf("app a's repeat was not its own replay: %s", a2.body)
+	}
+	e.prov.mu.Lock()
+	defer e.prov.mu.Unlock()
+	if e.prov.total != 2 || e.prov.leaked != 0 {
+		t.Errorf("provider saw %d requests, %d carrying the client token; want 2 and 0", e.prov.total, e.prov.leaked)
+	}
+}
+
+func TestParseClientTokens(t *testing.T) {
+	for _, c := range []struct{ list, err string }{
+		{"", ""},
+		{"a=0123456789abcdef", ""},
+		{"a", "entry 1"},
+		{"a=short", "shorter than 16"},
+		{"a=0123456789abcdef,b=0123456789abcdef", "another client"},
+		{"=0123456789abcdef", "entry 1"},
+	} {
+		_, err := proxy.ParseClientTokens("", c.list)
+		if (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
+			t.Errorf("ParseClientTokens(%q) = %v, want error containing %q", c.list, err, c.err)
+		}
+		if err != nil && strings.Contains(err.Error(), "0123456789abcdef") {
+			t.Errorf("error %q shows a token", err)
+		}
 	}
 }

@@ -1,0 +1,70 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strings"
+)
+
+// ClientTokens authenticates legacy apps by a token header of idemproxy's own and
+// names the tenant their records live under, so that one app can never receive
+// an answer stored for another, even for the same order_id (SPEC.md, Tenancy).
+type ClientTokens struct {
+	header  string
+	byToken map[[32]byte]string // sha256(token) → client name
+}
+
+// DefaultClientHeader carries a client's token when IDEMPROXY_CLIENT_HEADER is unset.
+const DefaultClientHeader = "Idemproxy-Client-Token"
+
+// ParseClientTokens parses IDEMPROXY_CLIENT_TOKENS, a comma list of
+// client=token. An empty list means authentication is off (nil, nil). Errors
+// name the entry by position, never the token.
+func ParseClientTokens(header, list string) (*ClientTokens, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, nil
+	}
+	if header == "" {
+		header = DefaultClientHeader
+	}
+	c := &ClientTokens{header: textproto.CanonicalMIMEHeaderKey(header), byToken: map[[32]byte]string{}}
+	for i, entry := range strings.Split(list, ",") {
+		name, token, ok := strings.Cut(strings.TrimSpace(entry), "=")
+		name = strings.TrimSpace(name)
+		switch {
+		case !ok || name == "" || token == "":
+			return nil, fmt.Errorf("entry %d: want client=token", i+1)
+		case len(token) < 16:
+			return nil, fmt.Errorf("entry %d (%s): token shorter than 16 characters", i+1, name)
+		}
+		sum := sha256.Sum256([]byte(token))
+		if _, dup := c.byToken[sum]; dup {
+			return nil, fmt.Errorf("entry %d (%s): token used by another client", i+1, name)
+		}
+		c.byToken[sum] = name
+	}
+	return c, nil
+}
+
+// ErrUnauthorized is SPEC.md's 401: client authentication is on and failed.
+var ErrUnauthorized = &Error{http.StatusUnauthorized, "unauthorized", "missing or unknown client token"}
+
+// Header is the request header that carries the token; idemproxy removes it
+// before anything goes upstream.
+func (c *ClientTokens) Header() string { return c.header }
+
+// Tenant returns the client named by r's token. Tokens are compared by their
+// SHA-256, so the lookup time says nothing about how much of a token matched.
+func (c *ClientTokens) Tenant(r *http.Request) (string, error) {
+	vals := r.Header.Values(c.header)
+	if len(vals) != 1 {
+		return "", ErrUnauthorized
+	}
+	name, ok := c.byToken[sha256.Sum256([]byte(vals[0]))]
+	if !ok {
+		return "", ErrUnauthorized
+	}
+	return name, nil
+}
