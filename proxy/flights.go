@@ -26,9 +26,10 @@ func (f *flights) open(id cache.ID) chan struct{} {
 
 // close ends the operation registered as ch.
 func (f *flights) close(id cache.ID, ch chan struct{}) {
+	k := flightKey(id)
 	f.mu.Lock()
-	if f.m[flightKey(id)] == ch {
-		delete(f.m, flightKey(id))
+	if f.m[k] == ch {
+		delete(f.m, k)
 	}
 	f.mu.Unlock()
 	close(ch)

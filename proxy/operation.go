@@ -78,6 +78,8 @@ func (h *Handler) awaitOther(ctx context.Context, id cache.ID, deadline time.Tim
 // finishes and is stored even if the client goes away (SPEC.md, Detachment). The
 // caller waits for its result unless its own context ends first.
 func (h *Handler) start(r *http.Request, id cache.ID, owner string, body []byte) result {
+	// The handler owns r's headers; the key must go upstream in any case.
+	r.Header.Set(KeyHeader, id.Key)
 	done := h.flights.open(id)
 	out := make(chan result, 1)
 	h.ops.Add(1)
@@ -134,10 +136,11 @@ func storable(status int) bool {
 // answer. A response that reaches here is final: the attempt layer turns retriable
 // failures it could not overcome into an error.
 func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte) result {
-	out := r.Clone(retry.WithMode(ctx, retry.Protected))
+	// A shallow copy is enough: ReverseProxy clones the request itself, and the
+	// key header was set on r before the operation started (start).
+	out := r.WithContext(retry.WithMode(ctx, retry.Protected))
 	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.ContentLength = int64(len(body))
-	out.Header.Set(KeyHeader, key)
 	rec := &recorder{header: http.Header{}}
 	h.rp.ServeHTTP(rec, out)
 	if rec.err != nil {
@@ -171,6 +174,10 @@ type recorder struct {
 }
 
 func (r *recorder) Header() http.Header { return r.header }
+
+// Flush is a no-op: the answer is complete before anyone reads it. Without it
+// ReverseProxy's flushes fail (and build an error) on every write.
+func (r *recorder) Flush() {}
 func (r *recorder) Write(b []byte) (int, error) {
 	if r.status == 0 {
 		r.status = http.StatusOK

@@ -231,7 +231,10 @@ func (s *sequence) attemptContext() (context.Context, context.CancelFunc) {
 // body bytes. GetBody lets the signer below read the body; OneShot removes
 // it before the wire so net/http cannot replay the attempt on its own.
 func (s *sequence) newRequest(ctx context.Context) *http.Request {
-	r := s.req.Clone(ctx)
+	// A shallow copy: RoundTrippers must not modify the request (the signer
+	// below clones before it sets headers), so the header map can be shared
+	// and every attempt saves a deep clone.
+	r := s.req.WithContext(ctx)
 	r.Body, _ = s.getBody()
 	r.GetBody = s.getBody
 	r.ContentLength = int64(len(s.body))
