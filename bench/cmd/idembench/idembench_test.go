@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +52,31 @@ func TestRequestsParseAsHTTP(t *testing.T) {
 				t.Errorf("order_id = %q, want %q", v.OrderID, tc.wantOrder)
 			}
 		})
+	}
+}
+
+func TestTrimLogKeepsWholeLastLines(t *testing.T) {
+	path := t.TempDir() + "/x.log"
+	var log []byte
+	for i := range 2000 {
+		log = fmt.Appendf(log, "line %04d\n", i)
+	}
+	if err := os.WriteFile(path, log, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	trimLog(path, 16000) // 20000 bytes: within the 4096-byte slack, left alone
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, log) {
+		t.Fatalf("a log within the slack was changed")
+	}
+	trimLog(path, 1000)
+	got, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSuffix(string(got), "\n"), "\n")
+	if !strings.HasPrefix(lines[0], "[idembench: ") || lines[len(lines)-1] != "line 1999" || lines[1] != "line 1901" {
+		t.Fatalf("trimmed log starts %q, %q and ends %q", lines[0], lines[1], lines[len(lines)-1])
+	}
+	trimLog(path, 1000)
+	if again, _ := os.ReadFile(path); !bytes.Equal(again, got) {
+		t.Errorf("trimming twice changed the log again")
 	}
 }
 

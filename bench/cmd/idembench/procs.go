@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -40,6 +41,36 @@ func (p *proc) stop(grace time.Duration) {
 		<-p.done
 	}
 	p.log.Close()
+	trimLog(p.log.Name(), logKeep)
+}
+
+// logKeep is how much of a process log is kept: idemproxy logs one line per
+// request at its default level (about 240 bytes), so a run's logs would
+// otherwise take hundreds of MiB.
+const logKeep = 4 << 20
+
+// trimLog keeps the last keep bytes of the file at path, after a first line
+// saying how much was cut.
+func trimLog(path string, keep int64) {
+	info, err := os.Stat(path)
+	if err != nil || info.Size() <= keep+4096 { // +4096: a trimmed log stays as it is
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return
+	}
+	tail := make([]byte, keep)
+	_, err = f.ReadAt(tail, info.Size()-keep)
+	f.Close()
+	if err != nil {
+		return
+	}
+	if i := bytes.IndexByte(tail, '\n'); i >= 0 {
+		tail = tail[i+1:]
+	}
+	head := fmt.Sprintf("[idembench: %d bytes of log cut; the last %d follow]\n", info.Size()-int64(len(tail)), len(tail))
+	os.WriteFile(path, append([]byte(head), tail...), 0o644)
 }
 
 // start runs bin with args and env, its stderr (and stdout unless

@@ -225,14 +225,14 @@ func renderMemory(b *strings.Builder, m *memoryResult) {
 	b.WriteString("### Memory run\n\n")
 	fmt.Fprintf(b, "%d records stored through idemproxy's front door (protected POSTs with new keys, durable, %d connections) in %.0f s (%.0f req/s, %d failed), IDEMPROXY_RECORD_TTL=%s.\n\n",
 		m.FillOK, m.Conns, m.FillSeconds, m.FillRPS, m.FillFailed, m.TTL)
+	if m.LiveAfterFill < m.FillOK {
+		fmt.Fprintf(b, "The fill took longer than the TTL: about %d records were still live at the after-fill measurement (the rest had expired but were still stored).\n\n", m.LiveAfterFill)
+	}
 	b.WriteString("| when | idemproxy RSS MiB | data dir on disk MiB | apparent MiB | sst MiB | vlog MiB | mem (WAL) MiB | of 1000 old operations, replayed |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	row := func(when string, rss float64, d dirSize, replays int64) {
 		fmt.Fprintf(b, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |\n", when, rss, mib(d.Allocated), mib(d.Apparent),
 			mib(d.ByExt[".sst"]), mib(d.ByExt[".vlog"]), mib(d.ByExt[".mem"]), replays)
-	}
-	if m.LiveAfterFill < m.FillOK {
-		fmt.Fprintf(b, "The fill took longer than the TTL: about %d records were still live at the after-fill measurement (the rest expired but were still stored).\n\n", m.LiveAfterFill)
 	}
 	row("after the fill", m.RSSAfterFillMiB, m.DirAfterFill, m.ReplaysAfterFill)
 	row(fmt.Sprintf("%.0f s later: TTL expired, GC ran", m.WaitedSeconds), m.RSSAfterExpiryMiB, m.DirAfterExpiry, m.ReplaysAfterTTL)
