@@ -168,6 +168,8 @@ func New(opts Options) (*Handler, error) {
 		// Responses are passed on as they come; protected ones are buffered by the
 		// attempt layer anyway.
 		FlushInterval: -1,
+		// Without a pool every request allocates a fresh 32 KiB copy buffer.
+		BufferPool: bufferPool{},
 	}
 	return h, nil
 }
@@ -322,3 +324,11 @@ func newOwner() string {
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// bufferPool lends ReverseProxy its 32 KiB copy buffers.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
