@@ -28,7 +28,7 @@ type config struct {
 	ListenAddr   string        `env:"LISTEN_ADDR" envDefault:":8080" doc:"where legacy apps connect"`
 	AdminAddr    string        `env:"ADMIN_ADDR" envDefault:":9090" doc:"health, readiness, metrics"`
 	DataDir      string        `env:"DATA_DIR" envDefault:"./data" doc:"Badger directory (/data in the container)"`
-	RecordTTL    time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept"`
+	RecordTTL    time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept; must exceed RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s (in-flight records expire with it too)"`
 	MaxBodyBytes int64         `env:"MAX_BODY_BYTES" envDefault:"1048576" doc:"request body cap (413 above it)"`
 	InflightWait time.Duration `env:"INFLIGHT_WAIT" envDefault:"10s" doc:"how long a repeat waits for the same key in flight before 409 idempotency_in_progress"`
 	Protected    string        `env:"PROTECTED_METHODS" envDefault:"POST" doc:"comma list of methods that get keys and records"`
@@ -222,9 +222,10 @@ func (c *config) retryPolicy() (retry.Policy, error) {
 }
 
 // lease is how long an in-flight record is owned: longer than any attempt
-// sequence (budget plus one attempt that started just before it ran out).
+// sequence (budget plus one attempt that started just before it ran out),
+// with a margin for the store's write and the clock.
 func (c *config) lease() time.Duration {
-	return c.RetryBudget + c.AttemptTimeout + time.Minute
+	return c.RetryBudget + c.AttemptTimeout + 10*time.Second
 }
 
 // checkNumbers rejects values that parse but make no sense.
@@ -237,7 +238,7 @@ func (c *config) checkNumbers() error {
 		{"MAX_BODY_BYTES", c.MaxBodyBytes > 0, "a positive number of bytes"},
 		// In-flight records expire with the TTL too: a TTL shorter than the
 		// lease would let a second sequence start while the first still runs.
-		{"RECORD_TTL", c.RecordTTL > c.lease(), fmt.Sprintf("longer than the in-flight lease, RETRY_BUDGET + ATTEMPT_TIMEOUT + 1m = %s", c.lease())},
+		{"RECORD_TTL", c.RecordTTL > c.lease(), fmt.Sprintf("longer than the in-flight lease, RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s = %s", c.lease())},
 		{"INFLIGHT_WAIT", c.InflightWait > 0, "a positive duration"},
 		{"RETRY_MAX_ATTEMPTS", c.RetryMaxAttempts >= 1, "at least 1"},
 		{"RETRY_BASE_DELAY", c.RetryBaseDelay > 0, "a positive duration"},

@@ -57,7 +57,10 @@ func runMemory(ctx context.Context, o *options, up *proc, rep *report) (*memoryR
 	ttl := memoryTTL(o, rep)
 	res := &memoryResult{Records: o.records, Conns: o.memConns, TTL: ttl.String()}
 	dir := filepath.Join(o.out, "data-memory")
-	env := append(slices.Clone(o.idemproxyEnv), "IDEMPROXY_RECORD_TTL="+ttl.String())
+	// A short TTL must outlast the in-flight lease (budget + attempt timeout +
+	// 10 s); the loopback upstream answers at once, so short retry limits do.
+	env := append(slices.Clone(o.idemproxyEnv), "IDEMPROXY_RECORD_TTL="+ttl.String(),
+		"IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_ATTEMPT_TIMEOUT=5s")
 	p, err := startIdemproxy("idemproxy-memory", o.out, o.idemproxyBin, dir, up.addr, env...)
 	if err != nil {
 		return nil, err
