@@ -129,8 +129,9 @@ type Store struct {
 	ttl      time.Duration
 	now      func() time.Time
 	log      *slog.Logger
-	minFree  uint64 // 0 = no free-space check
-	maxValue int    // values must be shorter (valueThreshold)
+	minFree  uint64       // 0 = no free-space check
+	headroom atomic.Int64 // record bytes writable before free space is looked at again
+	maxValue int          // values must be shorter (valueThreshold)
 	unlock   func() error
 
 	group     *groupSync      // nil unless SyncWrites on disk
