@@ -23,7 +23,7 @@ func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
 // The errors of SPEC.md's table, plus the request-shape errors the table leaves open.
 var (
-	ErrKeyMissing  = &Error{http.StatusUnprocessableEntity, "idempotency_key_missing", "protected request has no Idempotency-Key and no configured key source"}
+	ErrKeyMissing  = &Error{http.StatusUnprocessableEntity, "idempotency_key_missing", "protected request has no Idempotency-Key and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) is present"}
 	ErrKeyInvalid  = &Error{http.StatusBadRequest, "idempotency_key_invalid", "Idempotency-Key must be 1-255 printable ASCII characters (bare or an RFC 8941 string)"}
 	ErrConflict    = &Error{http.StatusConflict, "idempotency_conflict", "Idempotency-Key was already used for a different request"}
 	ErrInProgress  = &Error{http.StatusConflict, "idempotency_in_progress", "a request with this Idempotency-Key is still in flight; retry later with the same key"}
