@@ -31,28 +31,28 @@ import (
 
 // options are the command-line flags.
 type options struct {
-	bin, out, nginx        string
-	conns                  []int
-	warmup, duration       time.Duration
-	settle                 time.Duration
-	rounds                 int
-	rate                   float64
-	rateConns              int
-	rateDuration           time.Duration
-	replayKeys             int
-	throughput, fixedRate  bool
-	memory                 bool
-	records                int
-	memConns               int
-	memTTL, memGCInterval  time.Duration
-	memSlack               time.Duration
-	keepData               bool
-	idemproxyEnv           []string
-	targets                string
-	onlyTargets            map[string]bool
-	runID                  string
-	upstreamBin, plainBin  string
-	idemproxyBin, nginxBin string
+	bin, out, nginx       string
+	conns                 []int
+	warmup, duration      time.Duration
+	settle                time.Duration
+	rounds                int
+	rate                  float64
+	rateConns             int
+	rateDuration          time.Duration
+	replayKeys            int
+	throughput            bool
+	memory                bool
+	records               int
+	memConns              int
+	memTTL, memGCInterval time.Duration
+	memSlack              time.Duration
+	keepData              bool
+	idemproxyEnv          []string
+	targets               string
+	onlyTargets           map[string]bool
+	runID                 string
+	upstreamBin, plainBin string
+	idemproxyBin          string
 }
 
 func parseFlags() (*options, error) {

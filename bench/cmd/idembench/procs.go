@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -274,5 +273,3 @@ func startNginx(bin, dir, logDir, upstream string) (*proc, error) {
 	}
 	return p, nil
 }
-
-var errNoTarget = errors.New("target not running")
