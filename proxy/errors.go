@@ -38,7 +38,7 @@ var (
 	ErrClientGone     = &Error{499, "client_closed_request", "client closed the request"}
 )
 
-// errStore wraps a store failure so that the one mapping function answers 503 while
+// storeError wraps a store failure so that the one mapping function answers 503 while
 // the log keeps the cause.
 type storeError struct{ err error }
 
@@ -81,9 +81,9 @@ func classify(err error) (status int, code, msg string, attempts int) {
 		if ex.Timeout {
 			status = http.StatusGatewayTimeout
 		}
-		return status, "upstream_unavailable", "upstream did not give a final answer; the outcome may be unknown: retry with the same Idempotency-Key", ex.Attempts
+		return status, "upstream_unavailable", "upstream did not give a final answer; the outcome may be unknown", ex.Attempts
 	default:
-		return http.StatusBadGateway, "upstream_unavailable", "upstream request failed; the outcome may be unknown: retry with the same Idempotency-Key", 0
+		return http.StatusBadGateway, "upstream_unavailable", "upstream request failed; the outcome may be unknown", 0
 	}
 }
 
@@ -95,6 +95,9 @@ func writeError(w http.ResponseWriter, err error, key string) {
 	body.Error.Code, body.Error.Message = code, msg
 	if code == "upstream_unavailable" || err == ErrStoreAfterSend {
 		body.Error.Key, body.Error.Attempts = key, attempts
+	}
+	if code == "upstream_unavailable" && key != "" { // an unprotected request has no key to retry with
+		body.Error.Message += ": retry with the same Idempotency-Key"
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")

@@ -30,7 +30,7 @@ import (
 const (
 	KeyHeader      = "Idempotency-Key"
 	ReplayedHeader = "Idempotent-Replayed"
-	AttemptsHeader = "Idemproxy-Attempts"
+	AttemptsHeader = retry.AttemptsHeader // set by the attempt layer
 )
 
 // DefaultTenant namespaces records while client authentication is off.

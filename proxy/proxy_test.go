@@ -650,3 +650,17 @@ func TestParseClientTokens(t *testing.T) {
 		}
 	}
 }
+
+// A GET whose upstream never answers gets 502 upstream_unavailable that does not
+// tell the app to retry with a key it never had.
+func TestUnprotectedNetworkFailureMessage(t *testing.T) {
+	e := newEnv(t)
+	e.up.Close()
+	a := e.do(t, "GET", "/v1/payments/pay_1", "")
+	if a.status != http.StatusBadGateway || errorCode(t, a) != "upstream_unavailable" {
+		t.Fatalf("got %d %s, want 502 upstream_unavailable", a.status, a.body)
+	}
+	if strings.Contains(string(a.body), "Idempotency-Key") {
+		t.Errorf("message for an unkeyed request mentions a key: %s", a.body)
+	}
+}
