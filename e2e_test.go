@@ -320,3 +320,39 @@ func TestBinaryRefusesCorruptDataDir(t *testing.T) {
 		t.Errorf("binary panicked:\n%s", out)
 	}
 }
+
+// An answer larger than a record can hold is refused at the attempt (nothing is
+// stored, the key is released); one that fits is stored and replayed.
+func TestBinaryResponseSizeLimit(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		size := 900 << 10
+		if strings.Contains(r.URL.Path, "big") {
+			size = 1100 << 10
+		}
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(strings.Repeat("x", size)))
+	}))
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir(), "IDEMPROXY_RETRY_MAX_ATTEMPTS=1")
+	send := func(path string) (int, string, int) {
+		resp, err := http.Post("http://"+p.addr+path, "application/json", strings.NewReader(`{"order_id":"size-1"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), len(b)
+	}
+	if st, _, n := send("/fits"); st != http.StatusCreated || n != 900<<10 {
+		t.Fatalf("900 KiB answer: %d, %d bytes", st, n)
+	}
+	if st, replayed, n := send("/fits"); st != http.StatusCreated || replayed != "true" || n != 900<<10 {
+		t.Fatalf("900 KiB repeat: %d replayed=%q %d bytes, want a stored replay", st, replayed, n)
+	}
+	for i := range 2 {
+		if st, replayed, _ := send("/big"); st != http.StatusBadGateway || replayed != "" {
+			t.Fatalf("1.1 MiB answer, try %d: %d replayed=%q, want 502 and nothing stored", i, st, replayed)
+		}
+	}
+}
