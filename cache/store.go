@@ -213,7 +213,7 @@ func (s *Store) open(opts Options) error {
 	if err != nil {
 		return fmt.Errorf("cache: open: %w", err)
 	}
-	if err := checkTables(opts.Dir); err != nil {
+	if err := checkTables(opts.Dir, bopts); err != nil {
 		unlock()
 		return fmt.Errorf("cache: open %s: %w", opts.Dir, err)
 	}

@@ -5,21 +5,34 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
+	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/fb"
 	"github.com/dgraph-io/badger/v4/pb"
+	"github.com/dgraph-io/badger/v4/table"
 	"github.com/dgraph-io/badger/v4/y"
 	"google.golang.org/protobuf/proto"
 )
 
-// checkTables verifies the footer and index checksum of every table file in
-// dir before Badger sees them. Badger v4.9.6 opens tables in goroutines of
-// its own (newLevelsController), and a damaged footer there either panics
-// (slice bounds, seen with a garbage .sst) or reaches y.Check, which calls
-// log.Fatalf: neither can be recovered by the caller of badger.Open, so a
-// corrupt directory would kill the process instead of failing Open.
+// checkTables verifies the footer and index checksum of every table file the
+// MANIFEST in dir references, before Badger sees them. Badger v4.9.6 opens
+// tables in goroutines of its own (newLevelsController), and a damaged footer
+// there either panics (slice bounds, seen with a garbage .sst) or reaches
+// y.Check, which calls log.Fatalf: neither can be recovered by the caller of
+// badger.Open, so a corrupt directory would kill the process instead of
+// failing Open.
+//
+// Only referenced tables are checked. A SIGKILL (or a SIGBUS on a full disk)
+// during a memtable flush or a compaction leaves a table file that was never
+// finished; Badger adds a table to the MANIFEST only after the table is
+// written and synced, and at open it deletes every table the MANIFEST does
+// not name (revertToManifest). Checking such an orphan would refuse a store
+// Badger opens whole. A MANIFEST that is missing or does not parse is left
+// to badger.Open, which creates or refuses it with an error.
 //
 // The check mirrors table.initIndex: the last 4 bytes hold the checksum
 // length, before them the checksum (protobuf), before it the index length
@@ -28,17 +41,41 @@ import (
 // and truncated tables. Data blocks are not read (that would read the whole
 // store at every start): a table damaged only inside its blocks still gets
 // past this check, and Badger may then crash on reading them.
-func checkTables(dir string) error {
-	tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
-	if err != nil {
-		return err
+func checkTables(dir string, bopts badger.Options) error {
+	ids, ok := manifestTables(dir, bopts)
+	if !ok {
+		return nil
 	}
-	for _, path := range tables {
+	for _, id := range ids {
+		path := table.NewFilename(id, dir)
 		if err := checkTable(path); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // badger.Open reports a missing table itself
+			}
 			return fmt.Errorf("table %s is damaged: %w", path, err)
 		}
 	}
 	return nil
+}
+
+// manifestTables returns the ids of the tables dir's MANIFEST references,
+// read with Badger's own replay; ok is false when there is no MANIFEST or
+// Badger could not read it.
+func manifestTables(dir string, bopts badger.Options) (ids []uint64, ok bool) {
+	f, err := os.Open(filepath.Join(dir, badger.ManifestFilename))
+	if err != nil {
+		return nil, false
+	}
+	defer f.Close()
+	m, _, err := badger.ReplayManifestFile(f, bopts.ExternalMagicVersion, bopts)
+	if err != nil {
+		return nil, false
+	}
+	for id := range m.Tables {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, true
 }
 
 func checkTable(path string) (err error) {
