@@ -28,7 +28,7 @@ func (badgerLogger) Infof(string, ...any)  {}
 func (badgerLogger) Debugf(string, ...any) {}
 
 // gcLoop runs value-log GC every interval until Close. Records live in the
-// LSM tree (durable.go), so GC normally finds nothing to rewrite; it runs
+// LSM tree (docs/design/durability.md), so GC normally finds nothing to rewrite; it runs
 // anyway so that a value log that did grow is reclaimed.
 func (s *Store) gcLoop(every time.Duration) {
 	defer s.gcDone.Done()

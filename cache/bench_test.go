@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"net/http"
 	"runtime"
+	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,8 +60,17 @@ func runBeginComplete(b *testing.B, s *Store) {
 	b.SetParallelism((benchWriters + procs - 1) / procs)
 	b.ReportAllocs()
 	b.ResetTimer()
+	var mu sync.Mutex
+	var lat []time.Duration
 	b.RunParallel(func(pb *testing.PB) {
+		var mine []time.Duration
+		defer func() {
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
 		for pb.Next() {
+			start := time.Now()
 			id := ID{Tenant: "bench", Key: strconv.FormatUint(seq.Add(1), 10)}
 			if _, _, err := s.Begin(ctx, id, fp, "owner", time.Minute); err != nil {
 				b.Error(err)
@@ -69,9 +80,17 @@ func runBeginComplete(b *testing.B, s *Store) {
 				b.Error(err)
 				return
 			}
+			mine = append(mine, time.Since(start))
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	if len(lat) > 0 {
+		// The slowest operations show whether a writer is held up by rounds
+		// it does not need (a leader that keeps leading).
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[len(lat)*999/1000].Microseconds())/1000, "p99.9-ms")
+		b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max-ms")
+	}
 	if s.group != nil {
 		// Each op makes two durable writes; below 2 the writes share fsyncs.
 		b.ReportMetric(float64(syncs.Load())/float64(b.N), "syncs/op")

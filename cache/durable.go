@@ -6,83 +6,33 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 )
 
-// Durability: what a nil error from Begin, Complete, Abandon, Ping or
-// ReleaseInFlight guarantees with Options.SyncWrites: the write survives
-// SIGKILL and power loss.
-//
-// Badger v4.9.6 with its own SyncWrites=true does not give group commit, and
-// in one case acknowledges a commit whose data was never synced (read in
-// db.go and value.go of v4.9.6):
-//
-//   - doWrites does batch concurrent commits into one writeRequests call, and
-//     valueLog.write syncs the value log once per batch. But that sync runs in
-//     a defer that only LOGS its error ("Error while curlf sync"): a commit
-//     whose value went to the value log is acknowledged even if msync failed.
-//   - Values below ValueThreshold live only in the memtable's write-ahead log,
-//     and writeToLSM calls mt.SyncWAL() once per REQUEST, inside the batch
-//     loop: N concurrent commits still cost N serial msyncs.
-//
-// Badger with SyncWrites=false has a hole of its own: value-log GC rewrites
-// live entries with batchSet (no sync) and then deletes the old value-log
-// file at once, so a crash right after GC can lose records.
-//
-// So the store opens Badger with SyncWrites=false and keeps every value below
-// ValueThreshold (maxValueSize): values live in the LSM tree and its WALs
-// only, the value log holds nothing of ours, and value-log GC has nothing to
-// rewrite. When Options.SyncWrites is set, every write then waits for a
-// shared sync (groupSync) that starts after the write's commit returned, i.e.
-// after Badger copied it into the mmapped WAL. One round (syncFiles) does:
-//
-//  1. take a read timestamp: Badger hands it out only after every commit with
-//     a lower or equal timestamp has been written to the memtable and its WAL;
-//  2. fsync every *.mem file (the active WAL and any rotated one not yet
-//     flushed; db.Sync reaches only the active one, and a commit may land in a
-//     memtable that rotates before the sync). A WAL that vanished between
-//     listing and fsync was flushed to an L0 table, which Badger msyncs and
-//     records in its fsynced MANIFEST before deleting the WAL;
-//  3. fsync the directory when a WAL appeared since the last round, because
-//     Badger creates WAL files without syncing the directory (ristretto's
-//     z.OpenMmapFileUsing tests fileSize==0 after having set it);
-//  4. publish the read timestamp as syncedTs.
-//
-// Measured with BenchmarkBeginComplete (64 writers, 2 shared vCPUs, ext4 on
-// a virtio disk): 13-14 Begin+Complete pairs (26-28 writes) share each round;
-// 10k-17k pairs per second depending on the machine's load, about 45% of the
-// non-durable rate, against 2.1k-2.3k with Badger's own SyncWrites=true.
-//
-// Any error fails every write waiting on that round; the write may or may not
-// survive a crash and the caller answers 503 (store_unavailable). Reads apply
-// the same barrier: Get and Begin's "already exists" path wait for a round
-// when the record's commit timestamp is above syncedTs, so a client never sees
-// a response that a crash could still take back (SPEC: "a final response is
-// durable before the client sees it").
-//
-// fsync on a file descriptor also writes back pages dirtied through Badger's
-// shared mmap (on Linux msync(MS_SYNC) is the same vfs_fsync_range). The
-// remaining assumption is the one Badger itself makes: the file system
-// journals metadata in order (ext4, xfs), so an L0 table's directory entry is
-// durable once the MANIFEST fsync that names it returns.
+// The store opens Badger with SyncWrites=false and makes writes durable
+// itself: Badger's own SyncWrites syncs once per commit and can acknowledge
+// an unsynced value-log write. docs/design/durability.md has the analysis;
+// in short, every value stays in the LSM tree and its WALs, and one shared
+// round (syncFiles, led through groupSync) makes everything committed before
+// it durable.
 
-// syncFiles is one group-commit round; see the comment above. It runs in one
-// goroutine at a time (groupSync's leader).
+// syncFiles is one group-commit round, run by one goroutine at a time
+// (groupSync's leader):
+//
+//  1. take a read timestamp: Badger hands it out only after every commit at
+//     or below it is in the memtable and its WAL;
+//  2. sync every WAL not yet flushed (db.Sync reaches only the active one);
+//  3. fsync the directory if a WAL appeared since the last round (Badger
+//     creates WALs without syncing the directory);
+//  4. publish the timestamp as syncedTs.
 func (s *Store) syncFiles() error {
 	txn := s.db.NewTransaction(false)
 	ts := txn.ReadTs()
 	txn.Discard()
 
-	wals, err := listWALs(s.dir)
-	if err != nil {
-		return err
-	}
-	for _, name := range wals {
-		if err := fsyncFile(filepath.Join(s.dir, name)); err != nil {
-			return err
-		}
-	}
-	if err := s.syncDirIfNew(wals); err != nil {
+	if err := s.wals.sync(); err != nil {
 		return err
 	}
 	if ts > s.syncedTs.Load() {
@@ -91,56 +41,135 @@ func (s *Store) syncFiles() error {
 	return nil
 }
 
-// listWALs returns the names of Badger's memtable WAL files in dir.
-func listWALs(dir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", dir, err)
-	}
-	var wals []string
-	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), ".mem") {
-			wals = append(wals, e.Name())
-		}
-	}
-	return wals, nil
+// walSet tracks Badger's memtable WAL files (NNNNN.mem) without listing the
+// directory each round: Badger numbers new WALs one above the last, so a
+// round looks only for the next number. Used by the group-sync leader only.
+type walSet struct {
+	dir      string
+	live     []walFile // ascending fid; not yet seen deleted
+	next     int       // the fid the next new WAL will have
+	nextPath string    // its path, kept so that a round allocates nothing
+	dirDirty bool      // a WAL appeared since the directory was last fsynced
 }
 
-// fsyncFile fsyncs one file; a WAL that is gone was flushed to an L0
-// table by Badger and needs nothing.
-func fsyncFile(path string) error {
+type walFile struct {
+	fid  int
+	path string
+}
+
+// walName is Badger's WAL file name for fid (memtable.go: "%05d.mem").
+func walName(fid int) string {
+	s := strconv.Itoa(fid)
+	if len(s) < 5 {
+		s = strings.Repeat("0", 5-len(s)) + s
+	}
+	return s + ".mem"
+}
+
+// load lists dir once (at open, and if a WAL was missed); the directory is
+// fsynced at the next round because Badger may just have created a WAL.
+func (w *walSet) load() error {
+	entries, err := os.ReadDir(w.dir)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", w.dir, err)
+	}
+	w.live = w.live[:0]
+	for _, e := range entries {
+		num, ok := strings.CutSuffix(e.Name(), ".mem")
+		fid, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			continue
+		}
+		w.live = append(w.live, walFile{fid, filepath.Join(w.dir, e.Name())})
+		w.next = max(w.next, fid+1)
+	}
+	w.nextPath = ""
+	slices.SortFunc(w.live, func(a, b walFile) int { return a.fid - b.fid })
+	w.dirDirty = true
+	return nil
+}
+
+// sync syncs every live WAL, picking up new ones and dropping flushed ones.
+func (w *walSet) sync() error {
+	for {
+		if w.nextPath == "" {
+			w.nextPath = filepath.Join(w.dir, walName(w.next))
+		}
+		if _, err := os.Lstat(w.nextPath); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				break
+			}
+			return fmt.Errorf("stat %s: %w", w.nextPath, err)
+		}
+		w.live = append(w.live, walFile{w.next, w.nextPath})
+		w.next, w.nextPath = w.next+1, ""
+		w.dirDirty = true
+	}
+	kept := w.live[:0]
+	newestGone := false
+	for i, f := range w.live {
+		gone, err := syncWAL(f.path)
+		if err != nil {
+			return err
+		}
+		if gone {
+			// A flushed WAL: Badger msynced its L0 table and recorded it in the
+			// fsynced MANIFEST before deleting it.
+			newestGone = newestGone || i == len(w.live)-1
+			continue
+		}
+		kept = append(kept, f)
+	}
+	w.live = kept
+	if newestGone {
+		// The newest WAL is never deleted while Badger runs unless a newer one
+		// exists, so one was missed: fall back to listing.
+		if err := w.load(); err != nil {
+			return err
+		}
+		return w.sync()
+	}
+	if w.dirDirty {
+		if err := fsyncDir(w.dir); err != nil {
+			return err
+		}
+		w.dirDirty = false
+	}
+	return nil
+}
+
+// syncWAL makes one WAL's data durable; gone reports that the file no
+// longer exists (flushed to an L0 table by Badger).
+func syncWAL(path string) (gone bool, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return true, nil
 	}
 	if err != nil {
-		return fmt.Errorf("open %s for fsync: %w", path, err)
+		return false, fmt.Errorf("open %s for sync: %w", path, err)
+	}
+	err = datasync(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, fmt.Errorf("sync %s: %w", path, err)
+	}
+	return false, nil
+}
+
+// fsyncDir makes the directory's entries durable.
+func fsyncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open %s for fsync: %w", dir, err)
 	}
 	err = f.Sync()
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("fsync %s: %w", path, err)
-	}
-	return nil
-}
-
-// syncDirIfNew fsyncs the directory when a WAL appeared since the last
-// successful round.
-func (s *Store) syncDirIfNew(wals []string) error {
-	fresh := false
-	for _, n := range wals {
-		fresh = fresh || !s.knownWALs[n]
-	}
-	if fresh {
-		if err := fsyncFile(s.dir); err != nil {
-			return err
-		}
-	}
-	s.knownWALs = make(map[string]bool, len(wals))
-	for _, n := range wals {
-		s.knownWALs[n] = true
+		return fmt.Errorf("fsync %s: %w", dir, err)
 	}
 	return nil
 }

@@ -3,22 +3,26 @@ package cache
 import "sync"
 
 // groupSync shares one sync among every caller that asks while another sync
-// is running (group commit). A caller's write must be complete before it
-// calls wait; wait returns the result of a sync that STARTED after the call,
-// so that sync covers the write. While a round runs, new callers queue for the
-// next round; the caller that finds no round running leads rounds until the
-// queue is empty. With N concurrent writers this costs about one fsync per
-// fsync-latency, not one per write.
+// is running (group commit, leader/follower). A caller's write must be
+// complete before it calls wait; wait returns the result of a sync that
+// STARTED after the call, so that sync covers the write.
+//
+// The first caller with no sync running leads at once: a lone write never
+// waits for a timer or for anyone else. Callers arriving while a sync runs
+// join the next round; when the running round ends, one of them leads that
+// round and the others follow it. A leader runs exactly one round, so no
+// caller's answer is held up by rounds it does not need (docs/design/durability.md).
 type groupSync struct {
 	sync   func() error // syncs everything written so far
 	joined func()       // if set, called after a caller joined a round (tests)
 
 	mu      sync.Mutex
-	next    *syncRound // round the next callers join; nil = none queued
-	running bool       // a leader is running rounds
+	next    *syncRound // round the next callers join; nil = none open
+	running bool       // a round is syncing
 }
 
 type syncRound struct {
+	turn chan struct{} // receives one token when the round may start; its taker leads
 	done chan struct{} // closed when err is set
 	err  error
 }
@@ -27,37 +31,41 @@ type syncRound struct {
 // returns its error.
 func (g *groupSync) wait() error {
 	g.mu.Lock()
-	if g.next == nil {
-		g.next = &syncRound{done: make(chan struct{})}
-	}
 	r := g.next
-	lead := !g.running
-	g.running = true
+	if r == nil {
+		r = &syncRound{turn: make(chan struct{}, 1), done: make(chan struct{})}
+		g.next = r
+		if !g.running {
+			g.running = true
+			r.turn <- struct{}{}
+		}
+	}
 	g.mu.Unlock()
 	if g.joined != nil {
 		g.joined()
 	}
-	if lead {
-		g.lead()
+	select {
+	case <-r.done:
+	case <-r.turn:
+		g.lead(r)
 	}
-	<-r.done
 	return r.err
 }
 
-// lead runs queued rounds one after another until none is left. Taking
-// g.next under mu is what closes a round: later callers start a new one.
-func (g *groupSync) lead() {
-	for {
-		g.mu.Lock()
-		r := g.next
-		g.next = nil
-		if r == nil {
-			g.running = false
-			g.mu.Unlock()
-			return
-		}
-		g.mu.Unlock()
-		r.err = g.sync()
-		close(r.done)
+// lead runs round r, then hands the turn to the round that filled up
+// meanwhile, if any. Taking r out of g.next under mu is what closes it:
+// later callers open a new round.
+func (g *groupSync) lead(r *syncRound) {
+	g.mu.Lock()
+	g.next = nil
+	g.mu.Unlock()
+	r.err = g.sync()
+	g.mu.Lock()
+	if g.next != nil {
+		g.next.turn <- struct{}{} // first, so the next sync starts while r's callers wake
+	} else {
+		g.running = false
 	}
+	g.mu.Unlock()
+	close(r.done)
 }

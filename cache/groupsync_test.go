@@ -92,3 +92,57 @@ func TestGroupSyncError(t *testing.T) {
 		t.Fatalf("wait after recovery = %v", err)
 	}
 }
+
+// TestGroupSyncLeaderRunsOneRound: a leader returns as soon as its own round
+// is done; the round that filled up meanwhile is led by one of its callers.
+// (Were the first leader to run the next round too, round 2 below would wait
+// for that leader's return forever and the test would time out.)
+func TestGroupSyncLeaderRunsOneRound(t *testing.T) {
+	var rounds atomic.Int32
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	firstReturned := make(chan struct{})
+	joined := make(chan struct{}, 4)
+	g := &groupSync{
+		sync: func() error {
+			switch rounds.Add(1) {
+			case 1:
+				close(entered)
+				<-release
+			case 2:
+				<-firstReturned
+			}
+			return nil
+		},
+		joined: func() { joined <- struct{}{} },
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		g.wait()
+		close(firstReturned)
+	})
+	<-entered
+	<-joined
+	wg.Go(func() { g.wait() })
+	<-joined
+	close(release)
+	wg.Wait()
+	if got := rounds.Load(); got != 2 {
+		t.Fatalf("%d rounds, want 2", got)
+	}
+}
+
+// TestGroupSyncLoneWriteLeadsAtOnce: with no round running, wait syncs in
+// the caller's own goroutine, every time.
+func TestGroupSyncLoneWriteLeadsAtOnce(t *testing.T) {
+	var rounds int
+	g := &groupSync{sync: func() error { rounds++; return nil }}
+	for i := range 3 {
+		if err := g.wait(); err != nil {
+			t.Fatal(err)
+		}
+		if rounds != i+1 {
+			t.Fatalf("after %d lone waits, %d rounds", i+1, rounds)
+		}
+	}
+}

@@ -2,7 +2,8 @@
 // (tenant, idempotency key), kept in an embedded Badger v4 database on local
 // disk. A record is in flight while an upstream operation runs (with an owner
 // token and a lease) and final once the upstream's final response is stored
-// for replay. See durable.go for what a returned nil guarantees.
+// for replay. See docs/design/durability.md for what a returned nil
+// guarantees.
 package cache
 
 import (
@@ -48,7 +49,8 @@ type Options struct {
 	// InMemory keeps everything in memory; for tests and benchmarks only.
 	InMemory bool
 	// SyncWrites makes Begin, Complete, Abandon and Ping return only after
-	// their write is fsynced; concurrent writers share each fsync (durable.go).
+	// their write is fsynced; concurrent writers share each fsync
+	// (docs/design/durability.md).
 	SyncWrites bool
 	// TTL is the lifetime of records, final and in flight, counted from their
 	// last write. 0 keeps records forever.
@@ -116,7 +118,7 @@ func defaultMinFree(memTableSize int64) int64 {
 // valueThreshold is the ValueThreshold the store gives Badger: the largest
 // it accepts, which is also capped at Badger's per-transaction size (15% of
 // the memtable). Every value is kept strictly below it, so that it lives in
-// the LSM tree and never in the value log (durable.go explains why).
+// the LSM tree and never in the value log (docs/design/durability.md).
 func valueThreshold(memTableSize int64) int64 {
 	return min(maxValueSize, 15*memTableSize/100)
 }
@@ -134,9 +136,9 @@ type Store struct {
 	maxValue int          // values must be shorter (valueThreshold)
 	unlock   func() error
 
-	group     *groupSync      // nil unless SyncWrites on disk
-	syncedTs  atomic.Uint64   // every commit at or below it is on disk
-	knownWALs map[string]bool // used by the group-sync leader only
+	group    *groupSync    // nil unless SyncWrites on disk
+	syncedTs atomic.Uint64 // every commit at or below it is on disk
+	wals     walSet        // used by the group-sync leader only
 
 	life   sync.RWMutex // read-held by every operation, write-held by Close
 	closed bool
@@ -163,6 +165,11 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	if opts.SyncWrites && !opts.InMemory {
+		s.wals = walSet{dir: opts.Dir}
+		if err := s.wals.load(); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("cache: open: %w", err)
+		}
 		s.group = &groupSync{sync: s.syncFiles}
 	}
 	if opts.GCInterval > 0 && !opts.InMemory {
@@ -236,7 +243,7 @@ func badgerOptions(opts Options) badger.Options {
 	}
 	return badger.DefaultOptions(dir).
 		WithInMemory(opts.InMemory).
-		WithSyncWrites(false). // durable.go: the store syncs itself
+		WithSyncWrites(false). // the store syncs itself (docs/design/durability.md)
 		WithValueThreshold(valueThreshold(opts.MemTableSize)).
 		WithMemTableSize(opts.MemTableSize).
 		WithNumMemtables(numMemtables).
