@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"reflect"
 	"strings"
@@ -26,7 +27,7 @@ const envPrefix = "IDEMPROXY_"
 type config struct {
 	UpstreamURL  string        `env:"UPSTREAM_URL,required,notEmpty" doc:"provider base URL (required)"`
 	ListenAddr   string        `env:"LISTEN_ADDR" envDefault:":8080" doc:"where legacy apps connect"`
-	AdminAddr    string        `env:"ADMIN_ADDR" envDefault:":9090" doc:"health, readiness, metrics"`
+	AdminAddr    string        `env:"ADMIN_ADDR" envDefault:":9090" doc:"health, readiness, metrics; must differ from LISTEN_ADDR"`
 	DataDir      string        `env:"DATA_DIR" envDefault:"./data" doc:"Badger directory (/data in the container)"`
 	RecordTTL    time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept; must exceed RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s (in-flight records expire with it too)"`
 	MaxBodyBytes int64         `env:"MAX_BODY_BYTES" envDefault:"1048576" doc:"request body cap (413 above it)"`
@@ -49,11 +50,11 @@ type config struct {
 	ClientTokensFile string `env:"CLIENT_TOKENS_FILE,file" doc:"path of a file holding CLIENT_TOKENS"`
 	ClientHeader     string `env:"CLIENT_HEADER" envDefault:"Idemproxy-Client-Token" doc:"request header carrying the client token; removed before forwarding"`
 
-	RetryMaxAttempts int           `env:"RETRY_MAX_ATTEMPTS" envDefault:"5" doc:"attempts per request, first included"`
+	RetryMaxAttempts int           `env:"RETRY_MAX_ATTEMPTS" envDefault:"5" doc:"attempts per request, first included (1-20; dial failures and Retry-After: 0 still wait a backoff)"`
 	RetryBaseDelay   time.Duration `env:"RETRY_BASE_DELAY" envDefault:"500ms" doc:"backoff base"`
 	RetryMaxDelay    time.Duration `env:"RETRY_MAX_DELAY" envDefault:"60s" doc:"cap per wait, Retry-After included"`
-	RetryBudget      time.Duration `env:"RETRY_BUDGET" envDefault:"2m" doc:"total time for one request's attempts"`
-	AttemptTimeout   time.Duration `env:"ATTEMPT_TIMEOUT" envDefault:"30s" doc:"one upstream attempt"`
+	RetryBudget      time.Duration `env:"RETRY_BUDGET" envDefault:"2m" doc:"total time for one request's attempts (at most 24h)"`
+	AttemptTimeout   time.Duration `env:"ATTEMPT_TIMEOUT" envDefault:"30s" doc:"one upstream attempt (at most 24h)"`
 	RetryStatuses    string        `env:"RETRY_STATUSES" envDefault:"429,500,502,503,504" doc:"retriable HTTP statuses"`
 	RetryCodes       string        `env:"RETRY_CODES" envDefault:"idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen" doc:"retriable business codes at error.code or code in a 4xx JSON body"`
 	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off"`
@@ -223,10 +224,16 @@ func (c *config) retryPolicy() (retry.Policy, error) {
 
 // lease is how long an in-flight record is owned: longer than any attempt
 // sequence (budget plus one attempt that started just before it ran out),
-// with a margin for the store's write and the clock.
+// with a margin for the store's write and the clock. checkNumbers bounds both
+// durations by maxSequence, so the sum cannot overflow.
 func (c *config) lease() time.Duration {
 	return c.RetryBudget + c.AttemptTimeout + 10*time.Second
 }
+
+// maxSequence bounds RETRY_BUDGET and ATTEMPT_TIMEOUT: a request held longer
+// than a day is not a retry any more, and the bound keeps lease() from
+// overflowing (2562047h + 1h once wrapped negative and passed the TTL check).
+const maxSequence = 24 * time.Hour
 
 // checkNumbers rejects values that parse but make no sense.
 func (c *config) checkNumbers() error {
@@ -235,16 +242,16 @@ func (c *config) checkNumbers() error {
 		ok   bool
 		want string
 	}{
+		{"RETRY_BUDGET", c.RetryBudget > 0 && c.RetryBudget <= maxSequence, "a positive duration up to " + maxSequence.String()},
+		{"ATTEMPT_TIMEOUT", c.AttemptTimeout > 0 && c.AttemptTimeout <= maxSequence, "a positive duration up to " + maxSequence.String()},
 		{"MAX_BODY_BYTES", c.MaxBodyBytes > 0, "a positive number of bytes"},
 		// In-flight records expire with the TTL too: a TTL shorter than the
 		// lease would let a second sequence start while the first still runs.
 		{"RECORD_TTL", c.RecordTTL > c.lease(), fmt.Sprintf("longer than the in-flight lease, RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s = %s", c.lease())},
 		{"INFLIGHT_WAIT", c.InflightWait > 0, "a positive duration"},
-		{"RETRY_MAX_ATTEMPTS", c.RetryMaxAttempts >= 1, "at least 1"},
+		{"RETRY_MAX_ATTEMPTS", c.RetryMaxAttempts >= 1 && c.RetryMaxAttempts <= retry.MaxAttemptsLimit, fmt.Sprintf("from 1 to %d", retry.MaxAttemptsLimit)},
 		{"RETRY_BASE_DELAY", c.RetryBaseDelay > 0, "a positive duration"},
 		{"RETRY_MAX_DELAY", c.RetryMaxDelay >= c.RetryBaseDelay, "at least RETRY_BASE_DELAY"},
-		{"RETRY_BUDGET", c.RetryBudget > 0, "a positive duration"},
-		{"ATTEMPT_TIMEOUT", c.AttemptTimeout > 0, "a positive duration"},
 		{"RATE_LIMIT", c.RateLimit >= 0, "0 (off) or a positive rate"},
 		{"RATE_BURST", c.RateBurst >= 1, "at least 1"},
 		{"SHUTDOWN_GRACE", c.ShutdownGrace > 0, "a positive duration"},
@@ -260,7 +267,27 @@ func (c *config) checkNumbers() error {
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return bad("LOG_LEVEL", err)
 	}
+	if sameListener(c.ListenAddr, c.AdminAddr) {
+		return fmt.Errorf("%sLISTEN_ADDR and %sADMIN_ADDR are both %s: the proxy and the admin port need different ports",
+			envPrefix, envPrefix, c.ListenAddr)
+	}
 	return nil
+}
+
+// sameListener reports two listen addresses that cannot both be bound: the
+// same fixed port on the same host, or on a wildcard host (which takes the
+// port on every address). Port 0 asks for a free port and never clashes.
+func sameListener(a, b string) bool {
+	ha, pa, errA := net.SplitHostPort(a)
+	hb, pb, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil {
+		return a == b
+	}
+	if pa != pb || pa == "0" {
+		return false
+	}
+	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || wild(ha) || wild(hb)
 }
 
 // storeOptions are the Badger store's options: durable writes (SPEC.md: the

@@ -18,7 +18,7 @@ type Reason string
 // after the connection was made means it may have).
 const (
 	ReasonNone    Reason = ""         // final result: no retry
-	ReasonNotSent Reason = "not_sent" // dial failed: the upstream never saw the request; retried at once
+	ReasonNotSent Reason = "not_sent" // dial failed: the upstream never saw the request
 	ReasonTimeout Reason = "timeout"  // sent, no complete answer in time: outcome unknown
 	ReasonNetwork Reason = "network"  // sent, connection broke (reset, EOF): outcome unknown
 	ReasonStatus  Reason = "status"   // retriable HTTP status

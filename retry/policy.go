@@ -27,9 +27,16 @@ import (
 // an uncapped Retry-After would let one response pause a provider for days.
 const DefaultMaxDelay = 60 * time.Second
 
+// MaxAttemptsLimit is the most attempts one request may make
+// (IDEMPROXY_RETRY_MAX_ATTEMPTS above it is refused at start). With the
+// backoff doubling from BaseDelay, 20 attempts already span the longest
+// sensible budget; more only multiply the load on a provider that is failing.
+const MaxAttemptsLimit = 20
+
 // Policy says which failures are retried and how long to wait.
 type Policy struct {
-	// MaxAttempts counts attempts including the first; below 1 means 1.
+	// MaxAttempts counts attempts including the first; below 1 means 1,
+	// above MaxAttemptsLimit means MaxAttemptsLimit.
 	MaxAttempts int
 	// BaseDelay is the backoff base: the n-th retry (from 0) waits a random
 	// time in [0, min(MaxDelay, BaseDelay·2ⁿ)). Zero means no backoff wait.
@@ -52,7 +59,7 @@ type Policy struct {
 	Codes map[string]bool
 }
 
-func (p Policy) maxAttempts() int { return max(p.MaxAttempts, 1) }
+func (p Policy) maxAttempts() int { return min(max(p.MaxAttempts, 1), MaxAttemptsLimit) }
 
 func (p Policy) maxDelay() time.Duration {
 	if p.MaxDelay <= 0 {
@@ -96,6 +103,18 @@ func (p Policy) Backoff(retry int, rnd func() float64) time.Duration {
 	return min(time.Duration(d), ceiling)
 }
 
+// DialBackoff is the wait after an attempt that never reached the upstream
+// (connection refused, no file descriptor): "equal jitter", half the
+// ceiling plus a random half, so at least BaseDelay/2 (with the
+// ceiling doubling per retry). A refused connection fails in microseconds;
+// retrying it at once, or after a full-jitter wait that may be near zero,
+// spends every attempt within milliseconds, while a provider restart takes
+// longer than that.
+func (p Policy) DialBackoff(retry int, rnd func() float64) time.Duration {
+	half := p.backoffCeiling(retry) / 2
+	return half + Policy{BaseDelay: half, MaxDelay: half}.Backoff(0, rnd)
+}
+
 // backoffCeiling is min(MaxDelay, BaseDelay·2^retry), computed without
 // overflow: the shift is taken only when it cannot pass the cap.
 func (p Policy) backoffCeiling(retry int) time.Duration {
@@ -111,17 +130,27 @@ func (p Policy) backoffCeiling(retry int) time.Duration {
 }
 
 // ParseRetryAfter reads a Retry-After value (RFC 9110 §10.2.3): either
-// delay-seconds (a non-negative decimal integer) or an HTTP-date, which is
-// turned into the time left after now. A date in the past gives 0. Anything
+// delay-seconds or an HTTP-date, which is turned into the time left after now.
+// A date in the past gives 0. Delay-seconds are a non-negative decimal
+// integer; a fraction such as "1.5", which RFC 9110 does not allow but
+// providers send (and clients read with float()), is rounded UP to whole
+// seconds, so the wait is never shorter than the provider asked. Anything
 // else, including an empty value, gives ok == false. A delay too large for a
 // time.Duration saturates at the largest one; callers cap it (Policy.MaxDelay).
+//
+// A 0 is returned as it is: the caller decides what a zero wait means
+// (Transport falls back to its backoff, so waits never collapse).
 func ParseRetryAfter(v string, now time.Time) (d time.Duration, ok bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0, false
 	}
-	if isDigits(v) {
-		return secondsDuration(v), true
+	if whole, frac, dot := strings.Cut(v, "."); isDigits(whole) && whole != "" && (!dot || isDigits(frac) && frac != "") {
+		d = secondsDuration(whole)
+		if strings.Trim(frac, "0") != "" {
+			d = min(d, maxDuration-time.Second) + time.Second
+		}
+		return d, true
 	}
 	t, err := http.ParseTime(v) // RFC 9110 IMF-fixdate and the two obsolete forms
 	if err != nil {
@@ -129,6 +158,8 @@ func ParseRetryAfter(v string, now time.Time) (d time.Duration, ok bool) {
 	}
 	return max(t.Sub(now), 0), true // Sub saturates instead of overflowing
 }
+
+const maxDuration = time.Duration(1<<63 - 1)
 
 func isDigits(s string) bool {
 	for _, c := range []byte(s) {
@@ -142,10 +173,10 @@ func isDigits(s string) bool {
 // secondsDuration converts delay-seconds (digits only) to a duration,
 // saturating instead of overflowing.
 func secondsDuration(digits string) time.Duration {
-	const maxSeconds = int64(1<<63-1) / int64(time.Second)
+	const maxSeconds = int64(maxDuration) / int64(time.Second)
 	n, err := strconv.ParseInt(digits, 10, 64)
 	if err != nil || n > maxSeconds { // the only possible error here is range
-		return time.Duration(1<<63 - 1)
+		return maxDuration
 	}
 	return time.Duration(n) * time.Second
 }

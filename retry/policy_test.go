@@ -73,6 +73,28 @@ func FuzzBackoff(f *testing.F) {
 	})
 }
 
+// A dial failure waits at least half the backoff ceiling, whatever the
+// random draw: DialBackoff lies in [ceiling/2, ceiling).
+func TestDialBackoff(t *testing.T) {
+	p := Policy{BaseDelay: 500 * time.Millisecond, MaxDelay: 10 * time.Second}
+	for retry, ceiling := range []time.Duration{500 * ms, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second} {
+		for _, f := range []float64{0, 1e-9, 0.5, 0.999999} {
+			d := p.DialBackoff(retry, func() float64 { return f })
+			if d < ceiling/2 || d >= ceiling {
+				t.Errorf("DialBackoff(%d, %v) = %v, want in [%v, %v)", retry, f, d, ceiling/2, ceiling)
+			}
+		}
+	}
+}
+
+func TestMaxAttemptsLimit(t *testing.T) {
+	for in, want := range map[int]int{-1: 1, 0: 1, 1: 1, 5: 5, MaxAttemptsLimit: MaxAttemptsLimit, 1_000_000: MaxAttemptsLimit} {
+		if got := (Policy{MaxAttempts: in}).maxAttempts(); got != want {
+			t.Errorf("MaxAttempts %d: %d attempts, want %d", in, got, want)
+		}
+	}
+}
+
 func TestParseRetryAfter(t *testing.T) {
 	now := time.Date(2026, 10, 7, 9, 13, 2, 0, time.UTC)
 	date := func(d time.Duration) string { return now.Add(d).Format(http.TimeFormat) }
@@ -95,7 +117,20 @@ func TestParseRetryAfter(t *testing.T) {
 		{"9223372037", math.MaxInt64, true},
 		{"", 0, false},
 		{"-1", 0, false},
-		{"1.5", 0, false},
+		{"1.5", 2 * time.Second, true}, // a fraction rounds up: never shorter than asked
+		{"0.5", time.Second, true},
+		{"0.001", time.Second, true},
+		{"2.0", 2 * time.Second, true},
+		{"2.000", 2 * time.Second, true},
+		{" 1.25 ", 2 * time.Second, true},
+		{"9223372036.5", math.MaxInt64, true}, // rounding up saturates too
+		{"99999999999999999999.5", math.MaxInt64, true},
+		{"1.", 0, false},
+		{".5", 0, false},
+		{"1.5.2", 0, false},
+		{"1,5", 0, false},
+		{"1.5s", 0, false},
+		{"-1.5", 0, false},
 		{"+3", 0, false},
 		{"soon", 0, false},
 		{"2026-10-07T09:14:02Z", 0, false},
@@ -130,6 +165,14 @@ func FuzzParseRetryAfter(f *testing.F) {
 		}
 		if s := strings.TrimSpace(v); s != "" && isDigits(s) && !ok {
 			t.Fatalf("ParseRetryAfter(%q): delay-seconds rejected", v)
+		}
+		if whole, _, dot := strings.Cut(strings.TrimSpace(v), "."); ok && dot && whole != "" && isDigits(whole) {
+			if w, _ := ParseRetryAfter(whole, now); d < w {
+				t.Fatalf("ParseRetryAfter(%q) = %v, shorter than its whole part %v", v, d, w)
+			}
+			if d%time.Second != 0 && d != math.MaxInt64 {
+				t.Fatalf("ParseRetryAfter(%q) = %v, not whole seconds", v, d)
+			}
 		}
 		if c := capped.capDelay(d); c < 0 || c > time.Minute {
 			t.Fatalf("capped %q = %v outside [0, 1m]", v, c)

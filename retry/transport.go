@@ -311,14 +311,15 @@ func (s *sequence) reason(o outcome) Reason {
 	return responseReason(s.mode, s.t.Policy, o.resp.StatusCode, o.body)
 }
 
-// waitFor is the wait before the next attempt: none when the last one never
-// reached the upstream (nothing happened there to wait for), Retry-After when
-// the response had one, else backoff.
+// waitFor is the wait before the next attempt. Waits never collapse to
+// zero: a Retry-After of 0 or a date already past falls back to the backoff,
+// and an attempt that never reached the upstream (dial failure) waits the
+// DialBackoff, whose floor is half the backoff ceiling.
 func (s *sequence) waitFor(o outcome, r Reason) time.Duration {
 	switch {
 	case r == ReasonNotSent:
-		return 0
-	case o.hasRetryAfter:
+		return s.t.Policy.DialBackoff(s.attempts-1, s.t.Rand)
+	case o.hasRetryAfter && o.retryAfter > 0:
 		return o.retryAfter
 	default:
 		return s.t.Policy.Backoff(s.attempts-1, s.t.Rand)

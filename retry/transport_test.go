@@ -93,9 +93,17 @@ func TestTransportRetryAfter(t *testing.T) {
 		{"503 maintenance with Retry-After", nil, func(time.Time) step {
 			return respond(503, `{"error":{"code":"maintenance"}}`, "Retry-After", "5")
 		}, []time.Duration{5 * time.Second}, 5 * time.Second},
-		{"date in the past: retry at once", nil, func(start time.Time) step {
+		// A wait of zero would let every attempt go within milliseconds:
+		// a past date or a 0 falls back to the backoff (50 ms with Rand 0.5).
+		{"date in the past: backoff", nil, func(start time.Time) step {
 			return respond(429, ``, "Retry-After", start.Add(-time.Hour).UTC().Format(http.TimeFormat))
-		}, nil, 0},
+		}, []time.Duration{50 * ms}, 0},
+		{"zero: backoff", nil, func(time.Time) step {
+			return respond(503, ``, "Retry-After", "0")
+		}, []time.Duration{50 * ms}, 0},
+		{"fraction: rounded up to whole seconds", nil, func(time.Time) step {
+			return respond(429, ``, "Retry-After", "1.5")
+		}, []time.Duration{2 * time.Second}, 2 * time.Second},
 		{"invalid Retry-After: backoff", nil, func(time.Time) step {
 			return respond(429, ``, "Retry-After", "soon")
 		}, []time.Duration{50 * ms}, 0},
@@ -162,7 +170,9 @@ func TestTransportFinalAnswers(t *testing.T) {
 }
 
 // A listener opened and closed at once gives a guaranteed "connection
-// refused": the upstream never saw anything, so each retry follows at once.
+// refused": the upstream never saw anything, but each retry still waits at
+// least half the backoff ceiling (equal jitter), so the attempts cannot all
+// be spent within the milliseconds a refused dial takes.
 func TestTransportConnectionRefused(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -179,8 +189,9 @@ func TestTransportConnectionRefused(t *testing.T) {
 	if !errors.Is(ex, syscall.ECONNREFUSED) {
 		t.Errorf("error %v does not unwrap to ECONNREFUSED", ex)
 	}
-	if s := h.clock.Sleeps(); len(s) != 0 {
-		t.Errorf("slept %v between never-sent attempts, want none", s)
+	// Rand 0.5: ceiling/2 + 0.5·ceiling/2, ceilings 100 ms and 200 ms.
+	if s := h.clock.Sleeps(); !slices.Equal(s, []time.Duration{75 * ms, 150 * ms}) {
+		t.Errorf("slept %v between never-sent attempts, want [75ms 150ms]", s)
 	}
 	if r := h.reasons(); !slices.Equal(r, []Reason{ReasonNotSent, ReasonNotSent, ReasonNotSent}) {
 		t.Errorf("reasons %q, want not_sent ×3", r)

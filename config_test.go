@@ -1,0 +1,55 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+)
+
+// Configuration that parses but cannot work stops the process with exit 2 and
+// a message naming every variable at fault.
+func TestConfigBounds(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + t.TempDir()}
+	tests := []struct {
+		name string
+		env  []string
+		want []string // substrings of the message
+	}{
+		{"attempts above the ceiling", []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=1000000"}, []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS", "from 1 to 20"}},
+		{"attempts one above", []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=21"}, []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS"}},
+		// 2562047h + 1h overflowed the lease to a negative duration that a
+		// one-minute TTL passed: two executions of one order.
+		{"budget that overflows the lease", []string{"IDEMPROXY_RETRY_BUDGET=2562047h", "IDEMPROXY_ATTEMPT_TIMEOUT=1h", "IDEMPROXY_RECORD_TTL=1m"}, []string{"IDEMPROXY_RETRY_BUDGET", "24h"}},
+		{"attempt timeout that overflows the lease", []string{"IDEMPROXY_ATTEMPT_TIMEOUT=2562047h", "IDEMPROXY_RECORD_TTL=1m"}, []string{"IDEMPROXY_ATTEMPT_TIMEOUT"}},
+		{"same listen and admin address", []string{"IDEMPROXY_LISTEN_ADDR=:8080", "IDEMPROXY_ADMIN_ADDR=:8080"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
+		{"same port, wildcard and loopback", []string{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:9090", "IDEMPROXY_ADMIN_ADDR=:9090"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			if code := command(nil, append(base, tt.env...), io.Discard, &stderr); code != 2 {
+				t.Fatalf("exit %d, want 2; stderr:\n%s", code, stderr.String())
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("message %q does not say %q", stderr.String(), w)
+				}
+			}
+		})
+	}
+}
+
+func TestConfigAccepts(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}
+	for _, env := range [][]string{
+		{"IDEMPROXY_RETRY_MAX_ATTEMPTS=20"},
+		{"IDEMPROXY_RETRY_BUDGET=24h", "IDEMPROXY_ATTEMPT_TIMEOUT=24h", "IDEMPROXY_RECORD_TTL=49h"},
+		{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:8080", "IDEMPROXY_ADMIN_ADDR=127.0.0.2:8080"},
+		{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"},
+	} {
+		if _, _, err := loadConfig(append(base, env...)); err != nil {
+			t.Errorf("%v refused: %v", env, err)
+		}
+	}
+}
