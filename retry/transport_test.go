@@ -198,8 +198,9 @@ func TestTransportConnectionRefused(t *testing.T) {
 	}
 }
 
-// A response slower than the attempt timeout (a real 50 ms; the handler is
-// blocked until the test ends, so nothing here races the clock).
+// A response slower than the attempt timeout (a real 1 s; the handler is
+// blocked until the test ends). The second attempt must finish within the
+// same timeout: 50 ms was too short on a loaded machine.
 func TestTransportAttemptTimeout(t *testing.T) {
 	tests := []struct {
 		name         string
@@ -213,7 +214,7 @@ func TestTransportAttemptTimeout(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := newProvider(t, tt.step)
 			pol := testPolicy()
-			pol.AttemptTimeout = 50 * ms
+			pol.AttemptTimeout = time.Second
 			h := newHarness(t, pol)
 			resp, err := h.tr.RoundTrip(post(t, p.srv.URL, Protected))
 			readFinal(t, resp, err, 200, 2)
