@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // captured collects slog records at every level.
@@ -67,8 +69,8 @@ func TestQuietStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustBegin(t, s, ID{Key: "k"}, fpA, "o")
-	mustComplete(t, s, ID{Key: "k"}, "o")
+	mustBegin(t, s, store.ID{Key: "k"}, fpA, "o")
+	mustComplete(t, s, store.ID{Key: "k"}, "o")
 	s.runGC()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // benchWriters is the number of concurrent writers in BenchmarkBeginComplete.
@@ -44,7 +46,7 @@ func BenchmarkBeginComplete(b *testing.B) {
 }
 
 func runBeginComplete(b *testing.B, s *Store) {
-	resp := Response{
+	resp := store.Response{
 		Status: 200,
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   bytes.Repeat([]byte("a"), 512),
@@ -71,7 +73,7 @@ func runBeginComplete(b *testing.B, s *Store) {
 		}()
 		for pb.Next() {
 			start := time.Now()
-			id := ID{Tenant: "bench", Key: strconv.FormatUint(seq.Add(1), 10)}
+			id := store.ID{Tenant: "bench", Key: strconv.FormatUint(seq.Add(1), 10)}
 			if _, _, err := s.Begin(ctx, id, fp, "owner", time.Minute); err != nil {
 				b.Error(err)
 				return

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // writerEnv makes the test binary act as a writer process that
@@ -45,12 +47,12 @@ func runWriter(dir string) {
 	for w := range 8 {
 		go func() {
 			for i := 0; ; i++ {
-				id := ID{Tenant: "crash", Key: fmt.Sprintf("%d-%d", w, i)}
+				id := store.ID{Tenant: "crash", Key: fmt.Sprintf("%d-%d", w, i)}
 				if _, _, err := s.Begin(ctx, id, fpA, "writer", time.Minute); err != nil {
 					fmt.Fprintln(os.Stderr, err)
 					os.Exit(3)
 				}
-				if err := s.Complete(ctx, id, "writer", Response{Status: 200, Body: body}); err != nil {
+				if err := s.Complete(ctx, id, "writer", store.Response{Status: 200, Body: body}); err != nil {
 					fmt.Fprintln(os.Stderr, err)
 					os.Exit(3)
 				}
@@ -101,8 +103,8 @@ func TestRecordsSurviveSIGKILL(t *testing.T) {
 		t.Fatalf("ReleaseInFlight: %v", err)
 	}
 	for _, key := range done {
-		rec, err := s.Get(ctx, ID{Tenant: "crash", Key: key})
-		if err != nil || rec.State != Final || len(rec.Response.Body) != 1000 {
+		rec, err := s.Get(ctx, store.ID{Tenant: "crash", Key: key})
+		if err != nil || rec.State != store.Final || len(rec.Response.Body) != 1000 {
 			t.Fatalf("acknowledged record %s after SIGKILL = %v %v; want final (%d acknowledged)", key, rec.State, err, len(done))
 		}
 	}
@@ -113,13 +115,13 @@ func TestRecordsSurviveSIGKILL(t *testing.T) {
 // operation's name, never as success.
 func TestWriteFailsWhenSyncFails(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
-	id := ID{Key: "k"}
+	id := store.ID{Key: "k"}
 	mustBegin(t, s, id, fpA, "o")
 	eio := errors.New("fsync: input/output error")
 	s.group.sync = func() error { return eio }
 
 	calls := map[string]error{
-		"cache: begin":    func() error { _, _, err := s.Begin(ctx, ID{Key: "other"}, fpA, "o", time.Minute); return err }(),
+		"cache: begin":    func() error { _, _, err := s.Begin(ctx, store.ID{Key: "other"}, fpA, "o", time.Minute); return err }(),
 		"cache: complete": s.Complete(ctx, id, "o", okRes),
 		"cache: ping":     s.Ping(ctx),
 	}
@@ -134,7 +136,7 @@ func TestWriteFailsWhenSyncFails(t *testing.T) {
 // never sees a response that a crash could take back.
 func TestReadsWaitForSync(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
-	id := ID{Key: "k"}
+	id := store.ID{Key: "k"}
 	mustBegin(t, s, id, fpA, "o")
 	mustComplete(t, s, id, "o")
 	var version uint64
@@ -179,12 +181,12 @@ func TestWALRotation(t *testing.T) {
 	for w := range 8 {
 		wg.Go(func() {
 			for i := range 100 {
-				id := ID{Key: fmt.Sprintf("%d-%d", w, i)}
+				id := store.ID{Key: fmt.Sprintf("%d-%d", w, i)}
 				if _, _, err := s.Begin(ctx, id, fpA, "o", time.Minute); err != nil {
 					errs <- err
 					return
 				}
-				if err := s.Complete(ctx, id, "o", Response{Status: 200, Body: body}); err != nil {
+				if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
 					errs <- err
 					return
 				}
@@ -260,7 +262,7 @@ func TestWALMissedFallsBackToListing(t *testing.T) {
 	}
 }
 
-// TestNoSpace: writes are refused with ErrNoSpace before the disk is full,
+// TestNoSpace: writes are refused with store.ErrNoSpace before the disk is full,
 // because Badger's mmapped writes turn a full disk into SIGBUS.
 func TestNoSpace(t *testing.T) {
 	t.Run("reserve above free space", func(t *testing.T) {
@@ -305,12 +307,12 @@ func TestNoSpace(t *testing.T) {
 		rand.Read(body) // incompressible, so the disk fills quickly
 		var i int
 		for i = 0; i < 200_000; i++ {
-			id := ID{Key: fmt.Sprint(i)}
+			id := store.ID{Key: fmt.Sprint(i)}
 			_, _, err := s.Begin(ctx, id, fpA, "o", time.Minute)
 			if err == nil {
-				err = s.Complete(ctx, id, "o", Response{Status: 200, Body: body})
+				err = s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body})
 			}
-			if errors.Is(err, ErrNoSpace) {
+			if errors.Is(err, store.ErrNoSpace) {
 				break
 			}
 			if err != nil {
@@ -318,11 +320,11 @@ func TestNoSpace(t *testing.T) {
 			}
 		}
 		if i == 0 || i == 200_000 {
-			t.Fatalf("ErrNoSpace after %d records, want after some but before 200000", i)
+			t.Fatalf("store.ErrNoSpace after %d records, want after some but before 200000", i)
 		}
 		t.Logf("refused after %d records", i)
 		assertNoSpace(t, s)
-		if _, err := s.Get(ctx, ID{Key: "0"}); err != nil {
+		if _, err := s.Get(ctx, store.ID{Key: "0"}); err != nil {
 			t.Fatalf("Get on a full disk: %v", err)
 		}
 	})
@@ -330,15 +332,15 @@ func TestNoSpace(t *testing.T) {
 
 func assertNoSpace(t *testing.T, s *Store) {
 	t.Helper()
-	_, _, err := s.Begin(ctx, ID{Key: "refused"}, fpA, "o", time.Minute)
-	if !errors.Is(err, ErrNoSpace) || !strings.HasPrefix(err.Error(), "cache: begin: ") {
-		t.Fatalf("Begin = %v, want cache: begin: ... ErrNoSpace", err)
+	_, _, err := s.Begin(ctx, store.ID{Key: "refused"}, fpA, "o", time.Minute)
+	if !errors.Is(err, store.ErrNoSpace) || !strings.HasPrefix(err.Error(), "cache: begin: ") {
+		t.Fatalf("Begin = %v, want cache: begin: ... store.ErrNoSpace", err)
 	}
-	if err := s.Ping(ctx); !errors.Is(err, ErrNoSpace) {
-		t.Fatalf("Ping = %v, want ErrNoSpace", err)
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrNoSpace) {
+		t.Fatalf("Ping = %v, want store.ErrNoSpace", err)
 	}
-	if _, err := s.Get(ctx, ID{Key: "refused"}); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Get after a refused Begin = %v, want ErrNotFound", err)
+	if _, err := s.Get(ctx, store.ID{Key: "refused"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get after a refused Begin = %v, want store.ErrNotFound", err)
 	}
 }
 
@@ -348,18 +350,18 @@ func TestNoSpaceStillReplays(t *testing.T) {
 	dir := t.TempDir()
 	c := newClock()
 	s := openStore(t, dir, c, 0)
-	final, inflight := ID{Key: "final"}, ID{Key: "in-flight"}
+	final, inflight := store.ID{Key: "final"}, store.ID{Key: "in-flight"}
 	mustBegin(t, s, final, fpA, "o")
 	mustComplete(t, s, final, "o")
 	mustBegin(t, s, inflight, fpA, "o")
 	s.minFree = math.MaxUint64
 
 	rec, created, err := s.Begin(ctx, final, fpA, "o2", time.Minute)
-	if err != nil || created || rec.State != Final {
+	if err != nil || created || rec.State != store.Final {
 		t.Fatalf("Begin on a stored final record with a full disk = %v created %v, %v; want the replay", rec.State, created, err)
 	}
-	if err := s.Complete(ctx, inflight, "o", okRes); !errors.Is(err, ErrNoSpace) {
-		t.Fatalf("Complete with a full disk = %v, want ErrNoSpace", err)
+	if err := s.Complete(ctx, inflight, "o", okRes); !errors.Is(err, store.ErrNoSpace) {
+		t.Fatalf("Complete with a full disk = %v, want store.ErrNoSpace", err)
 	}
 	if err := s.Abandon(ctx, inflight, "o"); err != nil {
 		t.Fatalf("Abandon with a full disk: %v", err)

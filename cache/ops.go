@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // maxConflictRetries bounds the retries of one operation on ErrConflict. A
@@ -15,48 +17,40 @@ import (
 // data; the bound only stops a bug from spinning forever.
 const maxConflictRetries = 1000
 
-// Begin atomically creates an in-flight record {fp, owner, lease} for id and
-// returns (that record, true, nil). If a record exists it returns (existing,
-// false, nil) without changing it, except an in-flight record whose lease has
-// expired and whose Fingerprint equals fp: Begin takes that over (new owner
-// and lease, CreatedAt kept) and returns (record, true, nil). An expired
-// in-flight record of another fingerprint is returned as it is. Of concurrent Begins on one id exactly one gets
-// created=true. The in-flight record is durable before Begin returns (with
-// SyncWrites), and so is an existing record it returns.
-func (s *Store) Begin(ctx context.Context, id ID, fp []byte, owner string, lease time.Duration) (Record, bool, error) {
+// Begin implements store.Store.Begin. The in-flight record is durable before
+// Begin returns (with SyncWrites), and so is an existing record it returns.
+func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool, error) {
 	const op = "begin"
 	if err := checkArgs(op, id, owner); err != nil {
-		return Record{}, false, err
+		return store.Record{}, false, err
 	}
 	if lease <= 0 {
-		return Record{}, false, fmt.Errorf("cache: %s: lease %v is not positive", op, lease)
+		return store.Record{}, false, fmt.Errorf("cache: %s: lease %v is not positive", op, lease)
 	}
 	leave, err := s.enter(op)
 	if err != nil {
-		return Record{}, false, err
+		return store.Record{}, false, err
 	}
 	defer leave()
 
-	var rec Record
+	var rec store.Record
 	var created bool
 	var version uint64
 	key := recordKey(id)
 	err = s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, ver, err := s.read(txn, key, now)
 		switch {
-		case errors.Is(err, ErrNotFound):
-			cur = Record{State: InFlight, Fingerprint: bytes.Clone(fp), CreatedAt: now}
+		case errors.Is(err, store.ErrNotFound):
+			cur = store.Record{Fingerprint: bytes.Clone(fp), CreatedAt: now}
 		case err != nil:
 			return false, err
-		case cur.State == InFlight && !now.Before(cur.LeaseUntil) && bytes.Equal(cur.Fingerprint, fp):
-			// The owner's lease ran out: it crashed or hung. Take over — but
-			// only for the same request: another body under this key must
-			// get the existing record (and a conflict), never be sent.
+		case resumable(cur, fp, now):
 		default:
 			rec, created, version = cur, false, ver
 			return false, nil
 		}
-		cur.Owner, cur.LeaseUntil = owner, now.Add(lease)
+		cur.State, cur.Owner, cur.LeaseUntil = store.InFlight, owner, now.Add(lease)
+		cur.Fence++
 		rec, created = cur, true
 		return true, s.put(txn, key, &cur, now)
 	})
@@ -64,19 +58,30 @@ func (s *Store) Begin(ctx context.Context, id ID, fp []byte, owner string, lease
 		err = s.waitDurable(version)
 	}
 	if err != nil {
-		return Record{}, false, fmt.Errorf("cache: %s: %w", op, err)
+		return store.Record{}, false, fmt.Errorf("cache: %s: %w", op, err)
 	}
 	return rec, created, nil
 }
 
-// Complete turns owner's in-flight record into a Final one holding resp,
-// with a fresh TTL. It returns ErrNotOwner if owner does not hold the
-// in-flight record, and ErrTooLarge if the record would exceed the size
+// resumable says whether Begin takes cur over: an in-flight record whose
+// owner's lease ran out (it crashed or hung), or an Unknown one — but only for
+// the same request: another body under this key must get the existing record
+// (and a conflict), never be sent.
+func resumable(cur store.Record, fp []byte, now time.Time) bool {
+	if !bytes.Equal(cur.Fingerprint, fp) {
+		return false
+	}
+	return cur.State == store.Unknown || cur.State == store.InFlight && !now.Before(cur.LeaseUntil)
+}
+
+// Complete turns owner's in-flight record into a store.Final one holding resp,
+// with a fresh TTL. It returns store.ErrNotOwner if owner does not hold the
+// in-flight record, and store.ErrTooLarge if the record would exceed the size
 // limit (1 MiB with the default MemTableSize).
-func (s *Store) Complete(ctx context.Context, id ID, owner string, resp Response) error {
+func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
 	const op = "complete"
-	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, cur Record, now time.Time) error {
-		cur.State = Final
+	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, cur store.Record, now time.Time) error {
+		cur.State = store.Final
 		cur.LeaseUntil = time.Time{}
 		cur.Response = resp
 		return s.put(txn, key, &cur, now)
@@ -84,18 +89,39 @@ func (s *Store) Complete(ctx context.Context, id ID, owner string, resp Response
 }
 
 // Abandon deletes owner's in-flight record without a final response, so the
-// next Begin starts afresh. It returns ErrNotOwner if owner does not hold the
+// next Begin starts afresh. It returns store.ErrNotOwner if owner does not hold the
 // in-flight record.
-func (s *Store) Abandon(ctx context.Context, id ID, owner string) error {
+func (s *Store) Abandon(ctx context.Context, id store.ID, owner string) error {
 	const op = "abandon"
-	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, _ Record, _ time.Time) error {
+	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, _ store.Record, _ time.Time) error {
 		return txn.Delete(key)
 	})
 }
 
+// Renew implements store.Store.Renew.
+func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time.Duration) error {
+	const op = "renew"
+	if lease <= 0 {
+		return fmt.Errorf("cache: %s: lease %v is not positive", op, lease)
+	}
+	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, cur store.Record, now time.Time) error {
+		cur.LeaseUntil = now.Add(lease)
+		return s.put(txn, key, &cur, now)
+	})
+}
+
+// Park implements store.Store.Park.
+func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error {
+	return s.ownerUpdate(ctx, "park", id, owner, func(txn *badger.Txn, key []byte, cur store.Record, now time.Time) error {
+		cur.State, cur.LeaseUntil = store.Unknown, time.Time{}
+		cur.Outcome = cur.Outcome.Merge(o)
+		return s.put(txn, key, &cur, now)
+	})
+}
+
 // ownerUpdate runs write on id's record if owner holds it in flight.
-func (s *Store) ownerUpdate(ctx context.Context, op string, id ID, owner string,
-	write func(txn *badger.Txn, key []byte, cur Record, now time.Time) error) error {
+func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner string,
+	write func(txn *badger.Txn, key []byte, cur store.Record, now time.Time) error) error {
 	if err := checkArgs(op, id, owner); err != nil {
 		return err
 	}
@@ -107,14 +133,14 @@ func (s *Store) ownerUpdate(ctx context.Context, op string, id ID, owner string,
 	key := recordKey(id)
 	err = s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, _, err := s.read(txn, key, now)
-		if errors.Is(err, ErrNotFound) {
-			return false, fmt.Errorf("%w: no record", ErrNotOwner)
+		if errors.Is(err, store.ErrNotFound) {
+			return false, fmt.Errorf("%w: no record", store.ErrNotOwner)
 		}
 		if err != nil {
 			return false, err
 		}
-		if cur.State != InFlight || cur.Owner != owner {
-			return false, fmt.Errorf("%w: record is %s", ErrNotOwner, cur.State)
+		if cur.State != store.InFlight || cur.Owner != owner {
+			return false, fmt.Errorf("%w: record is %s", store.ErrNotOwner, cur.State)
 		}
 		return true, write(txn, key, cur, now)
 	})
@@ -124,22 +150,22 @@ func (s *Store) ownerUpdate(ctx context.Context, op string, id ID, owner string,
 	return nil
 }
 
-// Get returns id's record, or ErrNotFound if it is missing or expired. A
+// Get returns id's record, or store.ErrNotFound if it is missing or expired. A
 // record is returned only once it is durable (with SyncWrites).
-func (s *Store) Get(ctx context.Context, id ID) (Record, error) {
+func (s *Store) Get(ctx context.Context, id store.ID) (store.Record, error) {
 	const op = "get"
 	if err := checkID(op, id); err != nil {
-		return Record{}, err
+		return store.Record{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return Record{}, fmt.Errorf("cache: %s: %w", op, err)
+		return store.Record{}, fmt.Errorf("cache: %s: %w", op, err)
 	}
 	leave, err := s.enter(op)
 	if err != nil {
-		return Record{}, err
+		return store.Record{}, err
 	}
 	defer leave()
-	var rec Record
+	var rec store.Record
 	var version uint64
 	err = s.db.View(func(txn *badger.Txn) error {
 		rec, version, err = s.read(txn, recordKey(id), s.now())
@@ -149,14 +175,14 @@ func (s *Store) Get(ctx context.Context, id ID) (Record, error) {
 		err = s.waitDurable(version)
 	}
 	if err != nil {
-		return Record{}, fmt.Errorf("cache: %s: %w", op, err)
+		return store.Record{}, fmt.Errorf("cache: %s: %w", op, err)
 	}
 	return rec, nil
 }
 
 // Ping checks that the store is writable (readiness): it writes and deletes
 // a probe key and, with SyncWrites, syncs. A nearly full disk fails it with
-// ErrNoSpace.
+// store.ErrNoSpace.
 func (s *Store) Ping(ctx context.Context) error {
 	const op = "ping"
 	leave, err := s.enter(op)
@@ -217,21 +243,21 @@ func (s *Store) try(fn func(*badger.Txn, time.Time) (bool, error)) (wrote bool, 
 // read returns the live record at key and its commit version. An entry whose
 // ExpiresAt has passed by the store's clock counts as missing (Badger only
 // checks the real clock).
-func (s *Store) read(txn *badger.Txn, key []byte, now time.Time) (Record, uint64, error) {
+func (s *Store) read(txn *badger.Txn, key []byte, now time.Time) (store.Record, uint64, error) {
 	item, err := txn.Get(key)
 	if err != nil {
-		return Record{}, 0, translate(err)
+		return store.Record{}, 0, translate(err)
 	}
 	if exp := item.ExpiresAt(); exp != 0 && uint64(now.Unix()) >= exp {
-		return Record{}, 0, ErrNotFound
+		return store.Record{}, 0, store.ErrNotFound
 	}
-	var rec Record
+	var rec store.Record
 	err = item.Value(func(v []byte) error {
 		rec, err = decodeRecord(v)
 		return err
 	})
 	if err != nil {
-		return Record{}, 0, err
+		return store.Record{}, 0, err
 	}
 	return rec, item.Version(), nil
 }
@@ -241,10 +267,10 @@ func (s *Store) read(txn *badger.Txn, key []byte, now time.Time) (Record, uint64
 // ExpiresAt is what Entry.WithTTL sets, but taken from the store's clock.
 // Only puts check free space: reads, replays and deletes still work on a
 // nearly full disk.
-func (s *Store) put(txn *badger.Txn, key []byte, rec *Record, now time.Time) error {
+func (s *Store) put(txn *badger.Txn, key []byte, rec *store.Record, now time.Time) error {
 	val := appendRecord(nil, rec)
 	if len(val) >= s.maxValue {
-		return fmt.Errorf("%w: %d bytes encoded, limit %d", ErrTooLarge, len(val), s.maxValue-1)
+		return fmt.Errorf("%w: %d bytes encoded, limit %d", store.ErrTooLarge, len(val), s.maxValue-1)
 	}
 	if err := s.checkSpace(int64(len(key) + len(val))); err != nil {
 		return err
@@ -260,11 +286,11 @@ func (s *Store) put(txn *badger.Txn, key []byte, rec *Record, now time.Time) err
 func translate(err error) error {
 	switch {
 	case errors.Is(err, badger.ErrKeyNotFound):
-		return ErrNotFound
+		return store.ErrNotFound
 	case errors.Is(err, badger.ErrTxnTooBig):
-		return fmt.Errorf("%w: %w", ErrTooLarge, err)
+		return fmt.Errorf("%w: %w", store.ErrTooLarge, err)
 	case errors.Is(err, badger.ErrDBClosed):
-		return fmt.Errorf("%w: %w", ErrClosed, err)
+		return fmt.Errorf("%w: %w", store.ErrClosed, err)
 	}
 	return err
 }
@@ -286,7 +312,7 @@ func (s *Store) checkSpace(n int64) error {
 		return err
 	}
 	if free < s.minFree {
-		return fmt.Errorf("%w: %d bytes free in %s, reserve is %d", ErrNoSpace, free, s.dir, s.minFree)
+		return fmt.Errorf("%w: %d bytes free in %s, reserve is %d", store.ErrNoSpace, free, s.dir, s.minFree)
 	}
 	s.headroom.Store(int64((free - s.minFree) / spareShare))
 	return nil
@@ -296,7 +322,7 @@ func (s *Store) checkSpace(n int64) error {
 const spareShare = 64
 
 // checkArgs rejects an empty key or owner token.
-func checkArgs(op string, id ID, owner string) error {
+func checkArgs(op string, id store.ID, owner string) error {
 	if err := checkID(op, id); err != nil {
 		return err
 	}
@@ -307,7 +333,7 @@ func checkArgs(op string, id ID, owner string) error {
 }
 
 // checkID rejects an empty idempotency key.
-func checkID(op string, id ID) error {
+func checkID(op string, id store.ID) error {
 	if id.Key == "" {
 		return fmt.Errorf("cache: %s: empty idempotency key", op)
 	}

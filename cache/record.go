@@ -6,65 +6,20 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/idemproxy/idemproxy/store"
 	"math"
 	"net/http"
 	"slices"
 	"time"
 )
 
-// ID names one record: the client identity (tenant) and the idempotency key.
-// An empty Tenant is a valid tenant of its own; Key must not be empty.
-type ID struct {
-	Tenant string
-	Key    string
-}
-
-// State is the life-cycle stage of a record. The zero State is not valid.
-type State uint8
-
-const (
-	// InFlight means an upstream operation is running for the key.
-	InFlight State = 1
-	// Final means a final response is stored and is replayed on repeats.
-	Final State = 2
-)
-
-// String returns "in_flight", "final" or "state(N)" for logs.
-func (s State) String() string {
-	switch s {
-	case InFlight:
-		return "in_flight"
-	case Final:
-		return "final"
-	}
-	return fmt.Sprintf("state(%d)", uint8(s))
-}
-
-// Response is a stored final upstream response, replayed byte for byte.
-// A nil Header or Body is stored and returned as empty.
-type Response struct {
-	Status int
-	Header http.Header
-	Body   []byte
-}
-
-// Record is what the store keeps for one ID.
-type Record struct {
-	State       State
-	Fingerprint []byte    // request fingerprint (32 bytes from the proxy), compared by the proxy
-	Owner       string    // owner token of the in-flight lease; kept on Final for diagnostics
-	LeaseUntil  time.Time // in-flight lease expiry; zero on Final records
-	CreatedAt   time.Time // when the first Begin created the record
-	Response    Response  // set when State == Final
-}
-
 // ErrCorrupt is wrapped by every record decoding failure.
 var ErrCorrupt = errors.New("cache: corrupt record")
 
 // recordVersion is the first byte of every encoded record. Bump it when the
-// layout changes and teach decodeRecord the old layout, so a store written by
-// an older build still opens.
-const recordVersion = 1
+// layout changes and teach decodeRecord the old layouts, so a store written
+// by an older build still opens. Version 1 lacked the fields after the body.
+const recordVersion = 2
 
 // Key layout: "r/" + first 8 bytes of SHA-256(tenant) + SHA-256(len(tenant),
 // tenant, key). The tenant prefix keeps one tenant's records contiguous (a
@@ -80,7 +35,7 @@ const (
 )
 
 // recordKey returns the Badger key for id.
-func recordKey(id ID) []byte {
+func recordKey(id store.ID) []byte {
 	t := sha256.Sum256([]byte(id.Tenant))
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
@@ -93,16 +48,17 @@ func recordKey(id ID) []byte {
 	return h.Sum(k)
 }
 
-// appendRecord appends the version-1 encoding of r to dst:
+// appendRecord appends the version-2 encoding of r to dst:
 //
 //	version u8 | state u8 | fingerprint bytes | owner bytes |
 //	leaseUntil time | createdAt time | status uvarint |
 //	header count uvarint, then per name (sorted): name bytes, value count uvarint, values bytes |
-//	body bytes
+//	body bytes | fence uvarint | firstSentAt time | attempts uvarint |
+//	lastError bytes
 //
 // where "bytes" is a uvarint length then the bytes, and "time" is a varint of
 // Unix nanoseconds with 0 meaning the zero time.
-func appendRecord(dst []byte, r *Record) []byte {
+func appendRecord(dst []byte, r *store.Record) []byte {
 	dst = append(dst, recordVersion, byte(r.State))
 	dst = appendBytes(dst, r.Fingerprint)
 	dst = appendBytes(dst, []byte(r.Owner))
@@ -110,7 +66,11 @@ func appendRecord(dst []byte, r *Record) []byte {
 	dst = appendTime(dst, r.CreatedAt)
 	dst = binary.AppendUvarint(dst, uint64(max(r.Response.Status, 0)))
 	dst = appendHeader(dst, r.Response.Header)
-	return appendBytes(dst, r.Response.Body)
+	dst = appendBytes(dst, r.Response.Body)
+	dst = binary.AppendUvarint(dst, r.Fence)
+	dst = appendTime(dst, r.Outcome.FirstSentAt)
+	dst = binary.AppendUvarint(dst, uint64(max(r.Outcome.Attempts, 0)))
+	return appendBytes(dst, []byte(r.Outcome.LastError))
 }
 
 func appendBytes(dst, b []byte) []byte {
@@ -146,21 +106,26 @@ func appendHeader(dst []byte, h http.Header) []byte {
 // decodeRecord parses an encoded record. It never panics and never keeps a
 // reference to b (Badger's value buffers are only valid inside a
 // transaction). Failures wrap ErrCorrupt.
-func decodeRecord(b []byte) (Record, error) {
+func decodeRecord(b []byte) (store.Record, error) {
 	if len(b) == 0 {
-		return Record{}, fmt.Errorf("%w: empty value", ErrCorrupt)
+		return store.Record{}, fmt.Errorf("%w: empty value", ErrCorrupt)
 	}
-	if b[0] != recordVersion {
-		return Record{}, fmt.Errorf("%w: format version %d unknown (this build reads version %d)",
+	if b[0] != 1 && b[0] != recordVersion {
+		return store.Record{}, fmt.Errorf("%w: format version %d unknown (this build reads versions 1 to %d)",
 			ErrCorrupt, b[0], recordVersion)
 	}
 	d := decoder{buf: b[1:]}
 	r := d.record()
+	if b[0] == 1 {
+		r.Fence = 1 // version 1 knew no takeovers' count
+	} else {
+		d.outcome(&r)
+	}
 	if d.err != nil {
-		return Record{}, fmt.Errorf("%w: %w", ErrCorrupt, d.err)
+		return store.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, d.err)
 	}
 	if len(d.buf) != 0 {
-		return Record{}, fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(d.buf))
+		return store.Record{}, fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(d.buf))
 	}
 	return r, nil
 }
@@ -174,10 +139,10 @@ type decoder struct {
 	err error
 }
 
-func (d *decoder) record() Record {
-	var r Record
-	r.State = State(d.byte())
-	if d.err == nil && r.State != InFlight && r.State != Final {
+func (d *decoder) record() store.Record {
+	var r store.Record
+	r.State = store.State(d.byte())
+	if d.err == nil && r.State != store.InFlight && r.State != store.Final && r.State != store.Unknown {
 		d.err = fmt.Errorf("unknown state %d", r.State)
 	}
 	r.Fingerprint = d.bytes()
@@ -192,6 +157,18 @@ func (d *decoder) record() Record {
 	r.Response.Header = d.header()
 	r.Response.Body = d.bytes()
 	return r
+}
+
+// outcome reads the fields version 2 added after the body.
+func (d *decoder) outcome(r *store.Record) {
+	r.Fence = d.uvarint()
+	r.Outcome.FirstSentAt = d.time()
+	attempts := d.uvarint()
+	if attempts > math.MaxInt32 {
+		d.fail(fmt.Errorf("attempts %d out of range", attempts))
+	}
+	r.Outcome.Attempts = int(attempts)
+	r.Outcome.LastError = string(d.bytes())
 }
 
 func (d *decoder) fail(err error) {

@@ -8,25 +8,27 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 var t0 = time.Date(2031, 5, 6, 7, 8, 9, 123456789, time.UTC)
 
-func sampleRecords() map[string]Record {
-	return map[string]Record{
+func sampleRecords() map[string]store.Record {
+	return map[string]store.Record{
 		"in flight": {
-			State:       InFlight,
+			State:       store.InFlight,
 			Fingerprint: bytes.Repeat([]byte{0xab}, 32),
 			Owner:       "owner-1",
 			LeaseUntil:  t0.Add(30 * time.Second),
 			CreatedAt:   t0,
 		},
 		"final with header and body": {
-			State:       Final,
+			State:       store.Final,
 			Fingerprint: bytes.Repeat([]byte{1}, 32),
 			Owner:       "owner-2",
 			CreatedAt:   t0,
-			Response: Response{
+			Response: store.Response{
 				Status: 201,
 				Header: http.Header{
 					"Content-Type": {"application/json"},
@@ -37,15 +39,23 @@ func sampleRecords() map[string]Record {
 			},
 		},
 		"final with binary body and zero times": {
-			State:    Final,
-			Response: Response{Status: 422, Header: http.Header{}, Body: []byte{0, 0xff, '\n'}},
+			State:    store.Final,
+			Response: store.Response{Status: 422, Header: http.Header{}, Body: []byte{0, 0xff, '\n'}},
 		},
 		"final with nil header and body": {
-			State:    Final,
-			Response: Response{Status: 204},
+			State:    store.Final,
+			Response: store.Response{Status: 204},
+		},
+		"unknown with outcome": {
+			State:       store.Unknown,
+			Fingerprint: bytes.Repeat([]byte{7}, 32),
+			Owner:       "o",
+			Fence:       3,
+			CreatedAt:   time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC),
+			Outcome:     store.Outcome{FirstSentAt: time.Date(2026, 5, 1, 0, 0, 1, 0, time.UTC), Attempts: 7, LastError: "504 from upstream"},
 		},
 		"pre-1970 time": {
-			State:     InFlight,
+			State:     store.InFlight,
 			Owner:     "o",
 			CreatedAt: time.Date(1960, 1, 1, 0, 0, 0, 1, time.UTC),
 		},
@@ -53,7 +63,7 @@ func sampleRecords() map[string]Record {
 }
 
 // normalize maps the forms decoding cannot tell apart (nil vs empty).
-func normalize(r Record) Record {
+func normalize(r store.Record) store.Record {
 	if len(r.Fingerprint) == 0 {
 		r.Fingerprint = nil
 	}
@@ -64,7 +74,24 @@ func normalize(r Record) Record {
 		r.Response.Header = http.Header{}
 	}
 	r.LeaseUntil, r.CreatedAt = r.LeaseUntil.UTC(), r.CreatedAt.UTC()
+	r.Outcome.FirstSentAt = r.Outcome.FirstSentAt.UTC()
 	return r
+}
+
+// TestDecodeVersion1 reads a record written by builds before version 2: no
+// outcome, and a fence of 1.
+func TestDecodeVersion1(t *testing.T) {
+	// version 1 | final | fp "ab" | owner "o" | lease 0 | created 0 | 200 | no headers | body "x"
+	v1 := []byte{1, 2, 2, 'a', 'b', 1, 'o', 0, 0, 0xc8, 1, 0, 1, 'x'}
+	got, err := decodeRecord(v1)
+	if err != nil {
+		t.Fatalf("decode version 1: %v", err)
+	}
+	want := store.Record{State: store.Final, Fingerprint: []byte("ab"), Owner: "o", Fence: 1,
+		Response: store.Response{Status: 200, Header: http.Header{}, Body: []byte("x")}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("version 1 decoded as\n%#v\nwant\n%#v", got, want)
+	}
 }
 
 func TestRecordRoundTrip(t *testing.T) {
@@ -89,7 +116,7 @@ func TestRecordRoundTrip(t *testing.T) {
 }
 
 func TestRecordEncodingIsDeterministic(t *testing.T) {
-	r := Record{State: Final, Response: Response{Header: http.Header{}}}
+	r := store.Record{State: store.Final, Response: store.Response{Header: http.Header{}}}
 	for _, name := range []string{"B", "A", "D", "C", "E"} {
 		r.Response.Header[name] = []string{name}
 	}
@@ -102,17 +129,17 @@ func TestRecordEncodingIsDeterministic(t *testing.T) {
 }
 
 func TestDecodeRecordRejects(t *testing.T) {
-	valid := appendRecord(nil, &Record{State: Final, Owner: "o", Response: Response{Status: 200, Body: []byte("x")}})
+	valid := appendRecord(nil, &store.Record{State: store.Final, Owner: "o", Response: store.Response{Status: 200, Body: []byte("x")}})
 	tests := []struct {
 		name string
 		in   []byte
 		want string
 	}{
 		{"empty", nil, "empty value"},
-		{"unknown version", append([]byte{2}, valid[1:]...), "format version 2 unknown"},
+		{"unknown version", append([]byte{3}, valid[1:]...), "format version 3 unknown"},
 		{"version zero", append([]byte{0}, valid[1:]...), "format version 0 unknown"},
 		{"state zero", append([]byte{recordVersion, 0}, valid[2:]...), "unknown state 0"},
-		{"state three", append([]byte{recordVersion, 3}, valid[2:]...), "unknown state 3"},
+		{"state four", append([]byte{recordVersion, 4}, valid[2:]...), "unknown state 4"},
 		{"trailing byte", append(bytes.Clone(valid), 0), "1 trailing bytes"},
 		{"fingerprint longer than input", []byte{recordVersion, 1, 0x7f, 1}, "truncated"},
 		{"header count beyond input", []byte{recordVersion, 2, 0, 0, 0, 0, 0, 0xc8, 1, 0xff, 0xff, 0x03}, "exceeds remaining"},
@@ -181,16 +208,16 @@ func FuzzDecodeRecord(f *testing.F) {
 }
 
 func TestRecordKey(t *testing.T) {
-	a := recordKey(ID{Tenant: "acme", Key: "order-1"})
+	a := recordKey(store.ID{Tenant: "acme", Key: "order-1"})
 	tests := []struct {
 		name string
-		id   ID
+		id   store.ID
 	}{
-		{"other key", ID{Tenant: "acme", Key: "order-2"}},
-		{"other tenant", ID{Tenant: "globex", Key: "order-1"}},
-		{"empty tenant", ID{Key: "order-1"}},
+		{"other key", store.ID{Tenant: "acme", Key: "order-2"}},
+		{"other tenant", store.ID{Tenant: "globex", Key: "order-1"}},
+		{"empty tenant", store.ID{Key: "order-1"}},
 		// Without the length prefix these two would hash the same bytes.
-		{"boundary shift", ID{Tenant: "acmeo", Key: "rder-1"}},
+		{"boundary shift", store.ID{Tenant: "acmeo", Key: "rder-1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -203,7 +230,7 @@ func TestRecordKey(t *testing.T) {
 		if len(a) != keyLen || !bytes.HasPrefix(a, []byte(recordPrefix)) {
 			t.Fatalf("key %x: want %d bytes starting %q", a, keyLen, recordPrefix)
 		}
-		same := recordKey(ID{Tenant: "acme", Key: "other"})
+		same := recordKey(store.ID{Tenant: "acme", Key: "other"})
 		if !bytes.Equal(a[:len(recordPrefix)+tenantLen], same[:len(recordPrefix)+tenantLen]) {
 			t.Fatal("records of one tenant do not share the tenant prefix")
 		}
@@ -237,13 +264,13 @@ func BenchmarkRecordDecode(b *testing.B) {
 
 // benchRecord is a typical final record: 32-byte fingerprint, a few
 // response headers and a 512-byte JSON body.
-func benchRecord() Record {
-	return Record{
-		State:       Final,
+func benchRecord() store.Record {
+	return store.Record{
+		State:       store.Final,
 		Fingerprint: bytes.Repeat([]byte{7}, 32),
 		Owner:       "0b8f5e3c-4f6a-4a8e-9a47-1c1f3e0d9b21",
 		CreatedAt:   t0,
-		Response: Response{
+		Response: store.Response{
 			Status: 200,
 			Header: http.Header{
 				"Content-Type":         {"application/json"},

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // releaseChunk is how many deletes go into one transaction, far below
@@ -51,7 +53,7 @@ func (s *Store) inFlightKeys() ([][]byte, error) {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(recordPrefix)})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
-			if it.Item().UserMeta() == byte(InFlight) {
+			if it.Item().UserMeta() == byte(store.InFlight) {
 				keys = append(keys, it.Item().KeyCopy(nil))
 			}
 		}
@@ -73,7 +75,7 @@ func (s *Store) release(keys [][]byte) (int, error) {
 			if err != nil {
 				return false, err
 			}
-			if item.UserMeta() != byte(InFlight) {
+			if item.UserMeta() != byte(store.InFlight) {
 				continue
 			}
 			if err := txn.Delete(k); err != nil {

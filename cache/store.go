@@ -17,27 +17,17 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
-// Sentinel errors, matched with errors.Is. Every other error from a write
-// means the store could not be written (SPEC: 503 store_unavailable).
+// Errors of the Badger store beyond the contract's (package store): every
+// method may also return store.ErrNotFound, store.ErrNotOwner,
+// store.ErrTooLarge, store.ErrNoSpace and store.ErrClosed as documented there.
 var (
-	// ErrNotFound is returned by Get for a missing or expired record.
-	ErrNotFound = errors.New("cache: record not found")
-	// ErrNotOwner is returned by Complete and Abandon when owner does not hold
-	// the in-flight record: the lease was lost or taken over, the record is
-	// already final, or it is gone (released at start, or expired).
-	ErrNotOwner = errors.New("cache: not the owner of the in-flight record")
 	// ErrLocked is returned by Open when another process or Store has the
 	// directory open.
 	ErrLocked = errors.New("cache: store directory is locked")
-	// ErrClosed is returned by every method called after Close.
-	ErrClosed = errors.New("cache: store is closed")
-	// ErrNoSpace is returned by writes refused because the disk is nearly full.
-	ErrNoSpace = errors.New("cache: not enough free disk space")
-	// ErrTooLarge is returned by Complete when the encoded record would not
-	// stay below the size limit (see Options.MemTableSize).
-	ErrTooLarge = errors.New("cache: record too large")
 )
 
 // Options configures Open. Dir or InMemory must be set; the other zero
@@ -68,14 +58,14 @@ type Options struct {
 	// MemTableSize is Badger's memtable size in bytes; 0 means 8 MiB. Up to
 	// three memtables are in memory at once. A record's encoding must stay
 	// below 15% of it and below 1 MiB (so from 7 MiB up the limit is 1 MiB);
-	// Complete fails with ErrTooLarge above.
+	// Complete fails with store.ErrTooLarge above.
 	MemTableSize int64
 	// BlockCacheSize is Badger's block cache in bytes; 0 means 8 MiB.
 	BlockCacheSize int64
 	// IndexCacheSize bounds memory for table indexes and bloom filters; 0
 	// means 16 MiB.
 	IndexCacheSize int64
-	// MinFreeBytes refuses writes with ErrNoSpace while the file system has
+	// MinFreeBytes refuses writes with store.ErrNoSpace while the file system has
 	// less space available. Badger writes through mmap into sparse files, and
 	// a full disk kills the process with SIGBUS (seen in compaction's
 	// table.CreateTable on a full tmpfs, also during Close) instead of
@@ -278,7 +268,7 @@ func openBadger(bopts badger.Options) (db *badger.DB, err error) {
 }
 
 // Close stops the GC loop and closes Badger. Operations still running finish
-// first; later calls return ErrClosed. Calling Close again returns nil.
+// first; later calls return store.ErrClosed. Calling Close again returns nil.
 func (s *Store) Close() error {
 	s.life.Lock()
 	defer s.life.Unlock()
@@ -304,7 +294,7 @@ func (s *Store) enter(op string) (leave func(), err error) {
 	s.life.RLock()
 	if s.closed {
 		s.life.RUnlock()
-		return nil, fmt.Errorf("cache: %s: %w", op, ErrClosed)
+		return nil, fmt.Errorf("cache: %s: %w", op, store.ErrClosed)
 	}
 	return s.life.RUnlock, nil
 }
@@ -325,6 +315,6 @@ func (s *Store) Size() (lsm, vlog int64) {
 const headerRoom = 64 << 10
 
 // MaxBodyBytes is the largest response body a record can hold: a larger answer
-// cannot be stored (Complete returns ErrTooLarge), so callers cap what they
+// cannot be stored (Complete returns store.ErrTooLarge), so callers cap what they
 // accept from the upstream below it.
 func (s *Store) MaxBodyBytes() int64 { return int64(s.maxValue) - headerRoom }

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // clock is a settable clock for Options.Now. It starts at the real time,
@@ -53,7 +55,7 @@ var (
 	ctx   = context.Background()
 	fpA   = bytes.Repeat([]byte{0xa}, 32)
 	fpB   = bytes.Repeat([]byte{0xb}, 32)
-	okRes = Response{
+	okRes = store.Response{
 		Status: 201,
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   []byte(`{"id":"pay_1"}`),
@@ -63,13 +65,13 @@ var (
 func TestBeginCompleteGet(t *testing.T) {
 	c := newClock()
 	s := openStore(t, t.TempDir(), c, 0)
-	id := ID{Tenant: "acme", Key: "k1"}
+	id := store.ID{Tenant: "acme", Key: "k1"}
 
 	rec, created, err := s.Begin(ctx, id, fpA, "owner-1", 30*time.Second)
 	if err != nil || !created {
 		t.Fatalf("first Begin = created %v, %v; want created", created, err)
 	}
-	want := Record{State: InFlight, Fingerprint: fpA, Owner: "owner-1", LeaseUntil: c.Now().Add(30 * time.Second), CreatedAt: c.Now()}
+	want := store.Record{State: store.InFlight, Fingerprint: fpA, Owner: "owner-1", Fence: 1, LeaseUntil: c.Now().Add(30 * time.Second), CreatedAt: c.Now()}
 	assertRecord(t, "Begin", rec, want)
 	got, err := s.Get(ctx, id)
 	if err != nil {
@@ -87,7 +89,7 @@ func TestBeginCompleteGet(t *testing.T) {
 	if err := s.Complete(ctx, id, "owner-1", okRes); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	final := Record{State: Final, Fingerprint: fpA, Owner: "owner-1", CreatedAt: want.CreatedAt, Response: okRes}
+	final := store.Record{State: store.Final, Fingerprint: fpA, Owner: "owner-1", Fence: 1, CreatedAt: want.CreatedAt, Response: okRes}
 	got, err = s.Get(ctx, id)
 	if err != nil {
 		t.Fatalf("Get final: %v", err)
@@ -103,21 +105,21 @@ func TestBeginCompleteGet(t *testing.T) {
 
 func TestGetMissing(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
-	_, err := s.Get(ctx, ID{Tenant: "acme", Key: "nope"})
-	if !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Get missing = %v, want ErrNotFound", err)
+	_, err := s.Get(ctx, store.ID{Tenant: "acme", Key: "nope"})
+	if !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get missing = %v, want store.ErrNotFound", err)
 	}
 }
 
 func TestAbandon(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
-	id := ID{Tenant: "acme", Key: "k1"}
+	id := store.ID{Tenant: "acme", Key: "k1"}
 	mustBegin(t, s, id, fpA, "owner-1")
 	if err := s.Abandon(ctx, id, "owner-1"); err != nil {
 		t.Fatalf("Abandon: %v", err)
 	}
-	if _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Get after Abandon = %v, want ErrNotFound", err)
+	if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get after Abandon = %v, want store.ErrNotFound", err)
 	}
 	rec := mustBegin(t, s, id, fpB, "owner-2")
 	if !bytes.Equal(rec.Fingerprint, fpB) || rec.Owner != "owner-2" {
@@ -128,36 +130,36 @@ func TestAbandon(t *testing.T) {
 func TestNotOwner(t *testing.T) {
 	tests := []struct {
 		name  string
-		setup func(t *testing.T, s *Store, id ID)
-		op    func(s *Store, id ID) error
+		setup func(t *testing.T, s *Store, id store.ID)
+		op    func(s *Store, id store.ID) error
 	}{
-		{"complete by another owner", func(t *testing.T, s *Store, id ID) { mustBegin(t, s, id, fpA, "owner-1") },
-			func(s *Store, id ID) error { return s.Complete(ctx, id, "intruder", okRes) }},
-		{"abandon by another owner", func(t *testing.T, s *Store, id ID) { mustBegin(t, s, id, fpA, "owner-1") },
-			func(s *Store, id ID) error { return s.Abandon(ctx, id, "intruder") }},
-		{"complete twice", func(t *testing.T, s *Store, id ID) {
+		{"complete by another owner", func(t *testing.T, s *Store, id store.ID) { mustBegin(t, s, id, fpA, "owner-1") },
+			func(s *Store, id store.ID) error { return s.Complete(ctx, id, "intruder", okRes) }},
+		{"abandon by another owner", func(t *testing.T, s *Store, id store.ID) { mustBegin(t, s, id, fpA, "owner-1") },
+			func(s *Store, id store.ID) error { return s.Abandon(ctx, id, "intruder") }},
+		{"complete twice", func(t *testing.T, s *Store, id store.ID) {
 			mustBegin(t, s, id, fpA, "owner-1")
 			mustComplete(t, s, id, "owner-1")
 		},
-			func(s *Store, id ID) error { return s.Complete(ctx, id, "owner-1", okRes) }},
-		{"abandon a final record", func(t *testing.T, s *Store, id ID) {
+			func(s *Store, id store.ID) error { return s.Complete(ctx, id, "owner-1", okRes) }},
+		{"abandon a final record", func(t *testing.T, s *Store, id store.ID) {
 			mustBegin(t, s, id, fpA, "owner-1")
 			mustComplete(t, s, id, "owner-1")
 		},
-			func(s *Store, id ID) error { return s.Abandon(ctx, id, "owner-1") }},
-		{"complete a missing record", func(*testing.T, *Store, ID) {},
-			func(s *Store, id ID) error { return s.Complete(ctx, id, "owner-1", okRes) }},
-		{"abandon a missing record", func(*testing.T, *Store, ID) {},
-			func(s *Store, id ID) error { return s.Abandon(ctx, id, "owner-1") }},
+			func(s *Store, id store.ID) error { return s.Abandon(ctx, id, "owner-1") }},
+		{"complete a missing record", func(*testing.T, *Store, store.ID) {},
+			func(s *Store, id store.ID) error { return s.Complete(ctx, id, "owner-1", okRes) }},
+		{"abandon a missing record", func(*testing.T, *Store, store.ID) {},
+			func(s *Store, id store.ID) error { return s.Abandon(ctx, id, "owner-1") }},
 	}
 	s := openStore(t, t.TempDir(), newClock(), 0)
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			id := ID{Tenant: "acme", Key: fmt.Sprint("k", i)}
+			id := store.ID{Tenant: "acme", Key: fmt.Sprint("k", i)}
 			tt.setup(t, s, id)
 			before, beforeErr := s.Get(ctx, id)
-			if err := tt.op(s, id); !errors.Is(err, ErrNotOwner) {
-				t.Fatalf("got %v, want ErrNotOwner", err)
+			if err := tt.op(s, id); !errors.Is(err, store.ErrNotOwner) {
+				t.Fatalf("got %v, want store.ErrNotOwner", err)
 			}
 			after, afterErr := s.Get(ctx, id)
 			if !reflect.DeepEqual(before, after) || fmt.Sprint(afterErr) != fmt.Sprint(beforeErr) {
@@ -169,7 +171,7 @@ func TestNotOwner(t *testing.T) {
 
 func TestConcurrentBeginCreatesOnce(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
-	id := ID{Tenant: "acme", Key: "contended"}
+	id := store.ID{Tenant: "acme", Key: "contended"}
 	const n = 64
 	var created atomic.Int32
 	owners := make([]string, n)
@@ -211,7 +213,7 @@ func TestConcurrentBeginCreatesOnce(t *testing.T) {
 func TestLeaseTakeover(t *testing.T) {
 	c := newClock()
 	s := openStore(t, t.TempDir(), c, 0)
-	id := ID{Tenant: "acme", Key: "k1"}
+	id := store.ID{Tenant: "acme", Key: "k1"}
 	first := mustBegin(t, s, id, fpA, "owner-1")
 
 	c.Add(9 * time.Second)
@@ -230,11 +232,11 @@ func TestLeaseTakeover(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("Begin after lease expiry = created %v, %v; want takeover", created, err)
 	}
-	want := Record{State: InFlight, Fingerprint: fpA, Owner: "owner-2", LeaseUntil: c.Now().Add(10 * time.Second), CreatedAt: first.CreatedAt}
+	want := store.Record{State: store.InFlight, Fingerprint: fpA, Owner: "owner-2", Fence: 2, LeaseUntil: c.Now().Add(10 * time.Second), CreatedAt: first.CreatedAt}
 	assertRecord(t, "takeover", rec, want)
 
-	if err := s.Complete(ctx, id, "owner-1", okRes); !errors.Is(err, ErrNotOwner) {
-		t.Fatalf("Complete by the old owner = %v, want ErrNotOwner", err)
+	if err := s.Complete(ctx, id, "owner-1", okRes); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("Complete by the old owner = %v, want store.ErrNotOwner", err)
 	}
 	if err := s.Complete(ctx, id, "owner-2", okRes); err != nil {
 		t.Fatalf("Complete by the new owner: %v", err)
@@ -244,26 +246,26 @@ func TestLeaseTakeover(t *testing.T) {
 func TestTTL(t *testing.T) {
 	c := newClock()
 	s := openStore(t, t.TempDir(), c, time.Hour)
-	final := ID{Tenant: "acme", Key: "final"}
-	inflight := ID{Tenant: "acme", Key: "in-flight"}
+	final := store.ID{Tenant: "acme", Key: "final"}
+	inflight := store.ID{Tenant: "acme", Key: "in-flight"}
 	mustBegin(t, s, final, fpA, "owner-1")
 	c.Add(30 * time.Minute)
 	mustComplete(t, s, final, "owner-1") // TTL restarts at completion
 	mustBegin(t, s, inflight, fpA, "owner-2")
 
 	c.Add(59 * time.Minute)
-	for _, id := range []ID{final, inflight} {
+	for _, id := range []store.ID{final, inflight} {
 		if _, err := s.Get(ctx, id); err != nil {
 			t.Fatalf("Get %s before TTL: %v", id.Key, err)
 		}
 	}
 	c.Add(time.Minute)
-	for _, id := range []ID{final, inflight} {
-		if _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
-			t.Fatalf("Get %s after TTL = %v, want ErrNotFound", id.Key, err)
+	for _, id := range []store.ID{final, inflight} {
+		if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Get %s after TTL = %v, want store.ErrNotFound", id.Key, err)
 		}
-		if err := s.Complete(ctx, id, "owner-2", okRes); !errors.Is(err, ErrNotOwner) {
-			t.Fatalf("Complete %s after TTL = %v, want ErrNotOwner", id.Key, err)
+		if err := s.Complete(ctx, id, "owner-2", okRes); !errors.Is(err, store.ErrNotOwner) {
+			t.Fatalf("Complete %s after TTL = %v, want store.ErrNotOwner", id.Key, err)
 		}
 		rec, created, err := s.Begin(ctx, id, fpB, "owner-3", time.Minute)
 		if err != nil || !created || !bytes.Equal(rec.Fingerprint, fpB) {
@@ -274,21 +276,21 @@ func TestTTL(t *testing.T) {
 
 func TestTenantIsolation(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
-	a := ID{Tenant: "acme", Key: "order-1"}
-	b := ID{Tenant: "globex", Key: "order-1"}
+	a := store.ID{Tenant: "acme", Key: "order-1"}
+	b := store.ID{Tenant: "globex", Key: "order-1"}
 	mustBegin(t, s, a, fpA, "owner-a")
-	if _, err := s.Get(ctx, b); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Get(ctx, b); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("other tenant sees the record: %v", err)
 	}
 	if _, created, err := s.Begin(ctx, b, fpB, "owner-b", time.Minute); err != nil || !created {
 		t.Fatalf("other tenant's Begin on the same key = created %v, %v; want its own record", created, err)
 	}
 	mustComplete(t, s, a, "owner-a")
-	if err := s.Complete(ctx, b, "owner-a", okRes); !errors.Is(err, ErrNotOwner) {
+	if err := s.Complete(ctx, b, "owner-a", okRes); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("owner of tenant A completed tenant B's record: %v", err)
 	}
 	rec, err := s.Get(ctx, b)
-	if err != nil || rec.State != InFlight || rec.Owner != "owner-b" {
+	if err != nil || rec.State != store.InFlight || rec.Owner != "owner-b" {
 		t.Fatalf("tenant B's record = %+v, %v; want its own in-flight record", rec, err)
 	}
 }
@@ -297,8 +299,8 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 	dir := t.TempDir()
 	c := newClock()
 	s := openStore(t, dir, c, 0)
-	inflight := []ID{{Tenant: "acme", Key: "crashed-1"}, {Tenant: "globex", Key: "crashed-2"}}
-	final := ID{Tenant: "acme", Key: "done"}
+	inflight := []store.ID{{Tenant: "acme", Key: "crashed-1"}, {Tenant: "globex", Key: "crashed-2"}}
+	final := store.ID{Tenant: "acme", Key: "done"}
 	for _, id := range inflight {
 		mustBegin(t, s, id, fpA, "dead-process")
 	}
@@ -314,7 +316,7 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 		t.Fatalf("ReleaseInFlight = %d, %v; want %d", n, err, len(inflight))
 	}
 	for _, id := range inflight {
-		if _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
+		if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("in-flight %s survived release: %v", id.Key, err)
 		}
 		if _, created, err := s.Begin(ctx, id, fpA, "new-process", time.Minute); err != nil || !created {
@@ -322,7 +324,7 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 		}
 	}
 	rec, err := s.Get(ctx, final)
-	if err != nil || rec.State != Final || !reflect.DeepEqual(rec.Response, okRes) {
+	if err != nil || rec.State != store.Final || !reflect.DeepEqual(rec.Response, okRes) {
 		t.Fatalf("final record after release = %+v, %v", rec, err)
 	}
 	if n, err := s.ReleaseInFlight(); err != nil || n != len(inflight) {
@@ -338,9 +340,9 @@ func TestReleaseInFlightManyChunks(t *testing.T) {
 	defer s.Close()
 	const n = 2*releaseChunk + 17
 	for i := range n {
-		mustBegin(t, s, ID{Key: fmt.Sprint(i)}, fpA, "o")
+		mustBegin(t, s, store.ID{Key: fmt.Sprint(i)}, fpA, "o")
 	}
-	mustComplete(t, s, ID{Key: "0"}, "o")
+	mustComplete(t, s, store.ID{Key: "0"}, "o")
 	if got, err := s.ReleaseInFlight(); err != nil || got != n-1 {
 		t.Fatalf("ReleaseInFlight = %d, %v; want %d", got, err, n-1)
 	}
@@ -418,7 +420,7 @@ func TestOpenCorruptDirectory(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "db")
 			s := openStore(t, dir, newClock(), 0)
-			mustBegin(t, s, ID{Key: "k"}, fpA, "o")
+			mustBegin(t, s, store.ID{Key: "k"}, fpA, "o")
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -442,7 +444,7 @@ func TestClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustBegin(t, s, ID{Key: "k"}, fpA, "o")
+	mustBegin(t, s, store.ID{Key: "k"}, fpA, "o")
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -450,16 +452,16 @@ func TestClose(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 	calls := map[string]error{
-		"Begin":    func() error { _, _, err := s.Begin(ctx, ID{Key: "k"}, fpA, "o", time.Minute); return err }(),
-		"Complete": s.Complete(ctx, ID{Key: "k"}, "o", okRes),
-		"Abandon":  s.Abandon(ctx, ID{Key: "k"}, "o"),
-		"Get":      func() error { _, err := s.Get(ctx, ID{Key: "k"}); return err }(),
+		"Begin":    func() error { _, _, err := s.Begin(ctx, store.ID{Key: "k"}, fpA, "o", time.Minute); return err }(),
+		"Complete": s.Complete(ctx, store.ID{Key: "k"}, "o", okRes),
+		"Abandon":  s.Abandon(ctx, store.ID{Key: "k"}, "o"),
+		"Get":      func() error { _, err := s.Get(ctx, store.ID{Key: "k"}); return err }(),
 		"Ping":     s.Ping(ctx),
 		"Release":  func() error { _, err := s.ReleaseInFlight(); return err }(),
 	}
 	for name, err := range calls {
-		if !errors.Is(err, ErrClosed) {
-			t.Errorf("%s after Close = %v, want ErrClosed", name, err)
+		if !errors.Is(err, store.ErrClosed) {
+			t.Errorf("%s after Close = %v, want store.ErrClosed", name, err)
 		}
 	}
 }
@@ -476,16 +478,16 @@ func TestPing(t *testing.T) {
 func TestArgumentErrors(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
 	tests := map[string]error{
-		"empty key": func() error { _, _, err := s.Begin(ctx, ID{Tenant: "t"}, fpA, "o", time.Minute); return err }(),
+		"empty key": func() error { _, _, err := s.Begin(ctx, store.ID{Tenant: "t"}, fpA, "o", time.Minute); return err }(),
 		"empty owner": func() error {
-			_, _, err := s.Begin(ctx, ID{Key: "k"}, fpA, "", time.Minute)
+			_, _, err := s.Begin(ctx, store.ID{Key: "k"}, fpA, "", time.Minute)
 			return err
 		}(),
-		"zero lease": func() error { _, _, err := s.Begin(ctx, ID{Key: "k"}, fpA, "o", 0); return err }(),
+		"zero lease": func() error { _, _, err := s.Begin(ctx, store.ID{Key: "k"}, fpA, "o", 0); return err }(),
 		"cancelled context": func() error {
 			c, cancel := context.WithCancel(ctx)
 			cancel()
-			_, _, err := s.Begin(c, ID{Key: "k"}, fpA, "o", time.Minute)
+			_, _, err := s.Begin(c, store.ID{Key: "k"}, fpA, "o", time.Minute)
 			return err
 		}(),
 	}
@@ -494,22 +496,22 @@ func TestArgumentErrors(t *testing.T) {
 			t.Errorf("%s: Begin succeeded", name)
 		}
 	}
-	if _, err := s.Get(ctx, ID{Key: "k"}); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Get(ctx, store.ID{Key: "k"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a refused Begin wrote a record: %v", err)
 	}
 }
 
 func TestCompleteTooLarge(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
-	id := ID{Key: "big"}
+	id := store.ID{Key: "big"}
 	mustBegin(t, s, id, fpA, "o")
-	err := s.Complete(ctx, id, "o", Response{Status: 200, Body: make([]byte, maxValueSize)})
-	if !errors.Is(err, ErrTooLarge) {
-		t.Fatalf("Complete with a 1 MiB body = %v, want ErrTooLarge", err)
+	err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: make([]byte, maxValueSize)})
+	if !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("Complete with a 1 MiB body = %v, want store.ErrTooLarge", err)
 	}
 	// Just under the limit still fits, in the LSM tree.
 	body := make([]byte, maxValueSize-200)
-	if err := s.Complete(ctx, id, "o", Response{Status: 200, Body: body}); err != nil {
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
 		t.Fatalf("Complete just under the limit: %v", err)
 	}
 	rec, err := s.Get(ctx, id)
@@ -529,7 +531,7 @@ func TestDurableAcrossReopen(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			id := ID{Tenant: "acme", Key: fmt.Sprint(i)}
+			id := store.ID{Tenant: "acme", Key: fmt.Sprint(i)}
 			if _, _, err := s.Begin(ctx, id, fpA, "o", time.Minute); err != nil {
 				errs <- err
 				return
@@ -549,14 +551,14 @@ func TestDurableAcrossReopen(t *testing.T) {
 	}
 	s = openStore(t, dir, c, 0)
 	for i := range n {
-		rec, err := s.Get(ctx, ID{Tenant: "acme", Key: fmt.Sprint(i)})
-		if err != nil || rec.State != Final {
+		rec, err := s.Get(ctx, store.ID{Tenant: "acme", Key: fmt.Sprint(i)})
+		if err != nil || rec.State != store.Final {
 			t.Fatalf("record %d after reopen = %+v, %v", i, rec, err)
 		}
 	}
 }
 
-func mustBegin(t testing.TB, s *Store, id ID, fp []byte, owner string) Record {
+func mustBegin(t testing.TB, s *Store, id store.ID, fp []byte, owner string) store.Record {
 	t.Helper()
 	rec, created, err := s.Begin(ctx, id, fp, owner, 10*time.Second)
 	if err != nil || !created {
@@ -565,14 +567,14 @@ func mustBegin(t testing.TB, s *Store, id ID, fp []byte, owner string) Record {
 	return rec
 }
 
-func mustComplete(t testing.TB, s *Store, id ID, owner string) {
+func mustComplete(t testing.TB, s *Store, id store.ID, owner string) {
 	t.Helper()
 	if err := s.Complete(ctx, id, owner, okRes); err != nil {
 		t.Fatalf("Complete %+v: %v", id, err)
 	}
 }
 
-func assertRecord(t *testing.T, what string, got, want Record) {
+func assertRecord(t *testing.T, what string, got, want store.Record) {
 	t.Helper()
 	if !reflect.DeepEqual(normalize(got), normalize(want)) {
 		t.Fatalf("%s:\n got %+v\nwant %+v", what, got, want)

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // A SIGKILL during a flush or a compaction leaves table files the MANIFEST
@@ -17,7 +19,7 @@ func TestOpenIgnoresOrphanTables(t *testing.T) {
 	s := openStore(t, dir, newClock(), 0)
 	const n = 50
 	for i := range n {
-		id := ID{Key: fmt.Sprint(i)}
+		id := store.ID{Key: fmt.Sprint(i)}
 		mustBegin(t, s, id, fpA, "o")
 		mustComplete(t, s, id, "o")
 	}
@@ -43,8 +45,8 @@ func TestOpenIgnoresOrphanTables(t *testing.T) {
 	}
 	defer s.Close()
 	for i := range n {
-		rec, err := s.Get(ctx, ID{Key: fmt.Sprint(i)})
-		if err != nil || rec.State != Final || string(rec.Response.Body) != string(okRes.Body) {
+		rec, err := s.Get(ctx, store.ID{Key: fmt.Sprint(i)})
+		if err != nil || rec.State != store.Final || string(rec.Response.Body) != string(okRes.Body) {
 			t.Fatalf("record %d after reopen = %+v, %v; want the final answer", i, rec, err)
 		}
 	}
@@ -60,7 +62,7 @@ func TestOpenIgnoresOrphanTables(t *testing.T) {
 func TestOpenRefusesDamagedReferencedTable(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "db")
 	s := openStore(t, dir, newClock(), 0)
-	mustBegin(t, s, ID{Key: "k"}, fpA, "o")
+	mustBegin(t, s, store.ID{Key: "k"}, fpA, "o")
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // value reads one series: a counter's or gauge's value, a histogram's sample
@@ -206,7 +207,7 @@ func TestInstrumentedStore(t *testing.T) {
 	s := m.Store(db)
 	s.Now = clock.now
 	ctx := context.Background()
-	a, b := cache.ID{Tenant: "t", Key: "a"}, cache.ID{Tenant: "t", Key: "b"}
+	a, b := store.ID{Tenant: "t", Key: "a"}, store.ID{Tenant: "t", Key: "b"}
 	fp := []byte("fingerprint")
 
 	steps := []struct {
@@ -219,10 +220,10 @@ func TestInstrumentedStore(t *testing.T) {
 	}{
 		{"begin a", func() error { return created(s.Begin(ctx, a, fp, "o1", time.Minute)) }, 1, 0, false, "", ""},
 		{"begin a again", func() error { return notCreated(s.Begin(ctx, a, fp, "o2", time.Minute)) }, 1, 0, false, "", ""},
-		{"complete a by a stranger", func() error { return s.Complete(ctx, a, "o2", cache.Response{Status: 201}) }, 1, 0, true, "complete", "not_owner"},
-		{"complete a", func() error { return s.Complete(ctx, a, "o1", cache.Response{Status: 201}) }, 0, 1, false, "", ""},
+		{"complete a by a stranger", func() error { return s.Complete(ctx, a, "o2", store.Response{Status: 201}) }, 1, 0, true, "complete", "not_owner"},
+		{"complete a", func() error { return s.Complete(ctx, a, "o1", store.Response{Status: 201}) }, 0, 1, false, "", ""},
 		{"get a", func() error { _, err := s.Get(ctx, a); return err }, 0, 1, false, "", ""},
-		{"get missing", func() error { _, err := s.Get(ctx, b); return ignore(err, cache.ErrNotFound) }, 0, 1, false, "", ""},
+		{"get missing", func() error { _, err := s.Get(ctx, b); return ignore(err, store.ErrNotFound) }, 0, 1, false, "", ""},
 		{"begin b", func() error { return created(s.Begin(ctx, b, fp, "o3", time.Minute)) }, 1, 1, false, "", ""},
 		{"abandon b", func() error { return s.Abandon(ctx, b, "o3") }, 0, 1, false, "", ""},
 		{"ping", func() error { return s.Ping(ctx) }, 0, 1, false, "", ""},
@@ -265,14 +266,14 @@ func TestInstrumentedStore(t *testing.T) {
 	}
 }
 
-func created(_ cache.Record, created bool, err error) error {
+func created(_ store.Record, created bool, err error) error {
 	if err == nil && !created {
 		return errors.New("record not created")
 	}
 	return err
 }
 
-func notCreated(_ cache.Record, created bool, err error) error {
+func notCreated(_ store.Record, created bool, err error) error {
 	if err == nil && created {
 		return errors.New("record created twice")
 	}
@@ -294,10 +295,10 @@ func TestErrorKind(t *testing.T) {
 		err  error
 		want string
 	}{
-		{cache.ErrNotOwner, "not_owner"},
-		{errors.Join(errors.New("cache: complete"), cache.ErrNoSpace), "no_space"},
-		{cache.ErrTooLarge, "too_large"},
-		{cache.ErrClosed, "closed"},
+		{store.ErrNotOwner, "not_owner"},
+		{errors.Join(errors.New("cache: complete"), store.ErrNoSpace), "no_space"},
+		{store.ErrTooLarge, "too_large"},
+		{store.ErrClosed, "closed"},
 		{context.DeadlineExceeded, "canceled"},
 		{errors.New("disk on fire"), "other"},
 	}

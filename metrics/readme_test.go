@@ -15,6 +15,7 @@ import (
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // updateREADME rewrites the README's generated metrics table:
@@ -45,9 +46,9 @@ func everySeries(t *testing.T) *Metrics {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	s, ctx, id := m.Store(db), context.Background(), cache.ID{Tenant: "t", Key: "k"}
+	s, ctx, id := m.Store(db), context.Background(), store.ID{Tenant: "t", Key: "k"}
 	s.Begin(ctx, id, []byte("fp"), "owner", time.Minute)
-	s.Complete(ctx, id, "stranger", cache.Response{Status: 201}) // a store error
+	s.Complete(ctx, id, "stranger", store.Response{Status: 201}) // a store error
 	return m
 }
 

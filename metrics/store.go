@@ -5,20 +5,13 @@ import (
 	"errors"
 	"time"
 
-	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
-// Store is what InstrumentedStore wraps: the proxy's record store and the
-// readiness probe. *cache.Store implements it.
-type Store interface {
-	proxy.Store
-	Ping(ctx context.Context) error
-}
-
 var (
-	_ Store = (*cache.Store)(nil)
-	_ Store = (*InstrumentedStore)(nil)
+	_ store.Store = (*InstrumentedStore)(nil)
+	_ proxy.Store = (*InstrumentedStore)(nil)
 )
 
 // InstrumentedStore is a Store that times every operation, counts failures,
@@ -27,19 +20,19 @@ var (
 // record is followed by a Complete that stores the final answer, or by an
 // Abandon that releases the key (also after a failed Complete).
 type InstrumentedStore struct {
-	next Store
+	next store.Store
 	m    *Metrics
 	// Now is the clock for the timings; nil means time.Now.
 	Now func() time.Time
 }
 
 // Store wraps next so that its operations feed m.
-func (m *Metrics) Store(next Store) *InstrumentedStore {
+func (m *Metrics) Store(next store.Store) *InstrumentedStore {
 	return &InstrumentedStore{next: next, m: m}
 }
 
 // Begin implements proxy.Store.
-func (s *InstrumentedStore) Begin(ctx context.Context, id cache.ID, fp []byte, owner string, lease time.Duration) (cache.Record, bool, error) {
+func (s *InstrumentedStore) Begin(ctx context.Context, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool, error) {
 	defer s.observe("begin", s.now())
 	rec, created, err := s.next.Begin(ctx, id, fp, owner, lease)
 	s.fail("begin", err)
@@ -50,7 +43,7 @@ func (s *InstrumentedStore) Begin(ctx context.Context, id cache.ID, fp []byte, o
 }
 
 // Complete implements proxy.Store.
-func (s *InstrumentedStore) Complete(ctx context.Context, id cache.ID, owner string, resp cache.Response) error {
+func (s *InstrumentedStore) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
 	defer s.observe("complete", s.now())
 	err := s.next.Complete(ctx, id, owner, resp)
 	s.fail("complete", err)
@@ -63,7 +56,7 @@ func (s *InstrumentedStore) Complete(ctx context.Context, id cache.ID, owner str
 
 // Abandon implements proxy.Store. The operation ends whether or not the
 // release could be written: the record is no longer this process's.
-func (s *InstrumentedStore) Abandon(ctx context.Context, id cache.ID, owner string) error {
+func (s *InstrumentedStore) Abandon(ctx context.Context, id store.ID, owner string) error {
 	defer s.observe("abandon", s.now())
 	err := s.next.Abandon(ctx, id, owner)
 	s.fail("abandon", err)
@@ -72,14 +65,37 @@ func (s *InstrumentedStore) Abandon(ctx context.Context, id cache.ID, owner stri
 }
 
 // Get implements proxy.Store. A missing record is an answer, not a failure.
-func (s *InstrumentedStore) Get(ctx context.Context, id cache.ID) (cache.Record, error) {
+func (s *InstrumentedStore) Get(ctx context.Context, id store.ID) (store.Record, error) {
 	defer s.observe("get", s.now())
 	rec, err := s.next.Get(ctx, id)
-	if !errors.Is(err, cache.ErrNotFound) {
+	if !errors.Is(err, store.ErrNotFound) {
 		s.fail("get", err)
 	}
 	return rec, err
 }
+
+// Renew implements store.Store.
+func (s *InstrumentedStore) Renew(ctx context.Context, id store.ID, owner string, lease time.Duration) error {
+	defer s.observe("renew", s.now())
+	err := s.next.Renew(ctx, id, owner, lease)
+	s.fail("renew", err)
+	return err
+}
+
+// Park implements store.Store. Like Abandon, it ends the operation.
+func (s *InstrumentedStore) Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error {
+	defer s.observe("park", s.now())
+	err := s.next.Park(ctx, id, owner, o)
+	s.fail("park", err)
+	s.m.operations.Dec()
+	return err
+}
+
+// MaxBodyBytes implements store.Store.
+func (s *InstrumentedStore) MaxBodyBytes() int64 { return s.next.MaxBodyBytes() }
+
+// Close implements store.Store.
+func (s *InstrumentedStore) Close() error { return s.next.Close() }
 
 // Ping checks that the store is writable (readiness).
 func (s *InstrumentedStore) Ping(ctx context.Context) error {
@@ -114,10 +130,11 @@ func errorKind(err error) string {
 		err  error
 		kind string
 	}{
-		{cache.ErrNotOwner, "not_owner"},
-		{cache.ErrNoSpace, "no_space"},
-		{cache.ErrTooLarge, "too_large"},
-		{cache.ErrClosed, "closed"},
+		{store.ErrNotOwner, "not_owner"},
+		{store.ErrNoSpace, "no_space"},
+		{store.ErrTooLarge, "too_large"},
+		{store.ErrClosed, "closed"},
+		{store.ErrUnavailable, "unavailable"},
 		{context.Canceled, "canceled"},
 		{context.DeadlineExceeded, "canceled"},
 	}

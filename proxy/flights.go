@@ -3,7 +3,7 @@ package proxy
 import (
 	"sync"
 
-	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // flights lets requests waiting for a key in flight in this process wake the moment
@@ -13,10 +13,10 @@ type flights struct {
 	m  map[string]chan struct{}
 }
 
-func flightKey(id cache.ID) string { return id.Tenant + "\x00" + id.Key }
+func flightKey(id store.ID) string { return id.Tenant + "\x00" + id.Key }
 
 // open registers an operation for id and returns the channel closed when it ends.
-func (f *flights) open(id cache.ID) chan struct{} {
+func (f *flights) open(id store.ID) chan struct{} {
 	ch := make(chan struct{})
 	f.mu.Lock()
 	f.m[flightKey(id)] = ch
@@ -25,7 +25,7 @@ func (f *flights) open(id cache.ID) chan struct{} {
 }
 
 // close ends the operation registered as ch.
-func (f *flights) close(id cache.ID, ch chan struct{}) {
+func (f *flights) close(id store.ID, ch chan struct{}) {
 	k := flightKey(id)
 	f.mu.Lock()
 	if f.m[k] == ch {
@@ -37,7 +37,7 @@ func (f *flights) close(id cache.ID, ch chan struct{}) {
 
 // wait returns a channel closed when id's local operation ends; nil (never ready)
 // when none runs here.
-func (f *flights) wait(id cache.ID) <-chan struct{} {
+func (f *flights) wait(id store.ID) <-chan struct{} {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.m[flightKey(id)]

@@ -8,14 +8,14 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // result is what a protected request answers: a stored or fresh upstream response,
 // or the error of a sequence that gave no final answer.
 type result struct {
-	resp     cache.Response
+	resp     store.Response
 	replayed bool
 	err      error
 }
@@ -23,7 +23,7 @@ type result struct {
 // obtain returns the answer for key id: a replay of a stored final response, the
 // result of a new upstream operation this request starts, or the result of one in
 // flight that it waits for. Only one operation per key runs at a time.
-func (h *Handler) obtain(r *http.Request, id cache.ID, fp, body []byte, sum *Summary) (result, error) {
+func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Summary) (result, error) {
 	ctx := r.Context()
 	deadline := h.opt.Now().Add(h.opt.InflightWait)
 	owner := newOwner()
@@ -43,7 +43,7 @@ func (h *Handler) obtain(r *http.Request, id cache.ID, fp, body []byte, sum *Sum
 			sum.Outcome = OutcomeConflict
 			return result{}, ErrConflict
 		}
-		if rec.State == cache.Final {
+		if rec.State == store.Final {
 			sum.Outcome = OutcomeReplayed
 			return result{resp: rec.Response, replayed: true}, nil
 		}
@@ -56,7 +56,7 @@ func (h *Handler) obtain(r *http.Request, id cache.ID, fp, body []byte, sum *Sum
 
 // awaitOther waits until the operation in flight for id (run by this process or
 // another replica) may have ended, or the wait bound passes.
-func (h *Handler) awaitOther(ctx context.Context, id cache.ID, deadline time.Time) error {
+func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Time) error {
 	left := deadline.Sub(h.opt.Now())
 	if left <= 0 {
 		return ErrInProgress
@@ -77,7 +77,7 @@ func (h *Handler) awaitOther(ctx context.Context, id cache.ID, deadline time.Tim
 // start runs the upstream operation for id detached from the client: once sent, it
 // finishes and is stored even if the client goes away (SPEC.md, Detachment). The
 // caller waits for its result unless its own context ends first.
-func (h *Handler) start(r *http.Request, id cache.ID, owner string, body []byte) result {
+func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte) result {
 	// The handler owns r's headers; the key must go upstream in any case.
 	r.Header.Set(KeyHeader, id.Key)
 	done := h.flights.open(id)
@@ -99,7 +99,7 @@ func (h *Handler) start(r *http.Request, id cache.ID, owner string, body []byte)
 // run performs the attempt sequence and records its outcome: a final response is
 // completed in the store before anyone sees it; anything else releases the key so
 // the next request resumes with the same key.
-func (h *Handler) run(r *http.Request, id cache.ID, owner string, body []byte) result {
+func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte) result {
 	ctx := context.WithoutCancel(r.Context())
 	res := h.roundTrip(ctx, r, id.Key, body)
 	if res.err == nil && storable(res.resp.Status) {
@@ -146,7 +146,7 @@ func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, bo
 	if rec.err != nil {
 		return result{err: rec.err}
 	}
-	return result{resp: cache.Response{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}}
+	return result{resp: store.Response{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}}
 }
 
 // writeResult sends res to the client.

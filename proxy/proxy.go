@@ -21,9 +21,9 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // Header names idemproxy reads or writes.
@@ -36,16 +36,16 @@ const (
 // DefaultTenant namespaces records while client authentication is off.
 const DefaultTenant = "default"
 
-// Store is the record store the proxy needs. *cache.Store (Badger) implements it; a
-// shared store for several replicas implements the same lease-with-owner contract.
+// Store is the part of the record store contract (package store) the proxy uses.
+// Every store.Store implements it.
 type Store interface {
-	Begin(ctx context.Context, id cache.ID, fp []byte, owner string, lease time.Duration) (cache.Record, bool, error)
-	Complete(ctx context.Context, id cache.ID, owner string, resp cache.Response) error
-	Abandon(ctx context.Context, id cache.ID, owner string) error
-	Get(ctx context.Context, id cache.ID) (cache.Record, error)
+	Begin(ctx context.Context, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool, error)
+	Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error
+	Abandon(ctx context.Context, id store.ID, owner string) error
+	Get(ctx context.Context, id store.ID) (store.Record, error)
 }
 
-var _ Store = (*cache.Store)(nil)
+var _ Store = store.Store(nil)
 
 // MissingKey is the policy for a protected request with no key and no key source.
 type MissingKey int
@@ -283,7 +283,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	sum.Key = key
 	w.Header().Set(KeyHeader, key)
 	fp := idemkey.Fingerprint(kr)
-	id := cache.ID{Tenant: tenant, Key: key}
+	id := store.ID{Tenant: tenant, Key: key}
 	res, err := h.obtain(r, id, fp[:], body, sum)
 	if err == nil {
 		err = res.err

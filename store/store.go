@@ -1,0 +1,195 @@
+// Package store is the contract between idemproxy's request path and its
+// record stores: the types, the errors and the semantics every store keeps.
+// cache (Badger, embedded, one process) and pgstore (PostgreSQL, shared by
+// replicas) implement it; storetest.Run checks an implementation against it.
+//
+// A record is keyed by ID and moves through these states:
+//
+//	(none) --Begin--> InFlight --Complete--> Final
+//	                     |  \----Abandon---> (none)
+//	                     \------Park------> Unknown --Begin (same fingerprint)--> InFlight
+//
+// An in-flight record is leased to one owner token. Owner tokens are unique
+// per Begin call (a random string), so they double as fencing tokens: once
+// another Begin takes the record over, the old owner's Complete, Abandon,
+// Renew and Park fail with ErrNotOwner and can never overwrite the new
+// owner's answer. Record.Fence counts the claims for operators and tests.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// ID names one record: the client identity (tenant) and the idempotency key.
+// An empty Tenant is a valid tenant of its own; Key must not be empty.
+type ID struct {
+	Tenant string
+	Key    string
+}
+
+// State is the life-cycle stage of a record. The zero State is not valid.
+type State uint8
+
+const (
+	// InFlight means an upstream operation is running for the key, leased to
+	// Record.Owner until Record.LeaseUntil.
+	InFlight State = 1
+	// Final means a final response is stored and is replayed on repeats.
+	Final State = 2
+	// Unknown means an attempt sequence ended without a final answer after
+	// the provider may have acted (a timeout or a 5xx after sending). The
+	// record is kept, with no owner, until its TTL ends or the next Begin
+	// with the same fingerprint resumes it.
+	Unknown State = 3
+)
+
+// String returns "in_flight", "final", "unknown" or "state(N)" for logs and
+// the admin API.
+func (s State) String() string {
+	switch s {
+	case InFlight:
+		return "in_flight"
+	case Final:
+		return "final"
+	case Unknown:
+		return "unknown"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// Response is a stored final upstream response, replayed byte for byte.
+// A nil Header or Body is stored and returned as empty.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Record is what a store keeps for one ID.
+type Record struct {
+	State State
+	// Fingerprint identifies the request (32 bytes from the proxy); a store
+	// compares it only to decide a takeover.
+	Fingerprint []byte
+	// Owner is the owner token of the last claim; kept on Final and Unknown
+	// records for diagnostics.
+	Owner string
+	// Fence is 1 for the claim that created the record and grows by one with
+	// every takeover (an expired lease or an Unknown record resumed).
+	Fence uint64
+	// LeaseUntil is the in-flight lease's end, by the store's lease clock;
+	// zero unless State is InFlight.
+	LeaseUntil time.Time
+	// CreatedAt is when the first Begin created the record.
+	CreatedAt time.Time
+	// Response is the final answer; set only when State is Final.
+	Response Response
+	// Outcome describes earlier attempt sequences that ended without a final
+	// answer (see Park). Takeovers keep it; zero if there were none.
+	Outcome Outcome
+}
+
+// Outcome is what an owner knows about an attempt sequence that ended
+// without a final answer; Park stores it.
+type Outcome struct {
+	// FirstSentAt is when a request for the key was first sent upstream; zero
+	// if it never was. The store keeps the earliest non-zero value it is given.
+	FirstSentAt time.Time
+	// Attempts is the number of upstream attempts; the store adds each Park's
+	// count to the record's total.
+	Attempts int
+	// LastError says why the last attempt gave no final answer, for
+	// operators ("timeout after send", "504 from upstream"). Never a secret.
+	LastError string
+}
+
+// Merge returns o with next folded in as Park does: the earliest non-zero
+// FirstSentAt, the sum of Attempts, and next's LastError.
+func (o Outcome) Merge(next Outcome) Outcome {
+	if o.FirstSentAt.IsZero() || !next.FirstSentAt.IsZero() && next.FirstSentAt.Before(o.FirstSentAt) {
+		o.FirstSentAt = next.FirstSentAt
+	}
+	o.Attempts += next.Attempts
+	o.LastError = next.LastError
+	return o
+}
+
+// Sentinel errors, matched with errors.Is. Any other error from a write
+// means the record could not be written: the caller answers 503
+// store_unavailable and sends nothing.
+var (
+	// ErrNotFound is returned by Get for a missing or expired record.
+	ErrNotFound = errors.New("store: record not found")
+	// ErrNotOwner is returned by Complete, Abandon, Renew and Park when the
+	// owner does not hold the in-flight record: its lease was taken over, the
+	// record is no longer in flight, or it is gone (expired or released).
+	ErrNotOwner = errors.New("store: not the owner of the in-flight record")
+	// ErrTooLarge is returned by Complete when the record would exceed the
+	// store's size limit (see Store.MaxBodyBytes). Nothing is written.
+	ErrTooLarge = errors.New("store: record too large")
+	// ErrUnavailable wraps failures to reach the store (a database down, a
+	// timeout): nothing was written, and the caller may retry later.
+	ErrUnavailable = errors.New("store: unavailable")
+	// ErrNoSpace is returned by writes refused because the store's disk is
+	// nearly full.
+	ErrNoSpace = errors.New("store: not enough free disk space")
+	// ErrClosed is returned by every method called after Close.
+	ErrClosed = errors.New("store: closed")
+)
+
+// Store is a durable record store. Implementations are safe for concurrent
+// use, by goroutines and, for a shared store, by several processes.
+//
+// Time: every record expires TTL after its last write, by the store's clock
+// (TTL is a store option and must outlast any lease); an expired record is
+// treated exactly like a missing one by every method. Leases are measured by
+// the store's lease clock (the database's for a shared store), never by the
+// caller's. A lease that ran out is lost only once another Begin takes the
+// record over; until then its owner may still Complete, Abandon, Renew or
+// Park it. A nil error from a write means the write is durable.
+type Store interface {
+	// Begin claims id for owner with a lease of the given length.
+	//
+	// With no live record, it creates an in-flight record {fp, owner,
+	// Fence 1, CreatedAt now} and returns (it, true, nil). It takes over,
+	// returning (record, true, nil) with the new owner and lease and Fence
+	// increased, a record with the same fingerprint fp that is either
+	// in flight with its lease expired, or Unknown; the takeover keeps
+	// CreatedAt and Outcome, so the new owner can tell that the key may
+	// already have been sent. Any other record (final, in flight under a live
+	// lease, or of another fingerprint) is returned unchanged with false.
+	// Of concurrent Begins on one id at most one gets true.
+	Begin(ctx context.Context, id ID, fp []byte, owner string, lease time.Duration) (Record, bool, error)
+	// Complete turns owner's in-flight record into a Final one holding resp,
+	// keeping Outcome. ErrNotOwner if owner does not hold it (the lease was
+	// lost), ErrTooLarge if it would not fit; nothing is written then.
+	Complete(ctx context.Context, id ID, owner string, resp Response) error
+	// Abandon deletes owner's in-flight record, so the next Begin starts
+	// afresh: for operations known not to have been sent. ErrNotOwner if
+	// owner does not hold it.
+	Abandon(ctx context.Context, id ID, owner string) error
+	// Renew extends owner's lease to lease from now, while its attempts go
+	// on. ErrNotOwner if owner does not hold it: the caller must stop before
+	// its next upstream attempt.
+	Renew(ctx context.Context, id ID, owner string, lease time.Duration) error
+	// Park turns owner's in-flight record into an Unknown one: the lease ends,
+	// the TTL restarts, the fingerprint and CreatedAt stay, and o is merged
+	// into Record.Outcome (earliest FirstSentAt, Attempts added, LastError
+	// replaced). The next Begin with the same fingerprint resumes it at once.
+	// ErrNotOwner if owner does not hold the record.
+	Park(ctx context.Context, id ID, owner string, o Outcome) error
+	// Get returns id's record, or ErrNotFound if it is missing or expired.
+	Get(ctx context.Context, id ID) (Record, error)
+	// Ping checks that the store can be written now (readiness).
+	Ping(ctx context.Context) error
+	// MaxBodyBytes is the largest response body Complete accepts with
+	// headers of up to 64 KiB; callers cap what they read below it.
+	MaxBodyBytes() int64
+	// Close releases the store; later calls fail with ErrClosed. Closing
+	// twice returns nil.
+	Close() error
+}
