@@ -1,0 +1,276 @@
+// Package probe parses IDEMPROXY_STATUS_PROBE, the provider lookup idemproxy
+// sends before re-sending an operation whose outcome is unknown, and fills it
+// for one operation.
+//
+// The syntax is `METHOD PATH [BODY]`, e.g.
+//
+//	GET /payments/{resp.payment_id}
+//	POST /v1/payout/info {"order_id":"{req.order_id}"}
+//
+// with the placeholders {idempotency_key} (the key sent upstream),
+// {req.<dotted.path>} (a member of the original JSON request body) and
+// {resp.<dotted.path>} (a member of the last ambiguous answer's JSON body).
+// Any other brace is literal text, so a JSON body needs no escaping.
+package probe
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// ErrSyntax is wrapped by every error Parse returns.
+var ErrSyntax = errors.New("probe: invalid status probe")
+
+// ErrUnfilled is wrapped by Build's error when a placeholder has no value:
+// the body is not a JSON object, the member is missing, empty, or not a
+// string or number. The caller then re-sends with the same key instead.
+var ErrUnfilled = errors.New("probe: placeholder cannot be filled")
+
+// source is where a placeholder's value comes from.
+type source uint8
+
+const (
+	literal source = iota
+	keySource
+	reqSource
+	respSource
+)
+
+// part is a literal text or a placeholder of a template.
+type part struct {
+	src  source
+	text string // the literal, or the dotted path of req/resp
+}
+
+// Template is a parsed status probe. The zero Template is not valid; build
+// one with Parse.
+type Template struct {
+	method string
+	path   []part // path and optional query, starting with '/'
+	body   []part // nil when the probe has no body
+	raw    string
+}
+
+// Values are what a Template's placeholders read.
+type Values struct {
+	Key      string // {idempotency_key}
+	Request  []byte // the original request body, for {req.…}
+	Response []byte // the last ambiguous answer's body, for {resp.…}; nil if none
+}
+
+// Probe is a filled template, ready to send. Path may hold a query after '?'.
+type Probe struct {
+	Method string
+	Path   string
+	Body   []byte // nil when the template has no body
+}
+
+// Parse parses IDEMPROXY_STATUS_PROBE. Errors wrap ErrSyntax and say what is
+// wrong; they quote no body text beyond the placeholder at fault.
+func Parse(s string) (*Template, error) {
+	s = strings.TrimSpace(s)
+	method, rest, _ := strings.Cut(s, " ")
+	if method == "" || strings.ContainsFunc(method, func(r rune) bool { return r < 'A' || r > 'Z' }) {
+		return nil, fmt.Errorf("%w: want METHOD PATH [BODY] with an upper-case method, e.g. GET /payments/{resp.payment_id}", ErrSyntax)
+	}
+	rest = strings.TrimLeft(rest, " ")
+	path, body, hasBody := strings.Cut(rest, " ")
+	if !strings.HasPrefix(path, "/") {
+		return nil, fmt.Errorf("%w: the path must start with /", ErrSyntax)
+	}
+	if strings.ContainsAny(path, "#\t\r\n") {
+		return nil, fmt.Errorf("%w: the path must not hold a fragment or control characters", ErrSyntax)
+	}
+	t := &Template{method: method, raw: s}
+	var err error
+	if t.path, err = parseParts(path); err != nil {
+		return nil, err
+	}
+	if body = strings.TrimLeft(body, " "); hasBody && body != "" {
+		if t.body, err = parseParts(body); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// parseParts splits s into literals and placeholders. A '{' that does not
+// open a known placeholder is literal.
+func parseParts(s string) ([]part, error) {
+	var parts []part
+	lit := 0 // start of the pending literal
+	for i := 0; i < len(s); i++ {
+		if s[i] != '{' {
+			continue
+		}
+		end := strings.IndexByte(s[i:], '}')
+		if end < 0 {
+			break
+		}
+		p, ok, err := placeholder(s[i+1 : i+end])
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if lit < i {
+			parts = append(parts, part{text: s[lit:i]})
+		}
+		parts = append(parts, p)
+		i += end
+		lit = i + 1
+	}
+	if lit < len(s) {
+		parts = append(parts, part{text: s[lit:]})
+	}
+	return parts, nil
+}
+
+// placeholder recognises the name between braces. ok is false for text that
+// is not a placeholder (JSON such as {"a":1}); err is set for one that looks
+// like a placeholder but is malformed ({req.} or {resp.a..b}).
+func placeholder(name string) (part, bool, error) {
+	if name == "idempotency_key" {
+		return part{src: keySource}, true, nil
+	}
+	var src source
+	var path string
+	switch {
+	case strings.HasPrefix(name, "req."):
+		src, path = reqSource, name[len("req."):]
+	case strings.HasPrefix(name, "resp."):
+		src, path = respSource, name[len("resp."):]
+	default:
+		return part{}, false, nil
+	}
+	if strings.ContainsAny(name, " \"{\t\r\n") {
+		return part{}, false, nil // not a name: literal text
+	}
+	for seg := range strings.SplitSeq(path, ".") {
+		if seg == "" {
+			return part{}, false, fmt.Errorf("%w: placeholder {%s} has an empty segment in its dotted path", ErrSyntax, name)
+		}
+	}
+	return part{src: src, text: path}, true, nil
+}
+
+// String returns the template as it was configured.
+func (t *Template) String() string { return t.raw }
+
+// Method is the probe's HTTP method.
+func (t *Template) Method() string { return t.method }
+
+// Build fills t for one operation. Values in the path are path-escaped (in
+// the query, query-escaped), so no value can change which resource is asked
+// for; values in the body are escaped as the inside of a JSON string, as the
+// body template puts them between quotes. A placeholder without a value
+// gives an error wrapping ErrUnfilled.
+func (t *Template) Build(v Values) (Probe, error) {
+	var req, resp map[string]any // decoded on first use
+	lookup := func(p part) (string, error) {
+		switch p.src {
+		case keySource:
+			if v.Key == "" {
+				return "", fmt.Errorf("%w: {idempotency_key} is empty", ErrUnfilled)
+			}
+			return v.Key, nil
+		case reqSource:
+			if req == nil {
+				req = object(v.Request)
+			}
+			return member(req, "req", p.text)
+		default:
+			if resp == nil {
+				resp = object(v.Response)
+			}
+			return member(resp, "resp", p.text)
+		}
+	}
+	path, err := fill(t.path, lookup, pathEscape)
+	if err != nil {
+		return Probe{}, err
+	}
+	pr := Probe{Method: t.method, Path: path}
+	if t.body != nil {
+		body, err := fill(t.body, lookup, jsonEscape)
+		if err != nil {
+			return Probe{}, err
+		}
+		pr.Body = []byte(body)
+	}
+	return pr, nil
+}
+
+// fill renders parts; escape gets the text before the value and the value.
+func fill(parts []part, lookup func(part) (string, error), escape func(before *strings.Builder, val string) string) (string, error) {
+	var b strings.Builder
+	for _, p := range parts {
+		if p.src == literal {
+			b.WriteString(p.text)
+			continue
+		}
+		val, err := lookup(p)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(escape(&b, val))
+	}
+	return b.String(), nil
+}
+
+// pathEscape escapes a value for where it lands: after a '?' it is a query
+// value, before it a path segment.
+func pathEscape(before *strings.Builder, val string) string {
+	if strings.Contains(before.String(), "?") {
+		return url.QueryEscape(val)
+	}
+	if val == "." || val == ".." { // a dot-segment would climb out of the resource
+		return strings.ReplaceAll(val, ".", "%2E")
+	}
+	return url.PathEscape(val)
+}
+
+// jsonEscape escapes val as the inside of a JSON string.
+func jsonEscape(_ *strings.Builder, val string) string {
+	b, _ := json.Marshal(val) // a string always marshals
+	return string(b[1 : len(b)-1])
+}
+
+// object decodes a JSON object, numbers kept as their text; anything else is
+// an empty object.
+func object(b []byte) map[string]any {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var m map[string]any
+	if d.Decode(&m) != nil || m == nil {
+		return map[string]any{}
+	}
+	return m
+}
+
+// member returns the string or number at the dotted path of m.
+func member(m map[string]any, side, path string) (string, error) {
+	var cur any = m
+	for seg := range strings.SplitSeq(path, ".") {
+		obj, ok := cur.(map[string]any)
+		if !ok {
+			cur = nil
+			break
+		}
+		cur = obj[seg]
+	}
+	switch v := cur.(type) {
+	case string:
+		if v != "" {
+			return v, nil
+		}
+	case json.Number:
+		return v.String(), nil
+	}
+	return "", fmt.Errorf("%w: {%s.%s} has no string or number value", ErrUnfilled, side, path)
+}

@@ -1,0 +1,109 @@
+package probe_test
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/probe"
+)
+
+func TestBuild(t *testing.T) {
+	req := []byte(`{"order_id":"payout-1","amount":12.5,"meta":{"ref":"r/1"},"n":42}`)
+	resp := []byte(`{"payment_id":"pay_7","error":{"code":"gateway_timeout"}}`)
+	cases := []struct {
+		tmpl, method, path, body string
+	}{
+		{`GET /payments/{resp.payment_id}`, "GET", "/payments/pay_7", ""},
+		{`POST /v1/payout/info {"order_id":"{req.order_id}"}`, "POST", "/v1/payout/info", `{"order_id":"payout-1"}`},
+		{`GET /operations?key={idempotency_key}`, "GET", "/operations?key=k+1%2F2", ""},
+		{`GET /x/{req.meta.ref}`, "GET", "/x/r%2F1", ""},
+		{`GET /x/{req.n}`, "GET", "/x/42", ""},
+		{`POST /q {"a":{"b":"{req.meta.ref}"},"k":"{idempotency_key}"}`, "POST", "/q", `{"a":{"b":"r/1"},"k":"k 1/2"}`},
+		{`  GET   /plain  `, "GET", "/plain", ""},
+		{`GET /{x}`, "GET", "/{x}", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.tmpl, func(t *testing.T) {
+			tmpl, err := probe.Parse(c.tmpl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := tmpl.Build(probe.Values{Key: "k 1/2", Request: req, Response: resp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Method != c.method || p.Path != c.path || string(p.Body) != c.body {
+				t.Fatalf("got %s %s %q, want %s %s %q", p.Method, p.Path, p.Body, c.method, c.path, c.body)
+			}
+			if c.body == "" && p.Body != nil {
+				t.Fatalf("body %q, want none", p.Body)
+			}
+		})
+	}
+}
+
+func TestBuildEscapesBodyValues(t *testing.T) {
+	tmpl, err := probe.Parse(`POST /info {"order_id":"{req.order_id}"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tmpl.Build(probe.Values{Request: []byte(`{"order_id":"a\",\"x\":\"b\\\\"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"order_id":"a\",\"x\":\"b\\\\"}`; string(p.Body) != want {
+		t.Fatalf("body %s, want %s", p.Body, want)
+	}
+}
+
+func TestBuildRefusesDotSegments(t *testing.T) {
+	tmpl, _ := probe.Parse(`GET /payments/{resp.id}`)
+	for _, id := range []string{".", ".."} {
+		p, err := tmpl.Build(probe.Values{Response: []byte(`{"id":"` + id + `"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, _ := url.Parse(p.Path)
+		if u.JoinPath().Path != u.Path || !strings.HasPrefix(p.Path, "/payments/%2E") {
+			t.Fatalf("value %q gave path %q", id, p.Path)
+		}
+	}
+}
+
+func TestBuildUnfilled(t *testing.T) {
+	cases := []struct{ tmpl, req, resp, key string }{
+		{`GET /payments/{resp.payment_id}`, `{}`, ``, "k"},                        // no answer body
+		{`GET /payments/{resp.payment_id}`, `{}`, `<html>504</html>`, "k"},        // not JSON
+		{`GET /payments/{resp.payment_id}`, `{}`, `{"payment_id":null}`, "k"},     // null
+		{`GET /payments/{resp.payment_id}`, `{}`, `{"payment_id":""}`, "k"},       // empty
+		{`GET /payments/{resp.payment_id}`, `{}`, `{"payment_id":{"a":1}}`, "k"},  // object
+		{`POST /info {"order_id":"{req.order.id}"}`, `{"order":"x"}`, ``, "k"},     // path through a string
+		{`POST /info {"order_id":"{req.order_id}"}`, `[1]`, ``, "k"},              // not an object
+		{`GET /ops/{idempotency_key}`, `{}`, ``, ""},                              // no key
+		{`POST /info {"order_id":"{req.order_id}"}`, `{"order_id":true}`, ``, "k"}, // bool
+	}
+	for _, c := range cases {
+		tmpl, err := probe.Parse(c.tmpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = tmpl.Build(probe.Values{Key: c.key, Request: []byte(c.req), Response: []byte(c.resp)})
+		if !errors.Is(err, probe.ErrUnfilled) {
+			t.Errorf("%s with req %s resp %s: err %v, want ErrUnfilled", c.tmpl, c.req, c.resp, err)
+		}
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, s := range []string{
+		"", "GET", "get /x", "GET x", "GET", "G3T /x", "GET /x#frag", "GET /{req.}", "GET /{resp.a..b}",
+		`POST /info {"a":"{req..a}"}`,
+	} {
+		_, err := probe.Parse(s)
+		if !errors.Is(err, probe.ErrSyntax) {
+			t.Errorf("Parse(%q) = %v, want ErrSyntax", s, err)
+		}
+	}
+}
