@@ -74,14 +74,14 @@ func TestBuildRefusesDotSegments(t *testing.T) {
 
 func TestBuildUnfilled(t *testing.T) {
 	cases := []struct{ tmpl, req, resp, key string }{
-		{`GET /payments/{resp.payment_id}`, `{}`, ``, "k"},                        // no answer body
-		{`GET /payments/{resp.payment_id}`, `{}`, `<html>504</html>`, "k"},        // not JSON
-		{`GET /payments/{resp.payment_id}`, `{}`, `{"payment_id":null}`, "k"},     // null
-		{`GET /payments/{resp.payment_id}`, `{}`, `{"payment_id":""}`, "k"},       // empty
-		{`GET /payments/{resp.payment_id}`, `{}`, `{"payment_id":{"a":1}}`, "k"},  // object
+		{`GET /payments/{resp.payment_id}`, `{}`, ``, "k"},                         // no answer body
+		{`GET /payments/{resp.payment_id}`, `{}`, `<html>504</html>`, "k"},         // not JSON
+		{`GET /payments/{resp.payment_id}`, `{}`, `{"payment_id":null}`, "k"},      // null
+		{`GET /payments/{resp.payment_id}`, `{}`, `{"payment_id":""}`, "k"},        // empty
+		{`GET /payments/{resp.payment_id}`, `{}`, `{"payment_id":{"a":1}}`, "k"},   // object
 		{`POST /info {"order_id":"{req.order.id}"}`, `{"order":"x"}`, ``, "k"},     // path through a string
-		{`POST /info {"order_id":"{req.order_id}"}`, `[1]`, ``, "k"},              // not an object
-		{`GET /ops/{idempotency_key}`, `{}`, ``, ""},                              // no key
+		{`POST /info {"order_id":"{req.order_id}"}`, `[1]`, ``, "k"},               // not an object
+		{`GET /ops/{idempotency_key}`, `{}`, ``, ""},                               // no key
 		{`POST /info {"order_id":"{req.order_id}"}`, `{"order_id":true}`, ``, "k"}, // bool
 	}
 	for _, c := range cases {
