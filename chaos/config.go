@@ -63,17 +63,19 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
-// DefaultFaults fault about 30% of upstream attempts: 20% before processing
-// (nothing happens at the provider) and 9% after it (the provider executed,
-// the proxy never learns it in time).
+// DefaultFaults fault about a third of upstream attempts: 20% before
+// processing (nothing happens at the provider) and 13% after it (the
+// provider executed, the proxy never learns it in time, or learns only that
+// a gateway timed out).
 func DefaultFaults() sandbox.Faults {
 	return sandbox.Faults{
-		DropBeforeProcessing: 0.06,
-		Maintenance:          0.05,
-		RateLimited:          0.02,
-		Status5xx:            0.09,
-		DropAfterProcessing:  0.05,
-		SlowAfterProcessing:  0.07,
+		DropBeforeProcessing:          0.06,
+		Maintenance:                   0.05,
+		RateLimited:                   0.02,
+		Status5xx:                     0.09,
+		DropAfterProcessing:           0.05,
+		SlowAfterProcessing:           0.07,
+		GatewayTimeoutAfterProcessing: 0.04,
 	}
 }
 

@@ -132,7 +132,7 @@ func countList(m map[string]int) string {
 // faultList prints the fault counts in the sandbox's order of kinds.
 func faultList(m map[sandbox.FaultKind]int) string {
 	kinds := []sandbox.FaultKind{sandbox.FaultDropBefore, sandbox.FaultDropAfter, sandbox.FaultSlow,
-		sandbox.FaultStatus5xx, sandbox.FaultRateLimited, sandbox.FaultMaintenance}
+		sandbox.FaultTimeout504, sandbox.FaultStatus5xx, sandbox.FaultRateLimited, sandbox.FaultMaintenance}
 	parts := make([]string, len(kinds))
 	for i, k := range kinds {
 		parts[i] = fmt.Sprintf("%s %d", k, m[k])

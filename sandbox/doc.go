@@ -68,7 +68,10 @@
 // Retry-After), Status5xx (500 or 503 JSON, 502 or 504 HTML as from a
 // gateway). After processing: DropAfterProcessing (the operation executes and
 // is recorded, then the connection is closed and the response lost), then
-// SlowAfterProcessing (the response waits Config.SlowDelay). The provider's own
+// SlowAfterProcessing (the response waits Config.SlowDelay), then
+// GatewayTimeoutAfterProcessing (504 gateway_timeout instead of the result;
+// the payments provider names the payment_id, so that the client can look it
+// up with GET /payments/{payment_id}). The provider's own
 // rate limit (Config.RateLimit) is checked before any fault. Faults never
 // apply to /_sandbox/ routes.
 //

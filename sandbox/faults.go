@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"time"
 )
@@ -14,13 +15,15 @@ const (
 	FaultDropBefore  FaultKind = "drop_before_processing"
 	FaultDropAfter   FaultKind = "drop_after_processing"
 	FaultSlow        FaultKind = "slow_after_processing"
+	FaultTimeout504  FaultKind = "gateway_timeout_after_processing"
 	FaultStatus5xx   FaultKind = "status_5xx"
 	FaultRateLimited FaultKind = "rate_limited"
 	FaultMaintenance FaultKind = "maintenance"
 )
 
 // faultKinds lists every kind, so snapshots show zero counts too.
-var faultKinds = []FaultKind{FaultDropBefore, FaultDropAfter, FaultSlow, FaultStatus5xx, FaultRateLimited, FaultMaintenance}
+var faultKinds = []FaultKind{FaultDropBefore, FaultDropAfter, FaultSlow, FaultTimeout504, FaultStatus5xx,
+	FaultRateLimited, FaultMaintenance}
 
 // faultPlan is what one request will suffer; "" means nothing.
 type faultPlan struct {
@@ -46,7 +49,8 @@ func (s *Server) plan() faultPlan {
 			chance{FaultStatus5xx, f.Status5xx}),
 		after: s.firstHit(
 			chance{FaultDropAfter, f.DropAfterProcessing},
-			chance{FaultSlow, f.SlowAfterProcessing}),
+			chance{FaultSlow, f.SlowAfterProcessing},
+			chance{FaultTimeout504, f.GatewayTimeoutAfterProcessing}),
 	}
 	if p.before != "" {
 		p.after = "" // nothing was processed, so nothing can be lost after it
@@ -114,8 +118,31 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, rep reply, afte
 		if !wait(r.Context(), s.slowDelay) {
 			return // the caller gave up; the operation stands
 		}
+	case FaultTimeout504:
+		gatewayTimeout(s.provider, rep).write(w)
+		return
 	}
 	rep.write(w)
+}
+
+// gatewayTimeout is the 504 a gateway gives when the provider took too long,
+// although it went on and executed. The payments provider names the payment
+// it was creating, so that the client can look it up (payments seed: "после
+// 504 сначала выполните GET /payments/{payment_id}").
+func gatewayTimeout(provider string, executed reply) reply {
+	body := struct {
+		Error     errorDetail `json:"error"`
+		PaymentID string      `json:"payment_id,omitempty"`
+	}{Error: errorDetail{Code: "gateway_timeout", Message: "the operation did not finish in time; look up its status before repeating"}}
+	if provider == ProviderPayments && executed.status < 300 {
+		var p struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(executed.body, &p) == nil {
+			body.PaymentID = p.ID
+		}
+	}
+	return jsonReply(http.StatusGatewayTimeout, body)
 }
 
 // wait sleeps for d; it reports false if ctx ended first.

@@ -6,13 +6,15 @@ import (
 	"encoding/json"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // payments behaves like the provider of the payments-idempotency-and-retries
 // seed.
 type payments struct {
 	*core
-	secret []byte // empty means signatures and nonces are not checked
+	secret    []byte        // empty means signatures and nonces are not checked
+	retention time.Duration // how long a key is remembered; 0 = forever
 
 	mu       sync.Mutex
 	nonces   map[string]bool          // every X-Nonce accepted so far
@@ -25,6 +27,7 @@ type payments struct {
 type storedPayment struct {
 	fingerprint [sha256.Size]byte
 	reply       reply
+	at          time.Time // when the key was first used
 }
 
 // payment is the body of POST /payments and GET /payments/{id}.
@@ -38,8 +41,8 @@ type payment struct {
 }
 
 // newPayments returns an empty payments provider.
-func newPayments(c *core, secret []byte) *payments {
-	return &payments{core: c, secret: secret, nonces: map[string]bool{}, byKey: map[string]storedPayment{},
+func newPayments(c *core, secret []byte, retention time.Duration) *payments {
+	return &payments{core: c, secret: secret, retention: retention, nonces: map[string]bool{}, byKey: map[string]storedPayment{},
 		byID: map[string][]byte{}, inflight: flights{}}
 }
 
@@ -95,7 +98,7 @@ func (p *payments) create(c *call) reply {
 		p.mu.Unlock()
 		return cancelled()
 	}
-	if st, ok := p.byKey[c.key]; ok {
+	if st, ok := p.remembered(c.key); ok {
 		p.mu.Unlock()
 		return p.repeat(st, fp)
 	}
@@ -114,10 +117,21 @@ func (p *payments) create(c *call) reply {
 		pay := payment{ID: p.rng.uuid(), OrderID: op.OrderID, Amount: amount, Currency: f.str("currency"),
 			Status: "succeeded", CreatedAt: p.timestamp()}
 		rep := jsonReply(http.StatusCreated, pay)
-		p.byKey[c.key] = storedPayment{fingerprint: fp, reply: rep}
+		p.byKey[c.key] = storedPayment{fingerprint: fp, reply: rep, at: p.now()}
 		p.byID[pay.ID] = rep.body
 		return rep, true
 	})
+}
+
+// remembered returns the payment stored for key (p.mu held), forgetting it
+// once the retention has passed: after that the key is new again.
+func (p *payments) remembered(key string) (storedPayment, bool) {
+	st, ok := p.byKey[key]
+	if ok && p.retention > 0 && p.now().Sub(st.at) >= p.retention {
+		delete(p.byKey, key)
+		return storedPayment{}, false
+	}
+	return st, ok
 }
 
 // repeat answers a known key: the stored response, or a conflict when the

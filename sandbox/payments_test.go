@@ -153,3 +153,42 @@ func TestPaymentsNewKeyIsSecondCharge(t *testing.T) {
 		t.Fatalf("ledger = %+v, want o-1 executed twice and listed as duplicate", l)
 	}
 }
+
+// TestPaymentsKeyRetention: keys are kept "не менее 48 часов"; after the
+// configured retention the same key and body execute again, which is the
+// second charge a blind resend risks.
+func TestPaymentsKeyRetention(t *testing.T) {
+	clk := newClock()
+	s, ts := start(t, Config{Provider: ProviderPayments, KeyRetention: 48 * time.Hour, Now: clk.Now})
+	body := `{"order_id":"o-1","amount":"10"}`
+	post := func() result { return send(t, ts, "POST", "/payments", body, http.Header{"Idempotency-Key": {"k-1"}}) }
+	first := post()
+	clk.Advance(48*time.Hour - time.Second)
+	if r := post(); r.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(r.body, first.body) {
+		t.Fatalf("repeat within retention = %d %s, want the stored payment replayed", r.status, r.body)
+	}
+	clk.Advance(time.Second)
+	if r := post(); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "" || r.field("id") == first.field("id") {
+		t.Fatalf("repeat after retention = %d %s, want a new payment", r.status, r.body)
+	}
+	if l := s.Ledger(); l.Executions != 2 || l.ByOrder["o-1"] != 2 {
+		t.Fatalf("ledger = %+v, want order o-1 executed twice", l)
+	}
+}
+
+// TestPaymentsGatewayTimeoutNamesPayment: the 504 after processing carries
+// the payment_id, and GET /payments/{payment_id} finds the payment.
+func TestPaymentsGatewayTimeoutNamesPayment(t *testing.T) {
+	s, ts := start(t, Config{Provider: ProviderPayments, Faults: Faults{GatewayTimeoutAfterProcessing: 1}})
+	r := send(t, ts, "POST", "/payments", `{"order_id":"o-1","amount":"10"}`, http.Header{"Idempotency-Key": {"k-1"}})
+	if r.status != http.StatusGatewayTimeout || r.code() != "gateway_timeout" || r.field("payment_id") == "" {
+		t.Fatalf("POST = %d %s, want 504 gateway_timeout with payment_id", r.status, r.body)
+	}
+	l := s.Ledger()
+	if l.Executions != 1 || l.Faults[FaultTimeout504] != 1 {
+		t.Fatalf("ledger = %+v, want 1 execution and 1 gateway timeout", l)
+	}
+	if got := l.Entries[0].Body; !bytes.Contains(got, []byte(r.field("payment_id"))) {
+		t.Fatalf("payment_id %s is not the executed payment %s", r.field("payment_id"), got)
+	}
+}

@@ -79,6 +79,12 @@ type Config struct {
 	// the maturing ones. Zero means every order (when MaturingAttempts > 0).
 	MaturingShare float64
 
+	// KeyRetention (payments) is how long an Idempotency-Key is remembered
+	// (the seed: "не менее 48 часов"). A request with a key older than this
+	// is a new operation: a blind resend after it executes again. Zero means
+	// forever.
+	KeyRetention time.Duration
+
 	// Balance (payouts) is the largest amount a payout may have; above it the
 	// answer is 409 payout.insufficient_funds, a final refusal. Zero means no
 	// limit. The balance is a threshold and is not spent.
@@ -114,6 +120,9 @@ type Faults struct {
 	DropAfterProcessing float64
 	// SlowAfterProcessing executes, then holds the response for SlowDelay.
 	SlowAfterProcessing float64
+	// GatewayTimeoutAfterProcessing executes, then answers 504
+	// gateway_timeout instead of the result (payments: with the payment_id).
+	GatewayTimeoutAfterProcessing float64
 	// Status5xx answers 500, 502, 503 or 504 without executing.
 	Status5xx float64
 	// RateLimited answers 429 with Retry-After without executing.
@@ -193,7 +202,7 @@ func newProvider(c *core, cfg Config) provider {
 	case ProviderCards:
 		return newCards(c, cfg.Secret)
 	case ProviderPayments:
-		return newPayments(c, cfg.Secret)
+		return newPayments(c, cfg.Secret, cfg.KeyRetention)
 	default:
 		return newPayouts(c, cfg)
 	}
@@ -207,22 +216,23 @@ func validate(cfg Config) error {
 		return fmt.Errorf("Provider %q: want cards, payments or payouts", cfg.Provider)
 	}
 	probabilities := map[string]float64{
-		"Faults.DropBeforeProcessing": cfg.Faults.DropBeforeProcessing,
-		"Faults.DropAfterProcessing":  cfg.Faults.DropAfterProcessing,
-		"Faults.SlowAfterProcessing":  cfg.Faults.SlowAfterProcessing,
-		"Faults.Status5xx":            cfg.Faults.Status5xx,
-		"Faults.RateLimited":          cfg.Faults.RateLimited,
-		"Faults.Maintenance":          cfg.Faults.Maintenance,
-		"MaturingShare":               cfg.MaturingShare,
+		"Faults.DropBeforeProcessing":          cfg.Faults.DropBeforeProcessing,
+		"Faults.DropAfterProcessing":           cfg.Faults.DropAfterProcessing,
+		"Faults.SlowAfterProcessing":           cfg.Faults.SlowAfterProcessing,
+		"Faults.GatewayTimeoutAfterProcessing": cfg.Faults.GatewayTimeoutAfterProcessing,
+		"Faults.Status5xx":                     cfg.Faults.Status5xx,
+		"Faults.RateLimited":                   cfg.Faults.RateLimited,
+		"Faults.Maintenance":                   cfg.Faults.Maintenance,
+		"MaturingShare":                        cfg.MaturingShare,
 	}
 	for name, p := range probabilities {
 		if math.IsNaN(p) || p < 0 || p > 1 {
 			return fmt.Errorf("%s %v: want a probability in [0, 1]", name, p)
 		}
 	}
-	if cfg.SlowDelay < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.RetryAfter < 0 ||
+	if cfg.SlowDelay < 0 || cfg.KeyRetention < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.RetryAfter < 0 ||
 		cfg.MaturingAttempts < 0 || cfg.Balance < 0 {
-		return errors.New("SlowDelay, RateLimit, RateBurst, RetryAfter, MaturingAttempts and Balance must not be negative")
+		return errors.New("SlowDelay, KeyRetention, RateLimit, RateBurst, RetryAfter, MaturingAttempts and Balance must not be negative")
 	}
 	return nil
 }

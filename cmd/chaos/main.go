@@ -99,7 +99,8 @@ func prepare(ctx context.Context, opt *options, tmp string, errOut io.Writer) er
 func scaled(f sandbox.Faults, k float64) sandbox.Faults {
 	s := func(p float64) float64 { return min(p*k, 1) }
 	return sandbox.Faults{DropBeforeProcessing: s(f.DropBeforeProcessing), DropAfterProcessing: s(f.DropAfterProcessing),
-		SlowAfterProcessing: s(f.SlowAfterProcessing), Status5xx: s(f.Status5xx),
+		SlowAfterProcessing: s(f.SlowAfterProcessing), GatewayTimeoutAfterProcessing: s(f.GatewayTimeoutAfterProcessing),
+		Status5xx:   s(f.Status5xx),
 		RateLimited: s(f.RateLimited), Maintenance: s(f.Maintenance)}
 }
 

@@ -40,6 +40,8 @@ type settings struct {
 	DropBefore       float64       `env:"SANDBOX_FAULT_DROP_BEFORE"`
 	DropAfter        float64       `env:"SANDBOX_FAULT_DROP_AFTER"`
 	Slow             float64       `env:"SANDBOX_FAULT_SLOW"`
+	Timeout504       float64       `env:"SANDBOX_FAULT_504_AFTER"`
+	KeyRetention     time.Duration `env:"SANDBOX_KEY_RETENTION"`
 	Status5xx        float64       `env:"SANDBOX_FAULT_5XX"`
 	RateLimited      float64       `env:"SANDBOX_FAULT_429"`
 	Maintenance      float64       `env:"SANDBOX_FAULT_MAINTENANCE"`
@@ -63,9 +65,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	cfg := sandbox.Config{Provider: st.Provider, Secret: []byte(st.Secret), PublicID: st.PublicID,
 		Seed: st.Seed, RateLimit: st.RateLimit, RateBurst: st.RateBurst, RetryAfter: st.RetryAfter,
 		SlowDelay: st.SlowDelay, MaturingAttempts: st.MaturingAttempts, MaturingShare: st.MaturingShare,
-		Balance: st.Balance, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Balance: st.Balance, KeyRetention: st.KeyRetention, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		Faults: sandbox.Faults{DropBeforeProcessing: st.DropBefore, DropAfterProcessing: st.DropAfter,
-			SlowAfterProcessing: st.Slow, Status5xx: st.Status5xx, RateLimited: st.RateLimited, Maintenance: st.Maintenance}}
+			SlowAfterProcessing: st.Slow, GatewayTimeoutAfterProcessing: st.Timeout504, Status5xx: st.Status5xx, RateLimited: st.RateLimited, Maintenance: st.Maintenance}}
 	handler, err := sandbox.New(cfg)
 	if err != nil {
 		return err
@@ -126,6 +128,8 @@ func parse(args []string) (settings, error) {
 	fs.Float64Var(&st.DropBefore, "fault-drop-before", st.DropBefore, "P(drop connection before processing) (SANDBOX_FAULT_DROP_BEFORE)")
 	fs.Float64Var(&st.DropAfter, "fault-drop-after", st.DropAfter, "P(execute, then drop connection) (SANDBOX_FAULT_DROP_AFTER)")
 	fs.Float64Var(&st.Slow, "fault-slow", st.Slow, "P(execute, then answer after -slow-delay) (SANDBOX_FAULT_SLOW)")
+	fs.Float64Var(&st.Timeout504, "fault-504-after", st.Timeout504, "P(execute, then 504 gateway_timeout) (SANDBOX_FAULT_504_AFTER)")
+	fs.DurationVar(&st.KeyRetention, "key-retention", st.KeyRetention, "payments: how long a key is remembered; 0 = forever (SANDBOX_KEY_RETENTION)")
 	fs.Float64Var(&st.Status5xx, "fault-5xx", st.Status5xx, "P(500/502/503/504 without executing) (SANDBOX_FAULT_5XX)")
 	fs.Float64Var(&st.RateLimited, "fault-429", st.RateLimited, "P(429 without executing) (SANDBOX_FAULT_429)")
 	fs.Float64Var(&st.Maintenance, "fault-maintenance", st.Maintenance, "P(503 maintenance without executing) (SANDBOX_FAULT_MAINTENANCE)")
