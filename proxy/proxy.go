@@ -28,7 +28,7 @@ import (
 
 // Header names idemproxy reads or writes.
 const (
-	KeyHeader      = "Idempotency-Key"
+	KeyHeader      = idemkey.HeaderName
 	ReplayedHeader = "Idempotent-Replayed"
 	AttemptsHeader = retry.AttemptsHeader // set by the attempt layer
 )

@@ -31,6 +31,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy/idemkey"
 )
 
 // Default header names (SPEC.md IDEMPROXY_SIGNATURE_HEADER, IDEMPROXY_TIMESTAMP_HEADER).
@@ -44,9 +46,6 @@ const (
 	EncodingHex    = "hex"    // lowercase hex, as the payouts seed's hexdigest()
 	EncodingBase64 = "base64" // standard alphabet with padding (RFC 4648 §4)
 )
-
-// idempotencyKeyHeader is where {idempotency_key} comes from.
-const idempotencyKeyHeader = "Idempotency-Key"
 
 // ErrConfig is wrapped by every error New returns.
 var ErrConfig = errors.New("resign: invalid signing configuration")
@@ -185,7 +184,7 @@ func (s *signer) setHeaders(cfg Config) error {
 			return fmt.Errorf("%w: %s: %w", ErrConfig, n.field, err)
 		}
 		v = http.CanonicalHeaderKey(v)
-		if slices.Contains(s.strip, v) || v == idempotencyKeyHeader {
+		if slices.Contains(s.strip, v) || v == idemkey.HeaderName {
 			return fmt.Errorf("%w: %s: %s is already used for another purpose", ErrConfig, n.field, v)
 		}
 		*n.dst = v
@@ -257,7 +256,7 @@ func (s *signer) checkStaticEntry(canon string, values []string) error {
 	switch {
 	case slices.Contains(s.strip, canon):
 		return errors.New("is the signature, timestamp or nonce header, which is set per attempt")
-	case canon == idempotencyKeyHeader:
+	case canon == idemkey.HeaderName:
 		// Why: one key for all attempts of one operation comes from the
 		// client or the key layer; a fixed key would merge every operation.
 		return errors.New("Idempotency-Key cannot be static")
@@ -381,7 +380,7 @@ func (s *signer) sign(out *http.Request) error {
 		Method:         canonicalMethod(out.Method),
 		Path:           wirePath(out.URL),
 		Query:          out.URL.RawQuery,
-		IdempotencyKey: out.Header.Get(idempotencyKeyHeader),
+		IdempotencyKey: out.Header.Get(idemkey.HeaderName),
 		Body:           body,
 	}
 	if s.nonceHeader != "" {
