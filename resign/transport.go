@@ -13,6 +13,7 @@ package resign
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -176,7 +177,7 @@ func (s *signer) setHeaders(cfg Config) error {
 		{"NonceHeader", cfg.NonceHeader, "", &s.nonceHeader},
 	}
 	for _, n := range names {
-		v := cmpOr(n.value, n.def)
+		v := cmp.Or(n.value, n.def)
 		if v == "" {
 			continue
 		}
@@ -191,14 +192,6 @@ func (s *signer) setHeaders(cfg Config) error {
 		s.strip = append(s.strip, v)
 	}
 	return nil
-}
-
-// cmpOr returns v, or def when v is empty.
-func cmpOr(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
 }
 
 // setEncoding validates Config.Encoding.
