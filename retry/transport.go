@@ -228,15 +228,16 @@ func (s *sequence) attemptContext() (context.Context, context.CancelFunc) {
 
 // newRequest clones the caller's request for one attempt: same method, URL
 // and headers (the Idempotency-Key included), a fresh reader over the same
-// body bytes. GetBody lets the signer below read the body; OneShot removes
-// it before the wire so net/http cannot replay the attempt on its own.
+// body bytes. GetBody is nil: an attempt is sent once, and net/http must not
+// resend it on its own with the same signature (see OneShot); only this loop
+// sends again, through the signer.
 func (s *sequence) newRequest(ctx context.Context) *http.Request {
 	// A shallow copy: RoundTrippers must not modify the request (the signer
 	// below clones before it sets headers), so the header map can be shared
 	// and every attempt saves a deep clone.
 	r := s.req.WithContext(ctx)
 	r.Body, _ = s.getBody()
-	r.GetBody = s.getBody
+	r.GetBody = nil
 	r.ContentLength = int64(len(s.body))
 	r.TransferEncoding = nil // the length is known: send Content-Length
 	return r
