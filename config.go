@@ -302,9 +302,8 @@ func storeOptions(cfg config, log *slog.Logger) cache.Options {
 	}
 }
 
-// secrets returns the configured values that must never reach a log line: the
-// signing secret and the static header values (credentials such as X-Public-Id).
-// clients parses client authentication; the raw list is kept for log redaction.
+// clients parses client authentication (CLIENT_TOKENS or its _FILE); the raw
+// list is returned too, for log redaction.
 func (c *config) clients() (*proxy.ClientTokens, string, error) {
 	list, err := secret("CLIENT_TOKENS", c.ClientTokens, c.ClientTokensFile)
 	if err != nil {
@@ -317,6 +316,9 @@ func (c *config) clients() (*proxy.ClientTokens, string, error) {
 	return ct, list, nil
 }
 
+// secrets returns the configured values that must never reach a log line: the
+// client tokens, the signing secret and the static header values (credentials
+// such as X-Public-Id).
 func (s settings) secrets() []string {
 	var out []string
 	for _, entry := range strings.Split(s.clientTokens, ",") {
