@@ -7,50 +7,14 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/fakeclock"
 )
 
-// fakeClock is an injected clock: Sleep advances Now by d at once and
-// records d, so tests assert the waits a Gate asked for without sleeping.
-// It starts at the real time so that real context deadlines derived from it
-// lie in the future while the test runs.
-type fakeClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	sleeps  []time.Duration
-	onSleep func(n int) // called after the n-th sleep (1-based), outside the lock
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.sleeps = append(c.sleeps, d)
-	n, hook := len(c.sleeps), c.onSleep
-	c.mu.Unlock()
-	if hook != nil {
-		hook(n)
-	}
-	return nil
-}
-
-func (c *fakeClock) Sleeps() []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.sleeps)
-}
-
-func newTestGate(perSecond float64, burst int) (*Gate, *fakeClock) {
-	c := newFakeClock()
+// newTestGate returns a Gate on a fake clock that starts at the real time, so
+// that real context deadlines derived from it lie in the future.
+func newTestGate(perSecond float64, burst int) (*Gate, *fakeclock.Clock) {
+	c := fakeclock.New(time.Now())
 	g := New(perSecond, burst)
 	g.Now, g.Sleep = c.Now, c.Sleep
 	return g, c
@@ -136,7 +100,7 @@ func TestGatePauseExtendedWhileWaiting(t *testing.T) {
 	g, c := newTestGate(0, 1)
 	start := c.Now()
 	g.PauseUntil(start.Add(2 * time.Second))
-	c.onSleep = func(n int) {
+	c.OnSleep = func(n int) {
 		if n == 1 {
 			g.PauseUntil(start.Add(5 * time.Second))
 		}
@@ -161,7 +125,7 @@ func TestGatePauseWhileHoldingToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := c.Now()
-	c.onSleep = func(n int) {
+	c.OnSleep = func(n int) {
 		if n == 1 { // woke for the token; a 429 elsewhere pauses everyone
 			g.PauseUntil(start.Add(3 * time.Second))
 		}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/fakeclock"
 	"github.com/idemproxy/idemproxy/ratelimit"
 )
 
@@ -22,40 +23,10 @@ const testKey = "6f1c1a52-0d55-4c1e-9f7a-1f4b2a9d3c10"
 
 var testBody = []byte(`{"order_id":"payout-1","amount":"25","currency":"USDT","network":"tron"}`)
 
-// fakeClock is an injected clock: Sleep advances Now by d at once and
-// records d. It starts at the real time, truncated to a second (so HTTP
-// dates round-trip exactly), so that real context deadlines derived from it
-// lie in the future while a test runs.
-type fakeClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	sleeps []time.Duration
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Now().Truncate(time.Second)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	c.sleeps = append(c.sleeps, d)
-	return nil
-}
-
-func (c *fakeClock) Sleeps() []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.sleeps)
-}
+// newFakeClock starts at the real time, truncated to a second (so HTTP dates
+// round-trip exactly), so that real context deadlines derived from it lie in
+// the future while a test runs.
+func newFakeClock() *fakeclock.Clock { return fakeclock.New(time.Now().Truncate(time.Second)) }
 
 // arrival is one request as the provider received it.
 type arrival struct {
@@ -210,7 +181,7 @@ func (s *signer) RoundTrip(r *http.Request) (*http.Response, error) {
 type harness struct {
 	tr    *Transport
 	gate  *ratelimit.Gate
-	clock *fakeClock
+	clock *fakeclock.Clock
 
 	mu    sync.Mutex
 	infos []AttemptInfo

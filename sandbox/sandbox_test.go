@@ -12,10 +12,11 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/fakeclock"
 )
 
 // t0 is the seed example's created_at; every test clock starts there.
@@ -23,25 +24,8 @@ var t0 = time.Date(2026, 10, 7, 9, 13, 2, 0, time.UTC)
 
 var testSecret = []byte("sandbox-test-secret")
 
-// clock is an injectable Now that tests move by hand.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: t0} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+// newClock returns a clock tests move by hand, starting at t0.
+func newClock() *fakeclock.Clock { return fakeclock.New(t0) }
 
 // start serves cfg with httptest; Now defaults to t0.
 func start(t *testing.T, cfg Config) (*Server, *httptest.Server) {
