@@ -1,0 +1,293 @@
+// Package routes is idemproxy's per-endpoint protection table
+// (IDEMPROXY_ROUTES): which requests get an idempotency key and how, which are
+// streamed through untouched, and which are refused.
+//
+// A table is a list of rules separated by ';', each "METHOD PATH=POLICY":
+//
+//	POST /v1/payout/info=unprotected; POST /cards/*/topup=fingerprint:10m
+//
+// METHOD is an HTTP method (case-insensitive) or '*' for any. PATH starts
+// with '/'; a '*' segment matches exactly one non-empty path segment, any
+// other segment matches the same segment of the request path after
+// percent-decoding of each (so /cards/a%2Fb/topup has three segments and
+// /v1/payout/%69nfo is /v1/payout/info). The first rule that matches wins.
+// POLICY is one of:
+//
+//	unprotected            streamed through, never stored
+//	key:<sources>          protected; the key comes from these sources
+//	                       (IDEMPROXY_KEY_SOURCES syntax, e.g. key:json:payment.id)
+//	fingerprint:<window>   protected; identical requests within the window
+//	                       are one operation (e.g. fingerprint:10m)
+//	reject                 refused with 405, nothing sent
+package routes
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idemproxy/idemproxy/idemkey"
+)
+
+// Policy is what a rule does with the requests it matches.
+type Policy int
+
+// The policies. The zero Policy is not valid.
+const (
+	// Unprotected requests are signed and streamed through, never stored.
+	Unprotected Policy = iota + 1
+	// Key requests are protected with a key from the rule's Sources.
+	Key
+	// Fingerprint requests are protected with a key derived from the request
+	// fingerprint and the rule's Window.
+	Fingerprint
+	// Reject requests are refused with 405 and nothing is sent.
+	Reject
+)
+
+var policyNames = [...]string{Unprotected: "unprotected", Key: "key", Fingerprint: "fingerprint", Reject: "reject"}
+
+// String returns the policy's name as written in a rule.
+func (p Policy) String() string {
+	if p < Unprotected || p > Reject {
+		return fmt.Sprintf("policy(%d)", int(p))
+	}
+	return policyNames[p]
+}
+
+// ErrInvalid is wrapped by every parse error.
+var ErrInvalid = errors.New("invalid route rule")
+
+// Rule is one parsed rule.
+type Rule struct {
+	// Method is an upper-case method, or "*" for any.
+	Method string
+	// Path is the pattern as written, e.g. "/cards/*/topup".
+	Path   string
+	Policy Policy
+	// Sources are the key sources of a Key rule; nil otherwise.
+	Sources []idemkey.Source
+	// Window is the window of a Fingerprint rule; zero otherwise.
+	Window time.Duration
+
+	segs []string // decoded pattern segments; "*" is a wildcard
+}
+
+// String returns the rule in IDEMPROXY_ROUTES syntax; [Parse] of it gives the
+// rule back.
+func (r Rule) String() string {
+	s := r.Method + " " + r.Path + "=" + r.Policy.String()
+	switch r.Policy {
+	case Key:
+		srcs := make([]string, len(r.Sources))
+		for i, src := range r.Sources {
+			srcs[i] = src.String()
+		}
+		s += ":" + strings.Join(srcs, ",")
+	case Fingerprint:
+		s += ":" + r.Window.String()
+	}
+	return s
+}
+
+// Table is a parsed route table. The zero Table has no rules and matches
+// nothing.
+type Table struct {
+	rules []Rule
+}
+
+// Rules returns the table's rules in order.
+func (t Table) Rules() []Rule { return t.rules }
+
+// String returns the table in IDEMPROXY_ROUTES syntax.
+func (t Table) String() string {
+	parts := make([]string, len(t.rules))
+	for i, r := range t.rules {
+		parts[i] = r.String()
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Parse parses IDEMPROXY_ROUTES. Empty entries (a trailing ';') are ignored;
+// an empty string is an empty table. A malformed rule, and a rule that can
+// never match because an earlier one matches every request it would, are
+// errors naming the rule; they wrap [ErrInvalid].
+func Parse(s string) (Table, error) {
+	var t Table
+	n := 0
+	for entry := range strings.SplitSeq(s, ";") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		n++
+		r, err := parseRule(entry)
+		if err != nil {
+			return Table{}, fmt.Errorf("%w %d %q: %s", ErrInvalid, n, entry, err.Error())
+		}
+		for i, earlier := range t.rules {
+			if earlier.covers(r) {
+				return Table{}, fmt.Errorf("%w %d %q: never used, rule %d %q matches every request it would",
+					ErrInvalid, n, entry, i+1, earlier.String())
+			}
+		}
+		t.rules = append(t.rules, r)
+	}
+	return t, nil
+}
+
+// parseRule parses one trimmed, non-empty rule. Its errors are bare reasons.
+func parseRule(e string) (Rule, error) {
+	method, rest, ok := strings.Cut(e, " ")
+	if !ok {
+		return Rule{}, errors.New(`want "METHOD PATH=POLICY", e.g. "POST /v1/payout/info=unprotected"`)
+	}
+	var r Rule
+	var err error
+	if r.Method, err = parseMethod(method); err != nil {
+		return Rule{}, err
+	}
+	path, policy, ok := strings.Cut(strings.TrimSpace(rest), "=")
+	if !ok {
+		return Rule{}, errors.New(`missing "=POLICY"`)
+	}
+	r.Path = strings.TrimSpace(path)
+	if r.segs, err = parsePattern(r.Path); err != nil {
+		return Rule{}, err
+	}
+	if err := r.parsePolicy(strings.TrimSpace(policy)); err != nil {
+		return Rule{}, err
+	}
+	return r, nil
+}
+
+func parseMethod(m string) (string, error) {
+	if m == "*" {
+		return m, nil
+	}
+	m = strings.ToUpper(m)
+	if m == "" || strings.ContainsFunc(m, func(c rune) bool { return c < 'A' || c > 'Z' }) {
+		return "", fmt.Errorf("bad method %q (want letters, or * for any)", m)
+	}
+	return m, nil
+}
+
+// parsePattern checks a path pattern and returns its decoded segments.
+func parsePattern(p string) ([]string, error) {
+	if !strings.HasPrefix(p, "/") {
+		return nil, fmt.Errorf("path %q must start with /", p)
+	}
+	if strings.ContainsAny(p, "?# \t") {
+		return nil, fmt.Errorf("path %q must not hold a query, a fragment or spaces", p)
+	}
+	segs := strings.Split(p[1:], "/")
+	for i, s := range segs {
+		if s == "*" {
+			continue
+		}
+		if strings.Contains(s, "*") {
+			return nil, fmt.Errorf("path %q: * must be a whole segment", p)
+		}
+		if s == "." || s == ".." {
+			return nil, fmt.Errorf("path %q: dot segments never match", p)
+		}
+		dec, err := url.PathUnescape(s)
+		if err != nil {
+			return nil, fmt.Errorf("path %q: bad escape in segment %q", p, s)
+		}
+		if strings.Contains(dec, "*") {
+			return nil, fmt.Errorf("path %q: an escaped * is not a wildcard and is refused to avoid doubt", p)
+		}
+		segs[i] = dec
+	}
+	return segs, nil
+}
+
+func (r *Rule) parsePolicy(p string) error {
+	name, arg, hasArg := strings.Cut(p, ":")
+	name = strings.ToLower(strings.TrimSpace(name))
+	switch name {
+	case "unprotected", "reject":
+		if hasArg {
+			return fmt.Errorf("policy %s takes no argument", name)
+		}
+		r.Policy = Unprotected
+		if name == "reject" {
+			r.Policy = Reject
+		}
+		return nil
+	case "key":
+		srcs, err := idemkey.ParseSources(arg)
+		if err != nil {
+			return fmt.Errorf("policy key: %w", err)
+		}
+		r.Policy, r.Sources = Key, srcs
+		return nil
+	case "fingerprint":
+		d, err := time.ParseDuration(strings.TrimSpace(arg))
+		if err != nil || d < time.Second {
+			return fmt.Errorf("policy fingerprint: window %q: want a duration of at least 1s, e.g. fingerprint:10m", arg)
+		}
+		r.Policy, r.Window = Fingerprint, d
+		return nil
+	}
+	return fmt.Errorf("unknown policy %q (want unprotected, key:<sources>, fingerprint:<window> or reject)", p)
+}
+
+// covers reports whether r matches every request later would.
+func (r Rule) covers(later Rule) bool {
+	if r.Method != "*" && r.Method != later.Method {
+		return false
+	}
+	if len(r.segs) != len(later.segs) {
+		return false
+	}
+	for i, s := range r.segs {
+		switch l := later.segs[i]; {
+		case s == "*" && l == "": // * never matches an empty segment
+			return false
+		case s != "*" && s != l:
+			return false
+		}
+	}
+	return true
+}
+
+// Match returns the first rule matching method and the escaped request path
+// (url.URL.EscapedPath: what is forwarded), and whether one did.
+func (t Table) Match(method, escapedPath string) (Rule, bool) {
+	if len(t.rules) == 0 || !strings.HasPrefix(escapedPath, "/") {
+		return Rule{}, false
+	}
+	segs := strings.Split(escapedPath[1:], "/")
+	for _, r := range t.rules {
+		if r.matches(method, segs) {
+			return r, true
+		}
+	}
+	return Rule{}, false
+}
+
+func (r Rule) matches(method string, segs []string) bool {
+	if (r.Method != "*" && r.Method != method) || len(segs) != len(r.segs) {
+		return false
+	}
+	for i, want := range r.segs {
+		got := segs[i]
+		if want == "*" {
+			if got == "" {
+				return false
+			}
+			continue
+		}
+		if got != want { // the common case: nothing escaped
+			dec, err := url.PathUnescape(got)
+			if err != nil || dec != want {
+				return false
+			}
+		}
+	}
+	return true
+}

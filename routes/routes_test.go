@@ -1,0 +1,192 @@
+package routes
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustParse(t testing.TB, s string) Table {
+	t.Helper()
+	tab, err := Parse(s)
+	if err != nil {
+		t.Fatalf("Parse(%q): %v", s, err)
+	}
+	return tab
+}
+
+func TestParse(t *testing.T) {
+	tab := mustParse(t, " post /v1/payout/info = unprotected ;POST /cards/*/topup=fingerprint:10m; PUT /x=key:json:a.b, header:x-req ; * /admin=reject;")
+	rules := tab.Rules()
+	if len(rules) != 4 {
+		t.Fatalf("got %d rules, want 4: %v", len(rules), tab)
+	}
+	want := []struct {
+		method, path string
+		policy       Policy
+	}{
+		{"POST", "/v1/payout/info", Unprotected},
+		{"POST", "/cards/*/topup", Fingerprint},
+		{"PUT", "/x", Key},
+		{"*", "/admin", Reject},
+	}
+	for i, w := range want {
+		r := rules[i]
+		if r.Method != w.method || r.Path != w.path || r.Policy != w.policy {
+			t.Errorf("rule %d = %s %s %s, want %s %s %s", i, r.Method, r.Path, r.Policy, w.method, w.path, w.policy)
+		}
+	}
+	if rules[1].Window != 10*time.Minute {
+		t.Errorf("window %v, want 10m", rules[1].Window)
+	}
+	if got := len(rules[2].Sources); got != 2 || rules[2].Sources[1].Name != "X-Req" {
+		t.Errorf("sources %v, want json:a.b and header:X-Req", rules[2].Sources)
+	}
+	if got, want := tab.String(), "POST /v1/payout/info=unprotected; POST /cards/*/topup=fingerprint:10m0s; PUT /x=key:json:a.b,header:X-Req; * /admin=reject"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+}
+
+func TestParseEmpty(t *testing.T) {
+	for _, s := range []string{"", " ", ";", " ; ; "} {
+		tab := mustParse(t, s)
+		if len(tab.Rules()) != 0 {
+			t.Errorf("Parse(%q) has rules: %v", s, tab)
+		}
+		if _, ok := tab.Match("POST", "/x"); ok {
+			t.Errorf("empty table matched")
+		}
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"POST", "METHOD PATH=POLICY"},
+		{"/x=reject", "METHOD PATH=POLICY"},
+		{"POST /x", `missing "=POLICY"`},
+		{"P0ST /x=reject", "bad method"},
+		{"POST x=reject", "must start with /"},
+		{"POST /x?a=1=reject", "query"},
+		{"POST /a*b=reject", "whole segment"},
+		{"POST /a/../b=reject", "dot segments"},
+		{"POST /a%zz=reject", "bad escape"},
+		{"POST /a/%2A=reject", "escaped *"},
+		{"POST /x=maybe", "unknown policy"},
+		{"POST /x=", "unknown policy"},
+		{"POST /x=reject:now", "no argument"},
+		{"POST /x=unprotected:1", "no argument"},
+		{"POST /x=key:", "policy key"},
+		{"POST /x=key:cookie:a", "policy key"},
+		{"POST /x=fingerprint:", "window"},
+		{"POST /x=fingerprint:soon", "window"},
+		{"POST /x=fingerprint:500ms", "at least 1s"},
+		{"POST /x=fingerprint:-1m", "at least 1s"},
+		{"POST /x=reject; POST /x=unprotected", "never used"},
+		{"* /cards/*=reject; POST /cards/c1=unprotected", "never used"},
+	}
+	for _, c := range cases {
+		_, err := Parse(c.in)
+		if err == nil {
+			t.Errorf("Parse(%q) = nil error, want %q", c.in, c.want)
+			continue
+		}
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Parse(%q) = %v, want ErrInvalid mentioning %q", c.in, err, c.want)
+		}
+	}
+}
+
+func TestParseNotShadowed(t *testing.T) {
+	// * never matches an empty segment, so /cards/ is still reachable; a
+	// narrower rule before a wider one is the normal order.
+	for _, s := range []string{
+		"POST /cards/*=reject; POST /cards/=unprotected",
+		"POST /cards/c1=unprotected; POST /cards/*=reject",
+		"POST /cards/*=reject; GET /cards/*=unprotected",
+		"POST /cards/*=reject; POST /cards/*/topup=unprotected",
+	} {
+		mustParse(t, s)
+	}
+}
+
+func TestMatch(t *testing.T) {
+	tab := mustParse(t, "POST /v1/payout/info=unprotected; POST /cards/*/topup=fingerprint:10m; POST /cards=fingerprint:1m; * /=reject")
+	cases := []struct {
+		method, path string
+		want         string // rule path, "" for no match
+	}{
+		{"POST", "/v1/payout/info", "/v1/payout/info"},
+		{"POST", "/v1/payout/%69nfo", "/v1/payout/info"}, // the provider decodes it the same
+		{"GET", "/v1/payout/info", ""},
+		{"POST", "/v1/payout/info/", ""},
+		{"POST", "/v1/payout", ""},
+		{"POST", "/cards/c-1/topup", "/cards/*/topup"},
+		{"POST", "/cards/a%2Fb/topup", "/cards/*/topup"}, // one segment
+		{"POST", "/cards/a/b/topup", ""},
+		{"POST", "/cards//topup", ""}, // * needs a segment
+		{"POST", "/cards", "/cards"},
+		{"POST", "/Cards", ""}, // paths are case-sensitive
+		{"DELETE", "/", "/"},
+		{"POST", "/cards/%zz/topup", "/cards/*/topup"}, // * takes any segment, even a bad escape
+		{"POST", "/v1/payout/%zznfo", ""},
+		{"POST", "", ""},
+		{"POST", "cards", ""},
+	}
+	for _, c := range cases {
+		r, ok := tab.Match(c.method, c.path)
+		got := ""
+		if ok {
+			got = r.Path
+		}
+		if got != c.want {
+			t.Errorf("Match(%s %s) = %q, want %q", c.method, c.path, got, c.want)
+		}
+	}
+}
+
+func TestMatchFirstWins(t *testing.T) {
+	tab := mustParse(t, "POST /cards/c1/topup=unprotected; POST /cards/*/topup=reject")
+	if r, _ := tab.Match("POST", "/cards/c1/topup"); r.Policy != Unprotected {
+		t.Errorf("c1: %v, want the first rule", r)
+	}
+	if r, _ := tab.Match("POST", "/cards/c2/topup"); r.Policy != Reject {
+		t.Errorf("c2: %v, want the second rule", r)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		"POST /v1/payout/info=unprotected; POST /cards/*/topup=fingerprint:10m",
+		"PUT /x=key:json:a.b,header:X-Req; * /admin=reject",
+		"POST /a%2Fb/*=reject;;",
+		"post /=key:query:id",
+		"POST /x=fingerprint:1h30m",
+	} {
+		f.Add(s, "POST", "/cards/c1/topup")
+	}
+	f.Fuzz(func(t *testing.T, s, method, path string) {
+		tab, err := Parse(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error does not wrap ErrInvalid: %v", err)
+			}
+			return
+		}
+		// What String writes, Parse reads back to the same table.
+		again, err := Parse(tab.String())
+		if err != nil {
+			t.Fatalf("Parse(String()) of %q: %v (String %q)", s, err, tab.String())
+		}
+		if again.String() != tab.String() {
+			t.Fatalf("round trip changed the table: %q -> %q", tab.String(), again.String())
+		}
+		r, ok := tab.Match(method, path)
+		if ok && (r.Policy < Unprotected || r.Policy > Reject) {
+			t.Fatalf("matched a rule with policy %v", r.Policy)
+		}
+		if ok && r.Method != "*" && r.Method != method {
+			t.Fatalf("rule %v matched method %q", r, method)
+		}
+	})
+}
