@@ -34,9 +34,31 @@ var (
 	ErrStoreAfterSend = &Error{http.StatusServiceUnavailable, "store_unavailable", "the upstream answered but the answer could not be stored; the operation may have been executed: retry with the same Idempotency-Key"}
 	ErrBadRequest     = &Error{http.StatusBadRequest, "bad_request", "request cannot be proxied"}
 	ErrMethod         = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not proxied"}
-	ErrUpgrade        = &Error{http.StatusBadRequest, "upgrade_not_supported", "protocol upgrades are not proxied"}
-	ErrClientGone     = &Error{499, "client_closed_request", "client closed the request"}
+	// ErrRouteRejected answers a request an IDEMPROXY_ROUTES reject rule matches.
+	ErrRouteRejected = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "this method and path are refused by the proxy's route table; nothing was sent"}
+	ErrUpgrade       = &Error{http.StatusBadRequest, "upgrade_not_supported", "protocol upgrades are not proxied"}
+	ErrClientGone    = &Error{499, "client_closed_request", "client closed the request"}
 )
+
+// busy is the answer while a key is in flight past the wait: ErrInProgress, or
+// the status and code configured in its place (Options.InProgressStatus), always
+// with Retry-After.
+type busy struct{ e *Error }
+
+func (b busy) Error() string { return b.e.Error() }
+func (b busy) Unwrap() error { return b.e }
+
+// busyError builds the in-progress answer; zero values keep ErrInProgress's.
+func busyError(status int, code string) busy {
+	e := *ErrInProgress
+	if status != 0 {
+		e.Status = status
+	}
+	if code != "" {
+		e.Code = code
+	}
+	return busy{&e}
+}
 
 // storeError wraps a store failure so that the one mapping function answers 503 while
 // the log keeps the cause.
@@ -105,7 +127,7 @@ func writeError(w http.ResponseWriter, err error, key string) {
 	if attempts > 0 {
 		h.Set(AttemptsHeader, strconv.Itoa(attempts))
 	}
-	if code == ErrInProgress.Code {
+	if errors.As(err, new(busy)) {
 		h.Set("Retry-After", "1")
 	}
 	b, _ := json.Marshal(body)

@@ -59,7 +59,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Time) error {
 	left := deadline.Sub(h.opt.Now())
 	if left <= 0 {
-		return ErrInProgress
+		return h.inProgress
 	}
 	// Another replica's operation gives no local signal: poll the store as well.
 	poll := min(left, 100*time.Millisecond)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/routes"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -88,11 +89,20 @@ type Options struct {
 	KeySources []idemkey.Source
 	// MissingKey is the policy when no key can be found (zero: Reject).
 	MissingKey MissingKey
+	// Routes are per-endpoint rules tried before Protected and KeySources;
+	// requests no rule matches follow those. The zero Table has no rules.
+	Routes routes.Table
 	// MaxBodyBytes caps request bodies (413 above). Zero means 1 MiB.
 	MaxBodyBytes int64
 	// InflightWait bounds how long a repeat waits for the same key in flight
 	// before 409 idempotency_in_progress. Zero means 10 s.
 	InflightWait time.Duration
+	// InProgressStatus and InProgressCode are the answer past InflightWait,
+	// always with Retry-After, so that it reads as the provider's own "busy"
+	// to an app written against the provider. Zero means 409 and
+	// "idempotency_in_progress".
+	InProgressStatus int
+	InProgressCode   string
 	// Lease is how long an in-flight record is owned; it must outlast the whole
 	// attempt sequence. Zero means 5 min.
 	Lease time.Duration
@@ -110,11 +120,13 @@ type Options struct {
 // Handler is the proxy's http.Handler. Close nothing: call Drain on shutdown to wait
 // for detached upstream operations.
 type Handler struct {
-	opt       Options
-	protected map[string]bool
-	rp        *httputil.ReverseProxy
-	ops       sync.WaitGroup
-	flights   flights
+	opt        Options
+	protected  map[string]bool
+	inProgress busy
+	rp         *httputil.ReverseProxy
+	ops        sync.WaitGroup
+	flights    flights
+	windows    windowLocks
 }
 
 // New checks opts and builds a Handler.
@@ -146,7 +158,7 @@ func New(opts Options) (*Handler, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	h := &Handler{opt: opts, protected: map[string]bool{}}
+	h := &Handler{opt: opts, protected: map[string]bool{}, inProgress: busyError(opts.InProgressStatus, opts.InProgressCode)}
 	for _, m := range opts.Protected {
 		h.protected[strings.ToUpper(m)] = true
 	}
@@ -201,12 +213,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
-	if !h.protected[r.Method] {
+	rule := h.rule(r)
+	switch rule.Policy {
+	case routes.Reject:
+		sum.Outcome = OutcomeRejected
+		h.fail(w, sum, ErrRouteRejected)
+	case routes.Unprotected:
 		sum.Outcome = OutcomeForwarded
 		h.forward(w, r, modeFor(r.Method))
-		return
+	default:
+		h.serveProtected(w, r, tenant, rule, sum)
 	}
-	h.serveProtected(w, r, tenant, sum)
+}
+
+// rule is the route rule for r: the first IDEMPROXY_ROUTES rule that matches,
+// else the default one (protected methods get keys from KeySources, others are
+// unprotected).
+func (h *Handler) rule(r *http.Request) routes.Rule {
+	if rule, ok := h.opt.Routes.Match(r.Method, r.URL.EscapedPath()); ok {
+		return rule
+	}
+	if h.protected[r.Method] {
+		return routes.Rule{Policy: routes.Key, Sources: h.opt.KeySources}
+	}
+	return routes.Rule{Policy: routes.Unprotected}
 }
 
 func (h *Handler) tenant(r *http.Request) (string, error) {
@@ -256,7 +286,7 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	writeError(w, err, "")
 }
 
-func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, sum *Summary) {
+func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, rule routes.Rule, sum *Summary) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		h.fail(w, sum, err)
@@ -269,7 +299,8 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	if tenant != DefaultTenant {
 		kr.Tenant = tenant
 	}
-	key, err := h.resolveKey(kr)
+	fp := idemkey.Fingerprint(kr)
+	key, err := h.resolveKey(r.Context(), kr, rule, fp)
 	if err != nil {
 		h.fail(w, sum, err)
 		return
@@ -282,7 +313,6 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	}
 	sum.Key = key
 	w.Header().Set(KeyHeader, key)
-	fp := idemkey.Fingerprint(kr)
 	id := store.ID{Tenant: tenant, Key: key}
 	res, err := h.obtain(r, id, fp[:], body, sum)
 	if err == nil {
@@ -295,10 +325,11 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	writeResult(w, res, sum)
 }
 
-// resolveKey returns the key for a protected request: the client's own, else one
-// derived from the first configured source, else what the MissingKey policy says
-// ("" for Passthrough).
-func (h *Handler) resolveKey(r idemkey.Request) (string, error) {
+// resolveKey returns the key for a protected request: the client's own, else the
+// fingerprint window's key for a fingerprint rule, else one derived from the first
+// of the rule's sources present, else what the MissingKey policy says ("" for
+// Passthrough).
+func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes.Rule, fp [32]byte) (string, error) {
 	key, present, err := idemkey.FromHeader(r.Header)
 	if err != nil {
 		return "", err
@@ -306,7 +337,10 @@ func (h *Handler) resolveKey(r idemkey.Request) (string, error) {
 	if present {
 		return key, nil
 	}
-	if key, _, ok := idemkey.Derive(h.opt.KeySources, r); ok {
+	if rule.Policy == routes.Fingerprint {
+		return h.windowKey(ctx, r.Tenant, fp, rule.Window)
+	}
+	if key, _, ok := idemkey.Derive(rule.Sources, r); ok {
 		return key, nil
 	}
 	switch h.opt.MissingKey {

@@ -65,7 +65,7 @@ func (h *Handler) fail(w http.ResponseWriter, sum *Summary, err error) {
 		sum.Outcome = OutcomeStoreError
 	case ErrConflict.Code:
 		sum.Outcome = OutcomeConflict
-	case ErrInProgress.Code:
+	case ErrInProgress.Code, h.inProgress.e.Code:
 		sum.Outcome = OutcomeInProgress
 	case ErrClientGone.Code:
 		sum.Outcome = OutcomeClientGone

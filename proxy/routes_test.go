@@ -1,0 +1,240 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/routes"
+)
+
+// clock is a settable clock shared by the proxy and its store.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Set(t time.Time)     { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+func mustRoutes(t *testing.T, s string) routes.Table {
+	t.Helper()
+	tab, err := routes.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tab
+}
+
+// newRouteEnv is newEnv with a route table and, when clk is set, one clock for
+// the proxy and the store (fingerprint windows compare the two). A store on
+// dir survives the handler, as across a restart.
+func newRouteEnv(t *testing.T, table string, clk *clock, dir string, opts ...envOpt) *env {
+	t.Helper()
+	e := &env{prov: newProvider()}
+	e.up = httptest.NewServer(e.prov)
+	t.Cleanup(e.up.Close)
+	co := cache.Options{Dir: dir, SyncWrites: true, TTL: time.Hour, GCInterval: -1}
+	if clk != nil {
+		co.Now = clk.Now
+	}
+	st, err := cache.Open(co)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.store = st
+	u, _ := url.Parse(e.up.URL)
+	sources, err := idemkey.ParseSources("json:order_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := retry.Policy{MaxAttempts: 1}
+	o := proxy.Options{Upstream: u, Store: st, KeySources: sources, InflightWait: 5 * time.Second, Routes: mustRoutes(t, table)}
+	if clk != nil {
+		o.Now = clk.Now
+	}
+	for _, f := range opts {
+		f(&o, &pol)
+	}
+	o.Transport = &retry.Transport{Policy: pol, Next: &retry.OneShot{Next: e.up.Client().Transport}}
+	if e.h, err = proxy.New(o); err != nil {
+		t.Fatal(err)
+	}
+	e.srv = httptest.NewServer(e.h)
+	t.Cleanup(func() {
+		e.srv.Close()
+		e.h.Drain(context.Background())
+		st.Close()
+	})
+	return e
+}
+
+func TestRouteUnprotectedIsNeverStored(t *testing.T) {
+	e := newRouteEnv(t, "POST /v1/payout/info=unprotected", nil, t.TempDir())
+	for i := range 3 {
+		a := e.do(t, "POST", "/v1/payout/info", `{"order_id":"o-1"}`)
+		if a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "" || a.header.Get("Idempotency-Key") != "" {
+			t.Fatalf("lookup %d: %d replayed=%q key=%q, want a fresh answer with no key", i, a.status,
+				a.header.Get("Idempotent-Replayed"), a.header.Get("Idempotency-Key"))
+		}
+	}
+	total, execs := e.prov.counts()
+	if total != 3 || execs[""] != 3 {
+		t.Errorf("provider saw %d requests, %v; want 3 without a key", total, execs)
+	}
+	// The same body on an unmatched path is still protected by order_id.
+	e.do(t, "POST", "/v1/payout", `{"order_id":"o-1"}`)
+	if r := e.do(t, "POST", "/v1/payout", `{"order_id":"o-1"}`); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("unmatched POST not replayed: %d %s", r.status, r.body)
+	}
+}
+
+func TestRouteReject(t *testing.T) {
+	e := newRouteEnv(t, "* /v1/admin/*=reject", nil, t.TempDir())
+	for _, m := range []string{"POST", "GET", "DELETE"} {
+		a := e.do(t, m, "/v1/admin/users", `{"order_id":"o-1"}`)
+		if a.status != http.StatusMethodNotAllowed || errorCode(t, a) != "method_not_allowed" {
+			t.Errorf("%s: %d %s, want 405 method_not_allowed", m, a.status, a.body)
+		}
+	}
+	if total, _ := e.prov.counts(); total != 0 {
+		t.Errorf("provider saw %d requests, want none", total)
+	}
+}
+
+func TestRouteKeySources(t *testing.T) {
+	e := newRouteEnv(t, "POST /cardholders=key:json:external_id; PUT /cards/*=key:header:X-Request-Id", nil, t.TempDir())
+	body := `{"external_id":"cust-1","name":"A"}`
+	a := e.do(t, "POST", "/cardholders", body)
+	b := e.do(t, "POST", "/cardholders", body)
+	if a.status != http.StatusCreated || b.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(a.body, b.body) {
+		t.Fatalf("key from external_id: %d then %d replayed=%q", a.status, b.status, b.header.Get("Idempotent-Replayed"))
+	}
+	// A route's sources replace the default ones: order_id does not count here.
+	if c := e.do(t, "POST", "/cardholders", `{"order_id":"o-1"}`); c.status != http.StatusUnprocessableEntity {
+		t.Errorf("no external_id: %d %s, want 422", c.status, c.body)
+	}
+	// A key rule protects a method IDEMPROXY_PROTECTED_METHODS does not list.
+	d := e.do(t, "PUT", "/cards/c1", `{}`, "X-Request-Id", "r-1")
+	f := e.do(t, "PUT", "/cards/c1", `{}`, "X-Request-Id", "r-1")
+	if d.header.Get("Idempotency-Key") == "" || f.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("PUT with a key rule: key=%q replayed=%q", d.header.Get("Idempotency-Key"), f.header.Get("Idempotent-Replayed"))
+	}
+	if _, execs := e.prov.counts(); len(execs) != 2 {
+		t.Errorf("executions %v, want two operations", execs)
+	}
+}
+
+// periodStart is the start of the window period after now: a boundary.
+func periodStart(window time.Duration) time.Time {
+	return time.Now().Truncate(window).Add(window)
+}
+
+func TestFingerprintWindow(t *testing.T) {
+	const window = 10 * time.Minute
+	clk := &clock{}
+	boundary := periodStart(window)
+	clk.Set(boundary.Add(-time.Second))
+	e := newRouteEnv(t, "POST /cards/*/topup=fingerprint:10m", clk, t.TempDir())
+	topup := `{"amount":"50"}`
+	first := e.do(t, "POST", "/cards/c1/topup", topup)
+	key := first.header.Get("Idempotency-Key")
+	if first.status != http.StatusCreated || key == "" {
+		t.Fatalf("first top-up: %d key=%q", first.status, key)
+	}
+	// Two seconds later, across a period boundary: the same operation.
+	clk.Set(boundary.Add(time.Second))
+	again := e.do(t, "POST", "/cards/c1/topup", `{ "amount" : "50" }`)
+	if again.header.Get("Idempotency-Key") != key || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("repeat across the boundary: key %q (want %q) replayed=%q", again.header.Get("Idempotency-Key"), key, again.header.Get("Idempotent-Replayed"))
+	}
+	// Another body, or another card, is another operation.
+	other := e.do(t, "POST", "/cards/c1/topup", `{"amount":"51"}`)
+	card2 := e.do(t, "POST", "/cards/c2/topup", topup)
+	if k := other.header.Get("Idempotency-Key"); k == key || other.header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("other amount: key %q replayed=%q, want a new operation", k, other.header.Get("Idempotent-Replayed"))
+	}
+	if k := card2.header.Get("Idempotency-Key"); k == key || card2.header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("other card: key %q, want a new operation", k)
+	}
+	// Just inside the window of the first request: still the same operation.
+	clk.Set(boundary.Add(-time.Second + window - time.Millisecond))
+	if r := e.do(t, "POST", "/cards/c1/topup", topup); r.header.Get("Idempotency-Key") != key {
+		t.Errorf("at the end of the window: key %q, want %q", r.header.Get("Idempotency-Key"), key)
+	}
+	// At the window's end: a new operation with a new key, executed.
+	clk.Set(boundary.Add(-time.Second + window))
+	later := e.do(t, "POST", "/cards/c1/topup", topup)
+	key2 := later.header.Get("Idempotency-Key")
+	if key2 == key || key2 == "" || later.status != http.StatusCreated || later.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("after the window: %d key %q replayed=%q, want a new operation", later.status, key2, later.header.Get("Idempotent-Replayed"))
+	}
+	// The new operation's window starts at its own first request, not at a
+	// period boundary: 9 minutes later, in the next period, it still replays.
+	clk.Add(9 * time.Minute)
+	if r := e.do(t, "POST", "/cards/c1/topup", topup); r.header.Get("Idempotency-Key") != key2 || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("9m into the second operation: key %q replayed=%q, want %q replayed", r.header.Get("Idempotency-Key"), r.header.Get("Idempotent-Replayed"), key2)
+	}
+	_, execs := e.prov.counts()
+	if len(execs) != 4 || execs[key] != 1 || execs[key2] != 1 {
+		t.Errorf("executions %v, want 4 operations, each executed once", execs)
+	}
+	// The client's own key still wins over the window.
+	if r := e.do(t, "POST", "/cards/c1/topup", topup, "Idempotency-Key", "app-key-1"); r.header.Get("Idempotency-Key") != "app-key-1" {
+		t.Errorf("client key: got %q", r.header.Get("Idempotency-Key"))
+	}
+}
+
+// An operation anchored before a restart keeps its key after it, even when the
+// attempt was abandoned (nothing stored) and the retry falls in the next period.
+func TestFingerprintWindowSurvivesRestart(t *testing.T) {
+	const window = time.Minute
+	clk := &clock{}
+	boundary := periodStart(window)
+	clk.Set(boundary.Add(-time.Second))
+	dir := t.TempDir()
+	e := newRouteEnv(t, "POST /cards=fingerprint:1m", clk, dir)
+	e.prov.status = http.StatusBadGateway // not final: the key is released
+	a := e.do(t, "POST", "/cards", `{"amount":"5"}`)
+	key := a.header.Get("Idempotency-Key")
+	if a.status != http.StatusBadGateway || key == "" {
+		t.Fatalf("first: %d key=%q", a.status, key)
+	}
+	e.srv.Close()
+	e.h.Drain(context.Background())
+	e.store.Close()
+
+	clk.Set(boundary.Add(30 * time.Second))
+	e2 := newRouteEnv(t, "POST /cards=fingerprint:1m", clk, dir)
+	b := e2.do(t, "POST", "/cards", `{"amount":"5"}`)
+	if b.header.Get("Idempotency-Key") != key || b.status != http.StatusCreated {
+		t.Fatalf("retry after restart, next period: %d key %q, want %q", b.status, b.header.Get("Idempotency-Key"), key)
+	}
+}
+
+func TestInProgressDialect(t *testing.T) {
+	e := newRouteEnv(t, "", nil, t.TempDir(), func(o *proxy.Options, _ *retry.Policy) {
+		o.InflightWait = 50 * time.Millisecond
+		o.InProgressStatus, o.InProgressCode = http.StatusServiceUnavailable, "idempotency.in_progress"
+	})
+	e.prov.hold = make(chan struct{})
+	e.prov.entered = make(chan string, 1)
+	first := make(chan answer, 1)
+	go func() { first <- e.do(t, "POST", "/v1/payout", order) }()
+	<-e.prov.entered
+	a := e.do(t, "POST", "/v1/payout", order)
+	if a.status != http.StatusServiceUnavailable || errorCode(t, a) != "idempotency.in_progress" || a.header.Get("Retry-After") != "1" {
+		t.Errorf("got %d %s Retry-After=%q, want 503 idempotency.in_progress with Retry-After: 1", a.status, a.body, a.header.Get("Retry-After"))
+	}
+	close(e.prov.hold)
+	<-first
+}
