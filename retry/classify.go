@@ -23,7 +23,15 @@ const (
 	ReasonNetwork Reason = "network"  // sent, connection broke (reset, EOF): outcome unknown
 	ReasonStatus  Reason = "status"   // retriable HTTP status
 	ReasonCode    Reason = "code"     // 4xx with a retriable business code
+	ReasonRefused Reason = "refused"  // the provider refused this attempt before acting on it; resent freshly signed
 )
+
+// refusedCodes are business codes by which a provider says it refused the
+// attempt itself before acting on anything, so the answer says nothing about
+// the operation and must never be stored as its result. Seed payments: "409
+// nonce_reused: the nonce is single-use; renew the signature" — a new attempt
+// through the signer below gets a new nonce.
+var refusedCodes = map[string]bool{"nonce_reused": true}
 
 // errorReason classifies a failed attempt: whether the request can have
 // reached the upstream, and whether the failure was a timeout.
@@ -74,6 +82,9 @@ func responseReason(m Mode, p Policy, status int, body []byte) Reason {
 	facts := parseBody(body)
 	if facts.final() {
 		return ReasonNone
+	}
+	if m == Protected && status < 500 && refusedCodes[facts.code] {
+		return ReasonRefused
 	}
 	if r == ReasonNone && m == Protected && status < 500 && facts.code != "" && p.Codes[facts.code] {
 		return ReasonCode
