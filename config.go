@@ -17,6 +17,7 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/resign"
 	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/routes"
 )
 
 // envPrefix is the prefix of every variable (SPEC.md, Configuration).
@@ -35,6 +36,11 @@ type config struct {
 	Protected    string        `env:"PROTECTED_METHODS" envDefault:"POST" doc:"comma list of methods that get keys and records"`
 	KeySources   string        `env:"KEY_SOURCES" envDefault:"json:order_id" doc:"comma list of json:<dotted.path>, form:<field>, header:<Name>, query:<name>"`
 	MissingKey   string        `env:"MISSING_KEY" envDefault:"reject" doc:"reject, generate or passthrough"`
+	Preset       string        `env:"PRESET" doc:"payouts, payments or cards: the signing, retry, route and in-progress settings that provider needs; variables set explicitly win"`
+	Routes       string        `env:"ROUTES" doc:"per-endpoint rules separated by ;, each METHOD PATH=POLICY; POLICY is unprotected, key:<sources>, fingerprint:<window> or reject; * matches one path segment; first match wins; unmatched requests follow PROTECTED_METHODS and KEY_SOURCES"`
+
+	InProgressStatus int    `env:"INPROGRESS_STATUS" envDefault:"409" doc:"status of idemproxy's answer while a key is in flight past INFLIGHT_WAIT, always with Retry-After (503 for apps that retry only 5xx)"`
+	InProgressCode   string `env:"INPROGRESS_CODE" envDefault:"idempotency_in_progress" doc:"error code of that answer (the payouts provider's is idempotency.in_progress)"`
 
 	SignSecret        string `env:"SIGN_SECRET" doc:"HMAC secret; empty = no signing (secret)"`
 	SignSecretFile    string `env:"SIGN_SECRET_FILE,file" doc:"path of a file holding SIGN_SECRET (container secrets)"`
@@ -72,6 +78,7 @@ type settings struct {
 	protected    []string
 	sources      []idemkey.Source
 	missingKey   proxy.MissingKey
+	routes       routes.Table
 	sign         resign.Config
 	policy       retry.Policy
 }
@@ -79,7 +86,11 @@ type settings struct {
 // loadConfig reads the environment (environ as from os.Environ) and checks it. Every
 // error names the variable at fault.
 func loadConfig(environ []string) (config, settings, error) {
-	opts := env.Options{Prefix: envPrefix, Environment: env.ToMap(environ)}
+	vars := env.ToMap(environ)
+	if err := applyPreset(vars); err != nil {
+		return config{}, settings{}, err
+	}
+	opts := env.Options{Prefix: envPrefix, Environment: vars}
 	cfg, err := env.ParseAsWithOptions[config](opts)
 	if err != nil {
 		return cfg, settings{}, nameVariables(err, opts)
@@ -131,6 +142,12 @@ func (c *config) settings() (settings, error) {
 	if s.protected, err = parseMethods(c.Protected); err != nil {
 		return s, bad("PROTECTED_METHODS", err)
 	}
+	if s.routes, err = c.routes(); err != nil {
+		return s, bad("ROUTES", err)
+	}
+	if err := checkInProgress(c.InProgressStatus, c.InProgressCode); err != nil {
+		return s, err
+	}
 	if s.clients, s.clientTokens, err = c.clients(); err != nil {
 		return s, err
 	}
@@ -141,6 +158,36 @@ func (c *config) settings() (settings, error) {
 		return s, err
 	}
 	return s, c.checkNumbers()
+}
+
+// routes parses ROUTES. A fingerprint window must fit in RECORD_TTL: the
+// records that tie a window's requests together live that long.
+func (c *config) routes() (routes.Table, error) {
+	t, err := routes.Parse(c.Routes)
+	if err != nil {
+		return t, err
+	}
+	for _, r := range t.Rules() {
+		if r.Policy == routes.Fingerprint && r.Window > c.RecordTTL {
+			return t, fmt.Errorf("rule %q: window longer than %sRECORD_TTL (%s)", r.String(), envPrefix, c.RecordTTL)
+		}
+	}
+	return t, nil
+}
+
+// checkInProgress checks the in-progress answer: an error status, and a code
+// that reads as one in JSON and in logs.
+func checkInProgress(status int, code string) error {
+	if status < 400 || status > 599 {
+		return bad("INPROGRESS_STATUS", fmt.Errorf("want a 4xx or 5xx status, got %d", status))
+	}
+	ok := code != "" && len(code) <= 100 && !strings.ContainsFunc(code, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-:", r))
+	})
+	if !ok {
+		return bad("INPROGRESS_CODE", fmt.Errorf("want 1-100 letters, digits and . _ - :, got %q", code))
+	}
+	return nil
 }
 
 func parseUpstream(raw string) (*url.URL, error) {

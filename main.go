@@ -91,21 +91,26 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	if err := releaseInFlight(store, m, log); err != nil {
 		return err
 	}
+	log.Info("protection", "preset", cfg.Preset, "routes", set.routes.String(),
+		"inprogress_status", cfg.InProgressStatus, "inprogress_code", cfg.InProgressCode)
 	obs := &observer{log: log, m: m}
 	records := m.Store(store)
 	handler, err := proxy.New(proxy.Options{
-		Upstream:     set.upstream,
-		Transport:    upstreamTransport(cfg, set, store.MaxBodyBytes(), obs.attempt),
-		Store:        records,
-		Clients:      set.clients,
-		Protected:    set.protected,
-		KeySources:   set.sources,
-		MissingKey:   set.missingKey,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		InflightWait: cfg.InflightWait,
-		Lease:        cfg.lease(),
-		Logger:       log,
-		OnDone:       obs.done,
+		Upstream:         set.upstream,
+		Transport:        upstreamTransport(cfg, set, store.MaxBodyBytes(), obs.attempt),
+		Store:            records,
+		Clients:          set.clients,
+		Protected:        set.protected,
+		KeySources:       set.sources,
+		MissingKey:       set.missingKey,
+		Routes:           set.routes,
+		MaxBodyBytes:     cfg.MaxBodyBytes,
+		InflightWait:     cfg.InflightWait,
+		InProgressStatus: cfg.InProgressStatus,
+		InProgressCode:   cfg.InProgressCode,
+		Lease:            cfg.lease(),
+		Logger:           log,
+		OnDone:           obs.done,
 	})
 	if err != nil {
 		return err
