@@ -54,7 +54,8 @@ func TestMain(m *testing.M) {
 // non-zero must-be-zero count fails the build. The payments provider
 // deduplicates by key only, so it shows any second charge in its ledger; the
 // payouts provider adds its 409 idempotency.in_progress and funds_maturing
-// answers, which the proxy must retry under the same key.
+// answers, which the proxy must retry under the same key; the cards provider
+// keeps keys for ever and its card issues are keyed by a fingerprint window.
 func TestChaos(t *testing.T) {
 	cases := []struct {
 		provider     string
@@ -62,6 +63,7 @@ func TestChaos(t *testing.T) {
 	}{
 		{sandbox.ProviderPayments, *ordersFlag, *killsFlag},
 		{sandbox.ProviderPayouts, max(*ordersFlag/4, 1), max(*killsFlag-1, 0)},
+		{sandbox.ProviderCards, max(*ordersFlag/4, 1), max(*killsFlag-1, 0)},
 	}
 	for _, c := range cases {
 		t.Run(c.provider, func(t *testing.T) {
@@ -165,8 +167,7 @@ func TestUpstreamProxyEnvFillsSecret(t *testing.T) {
 	for _, want := range []string{
 		"IDEMPROXY_UPSTREAM_URL=" + up.URL,
 		"IDEMPROXY_SIGN_SECRET=s3cret",
-		"IDEMPROXY_NONCE_HEADER=X-Nonce",
-		"IDEMPROXY_SIGN_CANONICAL=" + sandbox.PaymentsCanonical,
+		"IDEMPROXY_PRESET=payments",
 	} {
 		if !strings.Contains(joined, want+"\n") && !strings.HasSuffix(joined, want) {
 			t.Errorf("ProxyEnv lacks %q:\n%s", want, joined)

@@ -60,8 +60,9 @@ func (o *Order) Final() Answer { return o.Answers[len(o.Answers)-1] }
 // Client is the legacy application: it POSTs one JSON body per order with an
 // order_id and no Idempotency-Key, gives up on a request after Timeout, and
 // retries blindly on a fresh connection after a timeout, a connection error,
-// a 5xx or a 409 idempotency_in_progress, until a 2xx, another answer, or
-// MaxTries requests.
+// a 5xx or a 409 idempotency_in_progress (idempotency.in_progress, the payouts
+// provider's, which its preset makes idemproxy answer), until a 2xx, another
+// answer, or MaxTries requests.
 type Client struct {
 	// Target is idemproxy's base URL, e.g. "http://127.0.0.1:8080".
 	Target string
@@ -190,7 +191,8 @@ func retriable(a Answer) bool {
 	case a.Status == 0, a.Status >= 500:
 		return true
 	case a.Status == http.StatusConflict:
-		return errorCode(a.Body) == "idempotency_in_progress"
+		code := errorCode(a.Body)
+		return code == "idempotency_in_progress" || code == "idempotency.in_progress"
 	}
 	return false
 }

@@ -17,11 +17,13 @@ type Config struct {
 	// Required; it should start empty.
 	DataDir string
 
-	// Provider is the sandbox provider: "payments" or "payouts". Empty means
-	// "payments", the stricter one: it deduplicates by Idempotency-Key only,
-	// so any change of key for an order shows as a second execution. The
-	// payouts provider also deduplicates by order_id, which would hide such
-	// a change from the ledger (the wire counter still sees it).
+	// Provider is the sandbox provider: "payments", "payouts" or "cards".
+	// Empty means "payments", the stricter one: it deduplicates by
+	// Idempotency-Key only, so any change of key for an order shows as a
+	// second execution. The payouts provider also deduplicates by order_id,
+	// which would hide such a change from the ledger (the wire counter still
+	// sees it). The cards client issues one card per order; its preset keys
+	// card issues by a fingerprint window, not by any field.
 	Provider string
 
 	// Orders is how many distinct orders the client pays. Zero means 2000.
@@ -100,8 +102,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("chaos: Config.Binary and Config.DataDir are required")
 	}
 	c.Provider = orDefault(c.Provider, sandbox.ProviderPayments)
-	if c.Provider != sandbox.ProviderPayments && c.Provider != sandbox.ProviderPayouts {
-		return c, fmt.Errorf("chaos: Config.Provider %q: want payments or payouts", c.Provider)
+	switch c.Provider {
+	case sandbox.ProviderPayments, sandbox.ProviderPayouts, sandbox.ProviderCards:
+	default:
+		return c, fmt.Errorf("chaos: Config.Provider %q: want payments, payouts or cards", c.Provider)
 	}
 	c.Orders = orDefault(c.Orders, 2000)
 	c.Workers = orDefault(c.Workers, 32)

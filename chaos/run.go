@@ -166,7 +166,15 @@ func orderPlan(cfg Config) (ids []string, path string, body func(string) []byte)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("chaos-%d-%07d", cfg.Seed, i)
 	}
-	if cfg.Provider == sandbox.ProviderPayouts {
+	switch cfg.Provider {
+	case sandbox.ProviderCards:
+		// A card issue carries no id the provider deduplicates by: the cards
+		// preset keys it by a fingerprint window. order_id is only the app's
+		// own reference, which the provider ignores and the ledger counts by.
+		return ids, "/cards", func(id string) []byte {
+			return fmt.Appendf(nil, `{"tariff_id":"t-chaos","holder_external_id":%q,"amount":"%d","order_id":%q}`, id, 5+len(id)%40, id)
+		}
+	case sandbox.ProviderPayouts:
 		return ids, "/v1/payout", func(id string) []byte {
 			return fmt.Appendf(nil, `{"amount":"%d","currency":"USDT","network":"tron","address":"TXYchaos","order_id":%q}`, 10+len(id)%90, id)
 		}

@@ -199,13 +199,12 @@ func TestProxyEnv(t *testing.T) {
 		notWant []string
 	}{
 		{"payments signed", Config{Provider: ProviderPayments, Secret: []byte("hush")},
-			[]string{`IDEMPROXY_SIGN_CANONICAL='{method}\n{path}\n{timestamp}\n{nonce}\n{idempotency_key}\n{body_sha256}'`,
-				"IDEMPROXY_NONCE_HEADER=X-Nonce", `IDEMPROXY_SIGN_SECRET="$SANDBOX_SECRET"`}, []string{"hush"}},
+			[]string{"IDEMPROXY_PRESET=payments", `IDEMPROXY_SIGN_SECRET="$SANDBOX_SECRET"`}, []string{"hush", "CANONICAL"}},
 		{"payouts signed", Config{Provider: ProviderPayouts, Secret: []byte("hush"), PublicID: "pub-1", RateLimit: 5},
-			[]string{`IDEMPROXY_SIGN_CANONICAL='{timestamp}\n{method}\n{path}\n{body}'`,
-				"IDEMPROXY_STATIC_HEADERS='X-Public-Id=pub-1'", "IDEMPROXY_RATE_LIMIT=5"}, []string{"hush", "NONCE"}},
+			[]string{"IDEMPROXY_PRESET=payouts", "IDEMPROXY_STATIC_HEADERS='X-Public-Id=pub-1'", "IDEMPROXY_RATE_LIMIT=5"},
+			[]string{"hush", "NONCE"}},
 		{"cards unsigned", Config{Provider: ProviderCards},
-			[]string{"IDEMPROXY_UPSTREAM_URL='http://127.0.0.1:8081'"}, []string{"SIGN"}},
+			[]string{"IDEMPROXY_PRESET=cards", "IDEMPROXY_UPSTREAM_URL='http://127.0.0.1:8081'"}, []string{"SIGN"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -113,7 +113,7 @@ func parse(args []string, errOut io.Writer) (options, error) {
 	fs.IntVar(&c.Orders, "orders", 2000, "orders to pay")
 	fs.IntVar(&c.Workers, "workers", 32, "orders in flight at once")
 	fs.IntVar(&c.Kills, "kills", -1, "SIGKILLs of the proxy; -1 = one per 2,000 orders, at least 3")
-	fs.StringVar(&c.Provider, "provider", sandbox.ProviderPayments, "sandbox provider: payments or payouts")
+	fs.StringVar(&c.Provider, "provider", sandbox.ProviderPayments, "sandbox provider: payments, payouts or cards")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of faults, kill moments and client jitter")
 	fs.StringVar(&c.Binary, "binary", "", "idemproxy binary; empty = go build it from the module in the working directory")
 	fs.StringVar(&c.DataDir, "data", "", "idemproxy data directory; empty = a fresh temporary one")
