@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // Fingerprint windows (route policy fingerprint:<window>, for legacy bodies
