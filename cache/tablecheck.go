@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/fb"
@@ -42,6 +43,9 @@ import (
 // store at every start): a table damaged only inside its blocks still gets
 // past this check, and Badger may then crash on reading them.
 func checkTables(dir string, bopts badger.Options) error {
+	if err := removeEmptyLogs(dir); err != nil {
+		return err
+	}
 	ids, ok := manifestTables(dir, bopts)
 	if !ok {
 		return nil
@@ -53,6 +57,33 @@ func checkTables(dir string, bopts badger.Options) error {
 				continue // badger.Open reports a missing table itself
 			}
 			return fmt.Errorf("table %s is damaged: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// removeEmptyLogs deletes the empty write-ahead (*.mem) and value-log
+// (*.vlog) files in dir. Badger creates such a file and then sizes it with
+// ftruncate; a kill between the two leaves it at 0 bytes, and Badger v4.9.6
+// then refuses the directory ("while opening memtables ... Create a new
+// file": ristretto's OpenMmapFile reports an empty file as z.NewFile, which
+// openMemTables and valueLog.open treat as an error). An empty file holds
+// no entry, so removing it loses nothing.
+func removeEmptyLogs(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".mem") && !strings.HasSuffix(name, ".vlog") {
+			continue
+		}
+		if fi, err := e.Info(); err != nil || !fi.Mode().IsRegular() || fi.Size() != 0 {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove empty log file: %w", err)
 		}
 	}
 	return nil

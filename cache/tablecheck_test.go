@@ -81,3 +81,35 @@ func TestOpenRefusesDamagedReferencedTable(t *testing.T) {
 		t.Fatalf("Open error %q, want it to say %q", err, want)
 	}
 }
+
+// A kill between the creation of a write-ahead or value-log file and its
+// sizing leaves it empty; Badger alone refuses such a directory. The store
+// removes the empty files (they hold nothing) and opens with every record.
+func TestOpenRemovesEmptyLogFiles(t *testing.T) {
+	for _, name := range []string{"00105.mem", "000007.vlog"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "db")
+			s := openStore(t, dir, newClock(), 0)
+			for i := range 20 {
+				id := ID{Key: fmt.Sprint(i)}
+				mustBegin(t, s, id, fpA, "o")
+				mustComplete(t, s, id, "o")
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(dir, name), nil)
+			s, err := Open(Options{Dir: dir, SyncWrites: true, MinFreeBytes: -1})
+			if err != nil {
+				t.Fatalf("Open with an empty %s: %v", name, err)
+			}
+			defer s.Close()
+			for i := range 20 {
+				rec, err := s.Get(ctx, ID{Key: fmt.Sprint(i)})
+				if err != nil || rec.State != Final {
+					t.Fatalf("record %d after reopen = %+v, %v; want final", i, rec, err)
+				}
+			}
+		})
+	}
+}
