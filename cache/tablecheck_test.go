@@ -91,7 +91,7 @@ func TestOpenRemovesEmptyLogFiles(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "db")
 			s := openStore(t, dir, newClock(), 0)
 			for i := range 20 {
-				id := ID{Key: fmt.Sprint(i)}
+				id := store.ID{Key: fmt.Sprint(i)}
 				mustBegin(t, s, id, fpA, "o")
 				mustComplete(t, s, id, "o")
 			}
@@ -105,8 +105,8 @@ func TestOpenRemovesEmptyLogFiles(t *testing.T) {
 			}
 			defer s.Close()
 			for i := range 20 {
-				rec, err := s.Get(ctx, ID{Key: fmt.Sprint(i)})
-				if err != nil || rec.State != Final {
+				rec, err := s.Get(ctx, store.ID{Key: fmt.Sprint(i)})
+				if err != nil || rec.State != store.Final {
 					t.Fatalf("record %d after reopen = %+v, %v; want final", i, rec, err)
 				}
 			}
