@@ -33,7 +33,11 @@ var (
 	// operation may have been executed, so the app must retry with the same key.
 	ErrStoreAfterSend = &Error{http.StatusServiceUnavailable, "store_unavailable", "the upstream answered but the answer could not be stored; the operation may have been executed: retry with the same Idempotency-Key"}
 	ErrBadRequest     = &Error{http.StatusBadRequest, "bad_request", "request cannot be proxied"}
-	ErrMethod         = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not proxied"}
+	ErrMethod         = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT, TRACE and TRACK are not proxied"}
+	ErrMethodCase     = &Error{http.StatusBadRequest, "bad_request", "the method must be in upper case (POST, not post)"}
+	ErrMethodOverride = &Error{http.StatusBadRequest, "bad_request", "method override headers (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override) are not forwarded; send the method itself"}
+	ErrTrailers       = &Error{http.StatusBadRequest, "bad_request", "request trailers are not forwarded; send every header before the body"}
+	ErrDotSegment     = &Error{http.StatusBadRequest, "bad_request", "the path has a dot-segment (. or .., plain or percent-encoded); send the resolved path"}
 	// ErrRouteRejected answers a request an IDEMPROXY_ROUTES reject rule matches.
 	ErrRouteRejected = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "this method and path are refused by the proxy's route table; nothing was sent"}
 	ErrUpgrade       = &Error{http.StatusBadRequest, "upgrade_not_supported", "protocol upgrades are not proxied"}

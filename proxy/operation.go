@@ -78,8 +78,6 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 // finishes and is stored even if the client goes away (SPEC.md, Detachment). The
 // caller waits for its result unless its own context ends first.
 func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte) result {
-	// The handler owns r's headers; the key must go upstream in any case.
-	r.Header.Set(KeyHeader, id.Key)
 	done := h.flights.open(id)
 	out := make(chan result, 1)
 	h.ops.Add(1)
@@ -136,13 +134,13 @@ func storable(status int) bool {
 // answer. A response that reaches here is final: the attempt layer turns retriable
 // failures it could not overcome into an error.
 func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte) result {
-	// A shallow copy is enough: ReverseProxy clones the request itself, and the
-	// key header was set on r before the operation started (start).
+	// A shallow copy is enough: ReverseProxy clones the request itself and
+	// the key is set on that clone (rewrite), never on r.
 	out := r.WithContext(retry.WithMode(ctx, retry.Protected))
 	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.ContentLength = int64(len(body))
 	rec := &recorder{header: http.Header{}}
-	h.rp.ServeHTTP(rec, out)
+	h.reverseProxy(outgoingKey{value: key}).ServeHTTP(rec, out)
 	if rec.err != nil {
 		return result{err: rec.err}
 	}

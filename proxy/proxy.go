@@ -165,15 +165,9 @@ func New(opts Options) (*Handler, error) {
 	h.flights.m = map[string]chan struct{}{}
 	h.rp = &httputil.ReverseProxy{
 		// Rewrite, not Director: hop-by-hop headers are removed after Director
-		// runs, which could strip headers set there (STYLE.md, Go issue 50580).
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(opts.Upstream)
-			if opts.Clients != nil { // idemproxy's own credential stays here
-				pr.Out.Header.Del(opts.Clients.Header())
-			}
-			// The body is buffered already; waiting for 100 Continue only adds latency.
-			pr.Out.Header.Del("Expect")
-		},
+		// runs, which could strip headers set there (Go issue 50580). The
+		// per-request copies made by reverseProxy replace it.
+		Rewrite:      func(pr *httputil.ProxyRequest) { h.rewrite(pr, outgoingKey{}) },
 		Transport:    opts.Transport,
 		ErrorHandler: h.upstreamError,
 		ErrorLog:     slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
@@ -220,7 +214,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, sum, ErrRouteRejected)
 	case routes.Unprotected:
 		sum.Outcome = OutcomeForwarded
-		h.forward(w, r, modeFor(r.Method))
+		h.forward(w, r, modeFor(r.Method), outgoingKey{keepClient: true})
 	default:
 		h.serveProtected(w, r, tenant, rule, sum)
 	}
@@ -246,20 +240,6 @@ func (h *Handler) tenant(r *http.Request) (string, error) {
 	return h.opt.Clients.Tenant(r)
 }
 
-// checkShape refuses what a reverse proxy to one upstream must never do: act as a
-// forward proxy (absolute-URI or CONNECT requests) or tunnel an upgraded protocol.
-func checkShape(r *http.Request) error {
-	switch {
-	case r.Method == http.MethodConnect:
-		return ErrMethod
-	case r.URL.IsAbs() || !strings.HasPrefix(r.RequestURI, "/"):
-		return ErrBadRequest
-	case r.Header.Get("Upgrade") != "":
-		return ErrUpgrade
-	}
-	return nil
-}
-
 func modeFor(method string) retry.Mode {
 	switch method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
@@ -269,8 +249,8 @@ func modeFor(method string) retry.Mode {
 }
 
 // forward passes an unprotected request through, streaming the answer.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode) {
-	h.rp.ServeHTTP(w, r.WithContext(retry.WithMode(r.Context(), m)))
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, key outgoingKey) {
+	h.reverseProxy(key).ServeHTTP(w, r.WithContext(retry.WithMode(r.Context(), m)))
 }
 
 // upstreamError is the ReverseProxy's error handler. For a detached operation it
@@ -288,6 +268,9 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 
 func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, rule routes.Rule, sum *Summary) {
 	body, err := io.ReadAll(r.Body)
+	if err == nil && len(r.Trailer) > 0 { // undeclared trailers, seen only now
+		err = ErrTrailers
+	}
 	if err != nil {
 		h.fail(w, sum, err)
 		return
@@ -308,7 +291,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	if key == "" { // Passthrough policy
 		sum.Outcome = OutcomeForwarded
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		h.forward(w, r, retry.Once)
+		h.forward(w, r, retry.Once, outgoingKey{})
 		return
 	}
 	sum.Key = key

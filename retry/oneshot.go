@@ -3,42 +3,30 @@ package retry
 import (
 	"io"
 	"net/http"
+	"strings"
 )
 
 // OneShot is the RoundTripper right above *http.Transport: it makes every
 // request non-replayable so that each RoundTrip is exactly one wire attempt.
+// *http.Transport would otherwise resend a "replayable" request on its own
+// when a reused connection fails, with the same signature headers (a
+// provider with one-time nonces answers 409 nonce_reused) and unseen by the
+// retry loop. docs/design/oneshot.md has the analysis.
 //
-// Why: *http.Transport silently resends a request when a REUSED keep-alive
-// connection fails after the request was written, if the request is
-// "replayable". That resend carries the SAME signature headers (the signer
-// above ran once), so a provider with one-time nonces answers 409
-// nonce_reused (seed payments-idempotency-and-retries), and the attempt is
-// neither counted nor paced by the retry loop. In Go 1.26 source:
-//
-//   - net/http/transport.go:818 (*persistConn).shouldRetryRequest: on a reused
-//     connection, a nothingWrittenError is retried when
-//     req.outgoingLength() == 0 || req.GetBody != nil (line 845); otherwise
-//     only if req.isReplayable() (line 847), for transportReadFromServerError
-//     (the server closed the connection before the first response byte) and
-//     errServerClosedIdle;
-//   - net/http/request.go:1534 (*Request).isReplayable: true when Body is nil
-//     or NoBody or GetBody is set, AND the method is GET/HEAD/OPTIONS/TRACE
-//     or the request has an Idempotency-Key or X-Idempotency-Key header
-//     (golang.org/issue/19943) — exactly our protected requests;
-//   - net/http/h2_bundle.go:7969 http2shouldRetryRequest: the HTTP/2 path
-//     replays a request with a nil/NoBody body or a GetBody after GOAWAY or
-//     REFUSED_STREAM.
-//
-// OneShot therefore sends a shallow copy with GetBody nil and a body that is
-// neither nil nor http.NoBody: the caller's body when it has one, else an
-// empty reader of a type net/http does not know. outgoingLength of such an
-// empty body is -1 (request.go:1552), so even the "nothing written" case is
-// not resent. On the wire an empty body stays empty: for GET, HEAD, DELETE
-// and OPTIONS net/http probes the reader, finds EOF and sends no body, as for
-// a nil one (transfer.go:183 and :208 probeRequestBody); for POST, PUT and
-// PATCH it sends a zero-length chunked body ("Transfer-Encoding: chunked",
-// then "0\r\n\r\n") instead of "Content-Length: 0", which is how net/http
-// frames a non-nil body of unknown length (transfer.go:170-190).
+// OneShot sends a shallow copy with GetBody nil. A request with a body keeps
+// it: a body without GetBody is never replayed. An empty body is framed as
+// its method expects, and still not replayable:
+//   - GET, HEAD, OPTIONS and TRACE (replayable by method whenever the body is
+//     nil) get an empty reader of a type net/http does not know: it probes
+//     it, finds EOF and sends no body and no framing;
+//   - every other method gets http.NoBody, so POST, PUT and PATCH go with
+//     "Content-Length: 0" (a zero-length chunked body makes some providers and
+//     WAFs answer 411). A nil body is replayable only by method or when the
+//     header map holds the canonical key "Idempotency-Key" or
+//     "X-Idempotency-Key", so those are sent under their lower-case names:
+//     the same header on the wire (names are case-insensitive, RFC 9110
+//     §5.1). What net/http may still resend is a request of which it wrote
+//     nothing, which the upstream never saw.
 type OneShot struct {
 	// Next is the transport that writes to the wire. If nil,
 	// http.DefaultTransport is used.
@@ -51,8 +39,7 @@ func (o OneShot) RoundTrip(req *http.Request) (*http.Response, error) {
 	out := req.WithContext(req.Context()) // shallow copy: RoundTrip must not modify req
 	out.GetBody = nil
 	if req.Body == nil || req.Body == http.NoBody {
-		out.Body = emptyBody{}
-		out.ContentLength = 0
+		frameEmpty(out)
 	}
 	resp, err := o.next().RoundTrip(out)
 	if resp != nil {
@@ -60,6 +47,38 @@ func (o OneShot) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return resp, err
 }
+
+// frameEmpty sets the body and headers of out, a copy of a request without
+// body (see OneShot).
+func frameEmpty(out *http.Request) {
+	out.ContentLength = 0
+	out.TransferEncoding = nil
+	switch out.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		out.Body = emptyBody{}
+		return
+	}
+	out.Body = http.NoBody
+	var h http.Header
+	for _, name := range replayLicences {
+		vals, ok := out.Header[name]
+		if !ok {
+			continue
+		}
+		if h == nil {
+			h = out.Header.Clone() // the caller's map stays as it was
+		}
+		delete(h, name)
+		h[strings.ToLower(name)] = vals
+	}
+	if h != nil {
+		out.Header = h
+	}
+}
+
+// replayLicences are the canonical header keys that make net/http treat a
+// request with a nil body as replayable.
+var replayLicences = []string{"Idempotency-Key", "X-Idempotency-Key"}
 
 func (o OneShot) next() http.RoundTripper {
 	if o.Next != nil {

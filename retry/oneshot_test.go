@@ -81,6 +81,16 @@ func TestOneShotPreventsSilentResend(t *testing.T) {
 			r.Header.Set("Idempotency-Key", "k-1")
 			return r
 		}},
+		{"POST with X-Idempotency-Key and no body", func(url string) *http.Request {
+			r, _ := http.NewRequest(http.MethodPost, url, nil)
+			r.Header.Set("X-Idempotency-Key", "k-1")
+			return r
+		}},
+		{"PUT with Idempotency-Key and NoBody", func(url string) *http.Request {
+			r, _ := http.NewRequest(http.MethodPut, url, http.NoBody)
+			r.Header.Set("Idempotency-Key", "k-1")
+			return r
+		}},
 		{"GET", func(url string) *http.Request {
 			r, _ := http.NewRequest(http.MethodGet, url, nil)
 			return r
@@ -143,12 +153,13 @@ func warmUp(t *testing.T, rt http.RoundTripper, url string) {
 	resp.Body.Close()
 }
 
-// An empty body sent through OneShot is still empty on the wire. This pins
-// the framing documented on OneShot: no body for GET/DELETE, a zero-length
-// chunked body for POST.
+// An empty body sent through OneShot is still empty on the wire, framed as
+// its method expects: no body and no framing for GET/DELETE, and
+// "Content-Length: 0" (never a zero-length chunked body, which some providers
+// and WAFs answer with 411) for POST, PUT and PATCH. The key arrives.
 func TestOneShotEmptyBodyFraming(t *testing.T) {
 	type seen struct {
-		length   int64
+		length   string // the Content-Length header as sent; "" when none
 		chunked  bool
 		bodySize int
 		key      string
@@ -156,20 +167,22 @@ func TestOneShotEmptyBodyFraming(t *testing.T) {
 	got := make(chan seen, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		got <- seen{r.ContentLength, len(r.TransferEncoding) > 0, len(b), r.Header.Get("Idempotency-Key")}
+		got <- seen{r.Header.Get("Content-Length"), len(r.TransferEncoding) > 0, len(b), r.Header.Get("Idempotency-Key")}
 	}))
 	defer srv.Close()
 	tests := []struct {
-		name        string
-		method      string
-		body        io.Reader
-		wantChunked bool
+		name       string
+		method     string
+		body       io.Reader
+		wantLength string
 	}{
-		{"GET nil body", http.MethodGet, nil, false},
-		{"DELETE nil body", http.MethodDelete, nil, false},
-		{"POST nil body", http.MethodPost, nil, true},
-		{"POST NoBody", http.MethodPost, http.NoBody, true},
-		{"POST with body", http.MethodPost, bytes.NewReader([]byte("{}")), false},
+		{"GET nil body", http.MethodGet, nil, ""},
+		{"DELETE nil body", http.MethodDelete, nil, ""},
+		{"POST nil body", http.MethodPost, nil, "0"},
+		{"POST NoBody", http.MethodPost, http.NoBody, "0"},
+		{"PUT nil body", http.MethodPut, nil, "0"},
+		{"PATCH NoBody", http.MethodPatch, http.NoBody, "0"},
+		{"POST with body", http.MethodPost, bytes.NewReader([]byte("{}")), "2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -183,16 +196,17 @@ func TestOneShotEmptyBodyFraming(t *testing.T) {
 			if resp.Request != req {
 				t.Error("response.Request is not the caller's request")
 			}
+			if _, ok := req.Header["Idempotency-Key"]; !ok {
+				t.Error("OneShot modified the caller's header map")
+			}
 			s := <-got
 			wantSize := 0
 			if req.ContentLength > 0 {
 				wantSize = int(req.ContentLength)
 			}
-			if s.bodySize != wantSize || s.chunked != tt.wantChunked || s.key != "k-1" {
-				t.Errorf("server saw body %d bytes, chunked %v, key %q; want %d, %v, k-1", s.bodySize, s.chunked, s.key, wantSize, tt.wantChunked)
-			}
-			if !tt.wantChunked && s.length != int64(wantSize) {
-				t.Errorf("server saw Content-Length %d, want %d", s.length, wantSize)
+			if s.bodySize != wantSize || s.chunked || s.key != "k-1" || s.length != tt.wantLength {
+				t.Errorf("server saw body %d bytes, chunked %v, Content-Length %q, key %q; want %d, not chunked, %q, k-1",
+					s.bodySize, s.chunked, s.length, s.key, wantSize, tt.wantLength)
 			}
 		})
 	}

@@ -1,0 +1,331 @@
+package main
+
+// End-to-end tests of what a hostile or sloppy client sends, through the real
+// binary: hop-by-hop lists naming idemproxy's own headers, trailers, odd
+// methods and dot-segments. Each asserts on what the provider received.
+
+import (
+	"bufio"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// wireRequest is one request as the provider received it.
+type wireRequest struct {
+	Method, URI   string
+	Header        http.Header
+	Trailer       http.Header
+	ContentLength string // the Content-Length header; "" when none
+	Chunked       bool
+	Body          string
+}
+
+// recordingProvider records every request. It executes each request, but the
+// first `drop` of them get no answer: the connection is closed after the body
+// was read, so the proxy cannot know whether it acted (the case of defect 1).
+type recordingProvider struct {
+	mu   sync.Mutex
+	drop int
+	seen []wireRequest
+}
+
+func (p *recordingProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	wr := wireRequest{Method: r.Method, URI: r.RequestURI, Header: r.Header.Clone(), Trailer: r.Trailer.Clone(),
+		ContentLength: r.Header.Get("Content-Length"), Chunked: len(r.TransferEncoding) > 0, Body: string(b)}
+	p.mu.Lock()
+	p.seen = append(p.seen, wr)
+	drop := p.drop > 0
+	if drop {
+		p.drop--
+	}
+	n := len(p.seen)
+	p.mu.Unlock()
+	if drop {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":"op_%d"}`, n)
+}
+
+func (p *recordingProvider) take() []wireRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.seen
+	p.seen, p.drop = nil, 0
+	return out
+}
+
+func (p *recordingProvider) dropNext(n int) {
+	p.mu.Lock()
+	p.drop = n
+	p.mu.Unlock()
+}
+
+// rawExchange writes raw, an HTTP/1.1 request as bytes, to addr and reads one
+// answer. Raw bytes let a test send what Go's client would tidy up.
+func rawExchange(t *testing.T, addr, raw string) reply {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Minute)) // only a hung binary reaches it
+	if _, err := io.WriteString(conn, strings.ReplaceAll(raw, "\n", "\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer to %q: %v", raw, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, resp.Header, string(b)}
+}
+
+const hostileSecret = "hostile-test-signing-secret"
+
+// hostileEnv runs the binary with signing, a nonce and a static credential,
+// against a provider under the base path /provider-a.
+func hostileEnv(t *testing.T, upstream string, extra ...string) []string {
+	return append([]string{
+		"IDEMPROXY_UPSTREAM_URL=" + upstream + "/provider-a",
+		"IDEMPROXY_DATA_DIR=" + t.TempDir(),
+		"IDEMPROXY_SIGN_SECRET=" + hostileSecret,
+		"IDEMPROXY_NONCE_HEADER=X-Nonce",
+		"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-real",
+		"IDEMPROXY_RETRY_BASE_DELAY=1ms",
+		"IDEMPROXY_RETRY_MAX_DELAY=2ms",
+	}, extra...)
+}
+
+// checkOwned fails unless w carries exactly idemproxy's own headers: the key
+// (want), one valid signature of this request, the configured credential, and
+// no client copy of any of them.
+func checkOwned(t *testing.T, w wireRequest, wantKey string) {
+	t.Helper()
+	if got := w.Header.Values("Idempotency-Key"); len(got) != 1 || got[0] != wantKey {
+		t.Errorf("%s %s: Idempotency-Key %q upstream, want exactly %q", w.Method, w.URI, got, wantKey)
+	}
+	if got := w.Header.Values("X-Public-Id"); len(got) != 1 || got[0] != "pub-real" {
+		t.Errorf("%s %s: X-Public-Id %q upstream, want the configured one only", w.Method, w.URI, got)
+	}
+	for _, name := range []string{"X-Signature", "X-Timestamp", "X-Nonce"} {
+		if got := w.Header.Values(name); len(got) != 1 || strings.Contains(got[0], "forged") {
+			t.Errorf("%s %s: %s %q upstream, want one of idemproxy's", w.Method, w.URI, name, got)
+		}
+	}
+	if len(w.Header.Values("X-Idempotency-Key")) > 0 || len(w.Trailer) > 0 {
+		t.Errorf("%s %s: client's X-Idempotency-Key or trailers upstream: %v %v", w.Method, w.URI, w.Header, w.Trailer)
+	}
+	path, _, _ := strings.Cut(w.URI, "?")
+	mac := hmac.New(sha256.New, []byte(hostileSecret))
+	fmt.Fprintf(mac, "%s\n%s\n%s\n%s", w.Header.Get("X-Timestamp"), w.Method, path, w.Body)
+	if got := w.Header.Get("X-Signature"); got != hex.EncodeToString(mac.Sum(nil)) {
+		t.Errorf("%s %s: signature %q does not verify", w.Method, w.URI, got)
+	}
+}
+
+// Headers idemproxy owns (key, signature, timestamp, nonce, static
+// credential) reach the provider on every attempt, whatever hop-by-hop list,
+// duplicate or forged copy the client sends. Before the fix, "Connection:
+// Idempotency-Key" sent both attempts of a dropped operation without a key.
+func TestHostileHopByHopHeaders(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL)...)
+	owned := []string{"Idempotency-Key", "X-Signature", "X-Timestamp", "X-Nonce", "X-Public-Id"}
+	cases := []struct {
+		name    string
+		headers string // extra raw header lines
+		key     string // the app's own key; "" derives one from order_id
+	}{
+		{"Connection names the key", "Connection: Idempotency-Key\n", ""},
+		{"Connection names the app's own key", "Idempotency-Key: app-key-1\nConnection: keep-alive, Idempotency-Key\n", "app-key-1"},
+		{"Connection names every owned header", "Connection: " + strings.Join(owned, ", ") + "\n", ""},
+		{"lower-case list", "Connection: idempotency-key, x-signature, x-public-id\n", ""},
+		{"upper-case list", "Connection: IDEMPOTENCY-KEY,X-NONCE\n", ""},
+		{"two Connection lines", "Connection: keep-alive\nConnection: Idempotency-Key, X-Timestamp\n", ""},
+		{"forged copies", "X-Signature: forged\nX-Timestamp: forged\nX-Nonce: forged\nX-Public-Id: forged\nX-Idempotency-Key: forged\n", ""},
+		{"forged copies, listed", "X-Signature: forged\nX-Public-Id: forged\nConnection: X-Signature, X-Public-Id, Idempotency-Key\n", ""},
+		{"duplicated forged copies", "X-Signature: forged\nx-signature: forged-too\nX-Public-Id: forged\nX-Public-Id: forged-2\n", ""},
+		{"app key, duplicated identical", "Idempotency-Key: app-key-2\nIdempotency-Key: app-key-2\nConnection: Idempotency-Key\n", "app-key-2"},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			prov.dropNext(1) // the first attempt executes and loses its answer
+			body := fmt.Sprintf(`{"order_id":"atk-%d","amount":"1.00"}`, i)
+			got := rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n%s\n%s",
+				len(body), c.headers, body))
+			if got.status != http.StatusCreated {
+				t.Fatalf("answer %d %s", got.status, got.body)
+			}
+			want := got.header.Get("Idempotency-Key")
+			if c.key != "" && want != c.key {
+				t.Errorf("answer names key %q, want the app's %q", want, c.key)
+			}
+			seen := prov.take()
+			if len(seen) != 2 {
+				t.Fatalf("provider saw %d attempts, want 2 (one dropped, one answered)", len(seen))
+			}
+			for _, w := range seen {
+				checkOwned(t, w, want)
+			}
+		})
+	}
+}
+
+// No trailer reaches the provider, and an empty body goes as Content-Length:
+// 0. Declared trailers are refused with nothing sent; undeclared ones are
+// dropped. Before the fix, forged trailers reached the provider on an empty
+// chunked body, and the empty body went chunked.
+func TestHostileTrailersAndEmptyBody(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL)...)
+	refused := []struct{ name, raw string }{
+		{"declared, chunked, empty body", "POST /cards/c1/close HTTP/1.1\nHost: x\nIdempotency-Key: k-close-1\nTransfer-Encoding: chunked\nTrailer: X-Signature, Idempotency-Key\n\n0\nX-Signature: forged\nIdempotency-Key: other\n\n"},
+		{"declared, fixed body", "POST /cards HTTP/1.1\nHost: x\nContent-Length: 19\nTrailer: X-Signature\n\n{\"order_id\":\"tr-2\"}"},
+		{"declared on a GET", "GET /cards/c1 HTTP/1.1\nHost: x\nTrailer: X-Signature\nTransfer-Encoding: chunked\n\n0\nX-Signature: forged\n\n"},
+	}
+	for _, c := range refused {
+		t.Run(c.name, func(t *testing.T) {
+			got := rawExchange(t, p.addr, c.raw)
+			if got.status != http.StatusBadRequest || !strings.Contains(got.body, `"bad_request"`) {
+				t.Errorf("answer %d %s, want 400 bad_request", got.status, got.body)
+			}
+			if seen := prov.take(); len(seen) != 0 {
+				t.Errorf("provider received %d requests: %+v", len(seen), seen)
+			}
+		})
+	}
+	passed := []struct{ name, raw, length string }{
+		{"chunked empty body", "POST /cards/c1/close HTTP/1.1\nHost: x\nIdempotency-Key: k-close-3\nTransfer-Encoding: chunked\n\n0\n\n", "0"},
+		{"no body at all", "POST /cards/c1/close HTTP/1.1\nHost: x\nIdempotency-Key: k-close-4\n\n", "0"},
+		{"Content-Length 0", "POST /cards/c1/close HTTP/1.1\nHost: x\nIdempotency-Key: k-close-5\nContent-Length: 0\n\n", "0"},
+		// Undeclared trailers are dropped by net/http's server before idemproxy sees them.
+		{"undeclared trailers, empty body", "POST /cards/c1/close HTTP/1.1\nHost: x\nIdempotency-Key: k-close-2\nTransfer-Encoding: chunked\n\n0\nX-Signature: forged\nIdempotency-Key: other\n\n", "0"},
+		{"undeclared trailers, with body", "POST /cards HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n13\n{\"order_id\":\"tr-1\"}\n0\nX-Public-Id: forged\nIdempotency-Key: other\n\n", "19"},
+	}
+	for _, c := range passed {
+		t.Run(c.name, func(t *testing.T) {
+			prov.dropNext(1)
+			got := rawExchange(t, p.addr, c.raw)
+			if got.status != http.StatusCreated {
+				t.Fatalf("answer %d %s", got.status, got.body)
+			}
+			seen := prov.take()
+			if len(seen) != 2 {
+				t.Fatalf("provider saw %d attempts, want 2", len(seen))
+			}
+			for _, w := range seen {
+				checkOwned(t, w, got.header.Get("Idempotency-Key"))
+				if w.Chunked || w.ContentLength != c.length {
+					t.Errorf("body went chunked=%v Content-Length=%q, want Content-Length: %s", w.Chunked, w.ContentLength, c.length)
+				}
+			}
+		})
+	}
+}
+
+// A method is protected whatever a client makes of it: non-upper-case
+// methods, TRACE, CONNECT and method override headers are refused with
+// nothing sent. Before the fix, "post" went three times without a key.
+func TestHostileMethods(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL)...)
+	body := `{"order_id":"m-1"}`
+	cases := []struct {
+		name, method, extra string
+		status              int
+	}{
+		{"lower case", "post", "", http.StatusBadRequest},
+		{"mixed case", "Post", "", http.StatusBadRequest},
+		{"lower-case get", "get", "", http.StatusBadRequest},
+		{"TRACE", "TRACE", "", http.StatusMethodNotAllowed},
+		{"TRACK", "TRACK", "", http.StatusMethodNotAllowed},
+		{"override on GET", "GET", "X-HTTP-Method-Override: POST\n", http.StatusBadRequest},
+		{"X-HTTP-Method on GET", "GET", "X-HTTP-Method: POST\n", http.StatusBadRequest},
+		{"X-Method-Override on POST", "POST", "x-method-override: DELETE\n", http.StatusBadRequest},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for range 3 { // a legacy app's blind retries
+				got := rawExchange(t, p.addr, fmt.Sprintf("%s /v1/payout HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n%s\n%s",
+					c.method, len(body), c.extra, body))
+				if got.status != c.status {
+					t.Errorf("answer %d %s, want %d", got.status, got.body, c.status)
+				}
+			}
+			if seen := prov.take(); len(seen) != 0 {
+				t.Errorf("provider received %d requests, want none: %+v", len(seen), seen)
+			}
+		})
+	}
+	t.Run("CONNECT", func(t *testing.T) {
+		got := rawExchange(t, p.addr, "CONNECT other.example:443 HTTP/1.1\nHost: other.example:443\n\n")
+		if got.status/100 != 4 || len(prov.take()) != 0 {
+			t.Errorf("CONNECT: %d, want a 4xx and nothing sent", got.status)
+		}
+	})
+}
+
+// Nothing reaches a path outside the upstream base path: dot-segments, plain
+// or percent-encoded or hidden behind encoded slashes, are refused with 400
+// and nothing sent. Paths whose dots are not segments pass.
+func TestHostileDotSegments(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL)...)
+	refused := []string{
+		"/../provider-b/admin",
+		"/%2e%2e/provider-b/admin",
+		"/%2E%2e/provider-b/admin",
+		"/.%2e/provider-b/admin",
+		"//x/../../provider-b/admin",
+		"/x/..%2fprovider-b",
+		"/x/..%5C..%5Cprovider-b",
+		"/./x",
+		"/x/%2e",
+		"/x/..",
+	}
+	for _, path := range refused {
+		for _, method := range []string{"GET", "POST"} {
+			got := rawExchange(t, p.addr, fmt.Sprintf("%s %s HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: 18\n\n{\"order_id\":\"d-1\"}", method, path))
+			if got.status != http.StatusBadRequest || !strings.Contains(got.body, `"bad_request"`) {
+				t.Errorf("%s %s: %d %s, want 400 bad_request", method, path, got.status, got.body)
+			}
+		}
+	}
+	if seen := prov.take(); len(seen) != 0 {
+		t.Errorf("provider received %d requests, want none: %+v", len(seen), seen)
+	}
+	for _, path := range []string{"/v1/file.json", "/cards/a%2Fb", "/x/.../y", "/x/..y", "/x/.hidden"} {
+		got := rawExchange(t, p.addr, fmt.Sprintf("GET %s HTTP/1.1\nHost: x\n\n", path))
+		seen := prov.take()
+		if got.status != http.StatusCreated || len(seen) != 1 || seen[0].URI != "/provider-a"+path {
+			t.Errorf("GET %s: %d, provider saw %+v; want it forwarded under /provider-a", path, got.status, seen)
+		}
+	}
+}

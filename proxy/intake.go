@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// methodOverrideHeaders name another method than the request line's. Some
+// frameworks honour them, so a GET carrying one could execute a POST at the
+// provider without a key; idemproxy refuses them instead of guessing which
+// method the provider will act on.
+var methodOverrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
+
+// checkShape refuses what idemproxy will not forward, before anything is read
+// or sent (README, Security):
+//   - a forward-proxy request (absolute URI) or a protocol upgrade;
+//   - CONNECT, TRACE and TRACK: a tunnel, or an echo of the signed request
+//     (signature and static credentials) back to the app;
+//   - a method not in upper case: methods are case-sensitive (RFC 9110 §9.1),
+//     but some servers act on "post" as on POST, and idemproxy would sign it
+//     as POST while protecting only POST;
+//   - a method override header (methodOverrideHeaders);
+//   - declared trailers: they arrive after the body, could carry a key or a
+//     signature past every check, and are never forwarded;
+//   - a path with a dot-segment, plain or percent-encoded, that could take
+//     the request outside the upstream base path once joined to it.
+func checkShape(r *http.Request) error {
+	switch {
+	case r.Method == http.MethodConnect || r.Method == http.MethodTrace || r.Method == "TRACK":
+		return ErrMethod
+	case r.URL.IsAbs() || !strings.HasPrefix(r.RequestURI, "/"):
+		return ErrBadRequest
+	case r.Method != strings.ToUpper(r.Method):
+		return ErrMethodCase
+	case r.Header.Get("Upgrade") != "":
+		return ErrUpgrade
+	case hasAny(r.Header, methodOverrideHeaders):
+		return ErrMethodOverride
+	case len(r.Header.Values("Trailer")) > 0 || len(r.Trailer) > 0:
+		return ErrTrailers
+	case hasDotSegment(r.URL.EscapedPath()):
+		return ErrDotSegment
+	}
+	return nil
+}
+
+func hasAny(h http.Header, names []string) bool {
+	for _, n := range names {
+		if len(h.Values(n)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// hasDotSegment reports a "." or ".." path segment (RFC 3986 §3.3), also when
+// its dots are percent-encoded (%2e) or when a decoded segment hides one
+// behind an encoded slash or backslash ("..%2f", "..%5c"): an upstream or a
+// gateway that decodes before it resolves would move up from the base path.
+func hasDotSegment(escaped string) bool {
+	for seg := range strings.SplitSeq(escaped, "/") {
+		dec, err := url.PathUnescape(seg)
+		if err != nil {
+			return true // not a valid escape: no one can say where it leads
+		}
+		for part := range strings.FieldsFuncSeq(dec, func(r rune) bool { return r == '/' || r == '\\' }) {
+			if part == "." || part == ".." {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,63 @@
+package proxy
+
+import (
+	"net/http"
+	"net/http/httputil"
+	"strings"
+)
+
+// outgoingKey says which Idempotency-Key the upstream request carries.
+type outgoingKey struct {
+	value      string // the key idemproxy sends; "" sends none
+	keepClient bool   // send the client's own key header as it came (unprotected requests)
+}
+
+// replayLicenceHeaders are the other spelling of the key header that net/http
+// and some providers read; a client's copy never goes upstream.
+var replayLicenceHeaders = []string{"X-Idempotency-Key"}
+
+// reverseProxy returns the ReverseProxy for one request, whose Rewrite sets the
+// request's outgoing key. A copy per request keeps the key an explicit value
+// instead of a header on the client's request, where a Connection header
+// naming it would remove it from the upstream copy.
+func (h *Handler) reverseProxy(key outgoingKey) *httputil.ReverseProxy {
+	rp := *h.rp
+	rp.Rewrite = func(pr *httputil.ProxyRequest) { h.rewrite(pr, key) }
+	return &rp
+}
+
+// rewrite builds the upstream request. It runs after ReverseProxy removed the
+// hop-by-hop headers, the ones a client's Connection header names included,
+// so what it sets reaches the attempt layer whatever the client sent: the
+// key here, and the signature, timestamp, nonce and static credentials in the
+// signing layer below, on every attempt.
+func (h *Handler) rewrite(pr *httputil.ProxyRequest, key outgoingKey) {
+	pr.SetURL(h.opt.Upstream)
+	out := pr.Out.Header
+	if h.opt.Clients != nil { // idemproxy's own credential stays here
+		delFold(out, h.opt.Clients.Header())
+	}
+	// The body is buffered or streamed already; waiting for 100 Continue only adds latency.
+	out.Del("Expect")
+	delFold(out, replayLicenceHeaders...)
+	if !key.keepClient {
+		delFold(out, KeyHeader)
+		if key.value != "" {
+			out.Set(KeyHeader, key.value)
+		}
+	}
+	// Trailers arrive after the body and were never checked: none go upstream.
+	pr.Out.Trailer = nil
+}
+
+// delFold deletes names from h whatever the case of h's keys: a Header map
+// built in code need not hold canonical keys.
+func delFold(h http.Header, names ...string) {
+	for k := range h {
+		for _, n := range names {
+			if strings.EqualFold(k, n) {
+				delete(h, k)
+			}
+		}
+	}
+}
