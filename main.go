@@ -65,6 +65,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 		return 2
 	}
 	log := newLogger(stderr, cfg.LogLevel, set.secrets())
+	setMemoryLimit(environ, cgroupLimitFiles, log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go func() { <-ctx.Done(); stop() }()

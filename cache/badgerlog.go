@@ -64,3 +64,23 @@ func (s *Store) runGC() {
 		return
 	}
 }
+
+// pageOutLoop reclaims the table files' resident pages every interval until
+// Close; it stops for good if the kernel does not support it.
+func (s *Store) pageOutLoop(every time.Duration) {
+	defer s.gcDone.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			if _, err := s.pageOutTables(); err != nil {
+				s.log.LogAttrs(context.Background(), slog.LevelWarn, "paging out table files failed; resident memory will grow with the store",
+					slog.String("component", "cache"), slog.String("error", err.Error()))
+				return
+			}
+		}
+	}
+}

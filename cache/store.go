@@ -48,6 +48,10 @@ type Options struct {
 	// GCInterval is the period of the value-log GC loop. 0 means 5 minutes; a
 	// negative value disables the loop.
 	GCInterval time.Duration
+	// PageOutInterval is how often the resident pages of Badger's table files
+	// are handed back to the kernel (Linux). 0 means 2 seconds; a negative
+	// value disables it, and the resident set then grows with the store.
+	PageOutInterval time.Duration
 	// Logger receives Badger's warnings and errors and the GC loop's failures.
 	// nil discards them.
 	Logger *slog.Logger
@@ -77,23 +81,24 @@ type Options struct {
 	MinFreeBytes int64
 }
 
-// Defaults sized for a small container. Measured on one million final
-// records (512-byte bodies) written by 64 writers as fast as possible: about
-// 60-70 MiB of anonymous memory at rest and a 270 MiB peak during the burst
-// (compaction's table builders). Badger mmaps its table files, so RSS also
-// counts their page cache, about the store's size on disk (640 MiB there);
-// those pages are clean and the kernel reclaims them under pressure.
+// Defaults sized for a small container (docs/design/memory.md). The
+// memtable stays at 8 MiB because a record (up to 1 MiB) must fit in 15% of
+// it; one full memtable may wait for its flush; tables are small because
+// compaction buffers up to 8+splits of them at once.
 const (
 	defaultMemTableSize   = 8 << 20
 	defaultBlockCacheSize = 8 << 20
-	defaultIndexCacheSize = 16 << 20
+	defaultIndexCacheSize = 8 << 20
 	// baseTableSize is Badger's L1 table size (default 2 MiB). Compaction
 	// builds up to 8+splits tables at once, each buffering about twice its
 	// size, so smaller tables cap that peak.
-	baseTableSize     = 1 << 20
+	baseTableSize     = 512 << 10
 	defaultGCInterval = 5 * time.Minute
+	// defaultPageOutInterval bounds how much of the tables written in the
+	// meantime stays resident: a few MiB per second at full write rate.
+	defaultPageOutInterval = 2 * time.Second
 	// numMemtables is how many full memtables may wait for flushing.
-	numMemtables = 2
+	numMemtables = 1
 	// maxValueSize is Badger's largest ValueThreshold (1 MiB).
 	maxValueSize = 1 << 20
 )
@@ -166,6 +171,10 @@ func Open(opts Options) (*Store, error) {
 		s.gcDone.Add(1)
 		go s.gcLoop(opts.GCInterval)
 	}
+	if opts.PageOutInterval > 0 && !opts.InMemory {
+		s.gcDone.Add(1)
+		go s.pageOutLoop(opts.PageOutInterval)
+	}
 	return s, nil
 }
 
@@ -178,6 +187,9 @@ func withDefaults(opts Options) Options {
 	}
 	if opts.GCInterval == 0 {
 		opts.GCInterval = defaultGCInterval
+	}
+	if opts.PageOutInterval == 0 {
+		opts.PageOutInterval = defaultPageOutInterval
 	}
 	if opts.MemTableSize <= 0 {
 		opts.MemTableSize = defaultMemTableSize

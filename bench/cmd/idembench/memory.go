@@ -27,19 +27,32 @@ type memoryResult struct {
 	Samples       []memSample `json:"samples"`
 	MaxSampledMiB float64     `json:"max_sampled_rss_mib"`
 	// After the fill, before any expiry.
-	RSSAfterFillMiB float64 `json:"rss_after_fill_mib"`
-	PeakRSSMiB      float64 `json:"peak_rss_mib"` // VmHWM since start
-	DirAfterFill    dirSize `json:"dir_after_fill"`
+	RSSAfterFillMiB float64  `json:"rss_after_fill_mib"`
+	AfterFill       rssSplit `json:"rss_split_after_fill"`
+	PeakRSSMiB      float64  `json:"peak_rss_mib"` // VmHWM since start
+	DirAfterFill    dirSize  `json:"dir_after_fill"`
 	// LiveAfterFill is how many records had not yet reached their TTL when
 	// the after-fill figures were taken (all of them unless the fill took
 	// longer than the TTL), from the progress samples.
 	LiveAfterFill    int64 `json:"live_records_after_fill"`
 	ReplaysAfterFill int64 `json:"replays_of_1000_after_fill"`
 	// After TTL expiry and a GC tick.
-	WaitedSeconds     float64 `json:"waited_seconds"`
-	RSSAfterExpiryMiB float64 `json:"rss_after_expiry_mib"`
-	DirAfterExpiry    dirSize `json:"dir_after_expiry"`
-	ReplaysAfterTTL   int64   `json:"replays_of_1000_after_expiry"`
+	WaitedSeconds     float64  `json:"waited_seconds"`
+	RSSAfterExpiryMiB float64  `json:"rss_after_expiry_mib"`
+	AfterExpiry       rssSplit `json:"rss_split_after_expiry"`
+	DirAfterExpiry    dirSize  `json:"dir_after_expiry"`
+	ReplaysAfterTTL   int64    `json:"replays_of_1000_after_expiry"`
+}
+
+// rssSplit is a resident set split into anonymous memory (what an OOM kill
+// is about) and file-backed pages (Badger's mapped files; reclaimable).
+type rssSplit struct {
+	AnonMiB float64 `json:"anon_mib"`
+	FileMiB float64 `json:"file_mib"`
+}
+
+func splitOf(pids []int) rssSplit {
+	return rssSplit{AnonMiB: float64(statusKB(pids, "RssAnon")) / 1024, FileMiB: float64(statusKB(pids, "RssFile")) / 1024}
 }
 
 // memSample is the RSS of the idemproxy process during the fill.
@@ -47,6 +60,7 @@ type memSample struct {
 	Seconds float64 `json:"s"`
 	Records int64   `json:"records"`
 	RSSMiB  float64 `json:"rss_mib"`
+	AnonMiB float64 `json:"anon_mib"`
 }
 
 // checkKeys is how many stored operations are re-sent to check that they
@@ -75,6 +89,7 @@ func runMemory(ctx context.Context, o *options, up *proc, rep *report) (*memoryR
 	fillEnd := time.Now()
 	res.LiveAfterFill = res.live(started, fillEnd, ttl)
 	res.RSSAfterFillMiB = float64(statusKB(p.pids(), "VmRSS")) / 1024
+	res.AfterFill = splitOf(p.pids())
 	res.PeakRSSMiB = float64(statusKB(p.pids(), "VmHWM")) / 1024
 	res.DirAfterFill = sizeOf(dir)
 	fmt.Printf("memory: after fill RSS %.1f MiB (peak %.1f), data dir %s\n", res.RSSAfterFillMiB, res.PeakRSSMiB, res.DirAfterFill)
@@ -89,6 +104,7 @@ func runMemory(ctx context.Context, o *options, up *proc, rep *report) (*memoryR
 	}
 	res.WaitedSeconds = time.Since(fillEnd).Seconds()
 	res.RSSAfterExpiryMiB = float64(statusKB(p.pids(), "VmRSS")) / 1024
+	res.AfterExpiry = splitOf(p.pids())
 	res.DirAfterExpiry = sizeOf(dir)
 	if res.ReplaysAfterTTL, err = checkReplays(ctx, p, prefix, o.records); err != nil {
 		return res, err
@@ -168,11 +184,11 @@ func (m *memoryResult) fill(ctx context.Context, p *proc, prefix string) error {
 				return
 			case <-t.C:
 				s := memSample{Seconds: time.Since(start).Seconds(), Records: n.Load(),
-					RSSMiB: float64(statusKB(p.pids(), "VmRSS")) / 1024}
+					RSSMiB: float64(statusKB(p.pids(), "VmRSS")) / 1024, AnonMiB: float64(statusKB(p.pids(), "RssAnon")) / 1024}
 				m.Samples = append(m.Samples, s)
 				m.MaxSampledMiB = max(m.MaxSampledMiB, s.RSSMiB)
 				if len(m.Samples)%6 == 0 {
-					fmt.Printf("memory: %6.0fs %8d records, RSS %.1f MiB\n", s.Seconds, s.Records, s.RSSMiB)
+					fmt.Printf("memory: %6.0fs %8d records, RSS %.1f MiB (anon %.1f)\n", s.Seconds, s.Records, s.RSSMiB, s.AnonMiB)
 				}
 			}
 		}

@@ -228,13 +228,13 @@ func renderMemory(b *strings.Builder, m *memoryResult) {
 	if m.LiveAfterFill < m.FillOK {
 		fmt.Fprintf(b, "The fill took longer than the TTL: about %d records were still live at the after-fill measurement (the rest had expired but were still stored).\n\n", m.LiveAfterFill)
 	}
-	b.WriteString("| when | idemproxy RSS MiB | data dir on disk MiB | apparent MiB | sst MiB | vlog MiB | mem (WAL) MiB | of 1000 old operations, replayed |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
-	row := func(when string, rss float64, d dirSize, replays int64) {
-		fmt.Fprintf(b, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |\n", when, rss, mib(d.Allocated), mib(d.Apparent),
-			mib(d.ByExt[".sst"]), mib(d.ByExt[".vlog"]), mib(d.ByExt[".mem"]), replays)
+	b.WriteString("| when | idemproxy RSS MiB | anon MiB | file MiB | data dir on disk MiB | apparent MiB | sst MiB | vlog MiB | mem (WAL) MiB | of 1000 old operations, replayed |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	row := func(when string, rss float64, split rssSplit, d dirSize, replays int64) {
+		fmt.Fprintf(b, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |\n", when, rss, split.AnonMiB, split.FileMiB,
+			mib(d.Allocated), mib(d.Apparent), mib(d.ByExt[".sst"]), mib(d.ByExt[".vlog"]), mib(d.ByExt[".mem"]), replays)
 	}
-	row("after the fill", m.RSSAfterFillMiB, m.DirAfterFill, m.ReplaysAfterFill)
-	row(fmt.Sprintf("%.0f s later: TTL expired, GC ran", m.WaitedSeconds), m.RSSAfterExpiryMiB, m.DirAfterExpiry, m.ReplaysAfterTTL)
+	row("after the fill", m.RSSAfterFillMiB, m.AfterFill, m.DirAfterFill, m.ReplaysAfterFill)
+	row(fmt.Sprintf("%.0f s later: TTL expired, GC ran", m.WaitedSeconds), m.RSSAfterExpiryMiB, m.AfterExpiry, m.DirAfterExpiry, m.ReplaysAfterTTL)
 	fmt.Fprintf(b, "\nPeak RSS (VmHWM) over the whole run: %.1f MiB; highest 5-second sample during the fill: %.1f MiB.\n\n", m.PeakRSSMiB, m.MaxSampledMiB)
 }

@@ -1,0 +1,53 @@
+package cache
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+)
+
+// madvPageout is MADV_PAGEOUT (Linux 5.4): reclaim the pages of a range.
+// Unlike MADV_DONTNEED it never discards anonymous memory, so a range that
+// Badger unmapped and something else mapped since /proc/self/maps was read
+// comes to no harm.
+const madvPageout = 21
+
+// pageOutTables reclaims the resident pages of the store's table files that
+// this process maps. Badger writes and reads tables through shared mmaps and
+// keeps every table mapped until compaction deletes it, so without this the
+// process's resident set grows with the store (docs/design/memory.md).
+// It returns the number of mappings advised.
+func (s *Store) pageOutTables() (int, error) {
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	dir := []byte(filepath.Clean(s.dir) + "/")
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// start-end perms offset dev inode path
+		line := sc.Bytes()
+		i := bytes.IndexByte(line, '/')
+		if i < 0 || !bytes.HasPrefix(line[i:], dir) || !bytes.HasSuffix(line, []byte(".sst")) {
+			continue
+		}
+		rng, _, _ := bytes.Cut(line, []byte(" "))
+		lo, hi, _ := bytes.Cut(rng, []byte("-"))
+		start, err1 := strconv.ParseUint(string(lo), 16, 64)
+		end, err2 := strconv.ParseUint(string(hi), 16, 64)
+		if err1 != nil || err2 != nil || end <= start {
+			continue
+		}
+		_, _, errno := syscall.Syscall(syscall.SYS_MADVISE, uintptr(start), uintptr(end-start), madvPageout)
+		if errno == syscall.EINVAL {
+			return n, errno // kernel older than 5.4
+		}
+		n++ // ENOMEM: unmapped since the read; nothing to do
+	}
+	return n, sc.Err()
+}

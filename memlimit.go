@@ -1,0 +1,59 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+)
+
+// cgroupLimitFiles are where a container's memory limit is found: cgroup v2
+// first, then v1.
+var cgroupLimitFiles = []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}
+
+// goMemoryShare is the part of a container's memory limit given to the Go
+// runtime as its soft limit. The rest is for the page cache of Badger's
+// mapped files, which the cgroup counts but the kernel can reclaim.
+const goMemoryShare = 0.5
+
+// setMemoryLimit sets the Go runtime's soft memory limit from the container's
+// limit, unless GOMEMLIMIT is set (the runtime has applied it already) or no
+// limit is found. Without a soft limit the heap grows to twice its live size
+// between collections, which a tight container answers with an OOM kill.
+func setMemoryLimit(environ []string, files []string, log *slog.Logger) {
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			return
+		}
+	}
+	limit, file := cgroupMemoryLimit(files)
+	if limit <= 0 {
+		return
+	}
+	soft := int64(float64(limit) * goMemoryShare)
+	debug.SetMemoryLimit(soft)
+	log.Info("Go memory limit set from the container's", "container_limit_bytes", limit, "go_limit_bytes", soft, "from", file)
+}
+
+// cgroupMemoryLimit returns the first limit found in files, 0 when there is
+// none ("max", a v1 "unlimited" value, or no such file).
+func cgroupMemoryLimit(files []string) (int64, string) {
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := strings.TrimSpace(string(raw))
+		if s == "max" {
+			return 0, f
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		// cgroup v1 reports "no limit" as a huge page-aligned number.
+		if err != nil || n <= 0 || n >= 1<<62 {
+			return 0, f
+		}
+		return n, f
+	}
+	return 0, ""
+}

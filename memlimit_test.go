@@ -1,0 +1,61 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"testing"
+)
+
+func TestCgroupMemoryLimit(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	v2 := write("memory.max", "268435456\n")
+	v2max := write("memory.max.unlimited", "max\n")
+	v1 := write("limit_in_bytes", "536870912\n")
+	v1none := write("limit_in_bytes.none", "9223372036854771712\n")
+	bad := write("garbage", "lots\n")
+	missing := filepath.Join(dir, "missing")
+	for _, tc := range []struct {
+		name  string
+		files []string
+		want  int64
+	}{
+		{"v2 limit", []string{v2, v1}, 256 << 20},
+		{"v2 max", []string{v2max, v1}, 0},
+		{"v1 limit", []string{missing, v1}, 512 << 20},
+		{"v1 unlimited", []string{missing, v1none}, 0},
+		{"garbage", []string{bad}, 0},
+		{"no cgroup", []string{missing}, 0},
+	} {
+		if got, _ := cgroupMemoryLimit(tc.files); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestSetMemoryLimit(t *testing.T) {
+	before := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(before) })
+	f := filepath.Join(t.TempDir(), "memory.max")
+	if err := os.WriteFile(f, []byte("268435456\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+
+	setMemoryLimit([]string{"GOMEMLIMIT=64MiB"}, []string{f}, log)
+	if got := debug.SetMemoryLimit(-1); got != before {
+		t.Fatalf("with GOMEMLIMIT set the limit changed to %d", got)
+	}
+	setMemoryLimit(nil, []string{f}, log)
+	if got := debug.SetMemoryLimit(-1); got != 128<<20 {
+		t.Fatalf("limit %d, want half of the container's 256 MiB", got)
+	}
+}
