@@ -599,9 +599,9 @@ func TestPageOutTables(t *testing.T) {
 	body := []byte(strings.Repeat("z", 4000))
 	const n = 2000 // 8 MB through a 1 MiB memtable: several flushed tables
 	for i := range n {
-		id := ID{Key: fmt.Sprint(i)}
+		id := store.ID{Key: fmt.Sprint(i)}
 		mustBegin(t, s, id, fpA, "o")
-		if err := s.Complete(ctx, id, "o", Response{Status: 200, Body: body}); err != nil {
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -620,7 +620,7 @@ func TestPageOutTables(t *testing.T) {
 		t.Fatalf("%d tables on disk, none found mapped", len(tables))
 	}
 	for i := range n {
-		rec, err := s.Get(ctx, ID{Key: fmt.Sprint(i)})
+		rec, err := s.Get(ctx, store.ID{Key: fmt.Sprint(i)})
 		if err != nil || !bytes.Equal(rec.Response.Body, body) {
 			t.Fatalf("record %d after page-out: %v", i, err)
 		}
