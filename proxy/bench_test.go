@@ -109,7 +109,7 @@ func (w *benchWriter) Header() http.Header         { return w.h }
 func (w *benchWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (w *benchWriter) WriteHeader(code int)        { w.status = code }
 
-func serveOnce(b *testing.B, h http.Handler, r *http.Request, wantReplay bool) {
+func serveOnce(b testing.TB, h http.Handler, r *http.Request, wantReplay bool) {
 	w := &benchWriter{h: http.Header{}, status: http.StatusOK}
 	h.ServeHTTP(w, r)
 	if w.status != http.StatusOK {
@@ -190,7 +190,7 @@ func plainProxy(target *url.URL) http.Handler {
 
 // idemproxy builds the handler as main.go's run does, with a fresh Badger
 // directory; sign nil means the default (no signing secret).
-func idemproxy(b *testing.B, target *url.URL, durable bool, sign *resign.Config) http.Handler {
+func idemproxy(b testing.TB, target *url.URL, durable bool, sign *resign.Config) http.Handler {
 	b.Helper()
 	store, err := cache.Open(cache.Options{Dir: b.TempDir(), SyncWrites: durable, TTL: 72 * time.Hour})
 	if err != nil {
@@ -227,7 +227,7 @@ func idemproxy(b *testing.B, target *url.URL, durable bool, sign *resign.Config)
 
 // paymentsSigning is the payments provider's scheme (seed
 // payments-idempotency-and-retries): timestamp, nonce, key and body hash.
-func paymentsSigning(b *testing.B) *resign.Config {
+func paymentsSigning(b testing.TB) *resign.Config {
 	tmpl, err := resign.ParseTemplate(`{method}\n{path}\n{timestamp}\n{nonce}\n{idempotency_key}\n{body_sha256}`)
 	if err != nil {
 		b.Fatal(err)
