@@ -1,0 +1,90 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// schemaLock is the advisory lock key held while the schema is created or
+// upgraded, so that replicas starting at once take turns.
+const schemaLock = 0x1de3_9a0c_5c4e_0001
+
+// migrations[i] upgrades the schema from version i to i+1. Append only: a
+// released migration never changes.
+var migrations = []string{
+	`CREATE TABLE idemproxy_records (
+		tenant        bytea       NOT NULL,
+		key           bytea       NOT NULL,
+		state         smallint    NOT NULL,
+		fingerprint   bytea       NOT NULL,
+		owner         text        NOT NULL,
+		fence         bigint      NOT NULL,
+		lease_until   timestamptz,
+		created_at    timestamptz NOT NULL,
+		expires_at    timestamptz,
+		status        integer     NOT NULL DEFAULT 0,
+		header        bytea,
+		body          bytea,
+		first_sent_at timestamptz,
+		attempts      integer     NOT NULL DEFAULT 0,
+		last_error    text        NOT NULL DEFAULT '',
+		PRIMARY KEY (tenant, key)
+	);
+	CREATE INDEX idemproxy_records_expires ON idemproxy_records (expires_at) WHERE expires_at IS NOT NULL;
+	CREATE INDEX idemproxy_records_open ON idemproxy_records (state) WHERE state <> 2;
+	-- Provider-wide state shared by replicas (pauses and the rate limit). It
+	-- may be lost in a database crash: that only ends a pause early.
+	CREATE UNLOGGED TABLE idemproxy_throttle (
+		name         text PRIMARY KEY,
+		paused_until timestamptz NOT NULL DEFAULT '-infinity',
+		tat          timestamptz NOT NULL DEFAULT '-infinity'
+	);`,
+}
+
+// migrate creates or upgrades the schema under an advisory lock.
+func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(schemaLock)); err != nil {
+		return err
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(schemaLock))
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS idemproxy_schema (version integer NOT NULL)`); err != nil {
+		return err
+	}
+	var version int
+	err = conn.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM idemproxy_schema`).Scan(&version)
+	if err != nil {
+		return err
+	}
+	if version > len(migrations) {
+		return fmt.Errorf("schema version %d is newer than this build's %d: run a newer idemproxy", version, len(migrations))
+	}
+	for v := version; v < len(migrations); v++ {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, migrations[v]); err != nil {
+			tx.Rollback(ctx)
+			return fmt.Errorf("schema upgrade to version %d: %w", v+1, err)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM idemproxy_schema`); err != nil {
+			tx.Rollback(ctx)
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO idemproxy_schema VALUES ($1)`, v+1); err != nil {
+			tx.Rollback(ctx)
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}

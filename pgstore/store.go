@@ -1,0 +1,434 @@
+// Package pgstore is the record store shared by replicas: the store contract
+// (package store) on PostgreSQL through pgx. The database is the only
+// authority: its clock measures leases and TTLs, and one statement claims a
+// key, so any number of idemproxy processes may share one database.
+//
+// Records are written with synchronous_commit on: a nil error means the
+// write survives a database crash. The provider-wide throttle state (see
+// Throttle) lives in an unlogged table and may be lost in a database crash,
+// which at worst ends a pause early.
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// Options configure Open. Zero values have the defaults stated.
+type Options struct {
+	// URL is the postgres:// or postgresql:// connection URL. Required.
+	URL string
+	// TTL is the lifetime of records, counted from their last write by the
+	// database's clock. 0 keeps records forever.
+	TTL time.Duration
+	// CallTimeout bounds every call to the database, the wait for a pooled
+	// connection included. 0 means 5 s.
+	CallTimeout time.Duration
+	// MaxRecordBytes bounds a stored response's body and encoded headers
+	// together; Complete fails with store.ErrTooLarge above it. 0 means 1 MiB.
+	MaxRecordBytes int64
+	// MaxConns is the connection pool's size. 0 means 32.
+	MaxConns int32
+	// SweepInterval is how often expired records are deleted. 0 means one
+	// minute; negative disables the sweep.
+	SweepInterval time.Duration
+	// SweepBatch is how many expired records one DELETE removes. 0 means 1000.
+	SweepBatch int
+	// Logger receives the background loops' failures; nil discards them.
+	Logger *slog.Logger
+}
+
+// Store is the PostgreSQL record store. It is safe for concurrent use by
+// goroutines and by processes sharing the database. Open creates it; Close
+// releases its connections.
+type Store struct {
+	pool   *pgxpool.Pool
+	opt    Options
+	ready  atomic.Bool // the schema is in place
+	closed atomic.Bool
+	stop   chan struct{}
+	loops  sync.WaitGroup
+	once   sync.Once
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open connects to the database and creates or upgrades the schema. A
+// database that cannot be reached yet does not fail Open: every call answers
+// store.ErrUnavailable until the schema is in place, retried in the
+// background. A database that refuses (bad credentials, missing database,
+// missing privileges, a newer schema) fails Open.
+func Open(ctx context.Context, opt Options) (*Store, error) {
+	opt = withDefaults(opt)
+	cfg, err := pgxpool.ParseConfig(opt.URL)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: connection URL: %w", redact(err))
+	}
+	cfg.MaxConns = opt.MaxConns
+	cfg.ConnConfig.ConnectTimeout = opt.CallTimeout
+	// Records are durable before a call returns, whatever the server's
+	// default; the application name lets a DBA see idemproxy's sessions.
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	cfg.ConnConfig.RuntimeParams["application_name"] = "idemproxy"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", redact(err))
+	}
+	s := &Store{pool: pool, opt: opt, stop: make(chan struct{})}
+	err = s.migrate(ctx)
+	switch {
+	case err == nil:
+	case refused(err):
+		pool.Close()
+		return nil, fmt.Errorf("pgstore: schema: %w", err)
+	default:
+		opt.Logger.Warn("database unreachable at start; retrying in the background", "err", redact(err))
+		s.loops.Go(s.migrateLoop)
+	}
+	if opt.SweepInterval > 0 {
+		s.loops.Go(s.sweepLoop)
+	}
+	return s, nil
+}
+
+func withDefaults(o Options) Options {
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = 5 * time.Second
+	}
+	if o.MaxRecordBytes <= 0 {
+		o.MaxRecordBytes = 1 << 20
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 32
+	}
+	if o.SweepInterval == 0 {
+		o.SweepInterval = time.Minute
+	}
+	if o.SweepBatch <= 0 {
+		o.SweepBatch = 1000
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 4*s.opt.CallTimeout)
+	defer cancel()
+	if err := migrate(ctx, s.pool); err != nil {
+		return err
+	}
+	s.ready.Store(true)
+	return nil
+}
+
+// migrateLoop retries the schema until it is in place or the store closes.
+func (s *Store) migrateLoop() {
+	for wait := time.Second; ; wait = min(2*wait, 15*time.Second) {
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(wait):
+		}
+		err := s.migrate(context.Background())
+		if err == nil {
+			s.opt.Logger.Info("database reachable; schema in place")
+			return
+		}
+		s.opt.Logger.Warn("database still unreachable", "err", redact(err))
+	}
+}
+
+// refused says whether err is the database's answer rather than a failure to
+// reach it: retrying will not help.
+func refused(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return !errors.Is(err, context.DeadlineExceeded) && !pgconn.SafeToRetry(err) && !isNetwork(err)
+	}
+	switch pe.Code[:2] {
+	case "08", "57", "53", "58": // connection, shutdown, resources, system
+		return false
+	}
+	return true
+}
+
+func isNetwork(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) || pgconn.Timeout(err)
+}
+
+// redact drops a connection error's text that may carry the URL's password.
+func redact(err error) error {
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("cannot connect to %s:%d: %w", ce.Config.Host, ce.Config.Port, errors.Unwrap(ce))
+	}
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		return errors.New("the URL cannot be parsed")
+	}
+	return err
+}
+
+// Close stops the background loops and closes the pool; later calls fail
+// with store.ErrClosed.
+func (s *Store) Close() error {
+	s.once.Do(func() {
+		s.closed.Store(true)
+		close(s.stop)
+		s.loops.Wait()
+		s.pool.Close()
+	})
+	return nil
+}
+
+// MaxBodyBytes implements store.Store.
+func (s *Store) MaxBodyBytes() int64 { return s.opt.MaxRecordBytes - 64<<10 }
+
+// call runs fn with the call timeout, after the checks every call makes, and
+// translates its error.
+func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx context.Context) error) error {
+	if s.closed.Load() {
+		return fmt.Errorf("pgstore: %s: %w", op, store.ErrClosed)
+	}
+	if id != nil && id.Key == "" {
+		return fmt.Errorf("pgstore: %s: empty idempotency key", op)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	}
+	if !s.ready.Load() {
+		return fmt.Errorf("pgstore: %s: %w: schema not in place yet (database unreachable since start)", op, store.ErrUnavailable)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.opt.CallTimeout)
+	defer cancel()
+	err := fn(cctx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrNotOwner), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrTooLarge):
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	case s.closed.Load():
+		return fmt.Errorf("pgstore: %s: %w", op, store.ErrClosed)
+	case ctx.Err() != nil: // the caller gave up; the database may be fine
+		return fmt.Errorf("pgstore: %s: %w", op, ctx.Err())
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "53100" {
+		return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrNoSpace, err)
+	}
+	return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrUnavailable, redact(err))
+}
+
+// Durations go to SQL as microseconds.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+const (
+	// live is the condition of a record that has not expired.
+	live = `(expires_at IS NULL OR expires_at > now())`
+	// expiry is the expires_at of a write: $ttl microseconds from now, or never.
+	expiry = `CASE WHEN @ttl::bigint = 0 THEN NULL ELSE now() + @ttl * interval '1 microsecond' END`
+	// columns are what readRecord scans.
+	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body`
+)
+
+// claim is Begin's one statement: insert, or take over an expired record or
+// the same request's record whose lease ran out or whose outcome is unknown.
+// An expired record counts as missing: everything is reset.
+const claim = `
+INSERT INTO idemproxy_records AS r (tenant, key, state, fingerprint, owner, fence, lease_until, created_at, expires_at)
+VALUES (@tenant, @key, 1, @fp, @owner, 1, now() + @lease * interval '1 microsecond', now(), ` + expiry + `)
+ON CONFLICT (tenant, key) DO UPDATE SET
+	state = 1, owner = excluded.owner, lease_until = excluded.lease_until, expires_at = excluded.expires_at,
+	fingerprint = excluded.fingerprint, status = 0, header = NULL, body = NULL,
+	fence         = CASE WHEN r.expires_at <= now() THEN 1     ELSE r.fence + 1     END,
+	created_at    = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at    END,
+	first_sent_at = CASE WHEN r.expires_at <= now() THEN NULL  ELSE r.first_sent_at END,
+	attempts      = CASE WHEN r.expires_at <= now() THEN 0     ELSE r.attempts      END,
+	last_error    = CASE WHEN r.expires_at <= now() THEN ''    ELSE r.last_error    END
+WHERE r.expires_at <= now()
+	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now())
+RETURNING ` + columns
+
+// Begin implements store.Store.Begin with one INSERT … ON CONFLICT DO UPDATE;
+// when it claims nothing, a read returns the record that stopped it.
+func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool, error) {
+	if owner == "" || lease <= 0 {
+		return store.Record{}, false, fmt.Errorf("pgstore: begin: empty owner or lease %v not positive", lease)
+	}
+	var rec store.Record
+	var created bool
+	err := s.call(ctx, "begin", &id, func(ctx context.Context) error {
+		// The read and the claim are separate statements: a record that is
+		// deleted or expires between them is claimed on the next round.
+		for range 10 {
+			args := pgx.NamedArgs{"tenant": []byte(id.Tenant), "key": []byte(id.Key), "fp": fp, "owner": owner,
+				"lease": micros(lease), "ttl": micros(s.opt.TTL)}
+			r, err := readRecord(s.pool.QueryRow(ctx, claim, args))
+			if err == nil {
+				rec, created = r, true
+				return nil
+			}
+			if !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+			r, err = s.get(ctx, id)
+			if err == nil {
+				rec = r
+				return nil
+			}
+			if !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+		}
+		return errors.New("the record kept changing under ten claims")
+	})
+	return rec, created, err
+}
+
+// Get implements store.Store.Get.
+func (s *Store) Get(ctx context.Context, id store.ID) (store.Record, error) {
+	var rec store.Record
+	err := s.call(ctx, "get", &id, func(ctx context.Context) (err error) {
+		rec, err = s.get(ctx, id)
+		return err
+	})
+	return rec, err
+}
+
+func (s *Store) get(ctx context.Context, id store.ID) (store.Record, error) {
+	return readRecord(s.pool.QueryRow(ctx,
+		`SELECT `+columns+` FROM idemproxy_records WHERE tenant = $1 AND key = $2 AND `+live,
+		[]byte(id.Tenant), []byte(id.Key)))
+}
+
+// owned is the condition of owner's live in-flight record.
+const owned = `tenant = @tenant AND key = @key AND owner = @owner AND state = 1 AND ` + live
+
+// Complete implements store.Store.Complete.
+func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
+	header, err := json.Marshal(resp.Header)
+	if err != nil {
+		return fmt.Errorf("pgstore: complete: header: %w", err)
+	}
+	if n := int64(len(header) + len(resp.Body)); n > s.opt.MaxRecordBytes {
+		return fmt.Errorf("pgstore: complete: %w: %d bytes, limit %d", store.ErrTooLarge, n, s.opt.MaxRecordBytes)
+	}
+	return s.ownerWrite(ctx, "complete", id, owner, `UPDATE idemproxy_records SET state = 2, lease_until = NULL,
+		status = @status, header = @header, body = @body, expires_at = `+expiry+` WHERE `+owned,
+		pgx.NamedArgs{"status": resp.Status, "header": header, "body": nonNil(resp.Body)})
+}
+
+// Abandon implements store.Store.Abandon.
+func (s *Store) Abandon(ctx context.Context, id store.ID, owner string) error {
+	return s.ownerWrite(ctx, "abandon", id, owner, `DELETE FROM idemproxy_records WHERE `+owned, pgx.NamedArgs{})
+}
+
+// Renew implements store.Store.Renew.
+func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("pgstore: renew: lease %v is not positive", lease)
+	}
+	return s.ownerWrite(ctx, "renew", id, owner, `UPDATE idemproxy_records SET
+		lease_until = now() + @lease * interval '1 microsecond', expires_at = `+expiry+` WHERE `+owned,
+		pgx.NamedArgs{"lease": micros(lease)})
+}
+
+// Park implements store.Store.Park.
+func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error {
+	var sent *time.Time
+	if !o.FirstSentAt.IsZero() {
+		sent = &o.FirstSentAt
+	}
+	return s.ownerWrite(ctx, "park", id, owner, `UPDATE idemproxy_records SET state = 3, lease_until = NULL,
+		first_sent_at = CASE WHEN first_sent_at IS NULL THEN @sent::timestamptz ELSE least(first_sent_at, @sent::timestamptz) END,
+		attempts = attempts + @attempts, last_error = @last_error, expires_at = `+expiry+` WHERE `+owned,
+		pgx.NamedArgs{"sent": sent, "attempts": o.Attempts, "last_error": o.LastError})
+}
+
+// ownerWrite runs a write on owner's in-flight record; no row means
+// store.ErrNotOwner.
+func (s *Store) ownerWrite(ctx context.Context, op string, id store.ID, owner, sql string, args pgx.NamedArgs) error {
+	args["tenant"], args["key"], args["owner"], args["ttl"] = []byte(id.Tenant), []byte(id.Key), owner, micros(s.opt.TTL)
+	return s.call(ctx, op, &id, func(ctx context.Context) error {
+		tag, err := s.pool.Exec(ctx, sql, args)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return store.ErrNotOwner
+		}
+		return nil
+	})
+}
+
+// Ping implements store.Store.Ping: the database answers and accepts writes
+// (it is not a standby left read-only by a failover).
+func (s *Store) Ping(ctx context.Context) error {
+	return s.call(ctx, "ping", nil, func(ctx context.Context) error {
+		var standby bool
+		if err := s.pool.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&standby); err != nil {
+			return err
+		}
+		if standby {
+			return errors.New("the database is a read-only standby")
+		}
+		return nil
+	})
+}
+
+// readRecord scans one row of columns; no row is store.ErrNotFound.
+func readRecord(row pgx.Row) (store.Record, error) {
+	var r store.Record
+	var state int16
+	var lease, sent *time.Time
+	var header []byte
+	err := row.Scan(&state, &r.Fingerprint, &r.Owner, &r.Fence, &lease, &r.CreatedAt, &sent,
+		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Response.Status, &header, &r.Response.Body)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Record{}, store.ErrNotFound
+	}
+	if err != nil {
+		return store.Record{}, err
+	}
+	r.State = store.State(state)
+	r.CreatedAt = r.CreatedAt.UTC()
+	if lease != nil {
+		r.LeaseUntil = lease.UTC()
+	}
+	if sent != nil {
+		r.Outcome.FirstSentAt = sent.UTC()
+	}
+	r.Response.Header = http.Header{}
+	if len(header) > 0 {
+		if err := json.Unmarshal(header, &r.Response.Header); err != nil {
+			return store.Record{}, fmt.Errorf("corrupt stored header: %w", err)
+		}
+	}
+	if len(r.Response.Body) == 0 {
+		r.Response.Body = nil
+	}
+	return r, nil
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}

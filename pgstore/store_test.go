@@ -1,0 +1,205 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
+	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/storetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// open opens a store on url with ttl, closed at the end of the test.
+func open(t *testing.T, url string, ttl time.Duration) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), Options{URL: url, TTL: ttl, SweepInterval: -1})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestConformance runs the contract's suite on a real PostgreSQL. The
+// database's clock is the store's, so advance sleeps.
+func TestConformance(t *testing.T) {
+	url := pgtest.Database(t)
+	storetest.Run(t, func(t *testing.T, ttl time.Duration) (store.Store, func(time.Duration)) {
+		return open(t, url, ttl), time.Sleep
+	})
+}
+
+// TestSchemaConcurrentStart opens three stores on a new database at once, as
+// three replicas starting together do: the advisory lock makes them take
+// turns, and all three work.
+func TestSchemaConcurrentStart(t *testing.T) {
+	url := pgtest.Database(t)
+	errs := make(chan error, 3)
+	stores := make(chan *Store, 3)
+	for range 3 {
+		go func() {
+			s, err := Open(context.Background(), Options{URL: url, SweepInterval: -1})
+			errs <- err
+			stores <- s
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent Open: %v", err)
+		}
+		s := <-stores
+		t.Cleanup(func() { s.Close() })
+		if err := s.Ping(context.Background()); err != nil {
+			t.Fatalf("Ping: %v", err)
+		}
+	}
+	s := open(t, url, 0)
+	var version int
+	if err := s.pool.QueryRow(context.Background(), `SELECT version FROM idemproxy_schema`).Scan(&version); err != nil || version != len(migrations) {
+		t.Fatalf("schema version = %d, %v; want %d in one row", version, err, len(migrations))
+	}
+}
+
+// TestSweepDeletesExpiredInBatches fills a table with expired and live
+// records and checks that a sweep, in batches smaller than the backlog,
+// deletes exactly the expired ones.
+func TestSweepDeletesExpiredInBatches(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	s := open(t, url, 0)
+	s.opt.SweepBatch = 7
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemproxy_records (tenant, key, state, fingerprint, owner, fence, created_at, expires_at)
+		SELECT 't', int4send(i), 2, '', 'o', 1, now(), CASE WHEN i <= 50 THEN now() - interval '1 s' ELSE now() + interval '1 h' END
+		FROM generate_series(1, 80) i`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.sweep(ctx)
+	if err != nil || n != 50 {
+		t.Fatalf("sweep = %d, %v; want 50 expired records deleted", n, err)
+	}
+	var left int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM idemproxy_records`).Scan(&left); err != nil || left != 30 {
+		t.Fatalf("%d records left (%v), want the 30 live ones", left, err)
+	}
+}
+
+// TestOpenRefusedFails: a database that answers but refuses (no such
+// database) fails Open at once, naming the cause, and never shows the URL's
+// password.
+func TestOpenRefusedFails(t *testing.T) {
+	c := pgtest.Shared(t)
+	url := c.URL("no_such_db")
+	url = "postgres://postgres:s3cret@" + url[len("postgres://postgres@"):]
+	_, err := Open(context.Background(), Options{URL: url})
+	if err == nil {
+		t.Fatal("Open of a missing database succeeded")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "no_such_db") || strings.Contains(msg, "s3cret") {
+		t.Fatalf("Open error = %q, want the database named and no password", msg)
+	}
+}
+
+// TestDatabaseDownAndBack runs a store against a cluster of its own that is
+// stopped and started again: while it is down every call fails with
+// store.ErrUnavailable within the call timeout; once it is back the same
+// store works again without being reopened, and the record written before
+// is still there.
+func TestDatabaseDownAndBack(t *testing.T) {
+	pgtest.Shared(t) // skip (or fail) exactly as the other tests do
+	c, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Remove()
+	ctx := context.Background()
+	url, err := c.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, Options{URL: url, CallTimeout: 2 * time.Second, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id := store.ID{Tenant: "t", Key: "before"}
+	if _, _, err := s.Begin(ctx, id, []byte("fp"), "o", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 201, Body: []byte("kept")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = s.Begin(ctx, store.ID{Tenant: "t", Key: "during"}, []byte("fp"), "o", time.Minute)
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Begin with the database down = %v, want ErrUnavailable", err)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Ping with the database down = %v, want ErrUnavailable", err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The pool drops broken connections as they fail; a few calls may still
+	// meet one, never more than the pool holds.
+	for i := 0; ; i++ {
+		err := s.Ping(ctx)
+		if err == nil {
+			break
+		}
+		if i > int(s.opt.MaxConns) {
+			t.Fatalf("Ping after the database came back: %v", err)
+		}
+	}
+	rec, err := s.Get(ctx, id)
+	if err != nil || string(rec.Response.Body) != "kept" {
+		t.Fatalf("record after the restart = %+v, %v; want the stored answer", rec, err)
+	}
+}
+
+// TestOpenWhileDown: a replica started while the database is down starts,
+// answers ErrUnavailable, and creates the schema once the database is up.
+func TestOpenWhileDown(t *testing.T) {
+	pgtest.Shared(t)
+	c, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Remove()
+	ctx := context.Background()
+	url, err := c.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(false); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, Options{URL: url, CallTimeout: time.Second, SweepInterval: -1})
+	if err != nil {
+		t.Fatalf("Open with the database down: %v (want a store that recovers)", err)
+	}
+	defer s.Close()
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Ping before the schema = %v, want ErrUnavailable", err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for s.Ping(ctx) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("store did not recover within a minute: %v", s.Ping(ctx))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, created, err := s.Begin(ctx, store.ID{Key: "k"}, []byte("fp"), "o", time.Minute); err != nil || !created {
+		t.Fatalf("Begin after recovery = %v, %v", created, err)
+	}
+}
