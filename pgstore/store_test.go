@@ -3,8 +3,8 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"strings"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
