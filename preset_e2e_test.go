@@ -73,8 +73,16 @@ func TestPresetPayoutsLookupsAreFresh(t *testing.T) {
 	if a := send(t, "POST", base+"/v1/payout", payout); a.header.Get("Idempotent-Replayed") != "true" || a.body != created.body {
 		t.Errorf("repeat: %d replayed=%q", a.status, a.header.Get("Idempotent-Replayed"))
 	}
-	if l := sb.Ledger(); l.Executions != 1 || l.ByOrder["po-1"] != 1 {
-		t.Errorf("ledger: %d executions %v, want one", l.Executions, l.ByOrder)
+	// Payments of the same API: /v1/payment/info is as fresh.
+	if a := send(t, "POST", base+"/v1/payment/info", `{"order_id":"inv-1"}`); a.status != http.StatusNotFound {
+		t.Fatalf("payment lookup before: %d %s", a.status, a.body)
+	}
+	paid := send(t, "POST", base+"/v1/payment", `{"amount":"70","currency":"USDT","order_id":"inv-1"}`)
+	if a := send(t, "POST", base+"/v1/payment/info", `{"order_id":"inv-1"}`); a.status != http.StatusOK || a.body != paid.body {
+		t.Errorf("payment lookup after: %d %s, want %s", a.status, a.body, paid.body)
+	}
+	if l := sb.Ledger(); l.Executions != 2 || l.ByOrder["po-1"] != 1 || l.ByOrder["inv-1"] != 1 {
+		t.Errorf("ledger: %d executions %v, want the payout and the payment once each", l.Executions, l.ByOrder)
 	}
 }
 
@@ -184,6 +192,26 @@ func TestPresetCardsFlows(t *testing.T) {
 			t.Errorf("ledger %v, want each operation once: %v", kinds, want)
 			break
 		}
+	}
+}
+
+// Operation statuses the cards provider names are final: stored, replayed,
+// never retried (a failed operation needs a new key, needs_review an event).
+func TestPresetCardsFinalStatuses(t *testing.T) {
+	sb, url := startSandbox(t, sandbox.Config{Provider: sandbox.ProviderCards})
+	p := launch(t, launchSpec{env: presetEnv(t, "cards", url)})
+	base := "http://" + p.proxy
+	for _, c := range []struct{ amount, status string }{{sandbox.AmountFailed, "failed"}, {sandbox.AmountNeedsReview, "needs_review"}} {
+		issue := `{"tariff_id":"t-1","holder_external_id":"cust-2","amount":"` + c.amount + `"}`
+		a := send(t, "POST", base+"/cards", issue)
+		b := send(t, "POST", base+"/cards", issue)
+		if a.status != http.StatusOK || field(t, a.body, "status") != c.status || a.header.Get("Idemproxy-Attempts") != "1" ||
+			b.header.Get("Idempotent-Replayed") != "true" || b.body != a.body {
+			t.Errorf("%s: %d %s attempts=%q, repeat replayed=%q", c.status, a.status, a.body, a.header.Get("Idemproxy-Attempts"), b.header.Get("Idempotent-Replayed"))
+		}
+	}
+	if l := sb.Ledger(); l.Executions != 2 || l.Replays != 0 {
+		t.Errorf("ledger: %d executions, %d provider replays; want 2 and none", l.Executions, l.Replays)
 	}
 }
 

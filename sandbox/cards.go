@@ -10,7 +10,8 @@ import (
 // cards behaves like the provider of the cards-idempotency seed.
 type cards struct {
 	*core
-	secret []byte // empty means signatures are not checked
+	secret []byte   // empty means signatures are not checked
+	funds  *big.Rat // the account's unreserved funds; nil means no limit
 
 	mu       sync.Mutex
 	byKey    map[string]reply // Idempotency-Key → original operation, forever
@@ -43,7 +44,7 @@ type cardOperation struct {
 	HoldAmount string `json:"hold_amount"`
 	NetAmount  string `json:"net_amount"`
 	CreatedAt  string `json:"created_at"`
-	CardID     string `json:"card_id"`
+	CardID     string `json:"card_id,omitempty"` // empty for an issue that failed
 }
 
 // cardholder is the body of POST /cardholders.
@@ -58,10 +59,55 @@ type cardholder struct {
 // 57.0464 for a net 50.
 var holdRate = big.NewRat(1140928, 1000000)
 
-// newCards returns an empty cards provider.
-func newCards(c *core, secret []byte) *cards {
-	return &cards{core: c, secret: secret, byKey: map[string]reply{}, holders: map[string]reply{},
+// Amounts that make a card issue or top-up end in an operation status the
+// cards seed names, so that tests (and curl) can produce them. The amount is
+// compared as a decimal: "13.130" is AmountFailed too.
+const (
+	// AmountFailed gives an operation with status "failed": nothing is
+	// issued, credited or reserved, and a repeat with its key returns the same
+	// failed operation; only a new key tries again.
+	AmountFailed = "13.13"
+	// AmountNeedsReview gives an operation with status "needs_review": it is
+	// carried out (the card is issued or credited) but the provider
+	// "разбирается вручную"; never repeat it, wait for the event.
+	AmountNeedsReview = "66.66"
+)
+
+// newCards returns an empty cards provider with balance as the account's
+// funds (zero: no limit).
+func newCards(c *core, secret []byte, balance float64) *cards {
+	p := &cards{core: c, secret: secret, byKey: map[string]reply{}, holders: map[string]reply{},
 		cards: map[string]*card{}, inflight: flights{}}
+	if balance > 0 {
+		p.funds = new(big.Rat).SetFloat64(balance)
+	}
+	return p
+}
+
+// outcome is the operation status an issue or top-up of net amount ends in,
+// besides the normal one.
+func outcome(net *big.Rat, normal string) string {
+	switch decimal(net) {
+	case AmountFailed:
+		return "failed"
+	case AmountNeedsReview:
+		return "needs_review"
+	}
+	return normal
+}
+
+// reserve takes the hold for net from the account's funds (p.mu held), or
+// returns the seed's refusal: 409 balance_exhausted, nothing reserved.
+func (p *cards) reserve(net *big.Rat) (reply, bool) {
+	hold := new(big.Rat).Mul(net, holdRate)
+	if p.funds == nil {
+		return reply{}, true
+	}
+	if hold.Cmp(p.funds) > 0 {
+		return errorReply(http.StatusConflict, "balance_exhausted", "the account balance does not cover the hold of "+decimal(hold)), false
+	}
+	p.funds.Sub(p.funds, hold)
+	return reply{}, true
 }
 
 // register adds the seed's endpoints and GET /cards/{id}.
@@ -152,10 +198,17 @@ func (p *cards) issue(c *call) reply {
 		return p.execute(op, func() (reply, bool) {
 			p.mu.Lock()
 			defer p.mu.Unlock()
+			// The seed's example answers an issue with "processing".
+			status := outcome(amount, "processing")
+			if status == "failed" {
+				return p.commit(op, p.operation("issue", "", status, amount)), true
+			}
+			if refusal, ok := p.reserve(amount); !ok {
+				return refusal, false
+			}
 			cd := &card{id: p.rng.uuid(), status: "active", balance: amount, createdAt: p.timestamp()}
 			p.cards[cd.id] = cd
-			// The seed's example answers an issue with "processing".
-			return p.commit(op, p.operation("issue", cd.id, "processing", amount)), true
+			return p.commit(op, p.operation("issue", cd.id, status, amount)), true
 		})
 	})
 }
@@ -174,8 +227,15 @@ func (p *cards) topup(c *call) reply {
 			if cd == nil {
 				return refusal, false
 			}
+			status := outcome(amount, "succeeded")
+			if status == "failed" {
+				return p.commit(op, p.operation("topup", cd.id, status, amount)), true
+			}
+			if refusal, ok := p.reserve(amount); !ok {
+				return refusal, false
+			}
 			cd.balance = new(big.Rat).Add(cd.balance, amount)
-			return p.commit(op, p.operation("topup", cd.id, "succeeded", amount)), true
+			return p.commit(op, p.operation("topup", cd.id, status, amount)), true
 		})
 	})
 }

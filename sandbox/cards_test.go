@@ -190,3 +190,64 @@ func TestCardsSignature(t *testing.T) {
 		t.Errorf("ledger = %+v, want 1 execution and 1 replay", l)
 	}
 }
+
+// TestCardsOperationStatuses: the seed's "Операция failed — повторить с новым
+// ключом" and "Операция needs_review — не повторять", produced by the magic
+// amounts.
+func TestCardsOperationStatuses(t *testing.T) {
+	s, ts := start(t, Config{Provider: ProviderCards})
+	failed := send(t, ts, "POST", "/cards", `{"amount":"`+AmountFailed+`0"}`, keyed("k-failed"))
+	if failed.status != http.StatusOK || failed.field("status") != "failed" || failed.field("card_id") != "" {
+		t.Fatalf("failed issue = %d %s, want a failed operation and no card", failed.status, failed.body)
+	}
+	// "Повтор с ключом проваленной операции вернёт ту же проваленную операцию".
+	if again := send(t, ts, "POST", "/cards", `{"amount":"50"}`, keyed("k-failed")); !bytes.Equal(again.body, failed.body) {
+		t.Errorf("repeat of a failed key = %s, want the same failed operation", again.body)
+	}
+	// "Чтобы попробовать снова, сгенерируйте новый ключ".
+	ok := send(t, ts, "POST", "/cards", `{"amount":"50"}`, keyed("k-new"))
+	card := ok.field("card_id")
+	if ok.field("status") != "processing" || card == "" {
+		t.Fatalf("new key = %s", ok.body)
+	}
+	review := send(t, ts, "POST", "/cards/"+card+"/topup", `{"amount":"`+AmountNeedsReview+`"}`, keyed("k-review"))
+	if review.status != http.StatusOK || review.field("status") != "needs_review" {
+		t.Fatalf("needs_review top-up = %d %s", review.status, review.body)
+	}
+	// It may have gone through: the sandbox carries it out.
+	if view := send(t, ts, "GET", "/cards/"+card, "", nil); view.field("balance") != "116.66" {
+		t.Errorf("card after a needs_review top-up = %s, want balance 116.66", view.body)
+	}
+	failedTopup := send(t, ts, "POST", "/cards/"+card+"/topup", `{"amount":"`+AmountFailed+`"}`, keyed("k-ft"))
+	if failedTopup.field("status") != "failed" {
+		t.Errorf("failed top-up = %s", failedTopup.body)
+	}
+	if view := send(t, ts, "GET", "/cards/"+card, "", nil); view.field("balance") != "116.66" {
+		t.Errorf("a failed top-up moved money: %s", view.body)
+	}
+	if l := s.Ledger(); l.Executions != 4 || l.Replays != 1 {
+		t.Errorf("ledger = %d executions, %d replays; want 4 and 1", l.Executions, l.Replays)
+	}
+}
+
+// TestCardsBalanceExhausted: "4xx с бизнес-кодом (balance_exhausted, …) — не
+// повторять как есть: исправить причину. Резерв не создавался".
+func TestCardsBalanceExhausted(t *testing.T) {
+	s, ts := start(t, Config{Provider: ProviderCards, Balance: 100})
+	card := send(t, ts, "POST", "/cards", `{"amount":"50"}`, keyed("k-issue")).field("card_id") // holds 57.0464
+	for range 2 {                                                                               // nothing is reserved or remembered: the same answer again
+		r := send(t, ts, "POST", "/cards/"+card+"/topup", `{"amount":"40"}`, keyed("k-big")) // would hold 45.64
+		if r.status != http.StatusConflict || r.code() != "balance_exhausted" {
+			t.Fatalf("top-up over the balance = %d %s, want 409 balance_exhausted", r.status, r.body)
+		}
+	}
+	if r := send(t, ts, "POST", "/cards/"+card+"/topup", `{"amount":"30"}`, keyed("k-small")); r.status != http.StatusOK {
+		t.Errorf("top-up within the balance = %d %s", r.status, r.body) // holds 34.23, leaving 8.73
+	}
+	if r := send(t, ts, "POST", "/cards", `{"amount":"10"}`, keyed("k-issue-2")); r.code() != "balance_exhausted" {
+		t.Errorf("issue over what is left = %d %s, want balance_exhausted", r.status, r.body)
+	}
+	if l := s.Ledger(); l.Executions != 2 {
+		t.Errorf("ledger = %d executions, want 2 (refusals are not executions)", l.Executions)
+	}
+}

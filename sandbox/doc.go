@@ -17,7 +17,10 @@
 //     returns the ORIGINAL operation (same id, same bytes) even with another
 //     body or on another endpoint. POST /cardholders is deduplicated by
 //     external_id and needs no key. GET /cards/{id} shows a card. Business
-//     refusals (404 card_not_found, 409 card_not_active) create nothing.
+//     refusals (404 card_not_found, 409 card_not_active, 409
+//     balance_exhausted when Config.Balance is set and the hold does not fit)
+//     create nothing. The amounts AmountFailed and AmountNeedsReview end an
+//     issue or top-up in the operation statuses "failed" and "needs_review".
 //   - "payments": every POST requires Idempotency-Key (422
 //     idempotency_key_required). POST /payments creates a payment; the same
 //     key with the same body gets the stored response plus
@@ -26,7 +29,9 @@
 //   - "payouts": POST /v1/payout needs order_id (400 without) and is
 //     deduplicated by it; a known Idempotency-Key returns its object with
 //     "Idempotent-Replayed: true". POST /v1/payout/info {order_id} returns the
-//     payout or 404 payout.not_found. While a payout with the same key or
+//     payout or 404 payout.not_found. POST /v1/payment and
+//     POST /v1/payment/info do the same for payments (no refusals; 404
+//     payment.not_found). While a payout with the same key or
 //     order is still being processed (until its response is written), other
 //     requests get 409 idempotency.in_progress. Config.MaturingAttempts makes
 //     new orders answer 409 payout.funds_maturing or payout.frozen first;

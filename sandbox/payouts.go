@@ -17,14 +17,28 @@ type payouts struct {
 	maturingShare float64  // probability that a new order matures
 
 	mu       sync.Mutex
-	byOrder  map[string][]byte // order_id → payout body
-	byKey    map[string]string // Idempotency-Key → order_id
+	payouts  book
+	payments book
 	holds    map[string]string // order_id → hold code drawn on its first attempt; "" = none
 	attempts map[string]int    // order_id → attempts refused so far
 	inflight flights           // "key:<key>" and "order:<order_id>" being processed
 }
 
-// payout is the object POST /v1/payout and POST /v1/payout/info return.
+// book holds one kind of object the payouts API creates, deduplicated by
+// Idempotency-Key and by order_id: payouts, and the payments that the
+// payouts seed looks up with /v1/payment/info.
+type book struct {
+	kind    string            // "payout" or "payment", as in the error codes
+	byOrder map[string][]byte // order_id → object body
+	byKey   map[string]string // Idempotency-Key → order_id
+}
+
+func newBook(kind string) book {
+	return book{kind: kind, byOrder: map[string][]byte{}, byKey: map[string]string{}}
+}
+
+// payout is the object POST /v1/payout and POST /v1/payout/info return; a
+// payment (POST /v1/payment, /v1/payment/info) has the same shape.
 type payout struct {
 	ID        string `json:"id"`
 	OrderID   string `json:"order_id"`
@@ -42,7 +56,7 @@ var holdCodes = [...]string{"payout.funds_maturing", "payout.frozen"}
 // newPayouts returns an empty payouts provider for cfg.
 func newPayouts(c *core, cfg Config) *payouts {
 	p := &payouts{core: c, secret: cfg.Secret, publicID: cfg.PublicID, maturing: cfg.MaturingAttempts,
-		maturingShare: orDefault(cfg.MaturingShare, 1), byOrder: map[string][]byte{}, byKey: map[string]string{},
+		maturingShare: orDefault(cfg.MaturingShare, 1), payouts: newBook("payout"), payments: newBook("payment"),
 		holds: map[string]string{}, attempts: map[string]int{}, inflight: flights{}}
 	if cfg.Balance > 0 {
 		p.balance = new(big.Rat).SetFloat64(cfg.Balance)
@@ -50,10 +64,14 @@ func newPayouts(c *core, cfg Config) *payouts {
 	return p
 }
 
-// register adds POST /v1/payout and POST /v1/payout/info.
+// register adds POST /v1/payout and POST /v1/payout/info, and the payments
+// the seed names beside them ("Для платежей — /v1/payment/info"): POST
+// /v1/payment and POST /v1/payment/info.
 func (p *payouts) register(mux *http.ServeMux, wrap func(handler) http.Handler) {
-	mux.Handle("POST /v1/payout", wrap(p.create))
-	mux.Handle("POST /v1/payout/info", wrap(p.info))
+	mux.Handle("POST /v1/payout", wrap(func(c *call) reply { return p.create(&p.payouts, c) }))
+	mux.Handle("POST /v1/payout/info", wrap(func(c *call) reply { return p.info(&p.payouts, c) }))
+	mux.Handle("POST /v1/payment", wrap(func(c *call) reply { return p.create(&p.payments, c) }))
+	mux.Handle("POST /v1/payment/info", wrap(func(c *call) reply { return p.info(&p.payments, c) }))
 }
 
 // authenticate checks X-Public-Id, X-Timestamp and X-Signature over
@@ -89,17 +107,20 @@ func (p *payouts) throttled(retryAfter int) reply {
 // dedup mechanism); then the refusals; then the payout is created. The key
 // and order stay in flight until the response is written, slow fault
 // included, as a server's idempotency lock would.
-func (p *payouts) create(c *call) reply {
+//
+// POST /v1/payment creates a payment the same way, without the payout-only
+// refusals (balance, maturing funds).
+func (p *payouts) create(b *book, c *call) reply {
 	f, err := decodeFields(c.body)
 	if err != nil {
 		return errorReply(http.StatusBadRequest, "request.invalid_json", "body must be a JSON object")
 	}
-	op := Operation{Kind: "payout.create", IdempotencyKey: c.key, OrderID: f.str("order_id")}
-	end, refusal, ok := p.claim(op, f)
+	op := Operation{Kind: b.kind + ".create", IdempotencyKey: c.key, OrderID: f.str("order_id")}
+	end, refusal, ok := p.claim(b, op, f)
 	if !ok {
 		return refusal
 	}
-	rep := p.execute(op, func() (reply, bool) { return p.commit(op, f), true })
+	rep := p.execute(op, func() (reply, bool) { return p.commit(b, op, f), true })
 	rep.done = end
 	return rep
 }
@@ -107,33 +128,40 @@ func (p *payouts) create(c *call) reply {
 // claim decides whether the request may create a payout. When it may, its
 // key and order are marked in flight until end is called; otherwise refusal
 // is the answer.
-func (p *payouts) claim(op Operation, f fields) (end func(), refusal reply, ok bool) {
+func (p *payouts) claim(b *book, op Operation, f fields) (end func(), refusal reply, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if rep, done := p.existing(op.IdempotencyKey, op.OrderID); done {
+	if rep, done := p.existing(b, op.IdempotencyKey, op.OrderID); done {
 		return nil, rep, false
 	}
 	_, amount, valid := f.amount("amount")
 	if !valid {
 		return nil, errorReply(http.StatusBadRequest, "request.invalid_amount", "amount must be a positive decimal"), false
 	}
-	if rep, refused := p.refuse(op.OrderID, amount); refused {
-		return nil, rep, false
+	if b == &p.payouts {
+		if rep, refused := p.refuse(op.OrderID, amount); refused {
+			return nil, rep, false
+		}
 	}
-	return p.inflight.start(&p.mu, keyID(op.IdempotencyKey), "order:"+op.OrderID), reply{}, true
+	return p.inflight.start(&p.mu, keyID(op.IdempotencyKey), orderID(b, op.OrderID)), reply{}, true
+}
+
+// orderID is the in-flight id of an order of b.
+func orderID(b *book, order string) string {
+	return b.kind + ":" + order
 }
 
 // commit creates the payout claim allowed and indexes it by order and key.
-func (p *payouts) commit(op Operation, f fields) reply {
+func (p *payouts) commit(b *book, op Operation, f fields) reply {
 	amount, _, _ := f.amount("amount") // claim checked it
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	body := jsonReply(http.StatusOK, payout{ID: p.rng.uuid(), OrderID: op.OrderID, Amount: amount,
 		Currency: f.str("currency"), Network: f.str("network"), Address: f.str("address"),
 		Status: "processing", CreatedAt: p.timestamp()}).body
-	p.byOrder[op.OrderID] = body
+	b.byOrder[op.OrderID] = body
 	if op.IdempotencyKey != "" {
-		p.byKey[op.IdempotencyKey] = op.OrderID
+		b.byKey[op.IdempotencyKey] = op.OrderID
 	}
 	return reply{status: http.StatusOK, body: body}
 }
@@ -148,22 +176,22 @@ func keyID(key string) string {
 
 // existing answers a request that must not create anything new (p.mu held):
 // in progress, a known key, a missing order_id or a known order.
-func (p *payouts) existing(key, order string) (reply, bool) {
-	if p.inflight.busy(keyID(key)) || (order != "" && p.inflight.busy("order:"+order)) {
+func (p *payouts) existing(b *book, key, order string) (reply, bool) {
+	if p.inflight.busy(keyID(key)) || (order != "" && p.inflight.busy(orderID(b, order))) {
 		// Seed: "409 idempotency.in_progress означает, что запрос с этим
 		// ключом прямо сейчас выполняется на сервере".
 		return errorReply(http.StatusConflict, "idempotency.in_progress", "a request with this key or order is still being processed"), true
 	}
-	if known, ok := p.byKey[key]; ok && key != "" {
+	if known, ok := b.byKey[key]; ok && key != "" {
 		p.ledger.replay()
-		return reply{status: http.StatusOK, body: p.byOrder[known]}.replayed(), true
+		return reply{status: http.StatusOK, body: b.byOrder[known]}.replayed(), true
 	}
 	if order == "" {
-		return errorReply(http.StatusBadRequest, "request.order_id_required", "order_id is required for payouts"), true
+		return errorReply(http.StatusBadRequest, "request.order_id_required", "order_id is required for "+b.kind+"s"), true
 	}
-	if body, ok := p.byOrder[order]; ok {
+	if body, ok := b.byOrder[order]; ok {
 		if key != "" {
-			p.byKey[key] = order
+			b.byKey[key] = order
 		}
 		p.ledger.replay()
 		return reply{status: http.StatusOK, body: body}, true
@@ -205,8 +233,9 @@ func (p *payouts) hold(order string) string {
 }
 
 // info is POST /v1/payout/info {order_id}: the payout, or 404
-// payout.not_found ("не создавалась, можно создавать").
-func (p *payouts) info(c *call) reply {
+// payout.not_found ("не создавалась, можно создавать"); the same for
+// /v1/payment/info, with payment.not_found.
+func (p *payouts) info(b *book, c *call) reply {
 	f, err := decodeFields(c.body)
 	order := f.str("order_id")
 	if err != nil || order == "" {
@@ -214,9 +243,9 @@ func (p *payouts) info(c *call) reply {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	body, ok := p.byOrder[order]
+	body, ok := b.byOrder[order]
 	if !ok {
-		return errorReply(http.StatusNotFound, "payout.not_found", "no payout for order_id "+order)
+		return errorReply(http.StatusNotFound, b.kind+".not_found", "no "+b.kind+" for order_id "+order)
 	}
 	return reply{status: http.StatusOK, body: body}
 }

@@ -285,3 +285,30 @@ func TestPayoutsInProgress(t *testing.T) {
 		t.Fatalf("executions = %d, want 1", l.Executions)
 	}
 }
+
+// TestPaymentsOfThePayoutsAPI: "Для платежей — /v1/payment/info, для выплат —
+// /v1/payout/info". Payments are deduplicated like payouts, in their own book.
+func TestPaymentsOfThePayoutsAPI(t *testing.T) {
+	s, _, do := startPayouts(t, Config{MaturingAttempts: 5, Balance: 1})
+	info := `{"order_id":"inv-1"}`
+	if r := do("/v1/payment/info", "", info); r.status != http.StatusNotFound || r.code() != "payment.not_found" {
+		t.Fatalf("info before = %d %s, want 404 payment.not_found", r.status, r.body)
+	}
+	body := `{"amount":"70","currency":"USDT","order_id":"inv-1"}`
+	created := do("/v1/payment", "k-inv", body) // payout-only refusals do not apply
+	if created.status != http.StatusOK || created.field("order_id") != "inv-1" {
+		t.Fatalf("payment = %d %s", created.status, created.body)
+	}
+	if r := do("/v1/payment", "k-inv", body); !bytes.Equal(r.body, created.body) || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("repeat = %s replayed=%q", r.body, r.header.Get("Idempotent-Replayed"))
+	}
+	if r := do("/v1/payment/info", "", info); r.status != http.StatusOK || !bytes.Equal(r.body, created.body) {
+		t.Errorf("info after = %d %s, want the payment", r.status, r.body)
+	}
+	if r := do("/v1/payout/info", "", info); r.status != http.StatusNotFound || r.code() != "payout.not_found" {
+		t.Errorf("payout info of a payment's order = %d %s, want 404 payout.not_found", r.status, r.body)
+	}
+	if l := s.Ledger(); l.Executions != 1 || l.Entries[0].Kind != "payment.create" {
+		t.Errorf("ledger = %+v, want one payment.create", l.Entries)
+	}
+}

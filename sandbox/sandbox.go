@@ -86,8 +86,15 @@ type Config struct {
 	KeyRetention time.Duration
 
 	// Balance (payouts) is the largest amount a payout may have; above it the
-	// answer is 409 payout.insufficient_funds, a final refusal. Zero means no
-	// limit. The balance is a threshold and is not spent.
+	// answer is 409 payout.insufficient_funds, a final refusal. The balance is
+	// a threshold and is not spent.
+	//
+	// Balance (cards) is the account's funds: every card issue and top-up
+	// reserves its hold_amount from it, and one that does not fit answers 409
+	// balance_exhausted ("Резерв не создавался": nothing is reserved or
+	// recorded under the key). Closing a card does not give funds back.
+	//
+	// Zero means no limit.
 	Balance float64
 
 	// Seed seeds the random generator behind faults, maturing orders and
@@ -200,7 +207,7 @@ func New(cfg Config) (*Server, error) {
 func newProvider(c *core, cfg Config) provider {
 	switch cfg.Provider {
 	case ProviderCards:
-		return newCards(c, cfg.Secret)
+		return newCards(c, cfg.Secret, cfg.Balance)
 	case ProviderPayments:
 		return newPayments(c, cfg.Secret, cfg.KeyRetention)
 	default:

@@ -124,7 +124,7 @@ func parse(args []string) (settings, error) {
 	fs.DurationVar(&st.SlowDelay, "slow-delay", st.SlowDelay, "delay of the slow fault; 0 = 35s (SANDBOX_SLOW_DELAY)")
 	fs.IntVar(&st.MaturingAttempts, "maturing-attempts", st.MaturingAttempts, "payouts: 409 funds_maturing/frozen attempts per order (SANDBOX_MATURING_ATTEMPTS)")
 	fs.Float64Var(&st.MaturingShare, "maturing-share", st.MaturingShare, "payouts: share of orders that mature; 0 = all (SANDBOX_MATURING_SHARE)")
-	fs.Float64Var(&st.Balance, "balance", st.Balance, "payouts: largest payout amount; 0 = unlimited (SANDBOX_BALANCE)")
+	fs.Float64Var(&st.Balance, "balance", st.Balance, "payouts: largest payout amount; cards: account funds for holds; 0 = unlimited (SANDBOX_BALANCE)")
 	fs.Float64Var(&st.DropBefore, "fault-drop-before", st.DropBefore, "P(drop connection before processing) (SANDBOX_FAULT_DROP_BEFORE)")
 	fs.Float64Var(&st.DropAfter, "fault-drop-after", st.DropAfter, "P(execute, then drop connection) (SANDBOX_FAULT_DROP_AFTER)")
 	fs.Float64Var(&st.Slow, "fault-slow", st.Slow, "P(execute, then answer after -slow-delay) (SANDBOX_FAULT_SLOW)")
