@@ -28,9 +28,10 @@ const (
 
 // refusedCodes are business codes by which a provider says it refused the
 // attempt itself before acting on anything, so the answer says nothing about
-// the operation and must never be stored as its result. Seed payments: "409
-// nonce_reused: the nonce is single-use; renew the signature" — a new attempt
-// through the signer below gets a new nonce.
+// the operation and must never be stored as its result. The payments
+// provider answers 409 nonce_reused to a request resent whole ("the nonce is
+// single-use; renew the signature"): a new attempt through the signer below
+// gets a new nonce.
 var refusedCodes = map[string]bool{"nonce_reused": true}
 
 // errorReason classifies a failed attempt: whether the request can have
