@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -174,9 +175,19 @@ type answer struct {
 
 func (e *env) do(t *testing.T, method, path, body string, hdr ...string) answer {
 	t.Helper()
-	req, err := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))
+	a, err := e.send(method, path, body, hdr...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return a
+}
+
+// send is do for goroutines other than the test's, which must not call
+// t.Fatal: the caller reports the error from the test goroutine.
+func (e *env) send(method, path, body string, hdr ...string) (answer, error) {
+	req, err := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
@@ -184,14 +195,14 @@ func (e *env) do(t *testing.T, method, path, body string, hdr ...string) answer 
 	}
 	resp, err := e.srv.Client().Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return answer{}, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return answer{}, err
 	}
-	return answer{resp.StatusCode, resp.Header, b}
+	return answer{resp.StatusCode, resp.Header, b}, nil
 }
 
 func errorCode(t *testing.T, a answer) string {
@@ -214,15 +225,19 @@ func TestConcurrentIdenticalPostsExecuteOnce(t *testing.T) {
 	e := newEnv(t)
 	const n = 50
 	answers := make([]answer, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			answers[i] = e.do(t, "POST", "/v1/payments", order)
+			answers[i], errs[i] = e.send("POST", "/v1/payments", order)
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
 	total, execs := e.prov.counts()
 	if len(execs) != 1 || total != 1 {
 		t.Fatalf("provider saw %d requests, executions %v; want exactly one", total, execs)
@@ -403,9 +418,20 @@ func TestInProgressPastTheWaitBound(t *testing.T) {
 	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.InflightWait = 50 * time.Millisecond })
 	e.prov.hold = make(chan struct{})
 	e.prov.entered = make(chan string, 1)
-	first := make(chan answer, 1)
-	go func() { first <- e.do(t, "POST", "/v1/payments", order) }()
-	<-e.prov.entered
+	type sent struct {
+		a   answer
+		err error
+	}
+	first := make(chan sent, 1)
+	go func() {
+		a, err := e.send("POST", "/v1/payments", order)
+		first <- sent{a, err}
+	}()
+	select {
+	case <-e.prov.entered:
+	case r := <-first:
+		t.Fatalf("the first request ended before reaching the provider: %d %s, %v", r.a.status, r.a.body, r.err)
+	}
 	a := e.do(t, "POST", "/v1/payments", order)
 	if a.status != http.StatusConflict || errorCode(t, a) != "idempotency_in_progress" || a.header.Get("Retry-After") == "" {
 		t.Fatalf("got %d %s Retry-After=%q, want 409 idempotency_in_progress with Retry-After", a.status, a.body, a.header.Get("Retry-After"))
@@ -416,7 +442,11 @@ func TestInProgressPastTheWaitBound(t *testing.T) {
 		t.Fatalf("got %d %s, want 409 idempotency_conflict", c.status, c.body)
 	}
 	close(e.prov.hold)
-	f := <-first
+	r1 := <-first
+	if r1.err != nil {
+		t.Fatal(r1.err)
+	}
+	f := r1.a
 	r := e.do(t, "POST", "/v1/payments", order)
 	if !bytes.Equal(r.body, f.body) || r.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("after the first finished: %d %q, want replay of %q", r.status, r.body, f.body)
