@@ -142,6 +142,22 @@ func (o *observer) attempt(a retry.AttemptInfo) {
 	o.log.LogAttrs(ctx, level, msg, attrs...)
 }
 
+// probe is retry.Transport.OnProbe: every status probe is logged, since it
+// decides whether an operation whose outcome was unknown is re-sent.
+func (o *observer) probe(p retry.ProbeInfo) {
+	o.m.Probe(p)
+	attrs := []slog.Attr{
+		slog.String("method", p.Method),
+		slog.String("path", p.Path),
+		slog.String("result", string(p.Result)),
+		slog.Int("status", p.Status),
+	}
+	if p.Err != nil {
+		attrs = append(attrs, slog.String("err", p.Err.Error()))
+	}
+	o.log.LogAttrs(context.Background(), slog.LevelInfo, "status probe", attrs...)
+}
+
 func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // statusWriter records the status sent to the client. It keeps Flush working

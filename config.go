@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/probe"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/resign"
 	"github.com/idemproxy/idemproxy/retry"
@@ -66,6 +67,9 @@ type config struct {
 	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off"`
 	RateBurst        int           `env:"RATE_BURST" envDefault:"1" doc:"outbound burst"`
 
+	StatusProbe          string        `env:"STATUS_PROBE" doc:"provider lookup sent before re-sending an operation whose outcome is unknown: METHOD PATH [BODY] with {idempotency_key}, {req.<dotted.path>}, {resp.<dotted.path>}, e.g. GET /payments/{resp.payment_id}; empty = none"`
+	ProviderKeyRetention time.Duration `env:"PROVIDER_KEY_RETENTION" envDefault:"0" doc:"how long the provider keeps idempotency keys (payments: 48h); an unknown operation first sent longer ago is never re-sent blindly; 0 = forever"`
+
 	LogLevel      string        `env:"LOG_LEVEL" envDefault:"info" doc:"debug, info, warn or error"`
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"30s" doc:"how long SIGTERM waits for in-flight operations"`
 }
@@ -81,6 +85,7 @@ type settings struct {
 	routes       routes.Table
 	sign         resign.Config
 	policy       retry.Policy
+	probe        *probe.Template // nil: no status probe
 }
 
 // loadConfig reads the environment (environ as from os.Environ) and checks it. Every
@@ -156,6 +161,11 @@ func (c *config) settings() (settings, error) {
 	}
 	if s.policy, err = c.retryPolicy(); err != nil {
 		return s, err
+	}
+	if c.StatusProbe != "" {
+		if s.probe, err = probe.Parse(c.StatusProbe); err != nil {
+			return s, bad("STATUS_PROBE", err)
+		}
 	}
 	return s, c.checkNumbers()
 }
@@ -301,6 +311,7 @@ func (c *config) checkNumbers() error {
 		{"RETRY_MAX_DELAY", c.RetryMaxDelay >= c.RetryBaseDelay, "at least RETRY_BASE_DELAY"},
 		{"RATE_LIMIT", c.RateLimit >= 0, "0 (off) or a positive rate"},
 		{"RATE_BURST", c.RateBurst >= 1, "at least 1"},
+		{"PROVIDER_KEY_RETENTION", c.ProviderKeyRetention >= 0, "0 (forever) or a positive duration"},
 		{"SHUTDOWN_GRACE", c.ShutdownGrace > 0, "a positive duration"},
 		{"LISTEN_ADDR", c.ListenAddr != "", "an address such as :8080"},
 		{"ADMIN_ADDR", c.AdminAddr != "", "an address such as :9090"},

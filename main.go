@@ -25,6 +25,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/metrics"
+	"github.com/idemproxy/idemproxy/probe"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/ratelimit"
 	"github.com/idemproxy/idemproxy/resign"
@@ -98,7 +99,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	records := m.Store(store)
 	handler, err := proxy.New(proxy.Options{
 		Upstream:         set.upstream,
-		Transport:        upstreamTransport(cfg, set, store.MaxBodyBytes(), obs.attempt),
+		Transport:        upstreamTransport(cfg, set, store.MaxBodyBytes(), obs),
 		Store:            records,
 		Clients:          set.clients,
 		Protected:        set.protected,
@@ -146,8 +147,9 @@ func closeStore(store *cache.Store, log *slog.Logger) error {
 }
 
 // upstreamTransport builds the attempt chain: retry loop → signer → one wire
-// attempt per RoundTrip → a pooled transport. onAttempt sees every attempt.
-func upstreamTransport(cfg config, set settings, maxResponse int64, onAttempt func(retry.AttemptInfo)) http.RoundTripper {
+// attempt per RoundTrip → a pooled transport. obs sees every attempt and
+// status probe.
+func upstreamTransport(cfg config, set settings, maxResponse int64, obs *observer) http.RoundTripper {
 	wire := &http.Transport{
 		DialContext:       (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2: true,
@@ -163,15 +165,21 @@ func upstreamTransport(cfg config, set settings, maxResponse int64, onAttempt fu
 	if err != nil {
 		panic(err) // set.sign was validated by loadConfig
 	}
-	return &retry.Transport{
-		Next:      signer,
-		Policy:    set.policy,
-		Gate:      ratelimit.New(cfg.RateLimit, cfg.RateBurst),
-		OnAttempt: onAttempt,
+	t := &retry.Transport{
+		Next:         signer,
+		Policy:       set.policy,
+		Gate:         ratelimit.New(cfg.RateLimit, cfg.RateBurst),
+		OnAttempt:    obs.attempt,
+		OnProbe:      obs.probe,
+		KeyRetention: cfg.ProviderKeyRetention,
 		// An answer the store cannot hold could never be replayed: refuse it
 		// at the attempt instead of after the fact.
 		MaxResponseBytes: maxResponse,
 	}
+	if set.probe != nil {
+		t.Prober = &probe.Lookup{Template: set.probe, Base: set.upstream}
+	}
+	return t
 }
 
 // app is what serve runs: the proxy handler (wrapped for logs and metrics), the

@@ -58,6 +58,9 @@ type Metrics struct {
 	operations   prometheus.Gauge
 	stored       prometheus.Counter
 	released     prometheus.Counter
+	unknown      prometheus.Gauge
+	needsReview  prometheus.Counter
+	probes       *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them, with the Go runtime and
@@ -124,6 +127,18 @@ func (m *Metrics) newStoreMetrics() {
 	m.stored = m.counter("records_stored_total", "Final responses stored for replay.")
 	m.released = m.counter("inflight_released_total",
 		"In-flight records left by a previous process (a crash) and released at start.")
+	m.unknown = m.gauge("operations_unknown",
+		"Operations this process kept in state unknown (the provider may have acted, no final answer) and that no request has resumed since.")
+	m.needsReview = m.counter("records_needs_review_total",
+		"Final answers stored whose operation status is needs_review: never retried, for a person to resolve.")
+	m.probes = m.counterVec("status_probes_total",
+		"Status probes sent before re-sending an operation whose outcome is unknown, by result (found, not_found, other, unfilled).",
+		"result")
+}
+
+// Probe records one status probe; it is retry.Transport.OnProbe.
+func (m *Metrics) Probe(p retry.ProbeInfo) {
+	m.probes.WithLabelValues(string(p.Result)).Inc()
 }
 
 // Handler serves the registry in the Prometheus text format (/metrics).

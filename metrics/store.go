@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -38,6 +39,9 @@ func (s *InstrumentedStore) Begin(ctx context.Context, id store.ID, fp []byte, o
 	s.fail("begin", err)
 	if err == nil && created {
 		s.m.operations.Inc()
+		if rec.Outcome != (store.Outcome{}) { // a parked operation resumed
+			s.m.unknown.Dec()
+		}
 	}
 	return rec, created, err
 }
@@ -50,6 +54,9 @@ func (s *InstrumentedStore) Complete(ctx context.Context, id store.ID, owner str
 	if err == nil {
 		s.m.operations.Dec()
 		s.m.stored.Inc()
+		if retry.NeedsReview(resp.Body) {
+			s.m.needsReview.Inc()
+		}
 	}
 	return err
 }
@@ -88,6 +95,9 @@ func (s *InstrumentedStore) Park(ctx context.Context, id store.ID, owner string,
 	err := s.next.Park(ctx, id, owner, o)
 	s.fail("park", err)
 	s.m.operations.Dec()
+	if err == nil {
+		s.m.unknown.Inc()
+	}
 	return err
 }
 

@@ -15,9 +15,12 @@ package probe
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"strings"
 )
@@ -273,4 +276,56 @@ func member(m map[string]any, side, path string) (string, error) {
 		return v.String(), nil
 	}
 	return "", fmt.Errorf("%w: {%s.%s} has no string or number value", ErrUnfilled, side, path)
+}
+
+// Lookup sends a Template to one provider: it implements retry.Prober.
+type Lookup struct {
+	Template *Template
+	// Base is the provider's base URL; the probe's path is joined to its
+	// path as the app's paths are.
+	Base *url.URL
+	// KeyHeader names the request header holding the key for
+	// {idempotency_key}; empty means Idempotency-Key.
+	KeyHeader string
+}
+
+// Lookup builds the probe request for the operation req (body is its body,
+// last the body of its last ambiguous answer). The probe carries no
+// Idempotency-Key: it is a lookup, not the operation.
+func (l *Lookup) Lookup(ctx context.Context, req *http.Request, body, last []byte) (*http.Request, error) {
+	kh := l.KeyHeader
+	if kh == "" {
+		kh = "Idempotency-Key"
+	}
+	p, err := l.Template.Build(Values{Key: req.Header.Get(kh), Request: body, Response: last})
+	if err != nil {
+		return nil, err
+	}
+	path, query, _ := strings.Cut(p.Path, "?")
+	u := *l.Base
+	u.RawPath = ""
+	u.Path = strings.TrimSuffix(l.Base.Path, "/") + mustUnescape(path)
+	u.RawPath = strings.TrimSuffix(l.Base.EscapedPath(), "/") + path
+	u.RawQuery = query
+	var rd io.Reader = http.NoBody
+	if p.Body != nil {
+		rd = bytes.NewReader(p.Body)
+	}
+	out, err := http.NewRequestWithContext(ctx, p.Method, u.String(), rd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnfilled, err)
+	}
+	if p.Body != nil {
+		out.Header.Set("Content-Type", "application/json")
+	}
+	return out, nil
+}
+
+// mustUnescape decodes an escaped path Build produced (always valid).
+func mustUnescape(p string) string {
+	s, err := url.PathUnescape(p)
+	if err != nil {
+		return p
+	}
+	return s
 }

@@ -42,6 +42,9 @@ var (
 	ErrRouteRejected = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "this method and path are refused by the proxy's route table; nothing was sent"}
 	ErrUpgrade       = &Error{http.StatusBadRequest, "upgrade_not_supported", "protocol upgrades are not proxied"}
 	ErrClientGone    = &Error{499, "client_closed_request", "client closed the request"}
+	// ErrKeyExpired: the outcome is unknown and the provider may have
+	// forgotten the key, so a resend could execute the operation twice.
+	ErrKeyExpired = &Error{http.StatusConflict, "idempotency_key_expired", "the outcome of this operation is unknown and it was first sent longer ago than the provider keeps idempotency keys; nothing was sent: an operator must resolve it"}
 )
 
 // busy is the answer while a key is in flight past the wait: ErrInProgress, or
@@ -102,6 +105,8 @@ func classify(err error) (status int, code, msg string, attempts int) {
 		return ErrKeyInvalid.Status, ErrKeyInvalid.Code, ErrKeyInvalid.Message, 0
 	case errors.As(err, &se):
 		return ErrStore.Status, ErrStore.Code, ErrStore.Message, 0
+	case errors.Is(err, retry.ErrKeyExpired):
+		return ErrKeyExpired.Status, ErrKeyExpired.Code, ErrKeyExpired.Message, 0
 	case errors.As(err, &ex):
 		status = http.StatusBadGateway
 		if ex.Timeout {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -37,7 +38,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 		}
 		if created {
 			sum.Outcome = OutcomeForwarded
-			return h.start(r, id, owner, body), nil
+			return h.start(r, id, owner, body, rec.Outcome), nil
 		}
 		if !bytes.Equal(rec.Fingerprint, fp) {
 			sum.Outcome = OutcomeConflict
@@ -77,14 +78,17 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 // start runs the upstream operation for id detached from the client: once sent, it
 // finishes and is stored even if the client goes away (SPEC.md, Detachment). The
 // caller waits for its result unless its own context ends first.
-func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte) result {
+//
+// before is what earlier sequences of this key left: non-zero when the record
+// was parked with its outcome unknown, so the first attempt is a re-send.
+func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome) result {
 	done := h.flights.open(id)
 	out := make(chan result, 1)
 	h.ops.Add(1)
 	go func() {
 		defer h.ops.Done()
 		defer h.flights.close(id, done)
-		out <- h.run(r, id, owner, body)
+		out <- h.run(r, id, owner, body, before)
 	}()
 	select {
 	case res := <-out:
@@ -95,11 +99,20 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte)
 }
 
 // run performs the attempt sequence and records its outcome: a final response is
-// completed in the store before anyone sees it; anything else releases the key so
-// the next request resumes with the same key.
-func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte) result {
+// completed in the store before anyone sees it; a sequence after which the
+// provider may have acted parks the record as unknown; anything else releases
+// the key. Either way the next request resumes with the same key.
+func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome) result {
 	ctx := context.WithoutCancel(r.Context())
+	started := h.opt.Now()
+	if before != (store.Outcome{}) {
+		ctx = retry.WithResume(ctx, retry.Resume{FirstSentAt: before.FirstSentAt})
+	}
 	res := h.roundTrip(ctx, r, id.Key, body)
+	if o, unknown := unknownOutcome(res, started); unknown {
+		h.park(ctx, r, id, owner, o)
+		return res
+	}
 	if res.err == nil && storable(res.resp.Status) {
 		err := h.opt.Store.Complete(ctx, id, owner, res.resp)
 		if err == nil {
@@ -113,6 +126,37 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte) r
 		h.opt.Logger.Error("releasing in-flight record failed", "err", err)
 	}
 	return res
+}
+
+// unknownOutcome says whether a sequence ended with the operation's outcome
+// unknown, and what to keep of it: retries spent on failures after which the
+// provider may have acted, or a 5xx that is not retried (a 524 may hide an
+// executed payment).
+func unknownOutcome(res result, started time.Time) (store.Outcome, bool) {
+	var ex *retry.ExhaustedError
+	switch {
+	case errors.As(res.err, &ex) && ex.Unknown:
+		return store.Outcome{FirstSentAt: ex.FirstSentAt, Attempts: ex.Attempts, LastError: ex.Error()}, true
+	case res.err == nil && res.resp.Status >= 500:
+		attempts, _ := strconv.Atoi(res.resp.Header.Get(AttemptsHeader))
+		return store.Outcome{FirstSentAt: started, Attempts: attempts,
+			LastError: "status " + strconv.Itoa(res.resp.Status) + " from upstream"}, true
+	}
+	return store.Outcome{}, false
+}
+
+// park keeps the record in state unknown with what is known of the attempts.
+// If that fails the record stays in flight until its lease ends, and is then
+// resumed with the same key like an unknown one.
+func (h *Handler) park(ctx context.Context, r *http.Request, id store.ID, owner string, o store.Outcome) {
+	if err := h.opt.Store.Park(ctx, id, owner, o); err != nil {
+		h.opt.Logger.Error("keeping an operation whose outcome is unknown failed",
+			"method", r.Method, "path", r.URL.Path, "key", id.Key, "err", err)
+		return
+	}
+	h.opt.Logger.Warn("operation outcome unknown: kept for the next request with its key",
+		"method", r.Method, "path", r.URL.Path, "key", id.Key, "attempts", o.Attempts,
+		"first_sent_at", o.FirstSentAt, "last_error", o.LastError)
 }
 
 // storable says whether an upstream answer is final and kept for replay: 2xx and

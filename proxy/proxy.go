@@ -43,6 +43,7 @@ type Store interface {
 	Begin(ctx context.Context, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool, error)
 	Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error
 	Abandon(ctx context.Context, id store.ID, owner string) error
+	Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error
 	Get(ctx context.Context, id store.ID) (store.Record, error)
 }
 

@@ -119,6 +119,18 @@ func (f bodyFacts) final() bool {
 	return false
 }
 
+// NeedsReview reports a response body whose operation status is
+// "needs_review": final, never retried, and for a person to resolve (seed
+// cards-idempotency: the provider reports the outcome by an event).
+func NeedsReview(body []byte) bool {
+	for _, s := range parseBody(body).statuses {
+		if s == "needs_review" {
+			return true
+		}
+	}
+	return false
+}
+
 // parseBody extracts bodyFacts from a JSON object; anything else (HTML from a
 // gateway, an empty body) has no facts. Fields of unexpected types are
 // ignored rather than failing the whole parse.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // ErrResponseTooLarge is returned (wrapped) when a response body exceeds
@@ -31,8 +32,19 @@ type ExhaustedError struct {
 	// attempt got none.
 	LastStatus int
 	// Err is the last attempt's network error or the reason the sequence
-	// stopped early; nil when the last attempt got a retriable response.
+	// stopped early (ErrBudget, ErrKeyExpired); nil when the last attempt
+	// got a retriable response.
 	Err error
+	// Unknown is true when the provider may have acted on the operation: an
+	// attempt timed out or broke after sending, or got a 5xx such as 504 (or
+	// the sequence resumed such an operation). False means no attempt can
+	// have executed it (dial errors, 429, 503, business refusals).
+	Unknown bool
+	// FirstSentAt is when the operation first reached the provider (in this
+	// sequence or the one it resumed); zero if it never did.
+	FirstSentAt time.Time
+	// LastBody is the body of the last ambiguous answer; nil if none.
+	LastBody []byte
 }
 
 // Error names the method, the path and the attempt count, and the last

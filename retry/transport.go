@@ -60,6 +60,20 @@ type Transport struct {
 	// OnAttempt, if not nil, is called after every attempt is decided, from
 	// the goroutine running RoundTrip, for metrics and logs.
 	OnAttempt func(AttemptInfo)
+	// Prober, if set, builds the status lookup sent before re-sending a
+	// protected request whose outcome is unknown (after a timeout, a broken
+	// connection or a 5xx such as 504, or when the request resumes such an
+	// operation, see [WithResume]): a 2xx answer is the final answer, marked
+	// [ReconciledHeader]; a 404 means the operation did not happen. Nil
+	// means no probe: the request is re-sent with the same key.
+	Prober Prober
+	// KeyRetention is how long the provider keeps idempotency keys. An
+	// operation whose outcome is unknown and that was first sent longer ago
+	// is never re-sent blindly: unless the probe finds it or says it did not
+	// happen, the sequence ends with [ErrKeyExpired]. Zero means forever.
+	KeyRetention time.Duration
+	// OnProbe, if not nil, is called after every probe, for metrics and logs.
+	OnProbe func(ProbeInfo)
 }
 
 // AttemptInfo describes one attempt for [Transport.OnAttempt]. It carries no
@@ -94,6 +108,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	defer s.cancel()
 	for {
+		if s.unknown {
+			resp, err := s.resolve()
+			if err != nil || resp != nil {
+				return resp, err
+			}
+		}
 		o, err := s.attempt()
 		if err != nil {
 			return nil, err
@@ -122,6 +142,10 @@ type sequence struct {
 	deadline time.Time // ctx's deadline; zero when none
 	attempts int
 	last     outcome
+	// What is known of the operation upstream (protected requests only).
+	firstSent time.Time // when an attempt first reached the provider; zero if none did
+	unknown   bool      // the provider may have acted on an attempt whose answer was lost
+	lastBody  []byte    // the body of the last ambiguous answer, for the probe
 }
 
 // outcome is the result of one attempt.
@@ -133,6 +157,7 @@ type outcome struct {
 	retryAfter    time.Duration // capped; valid when hasRetryAfter
 	hasRetryAfter bool
 	gateWait      time.Duration
+	start         time.Time // when the attempt left
 	duration      time.Duration
 	paused        time.Duration // the Gate pause this attempt's Retry-After set
 }
@@ -151,6 +176,9 @@ func (t *Transport) begin(req *http.Request) (*sequence, error) {
 		s.ctx, s.cancel = context.WithCancel(req.Context())
 	}
 	s.deadline, _ = s.ctx.Deadline()
+	if r, ok := req.Context().Value(resumeKey{}).(Resume); ok && s.mode == Protected {
+		s.unknown, s.firstSent, s.lastBody = true, r.FirstSentAt, r.LastBody
+	}
 	return s, nil
 }
 
@@ -176,9 +204,9 @@ func (s *sequence) attempt() (outcome, error) {
 		return o, s.stopped(err)
 	}
 	s.attempts++
-	start := s.t.now()
+	o.start = s.t.now()
 	o.resp, o.body, o.err = s.send()
-	o.duration = s.t.now().Sub(start)
+	o.duration = s.t.now().Sub(o.start)
 	if errors.Is(o.err, ErrResponseTooLarge) {
 		return o, fmt.Errorf("retry: %s %s: attempt %d: %w", s.req.Method, s.req.URL.Path, s.attempts, o.err)
 	}
@@ -287,6 +315,7 @@ func (s *sequence) noteRetryAfter(o *outcome) {
 // response (err nil), done with an error, or another attempt after wait.
 func (s *sequence) decide(o outcome) (wait time.Duration, done bool, err error) {
 	reason := s.reason(o)
+	s.noteSent(o, reason)
 	switch {
 	case reason == ReasonNone && o.err != nil:
 		err = s.exhausted(nil) // Once mode: a network error is not an answer
@@ -373,6 +402,10 @@ func (s *sequence) exhausted(cause error) *ExhaustedError {
 		Attempts: s.attempts,
 		Timeout:  o.timeout || s.attempts == 0,
 		Err:      o.err,
+		Unknown:  s.unknown,
+		// The first send of this sequence, or of the one it resumes.
+		FirstSentAt: s.firstSent,
+		LastBody:    s.lastBody,
 	}
 	if o.resp != nil {
 		e.LastStatus = o.resp.StatusCode

@@ -1,0 +1,174 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// ReconciledHeader marks an answer that is the status probe's, not the
+// operation's own: the provider said the operation exists.
+const ReconciledHeader = "Idemproxy-Reconciled"
+
+// ErrKeyExpired is wrapped in an [ExhaustedError] when an operation whose
+// outcome is unknown was first sent longer ago than the provider keeps keys
+// ([Transport.KeyRetention]) and no probe resolved it: a resend could
+// execute it a second time, so nothing is sent.
+var ErrKeyExpired = errors.New("retry: the provider may have forgotten the key of an operation whose outcome is unknown; not re-sent")
+
+// Prober builds the status lookup sent before re-sending an operation whose
+// outcome is unknown (IDEMPROXY_STATUS_PROBE); probe.Lookup implements it.
+// req is the operation's request, body its body and last the body of the
+// last ambiguous answer (nil if none). An error means the lookup cannot be
+// built for this operation, and the operation is re-sent as it is.
+type Prober interface {
+	Lookup(ctx context.Context, req *http.Request, body, last []byte) (*http.Request, error)
+}
+
+// Resume describes an earlier attempt sequence of the same operation that
+// ended with its outcome unknown, so that this one treats its first attempt
+// as a re-send.
+type Resume struct {
+	FirstSentAt time.Time // when the operation was first sent upstream
+	// LastBody is the body of the last ambiguous answer, for {resp.…}
+	// placeholders; nil when not known.
+	LastBody []byte
+}
+
+type resumeKey struct{}
+
+// WithResume returns a copy of ctx telling [Transport.RoundTrip] that the
+// request resumes an operation whose outcome is unknown.
+func WithResume(ctx context.Context, r Resume) context.Context {
+	return context.WithValue(ctx, resumeKey{}, r)
+}
+
+// ProbeResult is what a status probe said, for metrics and logs.
+type ProbeResult string
+
+// The probe results.
+const (
+	ProbeFound    ProbeResult = "found"     // 2xx: the operation exists; its answer is the result
+	ProbeNotFound ProbeResult = "not_found" // 404: it did not happen; re-sent with the same key
+	ProbeOther    ProbeResult = "other"     // another answer or a network error; re-sent (or refused when the key expired)
+	ProbeUnfilled ProbeResult = "unfilled"  // the lookup could not be built for this operation
+)
+
+// ProbeInfo describes one probe for [Transport.OnProbe]; like AttemptInfo it
+// carries no header, body or query.
+type ProbeInfo struct {
+	Method, Path string // the operation's
+	Result       ProbeResult
+	Status       int   // the probe's answer; 0 when none
+	Err          error // why no answer came, or why the lookup could not be built
+}
+
+// noteSent updates what the sequence knows about the operation after an
+// attempt: when it was first sent, and whether the provider may have acted.
+func (s *sequence) noteSent(o outcome, r Reason) {
+	if s.mode != Protected || r == ReasonNotSent {
+		return
+	}
+	if s.firstSent.IsZero() {
+		s.firstSent = o.start
+	}
+	if mayHaveActed(o, r) {
+		s.unknown = true
+		s.lastBody = nil
+		if o.resp != nil {
+			s.lastBody = o.body
+		}
+	}
+}
+
+// mayHaveActed says whether a failed attempt may have been acted on by the
+// provider: a timeout or a broken connection after sending, a 5xx such as
+// 504, or "in progress". 429 and 503 (rate limit, maintenance) and the
+// retriable business refusals (funds maturing) say it was not.
+func mayHaveActed(o outcome, r Reason) bool {
+	switch r {
+	case ReasonTimeout, ReasonNetwork:
+		return true
+	case ReasonStatus:
+		s := o.resp.StatusCode
+		return s >= 500 && s != http.StatusServiceUnavailable
+	case ReasonCode:
+		return strings.Contains(parseBody(o.body).code, "in_progress")
+	}
+	return false
+}
+
+// resolve runs before re-sending an operation whose outcome is unknown. It
+// returns the probe's answer when the provider says the operation exists;
+// nil to go on and send; an error when the provider may have forgotten the
+// key and nothing resolved the outcome.
+func (s *sequence) resolve() (*http.Response, error) {
+	if s.t.Prober != nil {
+		resp, result := s.probe()
+		switch result {
+		case ProbeFound:
+			return resp, nil
+		case ProbeNotFound:
+			s.unknown = false // it did not happen: a resend is a first send
+			return nil, nil
+		}
+	}
+	if r := s.t.KeyRetention; r > 0 && !s.firstSent.IsZero() && s.t.now().Sub(s.firstSent) > r {
+		return nil, s.exhausted(fmt.Errorf("%w (first sent %s ago, provider keeps keys %s)",
+			ErrKeyExpired, s.t.now().Sub(s.firstSent).Round(time.Second), r))
+	}
+	return nil, nil
+}
+
+// probe sends the status lookup once, through the Gate and Next like any
+// attempt (so it is signed afresh), and classifies the answer.
+func (s *sequence) probe() (*http.Response, ProbeResult) {
+	info := ProbeInfo{Method: s.req.Method, Path: s.req.URL.Path}
+	defer func() {
+		if s.t.OnProbe != nil {
+			s.t.OnProbe(info)
+		}
+	}()
+	ctx, cancel := s.attemptContext()
+	defer cancel()
+	preq, err := s.t.Prober.Lookup(ctx, s.req, s.body, s.lastBody)
+	if err != nil {
+		info.Result, info.Err = ProbeUnfilled, err
+		return nil, info.Result
+	}
+	if _, err := s.passGate(); err != nil {
+		info.Result, info.Err = ProbeOther, err
+		return nil, info.Result
+	}
+	resp, err := s.t.next().RoundTrip(preq)
+	if err != nil {
+		info.Result, info.Err = ProbeOther, redact(err)
+		return nil, info.Result
+	}
+	defer resp.Body.Close()
+	body, err := readLimited(resp.Body, s.t.maxResponseBytes())
+	info.Status = resp.StatusCode
+	switch {
+	case err != nil:
+		info.Result, info.Err = ProbeOther, err
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		info.Result = ProbeFound
+		return s.reconciled(resp, body), info.Result
+	case resp.StatusCode == http.StatusNotFound:
+		info.Result = ProbeNotFound
+	default:
+		info.Result = ProbeOther
+	}
+	return nil, info.Result
+}
+
+// reconciled turns the probe's 2xx answer into the operation's final answer.
+func (s *sequence) reconciled(resp *http.Response, body []byte) *http.Response {
+	o := outcome{resp: resp, body: body}
+	out := s.response(o)
+	out.Header.Set(ReconciledHeader, "true")
+	return out
+}

@@ -1,0 +1,265 @@
+package main
+
+// End-to-end tests of operations whose outcome is unknown, with the real
+// binary in front of the payments sandbox: the record is kept and resumed
+// with the same key, the status probe resolves a 504, and the provider's key
+// retention stops a blind resend.
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/sandbox"
+)
+
+// gatewayProvider is the payments sandbox behind a gateway that, while lose
+// is above zero, answers a POST with 504 after the sandbox has handled it
+// (executed = true) or without passing it on (executed = false). The 504
+// names the payment, as the sandbox's own fault does, or paymentID when the
+// sandbox made none. It counts the POSTs reaching the provider, per key.
+type gatewayProvider struct {
+	sb *sandbox.Server
+
+	mu        sync.Mutex
+	lose      int
+	executed  bool
+	paymentID string
+	posts     map[string]int // Idempotency-Key → POSTs that reached the gateway
+	gets      int
+}
+
+func newGatewayProvider(t *testing.T, cfg sandbox.Config) *gatewayProvider {
+	t.Helper()
+	cfg.Provider = sandbox.ProviderPayments
+	sb, err := sandbox.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &gatewayProvider{sb: sb, posts: map[string]int{}, executed: true}
+}
+
+func (g *gatewayProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.mu.Lock()
+	if r.Method == http.MethodGet {
+		g.gets++
+	}
+	if r.Method != http.MethodPost || g.lose == 0 {
+		if r.Method == http.MethodPost {
+			g.posts[r.Header.Get("Idempotency-Key")]++
+		}
+		g.mu.Unlock()
+		g.sb.ServeHTTP(w, r)
+		return
+	}
+	g.lose--
+	g.posts[r.Header.Get("Idempotency-Key")]++
+	executed, id := g.executed, g.paymentID
+	g.mu.Unlock()
+	if executed {
+		rec := httptest.NewRecorder()
+		g.sb.ServeHTTP(rec, r)
+		var p struct{ ID string }
+		json.Unmarshal(rec.Body.Bytes(), &p)
+		id = p.ID
+	} else {
+		io.Copy(io.Discard, r.Body)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusGatewayTimeout)
+	io.WriteString(w, `{"error":{"code":"gateway_timeout","message":"upstream timed out"},"payment_id":"`+id+`"}`)
+}
+
+func (g *gatewayProvider) set(lose int, executed bool, paymentID string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.lose, g.executed, g.paymentID = lose, executed, paymentID
+}
+
+// postCounts returns the POSTs per key and the GETs seen so far.
+func (g *gatewayProvider) postCounts() (map[string]int, int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := map[string]int{}
+	for k, n := range g.posts {
+		out[k] = n
+	}
+	return out, g.gets
+}
+
+// unknownEnv is a fast retry setup: one attempt per request unless more are
+// asked for, short timeouts.
+func unknownEnv(upstream, dir string, extra ...string) []string {
+	return baseEnv(upstream, dir, append([]string{
+		"IDEMPROXY_RETRY_MAX_ATTEMPTS=1",
+		"IDEMPROXY_RETRY_BASE_DELAY=10ms",
+		"IDEMPROXY_RETRY_MAX_DELAY=50ms",
+		"IDEMPROXY_RETRY_BUDGET=5s",
+		"IDEMPROXY_ATTEMPT_TIMEOUT=2s",
+	}, extra...)...)
+}
+
+const paymentBody = `{"order_id":"order-77","amount":"10.00","currency":"EUR"}`
+
+// onlyKey returns the one key in posts and its count, failing otherwise.
+func onlyKey(t *testing.T, posts map[string]int) (string, int) {
+	t.Helper()
+	if len(posts) != 1 {
+		t.Fatalf("POSTs reached the provider with %d keys (%v), want exactly one key", len(posts), posts)
+	}
+	for k, n := range posts {
+		return k, n
+	}
+	return "", 0
+}
+
+func TestUnknownKeptAndResumedWithSameKey(t *testing.T) {
+	gw := newGatewayProvider(t, sandbox.Config{})
+	up := httptest.NewServer(gw)
+	defer up.Close()
+	gw.set(1<<30, true, "")
+	p := launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_RETRY_MAX_ATTEMPTS=2")})
+
+	first := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	if first.status != http.StatusBadGateway || !strings.Contains(first.body, "upstream_unavailable") {
+		t.Fatalf("first POST = %d %s, want 502 upstream_unavailable", first.status, first.body)
+	}
+	line := p.waitLine(t, `"msg":"operation outcome unknown`)
+	if jsonField(line, "key") != first.header.Get("Idempotency-Key") || !strings.Contains(line, `"attempts":2`) {
+		t.Fatalf("unknown log line %s does not name the key %s and 2 attempts", line, first.header.Get("Idempotency-Key"))
+	}
+	if m := scrape(t, "http://"+p.admin+"/metrics"); m["idemproxy_operations_unknown"] != 1 {
+		t.Fatalf("idemproxy_operations_unknown = %v, want 1", m["idemproxy_operations_unknown"])
+	}
+
+	gw.set(0, true, "")
+	second := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	if second.status != http.StatusCreated || second.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("resumed POST = %d %s (replayed %q), want the provider's stored 201",
+			second.status, second.body, second.header.Get("Idempotent-Replayed"))
+	}
+	key, n := onlyKey(t, mustPosts(gw))
+	if key != first.header.Get("Idempotency-Key") || n != 3 {
+		t.Fatalf("provider saw key %s %d times, want %s 3 times", key, n, first.header.Get("Idempotency-Key"))
+	}
+	if l := gw.sb.Ledger(); l.Executions != 1 {
+		t.Fatalf("provider executed %d payments, want 1", l.Executions)
+	}
+	if m := scrape(t, "http://"+p.admin+"/metrics"); m["idemproxy_operations_unknown"] != 0 {
+		t.Fatalf("idemproxy_operations_unknown = %v after the resume, want 0", m["idemproxy_operations_unknown"])
+	}
+}
+
+func mustPosts(g *gatewayProvider) map[string]int {
+	posts, _ := g.postCounts()
+	return posts
+}
+
+func TestProbeTurns504IntoStoredResult(t *testing.T) {
+	gw := newGatewayProvider(t, sandbox.Config{})
+	up := httptest.NewServer(gw)
+	defer up.Close()
+	gw.set(1, true, "")
+	p := launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(),
+		"IDEMPROXY_RETRY_MAX_ATTEMPTS=3", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}")})
+
+	r := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	if r.status != http.StatusOK || r.header.Get("Idemproxy-Reconciled") != "true" || !strings.Contains(r.body, `"order_id":"order-77"`) {
+		t.Fatalf("POST = %d %s (reconciled %q), want the payment found by the probe, marked reconciled",
+			r.status, r.body, r.header.Get("Idemproxy-Reconciled"))
+	}
+	again := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	if again.status != http.StatusOK || again.body != r.body || again.header.Get("Idempotent-Replayed") != "true" ||
+		again.header.Get("Idemproxy-Reconciled") != "true" {
+		t.Fatalf("repeat = %d %s, want the reconciled answer replayed", again.status, again.body)
+	}
+	posts, gets := gw.postCounts()
+	if _, n := onlyKey(t, posts); n != 1 || gets != 1 {
+		t.Fatalf("provider saw %d POSTs and %d GETs, want 1 POST (no resend) and 1 probe", n, gets)
+	}
+	if l := gw.sb.Ledger(); l.Executions != 1 {
+		t.Fatalf("provider executed %d payments, want 1", l.Executions)
+	}
+	if m := scrape(t, "http://"+p.admin+"/metrics"); m[`idemproxy_status_probes_total{result="found"}`] != 1 {
+		t.Fatalf("probes found = %v, want 1", m[`idemproxy_status_probes_total{result="found"}`])
+	}
+}
+
+func TestProbeNotFoundResendsWithSameKey(t *testing.T) {
+	gw := newGatewayProvider(t, sandbox.Config{})
+	up := httptest.NewServer(gw)
+	defer up.Close()
+	gw.set(1, false, "pay_never_made") // 504 from the gateway; the provider never saw it
+	p := launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(),
+		"IDEMPROXY_RETRY_MAX_ATTEMPTS=3", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}")})
+
+	r := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	if r.status != http.StatusCreated || r.header.Get("Idemproxy-Reconciled") != "" {
+		t.Fatalf("POST = %d %s, want the resent payment's own 201", r.status, r.body)
+	}
+	posts, gets := gw.postCounts()
+	key, n := onlyKey(t, posts)
+	if key != r.header.Get("Idempotency-Key") || n != 2 || gets != 1 {
+		t.Fatalf("provider saw %v and %d GETs, want 2 POSTs with key %s around 1 probe", posts, gets, r.header.Get("Idempotency-Key"))
+	}
+	if l := gw.sb.Ledger(); l.Executions != 1 {
+		t.Fatalf("provider executed %d payments, want 1", l.Executions)
+	}
+	if m := scrape(t, "http://"+p.admin+"/metrics"); m[`idemproxy_status_probes_total{result="not_found"}`] != 1 {
+		t.Fatalf("probes not_found = %v, want 1", m[`idemproxy_status_probes_total{result="not_found"}`])
+	}
+}
+
+// TestRetentionGuardRefusesBlindResend: the provider forgets keys after a
+// second. The first attempt executes and its answer is lost; the app retries
+// after the retention. Without the guard the retry executes the payment a
+// second time; with it nothing is sent and the app gets 409
+// idempotency_key_expired.
+func TestRetentionGuardRefusesBlindResend(t *testing.T) {
+	const retention = time.Second
+	for _, guard := range []bool{false, true} {
+		name := map[bool]string{false: "without guard", true: "with guard"}[guard]
+		t.Run(name, func(t *testing.T) {
+			gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention})
+			up := httptest.NewServer(gw)
+			defer up.Close()
+			gw.set(1, true, "")
+			env := unknownEnv(up.URL, t.TempDir())
+			if guard {
+				env = append(env, "IDEMPROXY_PROVIDER_KEY_RETENTION="+retention.String())
+			}
+			p := launch(t, launchSpec{env: env})
+			first := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+			sent := time.Now()
+			if first.status != http.StatusBadGateway {
+				t.Fatalf("first POST = %d %s, want 502", first.status, first.body)
+			}
+			// The app comes back once the provider has forgotten the key.
+			time.Sleep(time.Until(sent.Add(retention + 100*time.Millisecond)))
+			second := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+			executions := gw.sb.Ledger().Executions
+			if !guard {
+				if second.status != http.StatusCreated || executions != 2 {
+					t.Fatalf("retry = %d %s with %d executions; without the guard the forgotten key should execute again (2)",
+						second.status, second.body, executions)
+				}
+				return
+			}
+			if second.status != http.StatusConflict || !strings.Contains(second.body, `"idempotency_key_expired"`) {
+				t.Fatalf("retry = %d %s, want 409 idempotency_key_expired", second.status, second.body)
+			}
+			if _, n := onlyKey(t, mustPosts(gw)); n != 1 || executions != 1 {
+				t.Fatalf("provider saw %d POSTs and executed %d, want 1 and 1: nothing re-sent", n, executions)
+			}
+			// Still refused, still kept: the operation waits for a person.
+			if again := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody); again.status != http.StatusConflict {
+				t.Fatalf("second retry = %d %s, want 409 again", again.status, again.body)
+			}
+		})
+	}
+}
