@@ -55,6 +55,8 @@ type config struct {
 
 	ClientTokens     string `env:"CLIENT_TOKENS" doc:"comma list of client=token (tokens of 16+ characters); empty = no client authentication, one tenant for all (secret)"`
 	ClientTokensFile string `env:"CLIENT_TOKENS_FILE,file" doc:"path of a file holding CLIENT_TOKENS"`
+	AdminToken       string `env:"ADMIN_TOKEN" doc:"bearer token every /admin/ call on the admin port needs (401 otherwise); empty = admin API open; health and metrics never need it (secret)"`
+	AdminTokenFile   string `env:"ADMIN_TOKEN_FILE,file" doc:"path of a file holding ADMIN_TOKEN"`
 	ClientHeader     string `env:"CLIENT_HEADER" envDefault:"Idemproxy-Client-Token" doc:"request header carrying the client token; removed before forwarding"`
 
 	RetryMaxAttempts int           `env:"RETRY_MAX_ATTEMPTS" envDefault:"5" doc:"attempts per request, first included (1-20; dial failures and Retry-After: 0 still wait a backoff)"`
@@ -86,6 +88,7 @@ type settings struct {
 	sign         resign.Config
 	policy       retry.Policy
 	probe        *probe.Template // nil: no status probe
+	adminToken   string          // empty: admin API open
 }
 
 // loadConfig reads the environment (environ as from os.Environ) and checks it. Every
@@ -160,6 +163,9 @@ func (c *config) settings() (settings, error) {
 		return s, err
 	}
 	if s.policy, err = c.retryPolicy(); err != nil {
+		return s, err
+	}
+	if s.adminToken, err = secret("ADMIN_TOKEN", c.AdminToken, c.AdminTokenFile); err != nil {
 		return s, err
 	}
 	if c.StatusProbe != "" {
@@ -375,7 +381,7 @@ func (c *config) clients() (*proxy.ClientTokens, string, error) {
 }
 
 // secrets returns the configured values that must never reach a log line: the
-// client tokens, the signing secret and the static header values (credentials
+// client tokens, the signing secret, the admin token and the static header values (credentials
 // such as X-Public-Id).
 func (s settings) secrets() []string {
 	var out []string
@@ -386,6 +392,9 @@ func (s settings) secrets() []string {
 	}
 	if len(s.sign.Secret) > 0 {
 		out = append(out, string(s.sign.Secret))
+	}
+	if s.adminToken != "" {
+		out = append(out, s.adminToken)
 	}
 	for _, vals := range s.sign.StaticHeaders {
 		out = append(out, vals...)

@@ -7,6 +7,8 @@
 //	idemproxy              serve (proxy and admin listeners) until SIGTERM or SIGINT
 //	idemproxy healthcheck  exit 0 if the idemproxy on IDEMPROXY_ADMIN_ADDR is ready, else 1
 //	idemproxy version      print the version stamped at build time
+//	idemproxy records get KEY [--client C] [--body] [--json]
+//	                       show a record, through a running instance's admin API
 package main
 
 import (
@@ -23,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemproxy/idemproxy/adminapi"
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/metrics"
 	"github.com/idemproxy/idemproxy/probe"
@@ -51,8 +54,10 @@ func command(args, environ []string, stdout, stderr io.Writer) int {
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return 0
+	case "records":
+		return records(args[1:], environ, stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "idemproxy: unknown command %q; usage: idemproxy [healthcheck|version]\n", args[0])
+	fmt.Fprintf(stderr, "idemproxy: unknown command %q; usage: idemproxy [healthcheck|version|records]\n", args[0])
 	return 2
 }
 
@@ -118,6 +123,8 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		return err
 	}
 	adm := newAdmin(records, m.Handler())
+	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: records, Token: set.adminToken,
+		DefaultTenant: proxy.DefaultTenant, Logger: log}))
 	return serve(ctx, cfg, app{proxy: obs.wrap(handler), drain: handler.Drain, admin: adm}, log, ready)
 }
 

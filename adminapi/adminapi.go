@@ -1,0 +1,177 @@
+// Package adminapi is the operator's API on the admin listener, under
+// /admin/v1/: JSON views of idempotency records, so that a person can find
+// operations whose outcome is unknown or that need review.
+//
+// When a token is configured every call needs "Authorization: Bearer
+// <token>" (401 otherwise). Bodies of stored answers are shown only with
+// ?body=1; owner tokens and fingerprints never are.
+package adminapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// Store is what the API reads of the record store.
+type Store interface {
+	Get(ctx context.Context, id store.ID) (store.Record, error)
+}
+
+// Options configure a Handler.
+type Options struct {
+	// Store holds the records. Required.
+	Store Store
+	// Token, when not empty, is the bearer token every call needs.
+	Token string
+	// DefaultTenant is the client of records when ?client= is absent.
+	DefaultTenant string
+	// Logger receives one WARN line per change made through the API; nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// Handler serves /admin/v1/.
+type Handler struct {
+	opt   Options
+	token [sha256.Size]byte
+	mux   *http.ServeMux
+}
+
+// New builds a Handler.
+func New(opt Options) *Handler {
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{opt: opt, token: sha256.Sum256([]byte(opt.Token)), mux: http.NewServeMux()}
+	h.mux.HandleFunc("GET /admin/v1/records/{key}", h.getRecord)
+	h.mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no such admin call")
+	})
+	return h
+}
+
+// ServeHTTP checks the bearer token, then serves the call.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
+		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// authorized compares SHA-256 digests in constant time, so the answer's
+// timing says nothing about how much of a guess matched.
+func (h *Handler) authorized(r *http.Request) bool {
+	if h.opt.Token == "" {
+		return true
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	sum := sha256.Sum256([]byte(got))
+	return ok && subtle.ConstantTimeCompare(sum[:], h.token[:]) == 1
+}
+
+// Record is a record as the API shows it.
+type Record struct {
+	Key         string          `json:"key"`
+	UpstreamKey string          `json:"upstream_key"`
+	Client      string          `json:"client"`
+	State       string          `json:"state"`
+	Status      int             `json:"status,omitempty"`
+	NeedsReview bool            `json:"needs_review,omitempty"`
+	Reconciled  bool            `json:"reconciled,omitempty"`
+	Attempts    int             `json:"attempts"`
+	CreatedAt   time.Time       `json:"created_at"`
+	FirstSentAt *time.Time      `json:"first_sent_at"`
+	LeaseUntil  *time.Time      `json:"lease_until,omitempty"`
+	LastError   string          `json:"last_error,omitempty"`
+	Body        json.RawMessage `json:"body,omitempty"`
+	BodyText    string          `json:"body_text,omitempty"`
+}
+
+// view builds the API's Record for id's stored record.
+func view(id store.ID, rec store.Record, withBody bool) Record {
+	v := Record{Key: id.Key, UpstreamKey: id.Key, Client: id.Tenant, State: rec.State.String(),
+		Attempts: rec.Outcome.Attempts, CreatedAt: rec.CreatedAt, LastError: rec.Outcome.LastError}
+	if !rec.Outcome.FirstSentAt.IsZero() {
+		t := rec.Outcome.FirstSentAt
+		v.FirstSentAt = &t
+	}
+	if rec.State == store.InFlight {
+		t := rec.LeaseUntil
+		v.LeaseUntil = &t
+	}
+	if rec.State == store.Final {
+		v.Status = rec.Response.Status
+		v.NeedsReview = retry.NeedsReview(rec.Response.Body)
+		v.Reconciled = rec.Response.Header.Get(retry.ReconciledHeader) == "true"
+		if a, err := strconv.Atoi(rec.Response.Header.Get(retry.AttemptsHeader)); err == nil && v.Attempts == 0 {
+			v.Attempts = a
+		}
+		if withBody {
+			if json.Valid(rec.Response.Body) {
+				v.Body = rec.Response.Body
+			} else {
+				v.BodyText = string(rec.Response.Body)
+			}
+		}
+	}
+	return v
+}
+
+// getRecord is GET /admin/v1/records/{key}[?client=][&body=1].
+func (h *Handler) getRecord(w http.ResponseWriter, r *http.Request) {
+	id := store.ID{Tenant: h.client(r), Key: r.PathValue("key")}
+	rec, err := h.opt.Store.Get(r.Context(), id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeError(w, http.StatusNotFound, "not_found", "no record for this key and client")
+		return
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the record store cannot be read")
+		return
+	}
+	writeJSON(w, http.StatusOK, view(id, rec, r.URL.Query().Get("body") == "1"))
+}
+
+// client is ?client=, or the default tenant.
+func (h *Handler) client(r *http.Request) string {
+	if c := r.URL.Query().Get("client"); c != "" {
+		return c
+	}
+	return h.opt.DefaultTenant
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "internal", "cannot encode the answer")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	var body struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	body.Error.Code, body.Error.Message = code, msg
+	writeJSON(w, status, body)
+}

@@ -1,0 +1,116 @@
+package adminapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/adminapi"
+	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// openStore is a real Badger store in a temporary directory.
+func openStore(t *testing.T) *cache.Store {
+	t.Helper()
+	s, err := cache.Open(cache.Options{Dir: t.TempDir(), TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func call(t *testing.T, h http.Handler, method, target, token string) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest(method, target, nil)
+	if token != "" {
+		r.Header.Set("Authorization", "Bearer "+token)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func TestAuth(t *testing.T) {
+	h := adminapi.New(adminapi.Options{Store: openStore(t), Token: "s3cret-admin-token", DefaultTenant: "default"})
+	cases := []struct {
+		name, token string
+		want        int
+	}{
+		{"no token", "", 401},
+		{"wrong token", "s3cret-admin-tokeX", 401},
+		{"prefix of the token", "s3cret", 401},
+		{"right token", "s3cret-admin-token", 404}, // authorized; the record does not exist
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := call(t, h, "GET", "/admin/v1/records/k-1", c.token)
+			if w.Code != c.want {
+				t.Fatalf("= %d %s, want %d", w.Code, w.Body, c.want)
+			}
+			if c.want == 401 && (w.Header().Get("WWW-Authenticate") == "" || !strings.Contains(w.Body.String(), `"unauthorized"`)) {
+				t.Fatalf("401 without WWW-Authenticate or code: %v %s", w.Header(), w.Body)
+			}
+		})
+	}
+	open := adminapi.New(adminapi.Options{Store: openStore(t), DefaultTenant: "default"})
+	if w := call(t, open, "GET", "/admin/v1/records/k-1", ""); w.Code != 404 {
+		t.Fatalf("without a configured token = %d, want 404 (open)", w.Code)
+	}
+}
+
+func TestGetRecord(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	final := store.ID{Tenant: "default", Key: "k-final"}
+	unknown := store.ID{Tenant: "shop", Key: "k-unknown"}
+	if _, _, err := s.Begin(ctx, final, []byte("fp"), "o1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"id":"op_1","status":"needs_review"}`
+	if err := s.Complete(ctx, final, "o1", store.Response{Status: 200, Header: http.Header{"Idemproxy-Attempts": {"2"}}, Body: []byte(body)}); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	if _, _, err := s.Begin(ctx, unknown, []byte("fp"), "o2", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Park(ctx, unknown, "o2", store.Outcome{FirstSentAt: sent, Attempts: 3, LastError: "504 from upstream"}); err != nil {
+		t.Fatal(err)
+	}
+	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default"})
+
+	w := call(t, h, "GET", "/admin/v1/records/k-final", "")
+	var rec adminapi.Record
+	if err := json.Unmarshal(w.Body.Bytes(), &rec); err != nil || w.Code != 200 {
+		t.Fatalf("= %d %s (%v)", w.Code, w.Body, err)
+	}
+	if rec.Key != "k-final" || rec.Client != "default" || rec.State != "final" || rec.Status != 200 ||
+		!rec.NeedsReview || rec.Attempts != 2 || rec.Body != nil {
+		t.Fatalf("final record = %+v", rec)
+	}
+	w = call(t, h, "GET", "/admin/v1/records/k-final?body=1", "")
+	json.Unmarshal(w.Body.Bytes(), &rec)
+	if string(rec.Body) != body {
+		t.Fatalf("body with ?body=1 = %s, want %s", rec.Body, body)
+	}
+	if strings.Contains(w.Body.String(), "o1") {
+		t.Fatalf("the owner token is shown: %s", w.Body)
+	}
+
+	if w := call(t, h, "GET", "/admin/v1/records/k-unknown", ""); w.Code != 404 {
+		t.Fatalf("another client's record without ?client= = %d, want 404", w.Code)
+	}
+	w = call(t, h, "GET", "/admin/v1/records/k-unknown?client=shop", "")
+	rec = adminapi.Record{}
+	json.Unmarshal(w.Body.Bytes(), &rec)
+	if rec.State != "unknown" || rec.Attempts != 3 || rec.LastError != "504 from upstream" ||
+		rec.FirstSentAt == nil || !rec.FirstSentAt.Equal(sent) || rec.Client != "shop" {
+		t.Fatalf("unknown record = %+v (%s)", rec, w.Body)
+	}
+}

@@ -1,0 +1,111 @@
+package main
+
+// End-to-end tests of the operator's view: the admin API's token and the
+// records subcommand against a running binary.
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/sandbox"
+)
+
+const adminToken = "operator-token-0123456789"
+
+// startOperatorSetup runs the binary with an admin token in front of a
+// gateway that loses every POST's answer, and leaves one payment unknown.
+func startOperatorSetup(t *testing.T) (*opsProc, string) {
+	t.Helper()
+	gw := newGatewayProvider(t, sandbox.Config{})
+	up := httptest.NewServer(gw)
+	t.Cleanup(up.Close)
+	gw.set(1<<30, true, "")
+	p := launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)})
+	r := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	if r.status != http.StatusBadGateway {
+		t.Fatalf("POST = %d %s, want 502", r.status, r.body)
+	}
+	return p, r.header.Get("Idempotency-Key")
+}
+
+func TestAdminAPIToken(t *testing.T) {
+	p, key := startOperatorSetup(t)
+	url := "http://" + p.admin + "/admin/v1/records/" + key
+	if r := send(t, "GET", url, ""); r.status != http.StatusUnauthorized || !strings.Contains(r.body, `"unauthorized"`) {
+		t.Fatalf("without token = %d %s, want 401 unauthorized", r.status, r.body)
+	}
+	if r := send(t, "GET", url, "", "Authorization", "Bearer wrong"); r.status != http.StatusUnauthorized {
+		t.Fatalf("wrong token = %d, want 401", r.status)
+	}
+	for _, open := range []string{"/healthz", "/readyz", "/metrics"} {
+		if got := getStatus(t, "http://"+p.admin+open); got != http.StatusOK {
+			t.Fatalf("GET %s without token = %d, want 200", open, got)
+		}
+	}
+	r := send(t, "GET", url, "", "Authorization", "Bearer "+adminToken)
+	var rec struct {
+		LastError   string  `json:"last_error"`
+		Attempts    int     `json:"attempts"`
+		FirstSentAt *string `json:"first_sent_at"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &rec); r.status != http.StatusOK || err != nil {
+		t.Fatalf("with token = %d %s", r.status, r.body)
+	}
+	if !strings.Contains(r.body, `"state":"unknown"`) || !strings.Contains(r.body, `"key":"`+key+`"`) ||
+		rec.Attempts != 1 || rec.FirstSentAt == nil || !strings.Contains(rec.LastError, "504") {
+		t.Fatalf("record = %s, want key %s unknown after 1 attempt with first_sent_at and a 504 last_error", r.body, key)
+	}
+	if strings.Contains(p.text(), adminToken) {
+		t.Fatal("the admin token reached the log")
+	}
+}
+
+func TestCLIRecordsGet(t *testing.T) {
+	p, key := startOperatorSetup(t)
+	run := func(env []string, args ...string) (string, string, int) {
+		cmd := exec.Command(binPath, args...)
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "IDEMPROXY_ADMIN_ADDR=" + p.admin}, env...)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errOut.String(), code
+	}
+	tok := []string{"IDEMPROXY_ADMIN_TOKEN=" + adminToken}
+
+	out, errOut, code := run(tok, "records", "get", key)
+	if code != 0 || !strings.Contains(out, "state") || !strings.Contains(out, "unknown") ||
+		!strings.Contains(out, "first sent at") || !strings.Contains(out, key) {
+		t.Fatalf("records get = %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = run(tok, "records", "get", "--json", key)
+	var rec map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || rec["state"] != "unknown" || rec["key"] != key {
+		t.Fatalf("records get --json = %d %s%s", code, out, errOut)
+	}
+	tokenFile := t.TempDir() + "/token"
+	os.WriteFile(tokenFile, []byte(adminToken+"\n"), 0o600)
+	if _, errOut, code := run([]string{"IDEMPROXY_ADMIN_TOKEN_FILE=" + tokenFile}, "records", "get", key); code != 0 {
+		t.Fatalf("with the token from a file = %d %s", code, errOut)
+	}
+	if _, errOut, code := run(nil, "records", "get", key); code != 1 || !strings.Contains(errOut, "401") {
+		t.Fatalf("without the token = %d %s, want exit 1 naming 401", code, errOut)
+	}
+	if _, errOut, code := run(tok, "records", "get", "no-such-key"); code != 1 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("unknown key = %d %s, want exit 1 not_found", code, errOut)
+	}
+	if _, _, code := run(tok, "records", "get"); code != 2 {
+		t.Fatalf("no key = exit %d, want 2", code)
+	}
+}
