@@ -12,6 +12,10 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
+// errNotSynced wraps the error of a write that was committed but whose sync
+// failed: it is visible to later transactions, yet may not survive a crash.
+var errNotSynced = errors.New("committed but not synced")
+
 // maxConflictRetries bounds the retries of one operation on ErrConflict. A
 // conflict means another transaction wrote the key, so every retry sees newer
 // data; the bound only stops a bug from spinning forever.
@@ -33,18 +37,20 @@ func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string,
 	}
 	defer leave()
 
-	var rec store.Record
-	var created bool
+	var rec, prev store.Record
+	var created, existed bool
 	var version uint64
 	key := recordKey(id)
 	err = s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, ver, err := s.read(txn, key, now)
+		existed = err == nil
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			cur = store.Record{Fingerprint: bytes.Clone(fp), CreatedAt: now}
 		case err != nil:
 			return false, err
 		case resumable(cur, fp, now):
+			prev = cur
 		default:
 			rec, created, version = cur, false, ver
 			return false, nil
@@ -54,6 +60,11 @@ func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string,
 		rec, created = cur, true
 		return true, s.put(txn, key, &cur, now)
 	})
+	if errors.Is(err, errNotSynced) && created {
+		// The claim is committed but its sync failed: the caller answers 503
+		// and sends nothing, so the key must not stay claimed for a lease.
+		s.undoBegin(key, owner, prev, existed)
+	}
 	if err == nil && !created {
 		err = s.waitDurable(version)
 	}
@@ -61,6 +72,26 @@ func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string,
 		return store.Record{}, false, fmt.Errorf("cache: %s: %w", op, err)
 	}
 	return rec, created, nil
+}
+
+// undoBegin puts back what Begin replaced, if owner still holds the claim:
+// the record taken over, or nothing. It does not wait for a sync (the one
+// that just failed would likely fail again); if the undo is lost in a crash,
+// the in-flight claim is released at the next start anyway.
+func (s *Store) undoBegin(key []byte, owner string, prev store.Record, existed bool) {
+	_, err := s.try(func(txn *badger.Txn, now time.Time) (bool, error) {
+		cur, _, err := s.read(txn, key, now)
+		if err != nil || cur.State != store.InFlight || cur.Owner != owner {
+			return false, err
+		}
+		if !existed {
+			return true, txn.Delete(key)
+		}
+		return true, s.put(txn, key, &prev, now)
+	})
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.log.Error("cache: undoing a claim whose sync failed", "err", err)
+	}
 }
 
 // resumable says whether Begin takes cur over: an in-flight record whose
@@ -224,7 +255,10 @@ func (s *Store) update(ctx context.Context, op string, fn func(*badger.Txn, time
 		if err != nil || !wrote || s.group == nil {
 			return err
 		}
-		return s.group.wait()
+		if err := s.group.wait(); err != nil {
+			return fmt.Errorf("%w: %w", errNotSynced, err)
+		}
+		return nil
 	}
 	return fmt.Errorf("%s still conflicting after %d retries", op, maxConflictRetries)
 }

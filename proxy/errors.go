@@ -38,6 +38,9 @@ var (
 	ErrMethodOverride = &Error{http.StatusBadRequest, "bad_request", "method override headers (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override) are not forwarded; send the method itself"}
 	ErrTrailers       = &Error{http.StatusBadRequest, "bad_request", "request trailers are not forwarded; send every header before the body"}
 	ErrDotSegment     = &Error{http.StatusBadRequest, "bad_request", "the path has a dot-segment (. or .., plain or percent-encoded); send the resolved path"}
+	// ErrBodyUnread: the client's body did not arrive in full (too slow, or
+	// the connection broke); nothing was sent.
+	ErrBodyUnread = &Error{http.StatusBadRequest, "bad_request", "request body could not be read in full; nothing was sent upstream"}
 	// ErrRouteRejected answers a request an IDEMPROXY_ROUTES reject rule matches.
 	ErrRouteRejected = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "this method and path are refused by the proxy's route table; nothing was sent"}
 	ErrUpgrade       = &Error{http.StatusBadRequest, "upgrade_not_supported", "protocol upgrades are not proxied"}
@@ -107,6 +110,10 @@ func classify(err error) (status int, code, msg string, attempts int) {
 		return ErrStore.Status, ErrStore.Code, ErrStore.Message, 0
 	case errors.Is(err, retry.ErrKeyExpired):
 		return ErrKeyExpired.Status, ErrKeyExpired.Code, ErrKeyExpired.Message, 0
+	case errors.Is(err, retry.ErrRequestBody):
+		return ErrBodyUnread.Status, ErrBodyUnread.Code, ErrBodyUnread.Message, 0
+	case errors.As(err, &ex) && ex.NotSent:
+		return http.StatusBadGateway, "upstream_unavailable", "upstream could not be reached; nothing was sent", ex.Attempts
 	case errors.As(err, &ex):
 		status = http.StatusBadGateway
 		if ex.Timeout {

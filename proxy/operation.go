@@ -34,6 +34,8 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 			if ctx.Err() != nil { // the client left; the store is fine
 				return result{}, ctx.Err()
 			}
+			h.opt.Logger.Error("claiming the key in the store failed; nothing sent, key left free",
+				"method", r.Method, "path", r.URL.Path, "key", id.Key, "err", err)
 			return result{}, storeError{err}
 		}
 		if created {

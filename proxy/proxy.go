@@ -269,7 +269,9 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 
 func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, rule routes.Rule, sum *Summary) {
 	body, err := io.ReadAll(r.Body)
-	if err == nil && len(r.Trailer) > 0 { // undeclared trailers, seen only now
+	if err != nil { // nothing was sent: not an unknown outcome
+		err = fmt.Errorf("%w: %w", retry.ErrRequestBody, err)
+	} else if len(r.Trailer) > 0 { // undeclared trailers, seen only now
 		err = ErrTrailers
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package retry
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"net"
@@ -50,12 +51,25 @@ func errorReason(m Mode, err error) (r Reason, timeout bool) {
 	}
 }
 
-// neverSent reports a failure to connect: *http.Transport returns the dial
-// error as a *net.OpError with Op "dial" (or "proxyconnect" when the proxy
-// in between failed). No request byte left, so a resend cannot duplicate.
+// neverSent reports a failure before any request byte left, so a resend
+// cannot duplicate anything: a failure to connect, which *http.Transport
+// returns as a *net.OpError with Op "dial" (or "proxyconnect" when the proxy
+// in between failed) — refused, unreachable, no file descriptor (EMFILE) —
+// and a TLS handshake the client gave up: the server's certificate did not
+// verify, or the server did not answer in TLS at all. The request is written
+// only after the handshake succeeded.
 func neverSent(err error) bool {
-	var op *net.OpError
-	if errors.As(err, &op) && (op.Op == "dial" || op.Op == "proxyconnect") {
+	var (
+		op  *net.OpError
+		cve *tls.CertificateVerificationError
+		rhe tls.RecordHeaderError
+	)
+	switch {
+	case errors.As(err, &op) && (op.Op == "dial" || op.Op == "proxyconnect"):
+		return true
+	case errors.As(err, &cve):
+		return true
+	case errors.As(err, &rhe) && rhe.Conn != nil: // only "first record does not look like a TLS handshake"
 		return true
 	}
 	return errors.Is(err, syscall.ECONNREFUSED)

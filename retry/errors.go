@@ -13,6 +13,10 @@ import (
 // the same body again.
 var ErrResponseTooLarge = errors.New("retry: response body too large")
 
+// ErrRequestBody is wrapped when the caller's request body could not be read
+// (the client was slow or went away): no attempt was made.
+var ErrRequestBody = errors.New("retry: read request body")
+
 // ExhaustedError reports an attempt sequence that ended without a final
 // answer: every attempt failed in a retriable way and the attempts, the
 // budget or the time left for the next wait ran out. The outcome upstream
@@ -31,6 +35,10 @@ type ExhaustedError struct {
 	// LastStatus is the status of the last response; 0 when the last
 	// attempt got none.
 	LastStatus int
+	// NotSent is true when no attempt reached the upstream (every one failed
+	// to connect, or none could leave): nothing can have happened there, so
+	// the key may be released and the client told so.
+	NotSent bool
 	// Err is the last attempt's network error or the reason the sequence
 	// stopped early (ErrBudget, ErrKeyExpired); nil when the last attempt
 	// got a retriable response.

@@ -141,6 +141,7 @@ type sequence struct {
 	cancel   context.CancelFunc
 	deadline time.Time // ctx's deadline; zero when none
 	attempts int
+	sent     bool // an attempt may have reached the upstream
 	last     outcome
 	// What is known of the operation upstream (protected requests only).
 	firstSent time.Time // when an attempt first reached the provider; zero if none did
@@ -167,7 +168,7 @@ type outcome struct {
 func (t *Transport) begin(req *http.Request) (*sequence, error) {
 	body, err := readBody(req)
 	if err != nil {
-		return nil, fmt.Errorf("retry: %s %s: read request body: %w", req.Method, req.URL.Path, err)
+		return nil, fmt.Errorf("retry: %s %s: %w: %w", req.Method, req.URL.Path, ErrRequestBody, err)
 	}
 	s := &sequence{t: t, req: req, body: body, mode: ModeFrom(req.Context())}
 	if b := t.Policy.Budget; b > 0 {
@@ -218,6 +219,7 @@ func (s *sequence) attempt() (outcome, error) {
 	} else {
 		s.noteRetryAfter(&o)
 	}
+	s.sent = s.sent || o.err == nil || !neverSent(o.err)
 	s.last = o
 	return o, nil
 }
@@ -406,6 +408,7 @@ func (s *sequence) exhausted(cause error) *ExhaustedError {
 		// The first send of this sequence, or of the one it resumes.
 		FirstSentAt: s.firstSent,
 		LastBody:    s.lastBody,
+		NotSent:     !s.sent,
 	}
 	if o.resp != nil {
 		e.LastStatus = o.resp.StatusCode

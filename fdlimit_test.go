@@ -1,0 +1,138 @@
+package main
+
+// The process out of file descriptors: a request refused before anything was
+// sent (its claim could not be synced, or the upstream could not be dialled)
+// leaves its key free, so the app's next try succeeds instead of getting 409
+// idempotency_in_progress for the length of a lease.
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// heldUpstream executes each key once, holding every first execution until
+// release is closed; it counts requests per key.
+type heldUpstream struct {
+	release chan struct{}
+	entered atomic.Int64
+	mu      sync.Mutex
+	seen    map[string]int
+}
+
+func (u *heldUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	u.mu.Lock()
+	u.seen[key]++
+	first := u.seen[key] == 1
+	u.mu.Unlock()
+	if first {
+		u.entered.Add(1)
+		<-u.release
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"key":%q,"status":"succeeded"}`, key)
+}
+
+func TestFileDescriptorLimit(t *testing.T) {
+	up := &heldUpstream{release: make(chan struct{}), seen: map[string]int{}}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	defer func() {
+		select {
+		case <-up.release:
+		default:
+			close(up.release)
+		}
+	}()
+	// sh sets the soft and the hard limit, so the Go runtime cannot raise it.
+	p := launch(t, launchSpec{bin: "/bin/sh", args: []string{"-c", "ulimit -n 64 && exec " + binPath},
+		env: baseEnv(srv.URL, t.TempDir(), "IDEMPROXY_RETRY_BASE_DELAY=50ms", "IDEMPROXY_RETRY_BUDGET=10s")})
+
+	const n = 120
+	// No keep-alive: an idle connection would hold one of the few descriptors
+	// on idemproxy's side for its whole idle timeout.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Minute}
+	statuses := make([]int, n)
+	bodies := make([]string, n)
+	var refused atomic.Int64
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			statuses[i], bodies[i] = postJSON(client, p.proxy, fmt.Sprintf("fd-%d", i))
+			if statuses[i] != http.StatusCreated {
+				refused.Add(1)
+			}
+		})
+	}
+	// Hold the accepted orders at the upstream until the limit has refused some.
+	for refused.Load() == 0 {
+		select {
+		case <-p.done:
+			t.Fatalf("idemproxy exited out of file descriptors: %v\n%s", p.err, p.text())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	close(up.release)
+	wg.Wait()
+
+	var retried int
+	kinds := map[string]int{}
+	for i := range n {
+		if statuses[i] == http.StatusCreated {
+			continue
+		}
+		kinds[fmt.Sprintf("%d %s", statuses[i], fdCode(bodies[i]))]++
+		if strings.Contains(bodies[i], "may be unknown") {
+			t.Errorf("order %d refused as unknown, though nothing was sent: %d %s", i, statuses[i], bodies[i])
+		}
+		retried++
+		st, body := postJSON(client, p.proxy, fmt.Sprintf("fd-%d", i))
+		if st != http.StatusCreated {
+			t.Errorf("order %d: next try after %d = %d %s; want 201 (the key must be free)", i, statuses[i], st, body)
+		}
+	}
+	if t.Failed() {
+		txt := p.text()
+		t.Logf("idemproxy log tail:\n%s", txt[max(0, len(txt)-4000):])
+	}
+	t.Logf("%d of %d orders refused at the limit (%v), each succeeded on its next try", retried, n, kinds)
+	if retried == 0 {
+		t.Fatal("no order was refused: the limit was not reached")
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if len(up.seen) != n {
+		t.Errorf("upstream saw %d keys, want %d", len(up.seen), n)
+	}
+}
+
+// postJSON posts one order and returns the status and body; a transport error
+// is status 0 with the error as body.
+func postJSON(c *http.Client, addr, order string) (int, string) {
+	resp, err := c.Post("http://"+addr+"/v1/payouts", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"order_id":%q,"amount":"1.00"}`, order)))
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func fdCode(body string) string {
+	_, rest, ok := strings.Cut(body, `"code":"`)
+	if !ok {
+		return ""
+	}
+	code, _, _ := strings.Cut(rest, `"`)
+	return code
+}
