@@ -30,7 +30,10 @@ type config struct {
 	UpstreamURL  string        `env:"UPSTREAM_URL,required,notEmpty" doc:"provider base URL (required)"`
 	ListenAddr   string        `env:"LISTEN_ADDR" envDefault:":8080" doc:"where legacy apps connect"`
 	AdminAddr    string        `env:"ADMIN_ADDR" envDefault:":9090" doc:"health, readiness, metrics; must differ from LISTEN_ADDR"`
-	DataDir      string        `env:"DATA_DIR" envDefault:"./data" doc:"Badger directory (/data in the container)"`
+	DataDir      string        `env:"DATA_DIR" envDefault:"./data" doc:"Badger directory (/data in the container); unused with STORE_URL"`
+	StoreURL     string        `env:"STORE_URL" doc:"postgres:// or postgresql:// URL of a database that replicas share; empty = the embedded Badger store in DATA_DIR, one process (secret)"`
+	StoreURLFile string        `env:"STORE_URL_FILE,file" doc:"path of a file holding STORE_URL"`
+	StoreLease   time.Duration `env:"STORE_LEASE" envDefault:"20s" doc:"with STORE_URL: how long a replica owns a key it is running, renewed every third of it; a dead replica's keys are resumed by another after it"`
 	RecordTTL    time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept; must exceed RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s (in-flight records expire with it too)"`
 	MaxBodyBytes int64         `env:"MAX_BODY_BYTES" envDefault:"1048576" doc:"request body cap (413 above it)"`
 	InflightWait time.Duration `env:"INFLIGHT_WAIT" envDefault:"10s" doc:"how long a repeat waits for the same key in flight before 409 idempotency_in_progress"`
@@ -89,6 +92,7 @@ type settings struct {
 	policy       retry.Policy
 	probe        *probe.Template // nil: no status probe
 	adminToken   string          // empty: admin API open
+	storeURL     string          // empty: Badger
 }
 
 // loadConfig reads the environment (environ as from os.Environ) and checks it. Every
@@ -172,6 +176,9 @@ func (c *config) settings() (settings, error) {
 		if s.probe, err = probe.Parse(c.StatusProbe); err != nil {
 			return s, bad("STATUS_PROBE", err)
 		}
+	}
+	if s.storeURL, err = c.storeURL(); err != nil {
+		return s, err
 	}
 	return s, c.checkNumbers()
 }
@@ -312,6 +319,7 @@ func (c *config) checkNumbers() error {
 		// lease would let a second sequence start while the first still runs.
 		{"RECORD_TTL", c.RecordTTL > c.lease(), fmt.Sprintf("longer than the in-flight lease, RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s = %s", c.lease())},
 		{"INFLIGHT_WAIT", c.InflightWait > 0, "a positive duration"},
+		{"STORE_LEASE", c.StoreLease >= time.Second && c.StoreLease < c.RecordTTL, "from 1s to less than RECORD_TTL"},
 		{"RETRY_MAX_ATTEMPTS", c.RetryMaxAttempts >= 1 && c.RetryMaxAttempts <= retry.MaxAttemptsLimit, fmt.Sprintf("from 1 to %d", retry.MaxAttemptsLimit)},
 		{"RETRY_BASE_DELAY", c.RetryBaseDelay > 0, "a positive duration"},
 		{"RETRY_MAX_DELAY", c.RetryMaxDelay >= c.RetryBaseDelay, "at least RETRY_BASE_DELAY"},
@@ -366,6 +374,20 @@ func storeOptions(cfg config, log *slog.Logger) cache.Options {
 	}
 }
 
+// storeURL returns STORE_URL (or its _FILE): empty, or a postgres URL.
+func (c *config) storeURL() (string, error) {
+	raw, err := secret("STORE_URL", c.StoreURL, c.StoreURLFile)
+	if err != nil || raw == "" {
+		return raw, err
+	}
+	// The URL may hold a password: name the variable, not the content.
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+		return "", bad("STORE_URL", errors.New("want a URL such as postgres://user:password@host:5432/db"))
+	}
+	return raw, nil
+}
+
 // clients parses client authentication (CLIENT_TOKENS or its _FILE); the raw
 // list is returned too, for log redaction.
 func (c *config) clients() (*proxy.ClientTokens, string, error) {
@@ -398,6 +420,11 @@ func (s settings) secrets() []string {
 	}
 	for _, vals := range s.sign.StaticHeaders {
 		out = append(out, vals...)
+	}
+	if u, err := url.Parse(s.storeURL); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			out = append(out, pw)
+		}
 	}
 	return out
 }

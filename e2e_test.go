@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 )
 
 // binPath is the idemproxy binary built once for the end-to-end tests, run exactly as
@@ -34,7 +36,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build idemproxy:", err)
 		os.Exit(1)
 	}
-	code := m.Run()
+	code := pgtest.Main(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -208,6 +210,9 @@ func TestBinaryRejectsBadConfig(t *testing.T) {
 		{"TTL shorter than the lease", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_RECORD_TTL=1m"}, "IDEMPROXY_RECORD_TTL"},
 		{"bad policy", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_MISSING_KEY=maybe"}, "IDEMPROXY_MISSING_KEY"},
 		{"missing secret file", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGN_SECRET_FILE=/nonexistent/secret"}, "IDEMPROXY_SIGN_SECRET_FILE"},
+		{"store URL not postgres", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STORE_URL=mysql://u:pw@db/x"}, "IDEMPROXY_STORE_URL"},
+		{"store URL and its file", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STORE_URL=postgres://db/x", "IDEMPROXY_STORE_URL_FILE=/etc/hostname"}, "IDEMPROXY_STORE_URL"},
+		{"store lease too short", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STORE_LEASE=10ms"}, "IDEMPROXY_STORE_LEASE"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

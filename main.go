@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/adminapi"
-	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/metrics"
 	"github.com/idemproxy/idemproxy/probe"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -88,24 +87,20 @@ type listeners struct{ Proxy, Admin net.Addr }
 // run serves until ctx ends, then shuts down gracefully. ready, if non-nil, is
 // called once the listeners are open (end-to-end tests use ":0").
 func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready func(listeners)) (err error) {
-	store, err := cache.Open(storeOptions(cfg, log))
-	if err != nil {
-		return fmt.Errorf("open data directory %s: %w", cfg.DataDir, err)
-	}
-	defer func() { err = errors.Join(err, closeStore(store, log)) }()
 	m := metrics.New(version)
-	m.StoreSize(store.Size)
-	if err := releaseInFlight(store, m, log); err != nil {
+	st, lease, err := openStore(ctx, cfg, set, m, log)
+	if err != nil {
 		return err
 	}
+	defer func() { err = errors.Join(err, closeStore(st, log)) }()
 	log.Info("protection", "preset", cfg.Preset, "routes", set.routes.String(),
 		"inprogress_status", cfg.InProgressStatus, "inprogress_code", cfg.InProgressCode)
 	obs := &observer{log: log, m: m}
-	records := m.Store(store)
+	instrumented := m.Store(st)
 	handler, err := proxy.New(proxy.Options{
 		Upstream:         set.upstream,
-		Transport:        upstreamTransport(cfg, set, store.MaxBodyBytes(), obs),
-		Store:            records,
+		Transport:        upstreamTransport(cfg, set, st.MaxBodyBytes(), obs),
+		Store:            instrumented,
 		Clients:          set.clients,
 		Protected:        set.protected,
 		KeySources:       set.sources,
@@ -115,42 +110,17 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		InflightWait:     cfg.InflightWait,
 		InProgressStatus: cfg.InProgressStatus,
 		InProgressCode:   cfg.InProgressCode,
-		Lease:            cfg.lease(),
+		Lease:            lease,
 		Logger:           log,
 		OnDone:           obs.done,
 	})
 	if err != nil {
 		return err
 	}
-	adm := newAdmin(records, m.Handler())
-	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: records, Token: set.adminToken,
+	adm := newAdmin(instrumented, m.Handler())
+	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, Logger: log}))
 	return serve(ctx, cfg, app{proxy: obs.wrap(handler), drain: handler.Drain, admin: adm}, log, ready)
-}
-
-// releaseInFlight frees the records a crashed process left in flight. One
-// process owns a Badger directory, so every in-flight record here is dead: the
-// first retry then resumes at once with the same key.
-func releaseInFlight(store *cache.Store, m *metrics.Metrics, log *slog.Logger) error {
-	n, err := store.ReleaseInFlight()
-	m.Released(n)
-	if err != nil {
-		return fmt.Errorf("release in-flight records: %w", err)
-	}
-	level := slog.LevelInfo
-	if n > 0 {
-		level = slog.LevelWarn // a crash or a kill left them
-	}
-	log.Log(context.Background(), level, "released in-flight records left by a previous process", "count", n)
-	return nil
-}
-
-func closeStore(store *cache.Store, log *slog.Logger) error {
-	if err := store.Close(); err != nil {
-		return fmt.Errorf("close store: %w", err)
-	}
-	log.Info("store closed")
-	return nil
 }
 
 // upstreamTransport builds the attempt chain: retry loop → signer → one wire

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemproxy/idemproxy/retry"
@@ -58,23 +59,33 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 }
 
 // awaitOther waits until the operation in flight for id (run by this process or
-// another replica) may have ended, or the wait bound passes.
+// another replica) may have ended, or the wait bound passes. Another replica's
+// operation gives no local signal, so it polls the record with reads, which
+// cost a shared store far less than claims; the caller claims again only once
+// the record is no longer in flight under a live lease.
 func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Time) error {
-	left := deadline.Sub(h.opt.Now())
-	if left <= 0 {
-		return h.inProgress
+	for {
+		left := deadline.Sub(h.opt.Now())
+		if left <= 0 {
+			return h.inProgress
+		}
+		t := time.NewTimer(min(left, 100*time.Millisecond))
+		select {
+		case <-h.flights.wait(id):
+			t.Stop()
+			return nil
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		rec, err := h.opt.Store.Get(ctx, id)
+		// Any doubt (an error, a lease that may have run out by the store's
+		// clock) goes back to Begin, which decides.
+		if err != nil || rec.State != store.InFlight || !rec.LeaseUntil.After(h.opt.Now()) {
+			return nil
+		}
 	}
-	// Another replica's operation gives no local signal: poll the store as well.
-	poll := min(left, 100*time.Millisecond)
-	t := time.NewTimer(poll)
-	defer t.Stop()
-	select {
-	case <-h.flights.wait(id):
-	case <-t.C:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	return nil
 }
 
 // start runs the upstream operation for id detached from the client: once sent, it
@@ -110,7 +121,10 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 	if before != (store.Outcome{}) {
 		ctx = retry.WithResume(ctx, retry.Resume{FirstSentAt: before.FirstSentAt})
 	}
-	res := h.roundTrip(ctx, r, id.Key, body)
+	res, lost := h.leased(ctx, id, owner, func(ctx context.Context) result { return h.roundTrip(ctx, r, id.Key, body) })
+	if lost { // the new owner answers the app's retry; this one may not write
+		return result{err: h.inProgress}
+	}
 	if o, unknown := unknownOutcome(res, started); unknown {
 		h.park(ctx, r, id, owner, o)
 		return res
@@ -159,6 +173,46 @@ func (h *Handler) park(ctx context.Context, r *http.Request, id store.ID, owner 
 	h.opt.Logger.Warn("operation outcome unknown: kept for the next request with its key",
 		"method", r.Method, "path", r.URL.Path, "key", id.Key, "attempts", o.Attempts,
 		"first_sent_at", o.FirstSentAt, "last_error", o.LastError)
+}
+
+// leased runs op while renewing owner's lease on id every third of the lease.
+// If the lease is lost (another replica took the key over after this one
+// stalled), op's context is cancelled so that no further attempt is sent, and
+// lost is true: the new owner runs the operation, with the same key.
+func (h *Handler) leased(ctx context.Context, id store.ID, owner string, op func(context.Context) result) (res result, lost bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	renewed := make(chan struct{})
+	var lostLease atomic.Bool
+	go func() {
+		defer close(renewed)
+		t := time.NewTicker(h.opt.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			rctx, rcancel := context.WithTimeout(ctx, h.opt.Lease/3)
+			err := h.opt.Store.Renew(rctx, id, owner, h.opt.Lease)
+			rcancel()
+			if errors.Is(err, store.ErrNotOwner) {
+				h.opt.Logger.Warn("lease lost to another owner; stopping this operation's attempts", "key", id.Key)
+				lostLease.Store(true)
+				cancel()
+				return
+			}
+			if err != nil {
+				h.opt.Logger.Warn("renewing the lease failed; retrying", "key", id.Key, "err", err)
+			}
+		}
+	}()
+	res = op(ctx)
+	close(done)
+	<-renewed
+	return res, lostLease.Load()
 }
 
 // storable says whether an upstream answer is final and kept for replay: 2xx and

@@ -44,6 +44,7 @@ type Store interface {
 	Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error
 	Abandon(ctx context.Context, id store.ID, owner string) error
 	Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error
+	Renew(ctx context.Context, id store.ID, owner string, lease time.Duration) error
 	Get(ctx context.Context, id store.ID) (store.Record, error)
 }
 
@@ -104,8 +105,8 @@ type Options struct {
 	// "idempotency_in_progress".
 	InProgressStatus int
 	InProgressCode   string
-	// Lease is how long an in-flight record is owned; it must outlast the whole
-	// attempt sequence. Zero means 5 min.
+	// Lease is how long an in-flight record is owned; it is renewed every third
+	// of it while the attempt sequence runs. Zero means 5 min.
 	Lease time.Duration
 	// Logger receives operational errors; nil discards them.
 	Logger *slog.Logger

@@ -1,0 +1,67 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// TestLeaseRenewedWhileAttemptsRun holds the provider's answer for longer
+// than the lease: the lease is renewed meanwhile, so at a moment past the
+// first lease's end the record is still in flight under a live lease, and no
+// other replica could take it over.
+func TestLeaseRenewedWhileAttemptsRun(t *testing.T) {
+	const lease = 3 * time.Second
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.Lease = lease })
+	e.prov.hold = make(chan struct{})
+	e.prov.entered = make(chan string, 1)
+	first := make(chan answer, 1)
+	go func() { first <- e.do(t, "POST", "/v1/payments", order) }()
+	id := store.ID{Tenant: proxy.DefaultTenant, Key: <-e.prov.entered}
+	start, err := e.store.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for time.Now().Before(start.LeaseUntil.Add(100 * time.Millisecond)) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	rec, err := e.store.Get(context.Background(), id)
+	if err != nil || rec.State != store.InFlight || !rec.LeaseUntil.After(time.Now()) || rec.Owner != start.Owner {
+		t.Fatalf("past the first lease's end: %+v, %v; want the same owner under a renewed lease", rec, err)
+	}
+	close(e.prov.hold)
+	if a := <-first; a.status != http.StatusCreated {
+		t.Fatalf("answer %d %s, want 201", a.status, a.body)
+	}
+}
+
+// TestLostLeaseStopsTheOperation takes the record away from its owner while
+// the provider holds the attempt (as a takeover by another replica would):
+// the next renewal finds it lost, the operation stops, and the app is told
+// the key is in progress elsewhere instead of getting an answer this replica
+// may no longer store.
+func TestLostLeaseStopsTheOperation(t *testing.T) {
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.Lease = 300 * time.Millisecond })
+	e.prov.hold = make(chan struct{})
+	defer close(e.prov.hold)
+	e.prov.entered = make(chan string, 1)
+	first := make(chan answer, 1)
+	go func() { first <- e.do(t, "POST", "/v1/payments", order) }()
+	id := store.ID{Tenant: proxy.DefaultTenant, Key: <-e.prov.entered}
+	rec, err := e.store.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Abandon(context.Background(), id, rec.Owner); err != nil {
+		t.Fatal(err)
+	}
+	a := <-first
+	if a.status != http.StatusConflict || errorCode(t, a) != "idempotency_in_progress" {
+		t.Fatalf("answer after the lease was lost: %d %s, want 409 idempotency_in_progress", a.status, a.body)
+	}
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
+)
+
+// dedupProvider executes each Idempotency-Key once and replays it after, as
+// the payment providers do; it counts executions and requests per key. While
+// down is set it answers nothing useful (the test checks nothing was sent).
+type dedupProvider struct {
+	mu     sync.Mutex
+	execs  map[string]int
+	seen   map[string]int
+	stored map[string]string
+}
+
+func newDedupProvider() *dedupProvider {
+	return &dedupProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{}}
+}
+
+func (p *dedupProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seen[key]++
+	out, ok := p.stored[key]
+	if ok {
+		w.Header().Set("Idempotent-Replayed", "true")
+	} else {
+		p.execs[key]++
+		out = fmt.Sprintf(`{"id":"pay_%d"}`, len(p.stored)+1)
+		p.stored[key] = out
+	}
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, out)
+}
+
+func (p *dedupProvider) total() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, v := range p.seen {
+		n += v
+	}
+	return n
+}
+
+// sharedEnv is the environment of a replica on the database at url.
+func sharedEnv(upstream, url string, extra ...string) []string {
+	return append([]string{
+		"PATH=/usr/bin:/bin",
+		"IDEMPROXY_UPSTREAM_URL=" + upstream,
+		"IDEMPROXY_STORE_URL=" + url,
+		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0",
+		"IDEMPROXY_ADMIN_ADDR=127.0.0.1:0",
+	}, extra...)
+}
+
+// TestReplicasShareAStore runs two replicas on one PostgreSQL database: an
+// answer stored through one is replayed by the other; with the database
+// stopped, a new request gets 503 store_unavailable with nothing sent and
+// /readyz is 503; once it is back, both work again without a restart.
+func TestReplicasShareAStore(t *testing.T) {
+	pgtest.Shared(t)
+	c, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Remove()
+	url, err := c.NewDatabase(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov := newDedupProvider()
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	env := sharedEnv(up.URL, url)
+	a := launch(t, launchSpec{env: env})
+	b := launch(t, launchSpec{env: env})
+
+	order := `{"order_id":"shared-1","amount":"10.00"}`
+	first := send(t, "POST", "http://"+a.proxy+"/v1/payments", order)
+	second := send(t, "POST", "http://"+b.proxy+"/v1/payments", order)
+	if first.status != 201 || second.status != 201 || second.header.Get("Idempotent-Replayed") != "true" || second.body != first.body {
+		t.Fatalf("through a: %d %q; through b: %d %q replayed=%q; want b to replay a's answer",
+			first.status, first.body, second.status, second.body, second.header.Get("Idempotent-Replayed"))
+	}
+
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	before := prov.total()
+	down := send(t, "POST", "http://"+a.proxy+"/v1/payments", `{"order_id":"shared-2","amount":"1"}`)
+	if down.status != http.StatusServiceUnavailable || !strings.Contains(down.body, `"store_unavailable"`) {
+		t.Fatalf("with the database down: %d %s, want 503 store_unavailable", down.status, down.body)
+	}
+	if prov.total() != before {
+		t.Fatal("a request was sent upstream while the database was down")
+	}
+	if s := getStatus(t, "http://"+b.admin+"/readyz"); s != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with the database down = %d, want 503", s)
+	}
+
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*opsProc{a, b} {
+		deadline := time.Now().Add(time.Minute)
+		for getStatus(t, "http://"+p.admin+"/readyz") != http.StatusOK {
+			if time.Now().After(deadline) {
+				t.Fatalf("/readyz not 200 a minute after the database came back:\n%s", p.text())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	again := send(t, "POST", "http://"+b.proxy+"/v1/payments", `{"order_id":"shared-2","amount":"1"}`)
+	if again.status != 201 {
+		t.Fatalf("after the database came back: %d %s, want 201", again.status, again.body)
+	}
+	replay := send(t, "POST", "http://"+b.proxy+"/v1/payments", order)
+	if replay.body != first.body || replay.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("answer stored before the restart: %d %q, want the replay of %q", replay.status, replay.body, first.body)
+	}
+}
+
+// TestTakeoverAfterReplicaKilled: a replica is SIGKILLed while the provider
+// holds its attempt. The app's retry goes to another replica, which waits for
+// the dead replica's lease to run out, takes the key over and sends it again
+// with the SAME key: the provider executes the order exactly once.
+func TestTakeoverAfterReplicaKilled(t *testing.T) {
+	url := pgtest.Database(t)
+	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
+		entered: make(chan string, 1), release: make(chan struct{})}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	env := sharedEnv(up.URL, url, "IDEMPROXY_STORE_LEASE=2s", "IDEMPROXY_INFLIGHT_WAIT=1m")
+	a := launch(t, launchSpec{env: env})
+	b := launch(t, launchSpec{env: env})
+	body := `{"order_id":"takeover-1","amount":"42.00"}`
+	go func() {
+		resp, err := http.Post("http://"+a.proxy+"/v1/payments", "application/json", strings.NewReader(body))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	key := <-prov.entered // replica a's attempt is at the provider
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-a.done
+	close(prov.release) // the provider executes; the answer has nobody to go to
+
+	r := send(t, "POST", "http://"+b.proxy+"/v1/payments", body)
+	if r.status != http.StatusCreated || r.header.Get("Idempotency-Key") != key {
+		t.Fatalf("retry on the other replica = %d %s key=%q, want 201 under %q\n%s", r.status, r.body, r.header.Get("Idempotency-Key"), key, b.text())
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.execs[key] != 1 || len(prov.execs) != 1 || prov.seen[key] != 2 {
+		t.Fatalf("executions %v, requests %v; want one execution and two requests, all under %q", prov.execs, prov.seen, key)
+	}
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/metrics"
+	"github.com/idemproxy/idemproxy/pgstore"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// openStore opens the record store the configuration names and returns it
+// with the in-flight lease to use on it: Badger in DATA_DIR (one process;
+// what a crashed process left in flight is released at once), or the
+// PostgreSQL database at STORE_URL shared by replicas (short leases, renewed
+// while an operation runs, and taken over once they run out).
+func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics, log *slog.Logger) (store.Store, time.Duration, error) {
+	if set.storeURL != "" {
+		s, err := pgstore.Open(ctx, pgstore.Options{URL: set.storeURL, TTL: cfg.RecordTTL, Logger: log})
+		if err != nil {
+			return nil, 0, fmt.Errorf("open the store at %sSTORE_URL: %w", envPrefix, err)
+		}
+		log.Info("record store: PostgreSQL, shared by replicas", "lease", cfg.StoreLease.String())
+		return s, cfg.StoreLease, nil
+	}
+	s, err := cache.Open(storeOptions(cfg, log))
+	if err != nil {
+		return nil, 0, fmt.Errorf("open data directory %s: %w", cfg.DataDir, err)
+	}
+	m.StoreSize(s.Size)
+	if err := releaseInFlight(s, m, log); err != nil {
+		s.Close()
+		return nil, 0, err
+	}
+	return s, cfg.lease(), nil
+}
+
+// releaseInFlight frees the records a crashed process left in flight. One
+// process owns a Badger directory, so every in-flight record here is dead: the
+// first retry then resumes at once with the same key. A shared store must not
+// do this: its in-flight records may be other replicas' live operations.
+func releaseInFlight(s *cache.Store, m *metrics.Metrics, log *slog.Logger) error {
+	n, err := s.ReleaseInFlight()
+	m.Released(n)
+	if err != nil {
+		return fmt.Errorf("release in-flight records: %w", err)
+	}
+	level := slog.LevelInfo
+	if n > 0 {
+		level = slog.LevelWarn // a crash or a kill left them
+	}
+	log.Log(context.Background(), level, "released in-flight records left by a previous process", "count", n)
+	return nil
+}
+
+func closeStore(s store.Store, log *slog.Logger) error {
+	if err := s.Close(); err != nil {
+		return fmt.Errorf("close store: %w", err)
+	}
+	log.Info("store closed")
+	return nil
+}
