@@ -8,6 +8,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -334,5 +335,59 @@ func TestNonceReusedIsResentNeverStored(t *testing.T) {
 	}
 	if l := sb.Ledger(); l.Executions != 2 {
 		t.Errorf("ledger: %d executions, want 2", l.Executions)
+	}
+}
+
+// gateway504 passes requests to the payments sandbox, but answers the first
+// POST it forwards with the 504 a gateway gives after the provider executed,
+// naming the payment it made, as the payments provider does.
+type gateway504 struct {
+	next http.Handler
+	mu   sync.Mutex
+	done bool
+	gets int
+}
+
+func (g *gateway504) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.mu.Lock()
+	first := r.Method == http.MethodPost && !g.done
+	g.done = g.done || first
+	if r.Method == http.MethodGet {
+		g.gets++
+	}
+	g.mu.Unlock()
+	if !first {
+		g.next.ServeHTTP(w, r)
+		return
+	}
+	rec := httptest.NewRecorder()
+	g.next.ServeHTTP(rec, r)
+	var p struct{ ID string }
+	json.Unmarshal(rec.Body.Bytes(), &p)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusGatewayTimeout)
+	fmt.Fprintf(w, `{"error":{"code":"gateway_timeout","message":"look it up"},"payment_id":%q}`, p.ID)
+}
+
+// The payments preset looks a payment up after a 504 before sending it again
+// ("after 504 first GET /payments/{payment_id}"), with no other setting.
+func TestPresetPaymentsLooksUpAfter504(t *testing.T) {
+	sb, err := sandbox.New(sandbox.Config{Provider: sandbox.ProviderPayments, Secret: []byte(sandboxSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := &gateway504{next: sb}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+	p := launch(t, launchSpec{env: presetEnv(t, "payments", srv.URL)})
+	a := send(t, "POST", "http://"+p.proxy+"/payments", `{"order_id":"pay-504","amount":"12"}`)
+	if a.status/100 != 2 || a.header.Get("Idemproxy-Reconciled") != "true" || field(t, a.body, "order_id") != "pay-504" {
+		t.Fatalf("after a 504: %d %s reconciled=%q, want the payment found by the lookup", a.status, a.body, a.header.Get("Idemproxy-Reconciled"))
+	}
+	gw.mu.Lock()
+	gets := gw.gets
+	gw.mu.Unlock()
+	if l := sb.Ledger(); l.Executions != 1 || gets != 1 {
+		t.Errorf("%d executions and %d lookups, want one of each", l.Executions, gets)
 	}
 }

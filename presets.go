@@ -46,6 +46,10 @@ var presets = map[string]map[string]string{
 		"RETRY_STATUSES":    "429,500,502,503,504",
 		"INPROGRESS_STATUS": "409",
 		"INPROGRESS_CODE":   "idempotency_in_progress",
+		// "After a 504, first GET /payments/{payment_id}"; keys are kept
+		// "at least 48 hours".
+		"STATUS_PROBE":           "GET /payments/{resp.payment_id}",
+		"PROVIDER_KEY_RETENTION": "48h",
 	},
 	// Cards: a new signature ("new time") per retry; timeouts, 5xx, 503
 	// maintenance and 429 are retried with the same key, 4xx business codes

@@ -40,6 +40,10 @@ func TestPresetSettings(t *testing.T) {
 	if pay.sign.NonceHeader != "X-Nonce" || !strings.Contains(pay.sign.Template.String(), "{body_sha256}") {
 		t.Errorf("payments signing: nonce %q, template %q", pay.sign.NonceHeader, pay.sign.Template)
 	}
+	payCfg, _, _ := loadEnv(t, "IDEMPROXY_PRESET=payments")
+	if pay.probe == nil || payCfg.ProviderKeyRetention != 48*time.Hour {
+		t.Errorf("payments: probe %v, key retention %v; want GET /payments/{resp.payment_id} and 48h", pay.probe, payCfg.ProviderKeyRetention)
+	}
 	cfg, po, err := loadEnv(t, "IDEMPROXY_PRESET=payouts")
 	if err != nil {
 		t.Fatal(err)
