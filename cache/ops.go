@@ -309,6 +309,8 @@ func (s *Store) put(txn *badger.Txn, key []byte, rec *store.Record, now time.Tim
 	if err := s.checkSpace(int64(len(key) + len(val))); err != nil {
 		return err
 	}
+	s.lastPut.Store(now.UnixNano())
+	s.puts.Add(1)
 	e := badger.NewEntry(key, val).WithMeta(byte(rec.State))
 	if s.ttl > 0 {
 		e.ExpiresAt = uint64(now.Add(s.ttl).Unix())

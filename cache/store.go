@@ -48,6 +48,11 @@ type Options struct {
 	// GCInterval is the period of the value-log GC loop. 0 means 5 minutes; a
 	// negative value disables the loop.
 	GCInterval time.Duration
+	// ReclaimInterval is how often the store checks whether every record has
+	// expired with none written since, and then gives their disk space back.
+	// 0 means a tenth of TTL, between 10 seconds and 5 minutes; a negative
+	// value disables it.
+	ReclaimInterval time.Duration
 	// PageOutInterval is how often the resident pages of Badger's table files
 	// are handed back to the kernel (Linux). 0 means 2 seconds; a negative
 	// value disables it, and the resident set then grows with the store.
@@ -135,6 +140,10 @@ type Store struct {
 	syncedTs atomic.Uint64 // every commit at or below it is on disk
 	wals     walSet        // used by the group-sync leader only
 
+	lastPut     atomic.Int64  // store-clock UnixNano of the last record written; Open counts as one
+	puts        atomic.Uint64 // records written since Open
+	reclaimedAt uint64        // puts when reclaimExpired last dropped the records (its loop only)
+
 	life   sync.RWMutex // read-held by every operation, write-held by Close
 	closed bool
 	stop   chan struct{}
@@ -171,6 +180,13 @@ func Open(opts Options) (*Store, error) {
 		s.gcDone.Add(1)
 		go s.gcLoop(opts.GCInterval)
 	}
+	// Records from before the start may be live for a TTL: Open counts as a put.
+	s.lastPut.Store(s.now().UnixNano())
+	s.puts.Store(1)
+	if opts.ReclaimInterval > 0 && !opts.InMemory && opts.TTL > 0 {
+		s.gcDone.Add(1)
+		go s.reclaimLoop(opts.ReclaimInterval)
+	}
 	if opts.PageOutInterval > 0 && !opts.InMemory {
 		s.gcDone.Add(1)
 		go s.pageOutLoop(opts.PageOutInterval)
@@ -187,6 +203,9 @@ func withDefaults(opts Options) Options {
 	}
 	if opts.GCInterval == 0 {
 		opts.GCInterval = defaultGCInterval
+	}
+	if opts.ReclaimInterval == 0 {
+		opts.ReclaimInterval = min(max(opts.TTL/10, 10*time.Second), 5*time.Minute)
 	}
 	if opts.PageOutInterval == 0 {
 		opts.PageOutInterval = defaultPageOutInterval

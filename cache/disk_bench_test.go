@@ -1,0 +1,111 @@
+//go:build linux
+
+package cache
+
+import (
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// BenchmarkDiskSteadyState writes records at a constant rate for three TTLs
+// and reports the data directory's allocated size after one TTL and after
+// three (under constant load it should plateau: ratio-3ttl ≤ 1.5), then stops
+// writing and reports the size once the store has given the space of the
+// expired records back (idle-MiB) and how long after the last expiry that
+// took. It runs once whatever b.N is (about 4 TTLs of wall time):
+//
+//	go test -run '^$' -bench DiskSteadyState -benchtime 1x ./cache/
+func BenchmarkDiskSteadyState(b *testing.B) {
+	const (
+		ttl   = 10 * time.Second
+		rate  = 1000 // records per second
+		bodyN = 1000 // bytes of incompressible body per record
+	)
+	dir := b.TempDir()
+	s, err := Open(Options{Dir: dir, TTL: ttl, MemTableSize: 1 << 20, SyncWrites: false,
+		ReclaimInterval: time.Second, MinFreeBytes: -1,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	body := make([]byte, bodyN)
+	rand.Read(body)
+	start := time.Now()
+	tick := time.NewTicker(time.Second / 100)
+	defer tick.Stop()
+	var n int
+	var at1, at3 int64
+	for elapsed := time.Duration(0); elapsed < 3*ttl; elapsed = time.Since(start) {
+		<-tick.C
+		for target := int(time.Since(start).Seconds() * rate); n < target; n++ {
+			id := store.ID{Key: fmt.Sprint("k", n)}
+			if _, _, err := s.Begin(ctx, id, fpA, "o", time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if at1 == 0 && elapsed >= ttl {
+			at1 = allocatedBytes(b, dir)
+		}
+	}
+	at3 = allocatedBytes(b, dir)
+	lastWrite := time.Now()
+	b.ReportMetric(mebi(at1), "size-1ttl-MiB")
+	b.ReportMetric(mebi(at3), "size-3ttl-MiB")
+	b.ReportMetric(float64(at3)/float64(at1), "ratio-3ttl")
+	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "records/s")
+
+	// Idle: wait (bounded) for the reclaim after the last record expired.
+	expired := lastWrite.Add(ttl + time.Second)
+	deadline := expired.Add(ttl)
+	idle := at3
+	for time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+		if idle = allocatedBytes(b, dir); idle < at3/10 && time.Now().After(expired) {
+			break
+		}
+	}
+	b.ReportMetric(mebi(idle), "idle-MiB")
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if idle < at3/10 {
+			break // given back: nothing to explain
+		}
+		if fi, err := e.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Blocks > 0 {
+				b.Logf("left after idle: %s %d KiB", e.Name(), st.Blocks/2)
+			}
+		}
+	}
+	b.ReportMetric(max(time.Since(expired), 0).Seconds(), "reclaimed-after-expiry-s")
+}
+
+func mebi(n int64) float64 { return float64(n) / (1 << 20) }
+
+// allocatedBytes is what du reports for dir: Badger's files are sparse.
+func allocatedBytes(b *testing.B, dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
+}
