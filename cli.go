@@ -5,6 +5,7 @@ package main
 // JSON with --json for scripts.
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -105,9 +107,13 @@ func (c *adminClient) do(method, path string, query url.Values, body io.Reader) 
 	return b, nil
 }
 
-// records runs `idemproxy records get KEY`.
+// records runs `idemproxy records get KEY` and `idemproxy records list`.
 func records(args, environ []string, stdout, stderr io.Writer) int {
-	usage := "usage: idemproxy records get KEY [--client C] [--body] [--json] [--admin ADDR]"
+	usage := "usage: idemproxy records get KEY [--client C] [--body] [--json] [--admin ADDR]\n" +
+		"       idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--json]"
+	if len(args) > 0 && args[0] == "list" {
+		return recordsList(args[1:], environ, stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "get" {
 		fmt.Fprintln(stderr, usage)
 		return 2
@@ -227,4 +233,130 @@ func printRecord(w io.Writer, rec adminapi.Record) {
 	case rec.BodyText != "":
 		fmt.Fprintf(w, "body:\n%s\n", rec.BodyText)
 	}
+}
+
+// recordsList runs `idemproxy records list --state S [--limit N] [--cursor C]`.
+func recordsList(args, environ []string, stdout, stderr io.Writer) int {
+	usage := "usage: idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--body] [--json] [--admin ADDR]"
+	fs := flag.NewFlagSet("records list", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	state := fs.String("state", "", "in_flight, unknown or needs_review")
+	limit := fs.Int("limit", 100, "records per page (1-1000)")
+	cursor := fs.String("cursor", "", "next_cursor of the previous page")
+	body := fs.Bool("body", false, "include stored answers' bodies")
+	asJSON := fs.Bool("json", false, "print the page as JSON")
+	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
+	if err := fs.Parse(args); err != nil || *state == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	c, err := newAdminClient(*admin, environ)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy records list:", err)
+		return 2
+	}
+	q := url.Values{"state": {*state}, "limit": {strconv.Itoa(*limit)}}
+	if *cursor != "" {
+		q.Set("cursor", *cursor)
+	}
+	if *body {
+		q.Set("body", "1")
+	}
+	b, err := c.do(http.MethodGet, "/admin/v1/records", q, nil)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy records list:", err)
+		return 1
+	}
+	if *asJSON {
+		stdout.Write(b)
+		return 0
+	}
+	var page struct {
+		Records    []adminapi.Record `json:"records"`
+		NextCursor string            `json:"next_cursor"`
+	}
+	if err := json.Unmarshal(b, &page); err != nil {
+		fmt.Fprintln(stderr, "idemproxy records list: unexpected answer:", err)
+		return 1
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tCLIENT\tSTATE\tSTATUS\tATTEMPTS\tFIRST SENT\tLAST ERROR")
+	for _, r := range page.Records {
+		sent, status := "-", "-"
+		if r.FirstSentAt != nil {
+			sent = r.FirstSentAt.Format(time.RFC3339)
+		}
+		if r.Status != 0 {
+			status = strconv.Itoa(r.Status)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Key, r.Client, r.State, status, r.Attempts, sent, r.LastError)
+	}
+	tw.Flush()
+	fmt.Fprintf(stdout, "%d records", len(page.Records))
+	if page.NextCursor != "" {
+		fmt.Fprintf(stdout, "; more with --cursor %s", page.NextCursor)
+	}
+	fmt.Fprintln(stdout)
+	return 0
+}
+
+// orders runs `idemproxy orders get|renew --method M --path P --value V [--client C]`.
+func orders(args, environ []string, stdout, stderr io.Writer) int {
+	usage := "usage: idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json] [--admin ADDR]"
+	if len(args) == 0 || (args[0] != "get" && args[0] != "renew") {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	fs := flag.NewFlagSet("orders "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	method := fs.String("method", "POST", "the order's request method")
+	path := fs.String("path", "", "the order's request path, e.g. /cards")
+	value := fs.String("value", "", "the value of its key source, e.g. the order_id")
+	client := fs.String("client", "", "client (tenant), with client tokens on")
+	asJSON := fs.Bool("json", false, "print the answer as JSON")
+	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
+	if err := fs.Parse(args[1:]); err != nil || *path == "" || *value == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	c, err := newAdminClient(*admin, environ)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy orders:", err)
+		return 2
+	}
+	var b []byte
+	if args[0] == "get" {
+		q := url.Values{"method": {*method}, "path": {*path}, "value": {*value}}
+		if *client != "" {
+			q.Set("client", *client)
+		}
+		b, err = c.do(http.MethodGet, "/admin/v1/orders", q, nil)
+	} else {
+		in, _ := json.Marshal(map[string]string{"method": *method, "path": *path, "value": *value, "client": *client})
+		b, err = c.do(http.MethodPost, "/admin/v1/orders/renew", nil, bytes.NewReader(in))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "idemproxy orders %s: %v\n", args[0], err)
+		return 1
+	}
+	if *asJSON {
+		stdout.Write(b)
+		return 0
+	}
+	var o adminapi.Order
+	if err := json.Unmarshal(b, &o); err != nil {
+		fmt.Fprintf(stderr, "idemproxy orders %s: unexpected answer: %v\n", args[0], err)
+		return 1
+	}
+	if args[0] == "renew" {
+		fmt.Fprintf(stdout, "renewed: the next request for this order uses key %s (generation %d)\n", o.Key, o.Generation)
+		return 0
+	}
+	fmt.Fprintf(stdout, "key         %s\ngeneration  %d\n", o.Key, o.Generation)
+	if o.Record == nil {
+		fmt.Fprintln(stdout, "record      none: nothing sent under this key yet")
+		return 0
+	}
+	printRecord(stdout, *o.Record)
+	return 0
 }

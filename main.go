@@ -8,7 +8,9 @@
 //	idemproxy healthcheck  exit 0 if the idemproxy on IDEMPROXY_ADMIN_ADDR is ready, else 1
 //	idemproxy version      print the version stamped at build time
 //	idemproxy records get KEY [--client C] [--body] [--json]
-//	                       show a record, through a running instance's admin API
+//	idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--json]
+//	idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json]
+//	                       operator commands, through a running instance's admin API
 package main
 
 import (
@@ -55,8 +57,10 @@ func command(args, environ []string, stdout, stderr io.Writer) int {
 		return 0
 	case "records":
 		return records(args[1:], environ, stdout, stderr)
+	case "orders":
+		return orders(args[1:], environ, stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "idemproxy: unknown command %q; usage: idemproxy [healthcheck|version|records]\n", args[0])
+	fmt.Fprintf(stderr, "idemproxy: unknown command %q; usage: idemproxy [healthcheck|version|records|orders]\n", args[0])
 	return 2
 }
 
@@ -119,7 +123,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	}
 	adm := newAdmin(instrumented, m.Handler())
 	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
-		DefaultTenant: proxy.DefaultTenant, Logger: log}))
+		DefaultTenant: proxy.DefaultTenant, OrderKey: handler.OrderKey, Logger: log}))
 	return serve(ctx, cfg, app{proxy: obs.wrap(handler), drain: handler.Drain, admin: adm}, log, ready)
 }
 

@@ -26,6 +26,8 @@ import (
 // Store is what the API reads of the record store.
 type Store interface {
 	Get(ctx context.Context, id store.ID) (store.Record, error)
+	List(ctx context.Context, state store.State, cursor string, limit int) ([]store.Record, string, error)
+	Supersede(ctx context.Context, id store.ID) (store.Record, error)
 }
 
 // Options configure a Handler.
@@ -36,12 +38,21 @@ type Options struct {
 	Token string
 	// DefaultTenant is the client of records when ?client= is absent.
 	DefaultTenant string
+	// OrderKey derives the key of an order's generation gen (1 first) from
+	// its request's method and path and the value of its key source, for
+	// client; the proxy's own derivation. Required for /admin/v1/orders.
+	OrderKey func(method, path, value, client string, gen int) (string, error)
 	// Logger receives one WARN line per change made through the API; nil
 	// discards them.
 	Logger *slog.Logger
 }
 
-// Handler serves /admin/v1/.
+// Handler serves /admin/v1/:
+//
+//	GET  /admin/v1/records/{key}[?client=][&body=1]      one record
+//	GET  /admin/v1/records?state=S&limit=N&cursor=C       a page of records in_flight, unknown or needs_review
+//	GET  /admin/v1/orders?method=&path=&value=[&client=]  an order's current key, generation and record
+//	POST /admin/v1/orders/renew {method, path, value, client}  move a failed order to its next key generation
 type Handler struct {
 	opt   Options
 	token [sha256.Size]byte
@@ -55,6 +66,9 @@ func New(opt Options) *Handler {
 	}
 	h := &Handler{opt: opt, token: sha256.Sum256([]byte(opt.Token)), mux: http.NewServeMux()}
 	h.mux.HandleFunc("GET /admin/v1/records/{key}", h.getRecord)
+	h.mux.HandleFunc("GET /admin/v1/records", h.listRecords)
+	h.mux.HandleFunc("GET /admin/v1/orders", h.getOrder)
+	h.mux.HandleFunc("POST /admin/v1/orders/renew", h.renewOrder)
 	h.mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such admin call")
 	})
@@ -91,6 +105,7 @@ type Record struct {
 	Status      int             `json:"status,omitempty"`
 	NeedsReview bool            `json:"needs_review,omitempty"`
 	Reconciled  bool            `json:"reconciled,omitempty"`
+	Superseded  bool            `json:"superseded,omitempty"`
 	Attempts    int             `json:"attempts"`
 	CreatedAt   time.Time       `json:"created_at"`
 	FirstSentAt *time.Time      `json:"first_sent_at"`
@@ -102,7 +117,7 @@ type Record struct {
 
 // view builds the API's Record for id's stored record.
 func view(id store.ID, rec store.Record, withBody bool) Record {
-	v := Record{Key: id.Key, UpstreamKey: id.Key, Client: id.Tenant, State: rec.State.String(),
+	v := Record{Key: id.Key, UpstreamKey: id.Key, Client: id.Tenant, State: rec.State.String(), Superseded: rec.Superseded,
 		Attempts: rec.Outcome.Attempts, CreatedAt: rec.CreatedAt, LastError: rec.Outcome.LastError}
 	if !rec.Outcome.FirstSentAt.IsZero() {
 		t := rec.Outcome.FirstSentAt

@@ -56,6 +56,7 @@ func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string,
 			return false, nil
 		}
 		cur.State, cur.Owner, cur.LeaseUntil = store.InFlight, owner, now.Add(lease)
+		cur.ID = id
 		cur.Fence++
 		rec, created = cur, true
 		return true, s.put(txn, key, &cur, now)
@@ -312,7 +313,7 @@ func (s *Store) put(txn *badger.Txn, key []byte, rec *store.Record, now time.Tim
 	s.lastPut.Store(now.UnixNano())
 	s.puts.Add(1)
 	e := badger.NewEntry(key, val).WithMeta(byte(rec.State))
-	if s.ttl > 0 {
+	if s.ttl > 0 && !rec.Superseded { // a superseded record is kept for good
 		e.ExpiresAt = uint64(now.Add(s.ttl).Unix())
 	}
 	return translate(txn.SetEntry(e))

@@ -19,15 +19,16 @@ var ErrCorrupt = errors.New("cache: corrupt record")
 // recordVersion is the first byte of every encoded record. Bump it when the
 // layout changes and teach decodeRecord the old layouts, so a store written
 // by an older build still opens. Version 1 lacked the fields after the body.
-const recordVersion = 2
+const recordVersion = 3
 
 // Key layout: "r/" + first 8 bytes of SHA-256(tenant) + SHA-256(len(tenant),
 // tenant, key). The tenant prefix keeps one tenant's records contiguous (a
 // future per-tenant purge is one DropPrefix); the full-width second hash
 // covers the tenant too, so two tenants cannot share a record even if their
-// 8-byte prefixes collided. Raw idempotency keys (which may embed order ids)
-// never reach the disk. Binary rather than hex halves the key size, which is
-// what Badger keeps in its indexes and bloom filters.
+// 8-byte prefixes collided. Badger keys are hashes of fixed size; the raw
+// tenant and key are kept in the value (since format version 3), so that
+// operators can list records. Binary rather than hex halves the key size,
+// which is what Badger keeps in its indexes and bloom filters.
 const (
 	recordPrefix = "r/"
 	tenantLen    = 8
@@ -48,13 +49,16 @@ func recordKey(id store.ID) []byte {
 	return h.Sum(k)
 }
 
-// appendRecord appends the version-2 encoding of r to dst:
+// appendRecord appends the version-3 encoding of r to dst:
 //
 //	version u8 | state u8 | fingerprint bytes | owner bytes |
 //	leaseUntil time | createdAt time | status uvarint |
 //	header count uvarint, then per name (sorted): name bytes, value count uvarint, values bytes |
 //	body bytes | fence uvarint | firstSentAt time | attempts uvarint |
-//	lastError bytes
+//	lastError bytes | tenant bytes | key bytes | superseded u8
+//
+// Version 2 ended after lastError; version 1 after body. The raw tenant and
+// key are kept (since version 3) so that operators can list records.
 //
 // where "bytes" is a uvarint length then the bytes, and "time" is a varint of
 // Unix nanoseconds with 0 meaning the zero time.
@@ -70,7 +74,14 @@ func appendRecord(dst []byte, r *store.Record) []byte {
 	dst = binary.AppendUvarint(dst, r.Fence)
 	dst = appendTime(dst, r.Outcome.FirstSentAt)
 	dst = binary.AppendUvarint(dst, uint64(max(r.Outcome.Attempts, 0)))
-	return appendBytes(dst, []byte(r.Outcome.LastError))
+	dst = appendBytes(dst, []byte(r.Outcome.LastError))
+	dst = appendBytes(dst, []byte(r.ID.Tenant))
+	dst = appendBytes(dst, []byte(r.ID.Key))
+	var superseded byte
+	if r.Superseded {
+		superseded = 1
+	}
+	return append(dst, superseded)
 }
 
 func appendBytes(dst, b []byte) []byte {
@@ -110,7 +121,7 @@ func decodeRecord(b []byte) (store.Record, error) {
 	if len(b) == 0 {
 		return store.Record{}, fmt.Errorf("%w: empty value", ErrCorrupt)
 	}
-	if b[0] != 1 && b[0] != recordVersion {
+	if b[0] < 1 || b[0] > recordVersion {
 		return store.Record{}, fmt.Errorf("%w: format version %d unknown (this build reads versions 1 to %d)",
 			ErrCorrupt, b[0], recordVersion)
 	}
@@ -120,6 +131,9 @@ func decodeRecord(b []byte) (store.Record, error) {
 		r.Fence = 1 // version 1 knew no takeovers' count
 	} else {
 		d.outcome(&r)
+	}
+	if b[0] >= 3 {
+		d.identity(&r)
 	}
 	if d.err != nil {
 		return store.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, d.err)
@@ -169,6 +183,20 @@ func (d *decoder) outcome(r *store.Record) {
 	}
 	r.Outcome.Attempts = int(attempts)
 	r.Outcome.LastError = string(d.bytes())
+}
+
+// identity reads the fields version 3 added: the record's ID, so that List
+// can name records, and the superseded flag.
+func (d *decoder) identity(r *store.Record) {
+	r.ID.Tenant = string(d.bytes())
+	r.ID.Key = string(d.bytes())
+	switch d.byte() {
+	case 0:
+	case 1:
+		r.Superseded = true
+	default:
+		d.fail(errors.New("superseded flag is neither 0 nor 1"))
+	}
 }
 
 func (d *decoder) fail(err error) {

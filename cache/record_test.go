@@ -46,6 +46,12 @@ func sampleRecords() map[string]store.Record {
 			State:    store.Final,
 			Response: store.Response{Status: 204},
 		},
+		"superseded final with its ID": {
+			ID:         store.ID{Tenant: "shop", Key: "order-1"},
+			State:      store.Final,
+			Response:   store.Response{Status: 409, Header: http.Header{}, Body: []byte(`{"status":"failed"}`)},
+			Superseded: true,
+		},
 		"unknown with outcome": {
 			State:       store.Unknown,
 			Fingerprint: bytes.Repeat([]byte{7}, 32),
@@ -94,6 +100,23 @@ func TestDecodeVersion1(t *testing.T) {
 	}
 }
 
+// TestDecodeVersion2 reads a record written before version 3: no ID, not
+// superseded.
+func TestDecodeVersion2(t *testing.T) {
+	want := store.Record{State: store.Unknown, Owner: "o", Fence: 2,
+		Response: store.Response{Header: http.Header{}},
+		Outcome:  store.Outcome{Attempts: 3, LastError: "x"}}
+	enc := appendRecord(nil, &want)
+	v2 := append([]byte{2}, enc[1:len(enc)-3]...) // drop tenant "", key "" and the flag
+	got, err := decodeRecord(v2)
+	if err != nil {
+		t.Fatalf("decode version 2: %v", err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("version 2 decoded as\n%#v\nwant\n%#v", got, want)
+	}
+}
+
 func TestRecordRoundTrip(t *testing.T) {
 	for name, want := range sampleRecords() {
 		t.Run(name, func(t *testing.T) {
@@ -136,7 +159,7 @@ func TestDecodeRecordRejects(t *testing.T) {
 		want string
 	}{
 		{"empty", nil, "empty value"},
-		{"unknown version", append([]byte{3}, valid[1:]...), "format version 3 unknown"},
+		{"unknown version", append([]byte{4}, valid[1:]...), "format version 4 unknown"},
 		{"version zero", append([]byte{0}, valid[1:]...), "format version 0 unknown"},
 		{"state zero", append([]byte{recordVersion, 0}, valid[2:]...), "unknown state 0"},
 		{"state four", append([]byte{recordVersion, 4}, valid[2:]...), "unknown state 4"},

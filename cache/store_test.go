@@ -71,7 +71,7 @@ func TestBeginCompleteGet(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("first Begin = created %v, %v; want created", created, err)
 	}
-	want := store.Record{State: store.InFlight, Fingerprint: fpA, Owner: "owner-1", Fence: 1, LeaseUntil: c.Now().Add(30 * time.Second), CreatedAt: c.Now()}
+	want := store.Record{ID: id, State: store.InFlight, Fingerprint: fpA, Owner: "owner-1", Fence: 1, LeaseUntil: c.Now().Add(30 * time.Second), CreatedAt: c.Now()}
 	assertRecord(t, "Begin", rec, want)
 	got, err := s.Get(ctx, id)
 	if err != nil {
@@ -89,7 +89,7 @@ func TestBeginCompleteGet(t *testing.T) {
 	if err := s.Complete(ctx, id, "owner-1", okRes); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	final := store.Record{State: store.Final, Fingerprint: fpA, Owner: "owner-1", Fence: 1, CreatedAt: want.CreatedAt, Response: okRes}
+	final := store.Record{ID: id, State: store.Final, Fingerprint: fpA, Owner: "owner-1", Fence: 1, CreatedAt: want.CreatedAt, Response: okRes}
 	got, err = s.Get(ctx, id)
 	if err != nil {
 		t.Fatalf("Get final: %v", err)
@@ -232,7 +232,7 @@ func TestLeaseTakeover(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("Begin after lease expiry = created %v, %v; want takeover", created, err)
 	}
-	want := store.Record{State: store.InFlight, Fingerprint: fpA, Owner: "owner-2", Fence: 2, LeaseUntil: c.Now().Add(10 * time.Second), CreatedAt: first.CreatedAt}
+	want := store.Record{ID: id, State: store.InFlight, Fingerprint: fpA, Owner: "owner-2", Fence: 2, LeaseUntil: c.Now().Add(10 * time.Second), CreatedAt: first.CreatedAt}
 	assertRecord(t, "takeover", rec, want)
 
 	if err := s.Complete(ctx, id, "owner-1", okRes); !errors.Is(err, store.ErrNotOwner) {

@@ -2,6 +2,7 @@ package idemkey
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/google/uuid"
 )
@@ -18,6 +19,10 @@ type Request struct {
 	// idemproxy share its provider credentials, so the same order_id from
 	// each must reach the provider as two keys. Empty keeps the v1 keys.
 	Tenant string
+	// Generation is the order's key generation: 0 or 1 for its first key,
+	// which stays what it always was; an operator moves a failed order to
+	// the next generation to try it again under a new key.
+	Generation int
 }
 
 // namespace is the UUIDv5 namespace of derived keys:
@@ -61,6 +66,15 @@ func Derive(sources []Source, r Request) (key string, src Source, ok bool) {
 	return "", Source{}, false
 }
 
+// KeyFor returns the key Derive gives a request of r.Method, r.Path, r.Tenant
+// and r.Generation whose source src has the value val (for an operator who
+// knows an order's id but not its request).
+func KeyFor(src Source, val string, r Request) string {
+	st := getState()
+	defer putState(st)
+	return st.key(r, src, []byte(val))
+}
+
 // value returns the value of source s in r.
 func (st *state) value(s Source, r Request) ([]byte, bool) {
 	switch s.Kind {
@@ -90,6 +104,12 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 // key computes the derived key for value val of source s.
 func (st *state) key(r Request, s Source, val []byte) string {
 	b := append(st.buf[:0], "idemproxy-key-v1"...)
+	if r.Generation > 1 {
+		// A prefix generation 1 cannot have ("-g" where its method's length
+		// byte follows "v1"), so no generation can collide with another.
+		b = append(st.buf[:0], "idemproxy-key-g"...)
+		b = appendField(b, strconv.Itoa(r.Generation))
+	}
 	b = appendField(b, r.Method)
 	b = appendField(b, r.Path)
 	b = appendField(b, s.Kind.String())

@@ -101,6 +101,26 @@ func (s *InstrumentedStore) Park(ctx context.Context, id store.ID, owner string,
 	return err
 }
 
+// List implements store.Store; an operator's call, timed like the others.
+func (s *InstrumentedStore) List(ctx context.Context, state store.State, cursor string, limit int) ([]store.Record, string, error) {
+	defer s.observe("list", s.now())
+	recs, next, err := s.next.List(ctx, state, cursor, limit)
+	if !errors.Is(err, store.ErrBadCursor) {
+		s.fail("list", err)
+	}
+	return recs, next, err
+}
+
+// Supersede implements store.Store.
+func (s *InstrumentedStore) Supersede(ctx context.Context, id store.ID) (store.Record, error) {
+	defer s.observe("supersede", s.now())
+	rec, err := s.next.Supersede(ctx, id)
+	if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrNotFinal) {
+		s.fail("supersede", err)
+	}
+	return rec, err
+}
+
 // MaxBodyBytes implements store.Store.
 func (s *InstrumentedStore) MaxBodyBytes() int64 { return s.next.MaxBodyBytes() }
 

@@ -41,6 +41,9 @@ var migrations = []string{
 		paused_until timestamptz NOT NULL DEFAULT '-infinity',
 		tat          timestamptz NOT NULL DEFAULT '-infinity'
 	);`,
+	// 2: a final record an operator moved to its order's next key generation
+	// is kept (without expiry) and marked.
+	`ALTER TABLE idemproxy_records ADD COLUMN superseded boolean NOT NULL DEFAULT false;`,
 }
 
 // migrate creates or upgrades the schema under an advisory lock.

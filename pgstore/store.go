@@ -221,7 +221,8 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, store.ErrNotOwner), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrTooLarge):
+	case errors.Is(err, store.ErrNotOwner), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrTooLarge),
+		errors.Is(err, store.ErrNotFinal), errors.Is(err, store.ErrBadCursor):
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	case s.closed.Load():
 		return fmt.Errorf("pgstore: %s: %w", op, store.ErrClosed)
@@ -244,7 +245,7 @@ const (
 	// expiry is the expires_at of a write: $ttl microseconds from now, or never.
 	expiry = `CASE WHEN @ttl::bigint = 0 THEN NULL ELSE now() + @ttl * interval '1 microsecond' END`
 	// columns are what readRecord scans.
-	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body`
+	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded`
 )
 
 // claim is Begin's one statement: insert, or take over an expired record or
@@ -397,9 +398,10 @@ func readRecord(row pgx.Row) (store.Record, error) {
 	var r store.Record
 	var state int16
 	var lease, sent *time.Time
-	var header []byte
+	var header, tenant, key []byte
 	err := row.Scan(&state, &r.Fingerprint, &r.Owner, &r.Fence, &lease, &r.CreatedAt, &sent,
-		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Response.Status, &header, &r.Response.Body)
+		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Response.Status, &header, &r.Response.Body,
+		&tenant, &key, &r.Superseded)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Record{}, store.ErrNotFound
 	}
@@ -407,6 +409,7 @@ func readRecord(row pgx.Row) (store.Record, error) {
 		return store.Record{}, err
 	}
 	r.State = store.State(state)
+	r.ID = store.ID{Tenant: string(tenant), Key: string(key)}
 	r.CreatedAt = r.CreatedAt.UTC()
 	if lease != nil {
 		r.LeaseUntil = lease.UTC()

@@ -22,6 +22,12 @@ type result struct {
 	err      error
 }
 
+// superseded is obtain's error for a record whose order an operator moved to
+// its next key generation: the caller derives that generation's key.
+type superseded struct{ rec store.Record }
+
+func (superseded) Error() string { return "the order was renewed to its next key generation" }
+
 // obtain returns the answer for key id: a replay of a stored final response, the
 // result of a new upstream operation this request starts, or the result of one in
 // flight that it waits for. Only one operation per key runs at a time.
@@ -42,6 +48,9 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 		if created {
 			sum.Outcome = OutcomeForwarded
 			return h.start(r, id, owner, body, rec.Outcome), nil
+		}
+		if rec.State == store.Final && rec.Superseded {
+			return result{}, superseded{rec}
 		}
 		if !bytes.Equal(rec.Fingerprint, fp) {
 			sum.Outcome = OutcomeConflict

@@ -226,10 +226,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // else the default one (protected methods get keys from KeySources, others are
 // unprotected).
 func (h *Handler) rule(r *http.Request) routes.Rule {
-	if rule, ok := h.opt.Routes.Match(r.Method, r.URL.EscapedPath()); ok {
+	return h.ruleFor(r.Method, r.URL.EscapedPath())
+}
+
+func (h *Handler) ruleFor(method, escapedPath string) routes.Rule {
+	if rule, ok := h.opt.Routes.Match(method, escapedPath); ok {
 		return rule
 	}
-	if h.protected[r.Method] {
+	if h.protected[method] {
 		return routes.Rule{Policy: routes.Key, Sources: h.opt.KeySources}
 	}
 	return routes.Rule{Policy: routes.Unprotected}
@@ -302,6 +306,24 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	w.Header().Set(KeyHeader, key)
 	id := store.ID{Tenant: tenant, Key: key}
 	res, err := h.obtain(r, id, fp[:], body, sum)
+	for gen := 2; err != nil && gen <= maxGenerations; gen++ {
+		var sup superseded
+		if !errors.As(err, &sup) {
+			break
+		}
+		// An operator renewed the order: its next generation's key, which
+		// only a key derived from the request can follow.
+		kr.Generation = gen
+		next, _, derived := idemkey.Derive(rule.Sources, kr)
+		if _, sent, _ := idemkey.FromHeader(r.Header); sent || rule.Policy != routes.Key || !derived {
+			sum.Outcome = OutcomeReplayed
+			res, err = result{resp: sup.rec.Response, replayed: true}, nil
+			break
+		}
+		id.Key, sum.Key = next, next
+		w.Header().Set(KeyHeader, next)
+		res, err = h.obtain(r, id, fp[:], body, sum)
+	}
 	if err == nil {
 		err = res.err
 	}
@@ -337,6 +359,26 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes
 		return "", nil
 	}
 	return "", ErrKeyMissing
+}
+
+// maxGenerations bounds how many renewed key generations one request follows.
+const maxGenerations = 1000
+
+// OrderKey is the key the proxy derives for client (DefaultTenant or "" for
+// none) from a request of method and the escaped path whose first key
+// source has value, in the order's key generation gen (1 first): what an
+// operator needs to find an order's record. It fails for requests that get
+// no derived key (unprotected, rejected or fingerprint routes).
+func (h *Handler) OrderKey(method, path, value, client string, gen int) (string, error) {
+	rule := h.ruleFor(method, path)
+	if rule.Policy != routes.Key || len(rule.Sources) == 0 {
+		return "", fmt.Errorf("%s %s gets no key derived from a source (policy %s)", method, path, rule.Policy)
+	}
+	kr := idemkey.Request{Method: method, Path: path, Generation: gen}
+	if client != DefaultTenant {
+		kr.Tenant = client
+	}
+	return idemkey.KeyFor(rule.Sources[0], value, kr), nil
 }
 
 // newOwner returns a random owner token for an in-flight lease.

@@ -145,6 +145,17 @@ func NeedsReview(body []byte) bool {
 	return false
 }
 
+// Failed reports a response body whose operation status is "failed": final,
+// and only a new key (a person's decision) can try the operation again.
+func Failed(body []byte) bool {
+	for _, s := range parseBody(body).statuses {
+		if s == "failed" {
+			return true
+		}
+	}
+	return false
+}
+
 // parseBody extracts bodyFacts from a JSON object; anything else (HTML from a
 // gateway, an empty body) has no facts. Fields of unexpected types are
 // ignored rather than failing the whole parse.

@@ -71,6 +71,9 @@ type Response struct {
 
 // Record is what a store keeps for one ID.
 type Record struct {
+	// ID is the tenant and key Begin was given. Records written before a
+	// store kept it have a zero ID.
+	ID    ID
 	State State
 	// Fingerprint identifies the request (32 bytes from the proxy); a store
 	// compares it only to decide a takeover.
@@ -91,6 +94,11 @@ type Record struct {
 	// Outcome describes earlier attempt sequences that ended without a final
 	// answer (see Park). Takeovers keep it; zero if there were none.
 	Outcome Outcome
+	// Superseded marks a final record whose order an operator moved to its
+	// next key generation (see Supersede): requests for the order use the
+	// next generation's key. A superseded record never expires, so that the
+	// order cannot fall back to an older key.
+	Superseded bool
 }
 
 // Outcome is what an owner knows about an attempt sequence that ended
@@ -139,6 +147,11 @@ var (
 	ErrNoSpace = errors.New("store: not enough free disk space")
 	// ErrClosed is returned by every method called after Close.
 	ErrClosed = errors.New("store: closed")
+	// ErrNotFinal is returned by Supersede when the record is in flight or
+	// unknown: its outcome is not settled.
+	ErrNotFinal = errors.New("store: record is not final")
+	// ErrBadCursor is returned by List for a cursor it did not give.
+	ErrBadCursor = errors.New("store: bad list cursor")
 )
 
 // Store is a durable record store. Implementations are safe for concurrent
@@ -184,6 +197,18 @@ type Store interface {
 	Park(ctx context.Context, id ID, owner string, o Outcome) error
 	// Get returns id's record, or ErrNotFound if it is missing or expired.
 	Get(ctx context.Context, id ID) (Record, error)
+	// List returns up to limit live records in state (all tenants), in an
+	// order of the store's that is stable between calls, starting after
+	// cursor ("" from the start), and the cursor to pass for the next page:
+	// "" when the end was reached (a non-empty cursor may still lead to an
+	// empty page). limit <= 0 means 100. For operators: it may scan every
+	// record, so it is not for the request path. ErrBadCursor for a cursor
+	// List did not give.
+	List(ctx context.Context, state State, cursor string, limit int) ([]Record, string, error)
+	// Supersede marks id's final record Superseded and keeps it without
+	// expiry, and returns it; superseding twice is allowed. ErrNotFound if
+	// there is no record, ErrNotFinal if it is in flight or unknown.
+	Supersede(ctx context.Context, id ID) (Record, error)
 	// Ping checks that the store can be written now (readiness).
 	Ping(ctx context.Context) error
 	// MaxBodyBytes is the largest response body Complete accepts with

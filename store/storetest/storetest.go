@@ -62,6 +62,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"TooLarge", testTooLarge},
 		{"TenantIsolation", testTenants},
 		{"ArgumentErrors", testArguments},
+		{"List", testList},
+		{"Supersede", testSupersede},
 		{"Ping", func(t *testing.T, s store.Store, _ func(time.Duration)) {
 			if err := s.Ping(context.Background()); err != nil {
 				t.Fatalf("Ping on a healthy store: %v", err)
@@ -77,6 +79,10 @@ func Run(t *testing.T, newStore Factory) {
 	t.Run("Expiry", func(t *testing.T) {
 		s, advance := newStore(t, 2*time.Second)
 		testExpiry(t, s, advance)
+	})
+	t.Run("SupersededOutlivesTTL", func(t *testing.T) {
+		s, advance := newStore(t, 2*time.Second)
+		testSupersededKept(t, s, advance)
 	})
 	t.Run("Close", func(t *testing.T) {
 		s, _ := newStore(t, 0)

@@ -1,0 +1,208 @@
+package adminapi
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// listable are the states GET /admin/v1/records?state= takes.
+var listable = map[string]store.State{"in_flight": store.InFlight, "unknown": store.Unknown, "needs_review": store.Final}
+
+// maxLimit bounds one page.
+const maxLimit = 1000
+
+// listRecords is GET /admin/v1/records?state=in_flight|unknown|needs_review&limit=N&cursor=C[&body=1].
+// needs_review pages through final records and keeps those whose body says
+// needs_review, so a page may hold fewer than limit records before the end.
+func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	st, ok := listable[q.Get("state")]
+	if !ok {
+		writeError(w, http.StatusBadRequest, "bad_request", "state must be in_flight, unknown or needs_review")
+		return
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxLimit {
+			writeError(w, http.StatusBadRequest, "bad_request", "limit must be 1 to 1000")
+			return
+		}
+		limit = n
+	}
+	recs, next, err := h.opt.Store.List(r.Context(), st, q.Get("cursor"), limit)
+	switch {
+	case errors.Is(err, store.ErrBadCursor):
+		writeError(w, http.StatusBadRequest, "bad_request", "cursor is not one this API gave")
+		return
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the record store cannot be read")
+		return
+	}
+	out := struct {
+		Records    []Record `json:"records"`
+		NextCursor string   `json:"next_cursor"`
+	}{Records: []Record{}, NextCursor: next}
+	for _, rec := range recs {
+		if q.Get("state") == "needs_review" && !retry.NeedsReview(rec.Response.Body) {
+			continue
+		}
+		out.Records = append(out.Records, view(rec.ID, rec, q.Get("body") == "1"))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// Order is an order's current key as GET /admin/v1/orders shows it.
+type Order struct {
+	Key        string  `json:"key"`
+	Generation int     `json:"generation"`
+	Record     *Record `json:"record"`
+}
+
+// orderQuery names an order: the request's method and path and the value of
+// its key source (the order_id), and its client.
+type orderQuery struct {
+	Method string `json:"method"`
+	Path   string `json:"path"`
+	Value  string `json:"value"`
+	Client string `json:"client"`
+}
+
+// maxGenerations bounds the walk along an order's renewed generations.
+const maxGenerations = 1000
+
+// current returns the order's current generation: the first whose record is
+// not superseded (nil when it has none yet).
+func (h *Handler) current(r *http.Request, o orderQuery) (store.ID, int, *store.Record, error) {
+	for gen := 1; gen <= maxGenerations; gen++ {
+		key, err := h.opt.OrderKey(o.Method, o.Path, o.Value, o.Client, gen)
+		if err != nil {
+			return store.ID{}, 0, nil, err
+		}
+		id := store.ID{Tenant: o.Client, Key: key}
+		rec, err := h.opt.Store.Get(r.Context(), id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return id, gen, nil, nil
+		case err != nil:
+			return store.ID{}, 0, nil, errStore
+		case !rec.Superseded:
+			return id, gen, &rec, nil
+		}
+	}
+	return store.ID{}, 0, nil, errors.New("too many generations")
+}
+
+var errStore = errors.New("store unavailable")
+
+func (h *Handler) orderFrom(r *http.Request, o orderQuery) (orderQuery, bool) {
+	if o.Client == "" {
+		o.Client = h.opt.DefaultTenant
+	}
+	return o, o.Method != "" && o.Path != "" && o.Value != ""
+}
+
+// getOrder is GET /admin/v1/orders?method=POST&path=/cards&value=F-1[&client=].
+func (h *Handler) getOrder(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	o, ok := h.orderFrom(r, orderQuery{Method: q.Get("method"), Path: q.Get("path"), Value: q.Get("value"), Client: q.Get("client")})
+	if !ok {
+		writeError(w, http.StatusBadRequest, "bad_request", "method, path and value are required")
+		return
+	}
+	id, gen, rec, err := h.current(r, o)
+	if err != nil {
+		h.orderError(w, err)
+		return
+	}
+	out := Order{Key: id.Key, Generation: gen}
+	if rec != nil {
+		v := view(id, *rec, q.Get("body") == "1")
+		out.Record = &v
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) orderError(w http.ResponseWriter, err error) {
+	if errors.Is(err, errStore) {
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the record store cannot be read")
+		return
+	}
+	writeError(w, http.StatusBadRequest, "bad_request", "no key can be derived for this method and path: "+err.Error())
+}
+
+// renewOrder is POST /admin/v1/orders/renew {method, path, value, client}:
+// the order's next request derives the next generation's key. Only an order
+// whose result is final and not a success may be renewed (a 4xx, or a body
+// saying failed): a new key for an operation in flight or unknown could be a
+// second charge, and one that succeeded must not run again.
+func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
+	var in orderQuery
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&in); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", "body must be JSON {method, path, value, client}")
+		return
+	}
+	o, ok := h.orderFrom(r, in)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "bad_request", "method, path and value are required")
+		return
+	}
+	id, gen, rec, err := h.current(r, o)
+	if err != nil {
+		h.orderError(w, err)
+		return
+	}
+	if reason := refusal(rec); reason != "" {
+		writeError(w, http.StatusConflict, "renew_refused", reason)
+		return
+	}
+	if _, err := h.opt.Store.Supersede(r.Context(), id); err != nil {
+		if errors.Is(err, store.ErrNotFinal) || errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusConflict, "renew_refused", "the order's record changed; look it up again")
+			return
+		}
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the record store cannot be written")
+		return
+	}
+	next, err := h.opt.OrderKey(o.Method, o.Path, o.Value, o.Client, gen+1)
+	if err != nil {
+		h.orderError(w, err)
+		return
+	}
+	h.opt.Logger.Warn("admin: order renewed to its next key generation",
+		"who", who(r), "method", o.Method, "path", o.Path, "client", o.Client,
+		"from_key", id.Key, "from_generation", gen, "key", next, "generation", gen+1,
+		"status", rec.Response.Status)
+	writeJSON(w, http.StatusOK, Order{Key: next, Generation: gen + 1})
+}
+
+// refusal says why rec cannot be renewed; "" when it can.
+func refusal(rec *store.Record) string {
+	switch {
+	case rec == nil:
+		return "the order has no record: nothing was sent for it under its current key"
+	case rec.State == store.InFlight:
+		return "the order is in flight; wait for its result"
+	case rec.State == store.Unknown:
+		return "the order's outcome is unknown: a new key could charge twice; resolve it first"
+	case retry.NeedsReview(rec.Response.Body):
+		return "the order needs review: the provider reports its outcome by an event; never retry it"
+	case rec.Response.Status >= 400 || retry.Failed(rec.Response.Body):
+		return ""
+	}
+	return "the order's result was a success; it must not run again"
+}
+
+// who names the caller of a change for the log: the address it came from
+// (the API has one shared token, so there is no user name).
+func who(r *http.Request) string {
+	if u := r.Header.Get("X-Forwarded-For"); u != "" {
+		return r.RemoteAddr + " (for " + u + ")"
+	}
+	return r.RemoteAddr
+}

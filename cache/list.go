@@ -1,0 +1,110 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// defaultListLimit is List's page size when the caller gives none.
+const defaultListLimit = 100
+
+// List implements store.Store.List. Records are visited in key order (the
+// hash of tenant and key), state read from UserMeta so that other states
+// cost no value read; the cursor is the hex of the last key returned.
+func (s *Store) List(ctx context.Context, state store.State, cursor string, limit int) ([]store.Record, string, error) {
+	const op = "list"
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	start := []byte(recordPrefix)
+	if cursor != "" {
+		k, err := hex.DecodeString(cursor)
+		if err != nil || len(k) != keyLen || !bytes.HasPrefix(k, start) {
+			return nil, "", fmt.Errorf("cache: %s: %w", op, store.ErrBadCursor)
+		}
+		start = append(k, 0) // strictly after the last key returned
+	}
+	leave, err := s.enter(op)
+	if err != nil {
+		return nil, "", err
+	}
+	defer leave()
+	var out []store.Record
+	var next string
+	now := s.now()
+	err = s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(recordPrefix)})
+		defer it.Close()
+		for it.Seek(start); it.Valid(); it.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			item := it.Item()
+			if item.UserMeta() != byte(state) {
+				continue
+			}
+			if exp := item.ExpiresAt(); exp != 0 && uint64(now.Unix()) >= exp {
+				continue
+			}
+			var rec store.Record
+			err := item.Value(func(v []byte) (err error) {
+				rec, err = decodeRecord(v)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			out = append(out, rec)
+			if len(out) == limit {
+				next = hex.EncodeToString(item.Key())
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("cache: %s: %w", op, translate(err))
+	}
+	return out, next, nil
+}
+
+// Supersede implements store.Store.Supersede.
+func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error) {
+	const op = "supersede"
+	if err := checkID(op, id); err != nil {
+		return store.Record{}, err
+	}
+	leave, err := s.enter(op)
+	if err != nil {
+		return store.Record{}, err
+	}
+	defer leave()
+	key := recordKey(id)
+	var rec store.Record
+	err = s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
+		cur, _, err := s.read(txn, key, now)
+		if err != nil {
+			return false, err
+		}
+		if cur.State != store.Final {
+			return false, fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
+		}
+		cur.Superseded = true
+		if cur.ID == (store.ID{}) {
+			cur.ID = id // written by a build that did not keep it
+		}
+		rec = cur
+		return true, s.put(txn, key, &cur, now)
+	})
+	if err != nil {
+		return store.Record{}, fmt.Errorf("cache: %s: %w", op, err)
+	}
+	return rec, nil
+}

@@ -1,0 +1,183 @@
+package main
+
+// End-to-end tests of an order's key generations and of listing records by
+// state, through the real binary in front of the cards sandbox (failed and
+// needs_review operations on set amounts) and the records and orders
+// subcommands.
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/sandbox"
+)
+
+// cardsSetup is the cards sandbox behind a gateway that answers 504 for
+// order F-unknown without passing it on, and holds order F-held in flight
+// until release is closed.
+type cardsSetup struct {
+	sb      *sandbox.Server
+	held    chan struct{} // receives when F-held executes
+	release chan struct{}
+	p       *opsProc
+}
+
+func startCards(t *testing.T) *cardsSetup {
+	t.Helper()
+	c := &cardsSetup{held: make(chan struct{}, 1), release: make(chan struct{})}
+	sb, err := sandbox.New(sandbox.Config{Provider: sandbox.ProviderCards, ExecuteHook: func(op sandbox.Operation) {
+		if op.OrderID == "F-held" {
+			c.held <- struct{}{}
+			<-c.release
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.sb = sb
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if bytes.Contains(body, []byte(`"F-unknown"`)) {
+			w.WriteHeader(http.StatusGatewayTimeout)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		sb.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { close(c.release); up.Close() })
+	c.p = launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)})
+	return c
+}
+
+func (c *cardsSetup) post(t *testing.T, order, amount string) reply {
+	t.Helper()
+	return send(t, "POST", "http://"+c.p.proxy+"/cards", `{"order_id":"`+order+`","amount":"`+amount+`","tariff_id":"t1"}`)
+}
+
+func (c *cardsSetup) admin(t *testing.T, method, path, body string) reply {
+	t.Helper()
+	return send(t, method, "http://"+c.p.admin+path, body, "Authorization", "Bearer "+adminToken)
+}
+
+func (c *cardsSetup) renew(t *testing.T, order string) reply {
+	t.Helper()
+	return c.admin(t, "POST", "/admin/v1/orders/renew", `{"method":"POST","path":"/cards","value":"`+order+`"}`)
+}
+
+// cli runs the binary's operator subcommand against this instance.
+func (c *cardsSetup) cli(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(binPath, args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "IDEMPROXY_ADMIN_ADDR=" + c.p.admin, "IDEMPROXY_ADMIN_TOKEN=" + adminToken}
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+func TestRenewRefusedUnlessFailed(t *testing.T) {
+	c := startCards(t)
+	if r := c.post(t, "F-ok", "10"); r.status != http.StatusOK {
+		t.Fatalf("POST F-ok = %d %s", r.status, r.body)
+	}
+	if r := c.post(t, "F-unknown", "10"); r.status != http.StatusBadGateway {
+		t.Fatalf("POST F-unknown = %d %s, want 502", r.status, r.body)
+	}
+	if r := c.post(t, "F-review", sandbox.AmountNeedsReview); !strings.Contains(r.body, `"needs_review"`) {
+		t.Fatalf("POST F-review = %d %s, want needs_review", r.status, r.body)
+	}
+	heldDone := make(chan reply, 1)
+	go func() { heldDone <- c.post(t, "F-held", "10") }()
+	<-c.held
+
+	for order, why := range map[string]string{"F-ok": "success", "F-unknown": "unknown", "F-review": "needs review", "F-held": "in flight"} {
+		r := c.renew(t, order)
+		if r.status != http.StatusConflict || !strings.Contains(r.body, `"renew_refused"`) {
+			t.Errorf("renew of %s (%s) = %d %s, want 409 renew_refused", order, why, r.status, r.body)
+		}
+	}
+
+	// Listed by state, with their keys.
+	for state, order := range map[string]string{"in_flight": "F-held", "unknown": "F-unknown", "needs_review": "F-review"} {
+		o := c.admin(t, "GET", "/admin/v1/orders?method=POST&path=/cards&value="+order, "")
+		var ord struct{ Key string }
+		json.Unmarshal([]byte(o.body), &ord)
+		l := c.admin(t, "GET", "/admin/v1/records?state="+state+"&limit=10", "")
+		if l.status != http.StatusOK || ord.Key == "" || !strings.Contains(l.body, `"key":"`+ord.Key+`"`) {
+			t.Errorf("list %s = %d %s, want the key %s of %s", state, l.status, l.body, ord.Key, order)
+		}
+		out, code := c.cli(t, "records", "list", "--state", state)
+		if code != 0 || !strings.Contains(out, ord.Key) {
+			t.Errorf("idemproxy records list --state %s = %d\n%s\nwant %s listed", state, code, out, ord.Key)
+		}
+	}
+	c.release <- struct{}{}
+	<-heldDone
+
+	// needs_review is final: a repeat replays, the provider never sees it again.
+	if r := c.post(t, "F-review", sandbox.AmountNeedsReview); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("repeat of F-review = %d %s, want a replay", r.status, r.body)
+	}
+	if n := c.sb.Ledger().ByOrder["F-review"]; n != 1 {
+		t.Fatalf("F-review executed %d times, want 1", n)
+	}
+}
+
+func TestRenewFailedOrderUsesNextGeneration(t *testing.T) {
+	c := startCards(t)
+	first := c.post(t, "F-1", sandbox.AmountFailed)
+	if !strings.Contains(first.body, `"failed"`) {
+		t.Fatalf("POST F-1 = %d %s, want a failed operation", first.status, first.body)
+	}
+	key1 := first.header.Get("Idempotency-Key")
+	if again := c.post(t, "F-1", sandbox.AmountFailed); again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("repeat before renew = %d %s, want the failed operation replayed", again.status, again.body)
+	}
+
+	out, code := c.cli(t, "orders", "renew", "--path", "/cards", "--value", "F-1", "--json")
+	var renewed struct {
+		Key        string
+		Generation int
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &renewed) != nil || renewed.Generation != 2 || renewed.Key == key1 || renewed.Key == "" {
+		t.Fatalf("idemproxy orders renew = %d %s, want generation 2 with a new key", code, out)
+	}
+	if !strings.Contains(c.p.waitLine(t, `"msg":"admin: order renewed`), `"from_key":"`+key1+`"`) {
+		t.Fatal("the renew's log line does not name the old key")
+	}
+
+	// The app fixed the cause and sends the order again: the new key goes out.
+	second := c.post(t, "F-1", "20")
+	if second.status != http.StatusOK || second.header.Get("Idempotency-Key") != renewed.Key ||
+		second.header.Get("Idempotent-Replayed") != "" || strings.Contains(second.body, `"failed"`) {
+		t.Fatalf("POST after renew = %d %s key %s, want a fresh operation under %s",
+			second.status, second.body, second.header.Get("Idempotency-Key"), renewed.Key)
+	}
+	l := c.sb.Ledger()
+	if l.ByKey[key1] != 1 || l.ByKey[renewed.Key] != 1 {
+		t.Fatalf("provider executions by key = %v, want one under each generation's key", l.ByKey)
+	}
+	o := c.admin(t, "GET", "/admin/v1/orders?method=POST&path=/cards&value=F-1", "")
+	if !strings.Contains(o.body, `"generation":2`) || !strings.Contains(o.body, `"key":"`+renewed.Key+`"`) || !strings.Contains(o.body, `"state":"final"`) {
+		t.Fatalf("order after renew = %s", o.body)
+	}
+	// A success is not renewed again.
+	if r := c.renew(t, "F-1"); r.status != http.StatusConflict {
+		t.Fatalf("renew of the succeeded generation = %d %s, want 409", r.status, r.body)
+	}
+	out, code = c.cli(t, "orders", "get", "--path", "/cards", "--value", "F-1")
+	if code != 0 || !strings.Contains(out, renewed.Key) || !strings.Contains(out, "generation  2") {
+		t.Fatalf("idemproxy orders get = %d\n%s", code, out)
+	}
+}

@@ -1,0 +1,143 @@
+package storetest
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// testList: List pages through the records of one state, each with its ID,
+// with a cursor; expired records and other states are left out.
+func testList(t *testing.T, s store.Store, _ func(time.Duration)) {
+	ctx := context.Background()
+	base := newID("")
+	id := func(k string) store.ID { return store.ID{Tenant: base.Tenant, Key: k} }
+	for _, k := range []string{"f1", "u1", "u2", "i1", "i2", "i3"} {
+		mustBegin(t, s, id(k), fpA, "o-"+k, Long)
+	}
+	if err := s.Complete(ctx, id("f1"), "o-f1", ok); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"u1", "u2"} {
+		if err := s.Park(ctx, id(k), "o-"+k, store.Outcome{Attempts: 1, LastError: "504 from upstream"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		state store.State
+		want  []string
+	}{
+		{store.InFlight, []string{"i1", "i2", "i3"}},
+		{store.Unknown, []string{"u1", "u2"}},
+		{store.Final, []string{"f1"}},
+	}
+	for _, c := range cases {
+		got := listAll(t, s, c.state, base.Tenant)
+		var keys []string
+		for _, r := range got {
+			if r.State != c.state {
+				t.Fatalf("List(%s) returned a record in state %s", c.state, r.State)
+			}
+			keys = append(keys, r.ID.Key)
+		}
+		slices.Sort(keys)
+		if !slices.Equal(keys, c.want) {
+			t.Fatalf("List(%s) keys of this tenant = %v, want %v", c.state, keys, c.want)
+		}
+	}
+	for _, r := range listAll(t, s, store.Unknown, base.Tenant) {
+		if r.Outcome.Attempts != 1 || r.Outcome.LastError != "504 from upstream" {
+			t.Fatalf("listed unknown record %+v lacks its outcome", r)
+		}
+	}
+	if _, _, err := s.List(ctx, store.Unknown, "not a cursor", 10); err == nil {
+		t.Fatal("List with a cursor it never gave: no error")
+	}
+}
+
+// listAll pages through List(state) two at a time and keeps tenant's records.
+func listAll(t *testing.T, s store.Store, state store.State, tenant string) []store.Record {
+	t.Helper()
+	var out []store.Record
+	cursor := ""
+	for page := 0; ; page++ {
+		recs, next, err := s.List(context.Background(), state, cursor, 2)
+		if err != nil {
+			t.Fatalf("List(%s, %q): %v", state, cursor, err)
+		}
+		if len(recs) > 2 {
+			t.Fatalf("List with limit 2 returned %d records", len(recs))
+		}
+		for _, r := range recs {
+			if r.ID.Tenant == tenant {
+				out = append(out, r)
+			}
+		}
+		if next == "" {
+			return out
+		}
+		if next == cursor || page > 100000 {
+			t.Fatalf("List(%s) does not advance: cursor %q", state, next)
+		}
+		cursor = next
+	}
+}
+
+// testSupersede: only a final record can be superseded; it says so
+// afterwards and keeps its answer.
+func testSupersede(t *testing.T, s store.Store, _ func(time.Duration)) {
+	ctx := context.Background()
+	id := newID("k")
+	_, err := s.Supersede(ctx, id)
+	wantErr(t, "Supersede of a missing record", err, store.ErrNotFound)
+	mustBegin(t, s, id, fpA, "o1", Long)
+	_, err = s.Supersede(ctx, id)
+	wantErr(t, "Supersede in flight", err, store.ErrNotFinal)
+	if err := s.Park(ctx, id, "o1", store.Outcome{Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Supersede(ctx, id)
+	wantErr(t, "Supersede of an unknown record", err, store.ErrNotFinal)
+	mustBegin(t, s, id, fpA, "o2", Long)
+	if err := s.Complete(ctx, id, "o2", ok); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Supersede(ctx, id)
+	if err != nil || !rec.Superseded || rec.ID != id {
+		t.Fatalf("Supersede of a final record = %+v, %v", rec, err)
+	}
+	got := get(t, s, id)
+	if !got.Superseded || got.State != store.Final || got.ID != id {
+		t.Fatalf("after Supersede: %+v", got)
+	}
+	wantResponse(t, "superseded record's answer", got.Response, ok)
+	if _, err := s.Supersede(ctx, id); err != nil {
+		t.Fatalf("second Supersede: %v", err)
+	}
+}
+
+// testSupersededKept: a superseded record outlives the TTL, so an order
+// never falls back to an older key generation.
+func testSupersededKept(t *testing.T, s store.Store, advance func(time.Duration)) {
+	ctx := context.Background()
+	kept, gone := newID("kept"), newID("gone")
+	for _, id := range []store.ID{kept, gone} {
+		mustBegin(t, s, id, fpA, "o", Long)
+		if err := s.Complete(ctx, id, "o", ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Supersede(ctx, kept); err != nil {
+		t.Fatal(err)
+	}
+	advance(3 * time.Second)
+	if _, err := s.Get(ctx, gone); err == nil {
+		t.Fatal("a final record outlived the TTL")
+	}
+	if rec := get(t, s, kept); !rec.Superseded {
+		t.Fatalf("superseded record after the TTL: %+v", rec)
+	}
+}
