@@ -58,19 +58,24 @@ func TestMain(m *testing.M) {
 // keeps keys for ever and its card issues are keyed by a fingerprint window.
 func TestChaos(t *testing.T) {
 	cases := []struct {
-		provider     string
-		orders, kill int
+		name, provider string
+		orders, kill   int
+		env            []string
 	}{
-		{sandbox.ProviderPayments, *ordersFlag, *killsFlag},
-		{sandbox.ProviderPayouts, max(*ordersFlag/4, 1), max(*killsFlag-1, 0)},
-		{sandbox.ProviderCards, max(*ordersFlag/4, 1), max(*killsFlag-1, 0)},
+		{sandbox.ProviderPayments, sandbox.ProviderPayments, *ordersFlag, *killsFlag, nil},
+		{sandbox.ProviderPayouts, sandbox.ProviderPayouts, max(*ordersFlag/4, 1), max(*killsFlag-1, 0), nil},
+		{sandbox.ProviderCards, sandbox.ProviderCards, max(*ordersFlag/4, 1), max(*killsFlag-1, 0), nil},
+		// The payments seed: "after 504, first GET the payment". The
+		// sandbox's 504 after executing names the payment.
+		{"payments-with-probe", sandbox.ProviderPayments, max(*ordersFlag/2, 1), max(*killsFlag-1, 0),
+			[]string{"IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}"}},
 	}
 	for _, c := range cases {
-		t.Run(c.provider, func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			rep, err := Run(ctx, Config{Binary: binPath, DataDir: t.TempDir(), Provider: c.provider,
-				Orders: c.orders, Kills: c.kill, Faults: DefaultFaults(), Seed: *seedFlag, Logf: t.Logf})
+				Orders: c.orders, Kills: c.kill, Faults: DefaultFaults(), Seed: *seedFlag, Logf: t.Logf, ProxyEnv: c.env})
 			if rep != nil {
 				t.Logf("report:\n%s", rep)
 			}
@@ -81,6 +86,9 @@ func TestChaos(t *testing.T) {
 				t.Errorf("promise broken: %s", f)
 			}
 			checkRunHappened(t, rep, min(c.kill, 3))
+			if c.env != nil && rep.Probes["found"] == 0 {
+				t.Errorf("the status probe saved no re-send (probes %v)", rep.Probes)
+			}
 		})
 	}
 }

@@ -190,16 +190,30 @@ func (p *Proxy) Released() int {
 	return p.tail.released
 }
 
+// Probes counts the status probes the proxies sent, by result (found,
+// not_found, other, unfilled): each one found is a re-send it saved.
+func (p *Proxy) Probes() map[string]int {
+	p.tail.mu.Lock()
+	defer p.tail.mu.Unlock()
+	out := map[string]int{}
+	for k, n := range p.tail.probes {
+		out[k] = n
+	}
+	return out
+}
+
 // Log returns the last lines the binary wrote, across restarts.
 func (p *Proxy) Log() string { return p.tail.String() }
 
-// logTail keeps the last lines of the binaries' logs for error messages, and
-// sums the in-flight records each start released.
+// logTail keeps the last lines of the binaries' logs for error messages, sums
+// the in-flight records each start released, and counts status probes by
+// result.
 type logTail struct {
 	mu       sync.Mutex
 	lines    []string
 	max      int
 	released int
+	probes   map[string]int
 }
 
 func newLogTail(max int) *logTail { return &logTail{max: max} }
@@ -217,6 +231,14 @@ func (l *logTail) read(r io.Reader, listening chan<- [2]string) {
 			n, _ := strconv.Atoi(jsonNumber(line, "count"))
 			l.mu.Lock()
 			l.released += n
+			l.mu.Unlock()
+		}
+		if strings.Contains(line, `"msg":"status probe"`) {
+			l.mu.Lock()
+			if l.probes == nil {
+				l.probes = map[string]int{}
+			}
+			l.probes[jsonField(line, "result")]++
 			l.mu.Unlock()
 		}
 		if !sent && strings.Contains(line, `"msg":"idemproxy listening"`) {

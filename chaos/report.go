@@ -58,6 +58,9 @@ type Report struct {
 	// Released counts the in-flight records the restarted proxies released:
 	// operations a kill cut short, resumed by the client's next request.
 	Released int
+	// Probes counts the status probes sent (IDEMPROXY_STATUS_PROBE), by
+	// result; those "found" are re-sends the probe saved. Empty without one.
+	Probes map[string]int
 	// Duration is the client's time, first request to last answer.
 	Duration time.Duration
 }
@@ -73,6 +76,9 @@ func (r *Report) WriteTo(w io.Writer) (int64, error) {
 		verdict = "FAIL"
 	}
 	fmt.Fprintf(&b, "in-flight operations cut by SIGKILL and released at restart: %d\n", r.Released)
+	if len(r.Probes) > 0 {
+		fmt.Fprintf(&b, "status probes: %s; re-sends the probe saved: %d\n", countList(r.Probes), r.Probes["found"])
+	}
 	fmt.Fprintf(&b, "verdict: %s (each count below must be 0)\n", verdict)
 	for _, c := range r.mustBeZero() {
 		fmt.Fprintf(&b, "  %-46s %d\n", c.name, c.n)

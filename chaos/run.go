@@ -46,6 +46,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := &Report{Provider: cfg.Provider, Workers: cfg.Workers, MaxTries: cfg.MaxTries}
 	orders, runErr := pay(ctx, cfg, px, rep)
 	rep.Released = px.Released()
+	rep.Probes = px.Probes()
 	if err := px.Stop(stopGrace); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
