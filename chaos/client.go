@@ -27,6 +27,9 @@ type Answer struct {
 	Key string
 	// Replayed is true when the answer said Idempotent-Replayed: true.
 	Replayed bool
+	// Reconciled is true when the answer is the status probe's lookup of the
+	// operation (Idemproxy-Reconciled: true), not the operation's own.
+	Reconciled bool
 	// ProxyAttempts is the Idemproxy-Attempts header; 0 when absent.
 	ProxyAttempts int
 	// At is when the request was sent, from the order's first request.
@@ -172,7 +175,8 @@ func (w *worker) send(ctx context.Context, body []byte, first bool) Answer {
 	}
 	n, _ := strconv.Atoi(resp.Header.Get("Idemproxy-Attempts"))
 	return Answer{Status: resp.StatusCode, Body: b, Key: resp.Header.Get("Idempotency-Key"),
-		Replayed: resp.Header.Get("Idempotent-Replayed") == "true", ProxyAttempts: n}
+		Replayed: resp.Header.Get("Idempotent-Replayed") == "true", ProxyAttempts: n,
+		Reconciled: resp.Header.Get("Idemproxy-Reconciled") == "true"}
 }
 
 // errKind names a failed request the way the app sees it.
