@@ -101,6 +101,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		"inprogress_status", cfg.InProgressStatus, "inprogress_code", cfg.InProgressCode)
 	obs := &observer{log: log, m: m}
 	instrumented := m.Store(st)
+	m.UnknownOperations(countUnknown(st), time.Now)
 	handler, err := proxy.New(proxy.Options{
 		Upstream:         set.upstream,
 		Transport:        upstreamTransport(cfg, set, st.MaxBodyBytes(), obs),

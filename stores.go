@@ -38,6 +38,30 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 	return s, cfg.lease(), nil
 }
 
+// countUnknown walks the store's unknown records: how many, and the earliest
+// first send among them (for the metrics).
+func countUnknown(s store.Store) func(ctx context.Context) (int, time.Time, error) {
+	return func(ctx context.Context) (int, time.Time, error) {
+		n, oldest, cursor := 0, time.Time{}, ""
+		for {
+			recs, next, err := s.List(ctx, store.Unknown, cursor, 1000)
+			if err != nil {
+				return 0, time.Time{}, err
+			}
+			for _, r := range recs {
+				n++
+				if t := r.Outcome.FirstSentAt; !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
+					oldest = t
+				}
+			}
+			if next == "" {
+				return n, oldest, nil
+			}
+			cursor = next
+		}
+	}
+}
+
 // releaseInFlight frees the records a crashed process left in flight. One
 // process owns a Badger directory, so every in-flight record here is dead: the
 // first retry then resumes at once with the same key. A shared store must not

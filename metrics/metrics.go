@@ -11,9 +11,13 @@
 package metrics
 
 import (
+	"context"
 	"net/http"
 	"runtime"
 	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -58,8 +62,10 @@ type Metrics struct {
 	operations   prometheus.Gauge
 	stored       prometheus.Counter
 	released     prometheus.Counter
-	unknown      prometheus.Gauge
 	needsReview  prometheus.Counter
+	// unknownStale is set when this process parks or resumes an unknown
+	// operation, so that the next scrape reads the store again.
+	unknownStale atomic.Bool
 	probes       *prometheus.CounterVec
 }
 
@@ -127,13 +133,47 @@ func (m *Metrics) newStoreMetrics() {
 	m.stored = m.counter("records_stored_total", "Final responses stored for replay.")
 	m.released = m.counter("inflight_released_total",
 		"In-flight records left by a previous process (a crash) and released at start.")
-	m.unknown = m.gauge("operations_unknown",
-		"Operations this process kept in state unknown (the provider may have acted, no final answer) and that no request has resumed since.")
 	m.needsReview = m.counter("records_needs_review_total",
 		"Final answers stored whose operation status is needs_review: never retried, for a person to resolve.")
 	m.probes = m.counterVec("status_probes_total",
 		"Status probes sent before re-sending an operation whose outcome is unknown, by result (found, not_found, other, unfilled).",
 		"result")
+}
+
+// UnknownOperations exports idemproxy_operations_unknown and
+// idemproxy_unknown_oldest_seconds from scan, which reads the store: how many
+// records are in state unknown and when the oldest was first sent. Every
+// replica sharing a store reports the same figures. A scan is reused for
+// 30 s, so that scrapes do not walk a large store over and over, unless this
+// process parked or resumed an unknown operation since.
+func (m *Metrics) UnknownOperations(scan func(ctx context.Context) (n int, oldest time.Time, err error), now func() time.Time) {
+	var mu sync.Mutex
+	var at, oldest time.Time
+	var n int
+	read := func() (int, time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		if t := now(); at.IsZero() || t.Sub(at) >= 30*time.Second || m.unknownStale.Swap(false) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if c, o, err := scan(ctx); err == nil {
+				n, oldest, at = c, o, t
+			}
+		}
+		return n, oldest
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "operations_unknown",
+		Help: "Records in state unknown: the provider may have acted and no final answer came; each waits for the app's next request (or a person). Read from the store at most every 30 s."},
+		func() float64 { c, _ := read(); return float64(c) }))
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "unknown_oldest_seconds",
+		Help: "Age of the oldest operation in state unknown, from its first send; 0 when there is none."},
+		func() float64 {
+			c, o := read()
+			if c == 0 || o.IsZero() {
+				return 0
+			}
+			return now().Sub(o).Seconds()
+		}))
 }
 
 // Probe records one status probe; it is retry.Transport.OnProbe.

@@ -41,6 +41,7 @@ func everySeries(t *testing.T) *Metrics {
 	m.Attempt(retry.AttemptInfo{Mode: retry.Protected, Attempt: 2, Status: 201, Last: true})
 	m.Released(0)
 	m.Probe(retry.ProbeInfo{Result: retry.ProbeFound})
+	m.UnknownOperations(func(context.Context) (int, time.Time, error) { return 0, time.Time{}, nil }, time.Now)
 	m.StoreSize(func() (int64, int64) { return 0, 0 })
 	db, err := cache.Open(cache.Options{InMemory: true})
 	if err != nil {

@@ -39,8 +39,8 @@ func (s *InstrumentedStore) Begin(ctx context.Context, id store.ID, fp []byte, o
 	s.fail("begin", err)
 	if err == nil && created {
 		s.m.operations.Inc()
-		if rec.Outcome != (store.Outcome{}) { // a parked operation resumed
-			s.m.unknown.Dec()
+		if rec.Outcome != (store.Outcome{}) { // an unknown operation resumed
+			s.m.unknownStale.Store(true)
 		}
 	}
 	return rec, created, err
@@ -95,9 +95,7 @@ func (s *InstrumentedStore) Park(ctx context.Context, id store.ID, owner string,
 	err := s.next.Park(ctx, id, owner, o)
 	s.fail("park", err)
 	s.m.operations.Dec()
-	if err == nil {
-		s.m.unknown.Inc()
-	}
+	s.m.unknownStale.Store(true)
 	return err
 }
 
