@@ -36,6 +36,14 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 	deadline := h.opt.Now().Add(h.opt.InflightWait)
 	owner := newOwner()
 	for {
+		if h.flights.wait(id) != nil {
+			// This process runs the key: whatever the clocks say about its
+			// lease (a VM resume, an NTP step), never take it over.
+			if err := h.awaitOwn(ctx, id, fp, deadline, sum); err != nil {
+				return result{}, err
+			}
+			continue
+		}
 		rec, created, err := h.opt.Store.Begin(ctx, id, fp, owner, h.opt.Lease)
 		if err != nil {
 			if ctx.Err() != nil { // the client left; the store is fine
@@ -65,6 +73,20 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 			return result{}, err
 		}
 	}
+}
+
+// awaitOwn answers a request for a key this process is running: a conflict
+// at once for another body (as Begin would), else a wait for the operation.
+func (h *Handler) awaitOwn(ctx context.Context, id store.ID, fp []byte, deadline time.Time, sum *Summary) error {
+	if rec, err := h.opt.Store.Get(ctx, id); err == nil && !bytes.Equal(rec.Fingerprint, fp) {
+		sum.Outcome = OutcomeConflict
+		return ErrConflict
+	}
+	if err := h.awaitOther(ctx, id, deadline); err != nil {
+		sum.Outcome = OutcomeInProgress
+		return err
+	}
+	return nil
 }
 
 // awaitOther waits until the operation in flight for id (run by this process or
