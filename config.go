@@ -273,7 +273,34 @@ func (c *config) signConfig() (resign.Config, error) {
 		return sc, bad("STATIC_HEADERS", errors.New("want a comma list of Name=value"))
 	}
 	sc.SignatureHeader, sc.TimestampHeader, sc.NonceHeader = c.SignatureHeader, c.TimestampHeader, c.NonceHeader
+	// The signer checks how the settings combine ({nonce} without a nonce
+	// header, one header name used twice): check now, so that start stops
+	// with status 2 naming the variable.
+	if _, err := resign.New(sc, nil); err != nil {
+		return sc, bad(signVariable(err), err)
+	}
 	return sc, nil
+}
+
+// signVariable names the variable behind an error of resign.New, whose text
+// names the Config field at fault first (it never holds secret values).
+func signVariable(err error) string {
+	fields := []struct{ field, name string }{
+		{"SignatureHeader", "SIGNATURE_HEADER"},
+		{"TimestampHeader", "TIMESTAMP_HEADER"},
+		{"NonceHeader", "NONCE_HEADER"},
+		{"Template", "SIGN_CANONICAL"},
+		{"Encoding", "SIGN_ENCODING"},
+		{"StaticHeaders", "STATIC_HEADERS"},
+	}
+	msg := err.Error()
+	name, at := "SIGN_CANONICAL", len(msg)
+	for _, f := range fields {
+		if i := strings.Index(msg, f.field); i >= 0 && i < at {
+			name, at = f.name, i
+		}
+	}
+	return name
 }
 
 func (c *config) retryPolicy() (retry.Policy, error) {

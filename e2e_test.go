@@ -213,6 +213,10 @@ func TestBinaryRejectsBadConfig(t *testing.T) {
 		{"store URL not postgres", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STORE_URL=mysql://u:pw@db/x"}, "IDEMPROXY_STORE_URL"},
 		{"store URL and its file", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STORE_URL=postgres://db/x", "IDEMPROXY_STORE_URL_FILE=/etc/hostname"}, "IDEMPROXY_STORE_URL"},
 		{"store lease too short", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STORE_LEASE=10ms"}, "IDEMPROXY_STORE_LEASE"},
+		{"nonce in the template, no nonce header", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGN_SECRET=abcdefgh", "IDEMPROXY_SIGN_CANONICAL={nonce}"}, "IDEMPROXY_SIGN_CANONICAL"},
+		{"bad signature header name", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGNATURE_HEADER=X Sig"}, "IDEMPROXY_SIGNATURE_HEADER"},
+		{"nonce header is the timestamp header", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_NONCE_HEADER=X-Timestamp"}, "IDEMPROXY_NONCE_HEADER"},
+		{"static header is the signature header", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STATIC_HEADERS=X-Signature=abcdef"}, "IDEMPROXY_STATIC_HEADERS"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -32,8 +32,7 @@ import (
 	"github.com/idemproxy/idemproxy/probe"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/ratelimit"
-	"github.com/idemproxy/idemproxy/resign"
-	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/upstream"
 )
 
 // version is stamped at build time: go build -ldflags "-X main.version=v1.2.3".
@@ -102,9 +101,27 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	obs := &observer{log: log, m: m}
 	instrumented := m.Store(st)
 	m.UnknownOperations(countUnknown(st), time.Now)
+	chain := upstream.Config{
+		Sign:   set.sign,
+		Policy: set.policy,
+		Gate:   ratelimit.New(cfg.RateLimit, cfg.RateBurst),
+		// An answer the store cannot hold could never be replayed: refuse it
+		// at the attempt instead of after the fact.
+		MaxResponseBytes: st.MaxBodyBytes(),
+		OnAttempt:        obs.attempt,
+		OnProbe:          obs.probe,
+		KeyRetention:     cfg.ProviderKeyRetention,
+	}
+	if set.probe != nil {
+		chain.Prober = &probe.Lookup{Template: set.probe, Base: set.upstream}
+	}
+	attempts, err := upstream.New(chain)
+	if err != nil {
+		return err
+	}
 	handler, err := proxy.New(proxy.Options{
 		Upstream:         set.upstream,
-		Transport:        upstreamTransport(cfg, set, st.MaxBodyBytes(), obs),
+		Transport:        attempts,
 		Store:            instrumented,
 		Clients:          set.clients,
 		Protected:        set.protected,
@@ -126,42 +143,6 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, OrderKey: handler.OrderKey, Logger: log}))
 	return serve(ctx, cfg, app{proxy: obs.wrap(handler), drain: handler.Drain, admin: adm}, log, ready)
-}
-
-// upstreamTransport builds the attempt chain: retry loop → signer → one wire
-// attempt per RoundTrip → a pooled transport. obs sees every attempt and
-// status probe.
-func upstreamTransport(cfg config, set settings, maxResponse int64, obs *observer) http.RoundTripper {
-	wire := &http.Transport{
-		DialContext:       (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2: true,
-		// The default keeps 2 idle connections per host, which collapses throughput
-		// to a single upstream under concurrency.
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-	}
-	signer, err := resign.New(set.sign, &retry.OneShot{Next: wire})
-	if err != nil {
-		panic(err) // set.sign was validated by loadConfig
-	}
-	t := &retry.Transport{
-		Next:         signer,
-		Policy:       set.policy,
-		Gate:         ratelimit.New(cfg.RateLimit, cfg.RateBurst),
-		OnAttempt:    obs.attempt,
-		OnProbe:      obs.probe,
-		KeyRetention: cfg.ProviderKeyRetention,
-		// An answer the store cannot hold could never be replayed: refuse it
-		// at the attempt instead of after the fact.
-		MaxResponseBytes: maxResponse,
-	}
-	if set.probe != nil {
-		t.Prober = &probe.Lookup{Template: set.probe, Base: set.upstream}
-	}
-	return t
 }
 
 // app is what serve runs: the proxy handler (wrapped for logs and metrics), the

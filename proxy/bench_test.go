@@ -3,7 +3,6 @@ package proxy_test
 import (
 	"bytes"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -17,9 +16,9 @@ import (
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/ratelimit"
 	"github.com/idemproxy/idemproxy/resign"
 	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/upstream"
 )
 
 // BenchmarkPath measures one request through a whole proxy in-process: the
@@ -151,7 +150,7 @@ func mustBody(r *http.Request) []byte {
 // runDirect sends the requests straight to the upstream with the same tuned
 // transport the proxies use: the client and upstream cost alone.
 func runDirect(b *testing.B, next func() *http.Request) {
-	tr := wireTransport()
+	tr := upstream.NewWire()
 	defer tr.CloseIdleConnections()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -168,23 +167,10 @@ func runDirect(b *testing.B, next func() *http.Request) {
 	}
 }
 
-// wireTransport is main.go's pooled transport (and bench/cmd/plainproxy's).
-func wireTransport() *http.Transport {
-	return &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-	}
-}
-
 func plainProxy(target *url.URL) http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		Transport: wireTransport(),
+		Transport: upstream.NewWire(),
 	}
 }
 
@@ -200,21 +186,21 @@ func idemproxy(b testing.TB, target *url.URL, durable bool, sign *resign.Config)
 	if sign == nil {
 		sign = &resign.Config{}
 	}
-	signer, err := resign.New(*sign, &retry.OneShot{Next: wireTransport()})
+	statuses, _ := retry.ParseStatuses("429,500,502,503,504")
+	attempts, err := upstream.New(upstream.Config{
+		Sign: *sign,
+		Policy: retry.Policy{MaxAttempts: 5, BaseDelay: 500 * time.Millisecond, MaxDelay: time.Minute,
+			Budget: 2 * time.Minute, AttemptTimeout: 30 * time.Second, Statuses: statuses,
+			Codes: retry.ParseCodes("idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen")},
+		MaxResponseBytes: store.MaxBodyBytes(),
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	statuses, _ := retry.ParseStatuses("429,500,502,503,504")
 	sources, _ := idemkey.ParseSources("json:order_id")
 	h, err := proxy.New(proxy.Options{
-		Upstream: target,
-		Transport: &retry.Transport{
-			Next: signer,
-			Policy: retry.Policy{MaxAttempts: 5, BaseDelay: 500 * time.Millisecond, MaxDelay: time.Minute,
-				Budget: 2 * time.Minute, AttemptTimeout: 30 * time.Second, Statuses: statuses,
-				Codes: retry.ParseCodes("idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen")},
-			Gate: ratelimit.New(0, 1),
-		},
+		Upstream:   target,
+		Transport:  attempts,
 		Store:      store,
 		KeySources: sources,
 		Lease:      3 * time.Minute,

@@ -21,6 +21,7 @@ import (
 	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/upstream"
 )
 
 // provider is an httptest upstream that behaves like the payments provider of the
@@ -155,7 +156,10 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	for _, f := range opts {
 		f(&o, &pol)
 	}
-	o.Transport = &retry.Transport{Policy: pol, Next: &retry.OneShot{Next: e.up.Client().Transport}}
+	o.Transport, err = upstream.New(upstream.Config{Policy: pol, MaxResponseBytes: st.MaxBodyBytes(), Wire: e.up.Client().Transport})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h, err := proxy.New(o)
 	if err != nil {
 		t.Fatal(err)

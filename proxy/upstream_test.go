@@ -16,27 +16,28 @@ import (
 	"github.com/idemproxy/idemproxy/resign"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/sandbox"
+	"github.com/idemproxy/idemproxy/upstream"
 )
 
-// chain starts idemproxy wired as main wires it — retry → resign → OneShot → wire —
-// in front of upstream, and returns the proxy's URL.
-func chain(t *testing.T, upstream http.Handler, sign resign.Config, pol retry.Policy) string {
+// chain starts idemproxy with the attempt chain main builds (upstream.New) in
+// front of provider, and returns the proxy's URL.
+func chain(t *testing.T, provider http.Handler, sign resign.Config, pol retry.Policy) string {
 	t.Helper()
-	up := httptest.NewServer(upstream)
+	up := httptest.NewServer(provider)
 	t.Cleanup(up.Close)
 	st, err := cache.Open(cache.Options{Dir: t.TempDir(), SyncWrites: true, GCInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	signer, err := resign.New(sign, &retry.OneShot{Next: up.Client().Transport})
+	attempts, err := upstream.New(upstream.Config{Sign: sign, Policy: pol, MaxResponseBytes: st.MaxBodyBytes(), Wire: up.Client().Transport})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sources, _ := idemkey.ParseSources("json:order_id")
 	u, _ := url.Parse(up.URL)
 	h, err := proxy.New(proxy.Options{Upstream: u, Store: st, KeySources: sources,
-		Transport: &retry.Transport{Next: signer, Policy: pol}})
+		Transport: attempts})
 	if err != nil {
 		t.Fatal(err)
 	}

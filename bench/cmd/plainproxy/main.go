@@ -14,15 +14,17 @@ import (
 	"net/url"
 	"os"
 	"time"
+
+	"github.com/idemproxy/idemproxy/upstream"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address")
-	upstream := flag.String("upstream", "", "upstream base URL (required)")
+	base := flag.String("upstream", "", "upstream base URL (required)")
 	flag.Parse()
-	target, err := url.Parse(*upstream)
+	target, err := url.Parse(*base)
 	if err != nil || target.Host == "" {
-		log.Fatalf("plainproxy: -upstream %q is not an absolute URL", *upstream)
+		log.Fatalf("plainproxy: -upstream %q is not an absolute URL", *base)
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -34,19 +36,11 @@ func main() {
 	log.Fatal(srv.Serve(ln))
 }
 
-// newProxy is the baseline reverse proxy. Its transport matches idemproxy's
-// wire transport (main.go upstreamTransport), so the comparison is of what
-// idemproxy adds, not of pool sizes.
+// newProxy is the baseline reverse proxy. Its transport is idemproxy's wire
+// transport (upstream.NewWire), so the comparison is of what idemproxy adds,
+// not of pool sizes.
 func newProxy(target *url.URL) *httputil.ReverseProxy {
-	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-	}
+	tr := upstream.NewWire()
 	return &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
 		Transport: tr,

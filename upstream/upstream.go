@@ -1,0 +1,91 @@
+// Package upstream builds the chain every upstream attempt goes through, in
+// the one order that is safe:
+//
+//	retry.Transport → resign.Transport → retry.OneShot → *http.Transport
+//
+// The retry loop is on top, so every attempt, the first included, passes the
+// signer and leaves with a fresh timestamp, nonce and signature; OneShot sits
+// right above the wire, so net/http never resends a signed attempt on its own
+// (docs/design/oneshot.md). main and the tests build the chain here, so a test
+// runs what production runs, gate and response cap included.
+package upstream
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/idemproxy/idemproxy/ratelimit"
+	"github.com/idemproxy/idemproxy/resign"
+	"github.com/idemproxy/idemproxy/retry"
+)
+
+// Config is what the chain needs. Zero values have the defaults stated.
+type Config struct {
+	// Sign configures the signer. The zero Config signs nothing, but the
+	// app's own signature, timestamp and nonce headers are still removed.
+	Sign resign.Config
+	// Policy says what is retried and how long to wait.
+	Policy retry.Policy
+	// Gate paces attempts and holds the provider-wide Retry-After pause. Nil
+	// means a Gate without a rate limit, so the pause still holds.
+	Gate *ratelimit.Gate
+	// MaxResponseBytes caps a response body. Set it to the record store's
+	// limit, so that an answer the store could not hold is refused at the
+	// attempt instead of after it. Zero means retry.DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+	// OnAttempt, if set, is called after every attempt (metrics, logs).
+	OnAttempt func(retry.AttemptInfo)
+	// Prober, KeyRetention and OnProbe are retry.Transport's: the status
+	// lookup before re-sending an operation whose outcome is unknown, how long
+	// the provider keeps keys, and the probe's hook. Zero: no probe, keys kept
+	// forever, no hook.
+	Prober       retry.Prober
+	KeyRetention time.Duration
+	OnProbe      func(retry.ProbeInfo)
+	// Wire writes attempts to the network. Nil means NewWire().
+	Wire http.RoundTripper
+}
+
+// New builds the chain. Its error, from a signing configuration that cannot
+// work, wraps resign.ErrConfig.
+func New(c Config) (*retry.Transport, error) {
+	wire := c.Wire
+	if wire == nil {
+		wire = NewWire()
+	}
+	signer, err := resign.New(c.Sign, retry.OneShot{Next: wire})
+	if err != nil {
+		return nil, fmt.Errorf("upstream: %w", err)
+	}
+	gate := c.Gate
+	if gate == nil {
+		gate = ratelimit.New(0, 1)
+	}
+	return &retry.Transport{
+		Next:             signer,
+		Policy:           c.Policy,
+		Gate:             gate,
+		OnAttempt:        c.OnAttempt,
+		MaxResponseBytes: c.MaxResponseBytes,
+		Prober:           c.Prober,
+		KeyRetention:     c.KeyRetention,
+		OnProbe:          c.OnProbe,
+	}, nil
+}
+
+// NewWire returns the pooled transport idemproxy writes to the provider with.
+func NewWire() *http.Transport {
+	return &http.Transport{
+		DialContext:       (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2: true,
+		// The default keeps 2 idle connections per host, which collapses
+		// throughput to a single upstream under concurrency.
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+}
