@@ -15,6 +15,7 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/routes"
+	"github.com/idemproxy/idemproxy/upstream"
 )
 
 // clock is a settable clock shared by the proxy and its store.
@@ -65,7 +66,9 @@ func newRouteEnv(t *testing.T, table string, clk *clock, dir string, opts ...env
 	for _, f := range opts {
 		f(&o, &pol)
 	}
-	o.Transport = &retry.Transport{Policy: pol, Next: &retry.OneShot{Next: e.up.Client().Transport}}
+	if o.Transport, err = upstream.New(upstream.Config{Policy: pol, MaxResponseBytes: st.MaxBodyBytes(), Wire: e.up.Client().Transport}); err != nil {
+		t.Fatal(err)
+	}
 	if e.h, err = proxy.New(o); err != nil {
 		t.Fatal(err)
 	}
