@@ -20,6 +20,8 @@ type result struct {
 	resp     store.Response
 	replayed bool
 	err      error
+	// disposition of a fresh answer, as the attempt layer decided it.
+	disposition retry.Disposition
 }
 
 // superseded is obtain's error for a record whose order an operator moved to
@@ -160,14 +162,22 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 		h.park(ctx, r, id, owner, o)
 		return res
 	}
-	if res.err == nil && storable(res.resp.Status) {
+	if res.err == nil && res.disposition == retry.Final {
 		err := h.opt.Store.Complete(ctx, id, owner, res.resp)
 		if err == nil {
 			return res
 		}
-		h.opt.Logger.Error("storing the final response failed after the upstream answered; key released",
-			"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status, "err", err)
-		res = result{err: ErrStoreAfterSend}
+		if errors.Is(err, store.ErrTooLarge) {
+			// Refusing it would refuse it on every retry for ever: the app gets
+			// the provider's answer unstored, and its retry reaches the
+			// provider again with the same key.
+			h.opt.Logger.Warn("final response too large for a record (headers included); passed on unstored, key released",
+				"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status)
+		} else {
+			h.opt.Logger.Error("storing the final response failed after the upstream answered; key released",
+				"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status, "err", err)
+			res = result{err: ErrStoreAfterSend}
+		}
 	}
 	if err := h.opt.Store.Abandon(ctx, id, owner); err != nil {
 		h.opt.Logger.Error("releasing in-flight record failed", "err", err)
@@ -246,28 +256,15 @@ func (h *Handler) leased(ctx context.Context, id store.ID, owner string, op func
 	return res, lostLease.Load()
 }
 
-// storable says whether an upstream answer is final and kept for replay: 2xx and
-// 4xx (SPEC.md, "What is stored as final"). Not kept: 1xx/3xx/5xx that reached
-// here (statuses the operator did not list as retriable — a 524 "origin timed
-// out" may hide an executed payment), and 401/403/408, where the provider did
-// not act on the request (a signature rejected during clock drift or a secret
-// rotation must not replay for the whole TTL after the fix). The answer is still
-// passed on; the key is released and the app's retry resumes with it.
-func storable(status int) bool {
-	switch status {
-	case http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestTimeout:
-		return false
-	}
-	return status >= 200 && status < 300 || status >= 400 && status < 500
-}
-
 // roundTrip sends the request upstream through the ReverseProxy and captures the
-// answer. A response that reaches here is final: the attempt layer turns retriable
-// failures it could not overcome into an error.
+// answer with its disposition, which the attempt layer decides (retry.Policy.Dispose):
+// Final is stored, PassOn is not; retriable failures it could not overcome are
+// an error.
 func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte) result {
 	// A shallow copy is enough: ReverseProxy clones the request itself and
 	// the key is set on that clone (rewrite), never on r.
-	out := r.WithContext(retry.WithMode(ctx, retry.Protected))
+	var rep retry.Report
+	out := r.WithContext(retry.WithReport(retry.WithMode(ctx, retry.Protected), &rep))
 	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.ContentLength = int64(len(body))
 	rec := &recorder{header: http.Header{}}
@@ -275,7 +272,7 @@ func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, bo
 	if rec.err != nil {
 		return result{err: rec.err}
 	}
-	return result{resp: store.Response{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}}
+	return result{resp: store.Response{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}, disposition: rep.Disposition}
 }
 
 // writeResult sends res to the client.

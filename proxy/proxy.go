@@ -80,9 +80,10 @@ func ParseMissingKey(s string) (MissingKey, error) {
 type Options struct {
 	// Upstream is the one provider base URL requests go to. Required.
 	Upstream *url.URL
-	// Transport performs the upstream attempt sequence (retry → sign → wire).
-	// Nil means http.DefaultTransport, one attempt, unsigned.
-	Transport http.RoundTripper
+	// Transport performs the upstream attempt sequence (retry → sign → wire)
+	// and decides each answer's disposition (stored or not). Nil means one
+	// attempt, unsigned, through http.DefaultTransport.
+	Transport *retry.Transport
 	// Store holds idempotency records. Required.
 	Store Store
 	// Protected lists the methods that get keys and records. Nil means POST.
@@ -140,7 +141,7 @@ func New(opts Options) (*Handler, error) {
 		return nil, errors.New("proxy: store is required")
 	}
 	if opts.Transport == nil {
-		opts.Transport = http.DefaultTransport
+		opts.Transport = &retry.Transport{}
 	}
 	if opts.Protected == nil {
 		opts.Protected = []string{http.MethodPost}

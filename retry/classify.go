@@ -80,43 +80,6 @@ func isTimeout(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-// responseReason decides whether a received response is retried.
-//
-// Bodies whose operation status is "needs_review" or "failed" are always
-// final (SPEC "Retries"; seed cards-idempotency: needs_review must never be
-// repeated, it is resolved by an event; a failed operation is returned again
-// for the same key, so only a NEW key, which is the application's decision,
-// can try again). The operation status is read at the top-level "status"
-// (the cards operation object) and at "data.status" (an enveloped object);
-// only string values count, so {"status":500} is not an operation status.
-func responseReason(m Mode, p Policy, status int, body []byte) Reason {
-	r := statusReason(m, p, status)
-	if status < 400 || (r == ReasonNone && m != Protected) {
-		return r // success, or nothing in the body could change the answer
-	}
-	facts := parseBody(body)
-	if facts.final() {
-		return ReasonNone
-	}
-	if m == Protected && status < 500 && refusedCodes[facts.code] {
-		return ReasonRefused
-	}
-	if r == ReasonNone && m == Protected && status < 500 && facts.code != "" && p.Codes[facts.code] {
-		return ReasonCode
-	}
-	return r
-}
-
-func statusReason(m Mode, p Policy, status int) Reason {
-	switch {
-	case m == Safe && status >= 500:
-		return ReasonStatus
-	case m == Protected && p.Statuses[status]:
-		return ReasonStatus
-	}
-	return ReasonNone
-}
-
 // bodyFacts is what a JSON response body says about retrying.
 type bodyFacts struct {
 	statuses []string // operation status at "status" and "data.status"

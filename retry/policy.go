@@ -57,6 +57,10 @@ type Policy struct {
 	// protected requests, found at "error.code" or at "code" of a JSON body,
 	// e.g. payout.funds_maturing. Nil means none.
 	Codes map[string]bool
+	// Classify decides each answer's disposition. Nil means
+	// DefaultClassify, which reads Statuses and Codes; see Dispose for the
+	// invariants every classifier is held to.
+	Classify Classifier
 }
 
 func (p Policy) maxAttempts() int { return min(max(p.MaxAttempts, 1), MaxAttemptsLimit) }
@@ -191,12 +195,21 @@ func ParseStatuses(s string) (map[int]bool, error) {
 		if err != nil || n < 100 || n > 599 {
 			return nil, fmt.Errorf("retry: parse statuses: %q: %w", item, errBadStatus)
 		}
+		if n < 400 || n == http.StatusUnauthorized || n == http.StatusForbidden {
+			// A success or a redirect is an answer, and a refused credential
+			// is refused again: retrying them would resend a done operation
+			// or hammer the provider until the budget ends.
+			return nil, fmt.Errorf("retry: parse statuses: %d: %w", n, errNotRetriable)
+		}
 		out[n] = true
 	}
 	return out, nil
 }
 
-var errBadStatus = errors.New("not an HTTP status (100-599)")
+var (
+	errBadStatus    = errors.New("not an HTTP status (100-599)")
+	errNotRetriable = errors.New("1xx, 2xx, 3xx, 401 and 403 cannot be retried")
+)
 
 // ParseCodes parses a comma list of business codes such as
 // "payout.funds_maturing,payout.frozen" (IDEMPROXY_RETRY_CODES). Spaces and

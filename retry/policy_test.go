@@ -193,6 +193,13 @@ func TestParseStatuses(t *testing.T) {
 		{"99", nil, true},
 		{"600", nil, true},
 		{"500;502", nil, true},
+		{"408,409,425", []int{408, 409, 425}, false},
+		{"200", nil, true},
+		{"503,201", nil, true},
+		{"302", nil, true},
+		{"100", nil, true},
+		{"401", nil, true},
+		{"429,403", nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {

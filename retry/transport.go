@@ -118,11 +118,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		wait, done, err := s.decide(o)
+		wait, v, done, err := s.decide(o)
 		switch {
 		case err != nil:
+			s.fillReport(Retry)
 			return nil, err
 		case done:
+			s.fillReport(v.Disposition)
 			return s.response(o), nil
 		}
 		if err := s.wait(wait); err != nil {
@@ -314,9 +316,11 @@ func (s *sequence) noteRetryAfter(o *outcome) {
 }
 
 // decide classifies the outcome and plans the next step: done with a final
-// response (err nil), done with an error, or another attempt after wait.
-func (s *sequence) decide(o outcome) (wait time.Duration, done bool, err error) {
-	reason := s.reason(o)
+// response (err nil) whose verdict is v, done with an error, or another
+// attempt after wait.
+func (s *sequence) decide(o outcome) (wait time.Duration, v Verdict, done bool, err error) {
+	v = s.verdict(o)
+	reason := v.Reason
 	s.noteSent(o, reason)
 	switch {
 	case reason == ReasonNone && o.err != nil:
@@ -329,18 +333,27 @@ func (s *sequence) decide(o outcome) (wait time.Duration, done bool, err error) 
 	if err != nil && s.mode != Protected && o.resp != nil {
 		// An unprotected request has no record left unfinished: the client
 		// gets the provider's own last answer rather than a 502 about keys.
-		err = nil
+		err, v = nil, Verdict{Disposition: PassOn}
 	}
 	s.report(o, reason, wait, done)
-	return wait, done, err
+	return wait, v, done, err
 }
 
-func (s *sequence) reason(o outcome) Reason {
+// verdict is the outcome's disposition: a network error is retried for the
+// reason errorReason gives (none in Once mode), an answer as Policy.Dispose says.
+func (s *sequence) verdict(o outcome) Verdict {
 	if o.err != nil {
 		r, _ := errorReason(s.mode, o.err)
-		return r
+		return Verdict{Disposition: Retry, Reason: r}
 	}
-	return responseReason(s.mode, s.t.Policy, o.resp.StatusCode, o.body)
+	return s.t.Policy.Dispose(Answer{Mode: s.mode, Status: o.resp.StatusCode, Header: o.resp.Header, Body: o.body})
+}
+
+// fillReport fills the caller's Report, if its context carries one.
+func (s *sequence) fillReport(d Disposition) {
+	if r := reportFrom(s.req.Context()); r != nil {
+		r.Attempts, r.Disposition = s.attempts, d
+	}
 }
 
 // waitFor is the wait before the next attempt. Waits never collapse to
