@@ -100,6 +100,7 @@ func (o *observer) done(s proxy.Summary) {
 		slog.String("method", s.Method),
 		slog.String("path", s.Path),
 		slog.String("key", s.Key),
+		slog.String("upstream_key", s.UpstreamKey),
 		slog.String("outcome", string(s.Outcome)),
 		slog.Int("status", s.Status),
 		slog.Int("attempts", s.Attempts),

@@ -61,6 +61,8 @@ type config struct {
 	AdminToken       string `env:"ADMIN_TOKEN" doc:"bearer token every /admin/ call on the admin port needs (401 otherwise); empty = admin API open; health and metrics never need it (secret)"`
 	AdminTokenFile   string `env:"ADMIN_TOKEN_FILE,file" doc:"path of a file holding ADMIN_TOKEN"`
 	ClientHeader     string `env:"CLIENT_HEADER" envDefault:"Idemproxy-Client-Token" doc:"request header carrying the client token; removed before forwarding"`
+	KeySecret        string `env:"KEY_SECRET" doc:"16+ characters; required with CLIENT_TOKENS: binds every Idempotency-Key sent upstream to its client (HMAC), so no client can compute or claim another's; the same on every replica, changed only while nothing is in flight (secret)"`
+	KeySecretFile    string `env:"KEY_SECRET_FILE,file" doc:"path of a file holding KEY_SECRET"`
 
 	RetryMaxAttempts int           `env:"RETRY_MAX_ATTEMPTS" envDefault:"5" doc:"attempts per request, first included (1-20; dial failures and Retry-After: 0 still wait a backoff)"`
 	RetryBaseDelay   time.Duration `env:"RETRY_BASE_DELAY" envDefault:"500ms" doc:"backoff base"`
@@ -83,6 +85,7 @@ type config struct {
 type settings struct {
 	clients      *proxy.ClientTokens
 	clientTokens string // the raw CLIENT_TOKENS, only for log redaction
+	keySecret    []byte // binds upstream keys to clients (proxy.Options.KeySecret)
 	upstream     *url.URL
 	protected    []string
 	sources      []idemkey.Source
@@ -161,6 +164,9 @@ func (c *config) settings() (settings, error) {
 		return s, err
 	}
 	if s.clients, s.clientTokens, err = c.clients(); err != nil {
+		return s, err
+	}
+	if s.keySecret, err = c.keySecret(s.clients != nil); err != nil {
 		return s, err
 	}
 	if s.sign, err = c.signConfig(); err != nil {
@@ -432,8 +438,27 @@ func (c *config) clients() (*proxy.ClientTokens, string, error) {
 // secrets returns the configured values that must never reach a log line: the
 // client tokens, the signing secret, the admin token and the static header values (credentials
 // such as X-Public-Id).
+// keySecret reads KEY_SECRET, required when client authentication is on.
+func (c *config) keySecret(clients bool) ([]byte, error) {
+	v, err := secret("KEY_SECRET", c.KeySecret, c.KeySecretFile)
+	switch {
+	case err != nil:
+		return nil, err
+	case !clients:
+		return nil, nil // keys go upstream as they are, as before client tokens
+	case v == "":
+		return nil, bad("KEY_SECRET", errors.New("required with IDEMPROXY_CLIENT_TOKENS: it binds each client's upstream keys to that client"))
+	case len(v) < 16:
+		return nil, bad("KEY_SECRET", errors.New("shorter than 16 characters"))
+	}
+	return []byte(v), nil
+}
+
 func (s settings) secrets() []string {
 	var out []string
+	if len(s.keySecret) > 0 {
+		out = append(out, string(s.keySecret))
+	}
 	for _, entry := range strings.Split(s.clientTokens, ",") {
 		if _, token, ok := strings.Cut(entry, "="); ok && token != "" {
 			out = append(out, token)

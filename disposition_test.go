@@ -101,6 +101,8 @@ func TestBinaryRefusesConfigBeforeOpening(t *testing.T) {
 		{"retry a redirect", []string{"IDEMPROXY_RETRY_STATUSES=302"}, "IDEMPROXY_RETRY_STATUSES"},
 		{"retry 401", []string{"IDEMPROXY_RETRY_STATUSES=401"}, "IDEMPROXY_RETRY_STATUSES"},
 		{"retry 403", []string{"IDEMPROXY_RETRY_STATUSES=500,403"}, "IDEMPROXY_RETRY_STATUSES"},
+		{"client tokens without a key secret", []string{"IDEMPROXY_CLIENT_TOKENS=a=0123456789abcdef"}, "IDEMPROXY_KEY_SECRET"},
+		{"short key secret", []string{"IDEMPROXY_CLIENT_TOKENS=a=0123456789abcdef", "IDEMPROXY_KEY_SECRET=short"}, "IDEMPROXY_KEY_SECRET"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

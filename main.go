@@ -124,6 +124,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		Transport:        attempts,
 		Store:            instrumented,
 		Clients:          set.clients,
+		KeySecret:        set.keySecret,
 		Protected:        set.protected,
 		KeySources:       set.sources,
 		MissingKey:       set.missingKey,

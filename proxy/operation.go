@@ -154,7 +154,7 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 	if before != (store.Outcome{}) {
 		ctx = retry.WithResume(ctx, retry.Resume{FirstSentAt: before.FirstSentAt})
 	}
-	res, lost := h.leased(ctx, id, owner, func(ctx context.Context) result { return h.roundTrip(ctx, r, id.Key, body) })
+	res, lost := h.leased(ctx, id, owner, func(ctx context.Context) result { return h.roundTrip(ctx, r, h.upstreamKey(id.Tenant, id.Key), body) })
 	if lost { // the new owner answers the app's retry; this one may not write
 		return result{err: h.inProgress}
 	}
@@ -276,11 +276,13 @@ func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, bo
 }
 
 // writeResult sends res to the client.
-func writeResult(w http.ResponseWriter, res result, sum *Summary) {
+func writeResult(w http.ResponseWriter, res result, key string, sum *Summary) {
 	h := w.Header()
 	for k, v := range res.resp.Header {
 		h[k] = v
 	}
+	// The app sees its own key, also where the provider echoes the upstream one.
+	h.Set(KeyHeader, key)
 	if res.replayed {
 		h.Set(ReplayedHeader, "true")
 		sum.Replayed = true

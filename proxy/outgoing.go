@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+
+	"github.com/idemproxy/idemproxy/idemkey"
 )
 
 // outgoingKey says which Idempotency-Key the upstream request carries.
@@ -60,4 +62,29 @@ func delFold(h http.Header, names ...string) {
 			}
 		}
 	}
+}
+
+// upstreamKey is the key sent upstream for tenant's key: the key itself
+// without client authentication (keys stay as they always were), else bound
+// to the client with the key secret.
+func (h *Handler) upstreamKey(tenant, key string) string {
+	if h.opt.Clients == nil {
+		return key
+	}
+	return idemkey.Bind(h.opt.KeySecret, tenant, key)
+}
+
+// unprotectedKey is the outgoing key of an unprotected request: the client's
+// own header as it came without client authentication (idemproxy keeps no
+// record of it), else the client's key bound like a protected one, so that
+// no client can reach another's operation at the provider through it.
+func (h *Handler) unprotectedKey(r *http.Request, tenant string) (outgoingKey, error) {
+	if h.opt.Clients == nil {
+		return outgoingKey{keepClient: true}, nil
+	}
+	key, present, err := idemkey.FromHeader(r.Header)
+	if err != nil || !present {
+		return outgoingKey{}, err
+	}
+	return outgoingKey{value: h.upstreamKey(tenant, key)}, nil
 }

@@ -114,6 +114,10 @@ type Options struct {
 	// Clients, if set, authenticates every request (401 otherwise) and
 	// namespaces its records by client. Nil: one DefaultTenant for all.
 	Clients *ClientTokens
+	// KeySecret binds every key sent upstream to its client (idemkey.Bind),
+	// the app's own keys included, so that no client can compute or claim
+	// another's upstream key. Required with Clients; unused without.
+	KeySecret []byte
 	// OnDone, if set, is called once per request with its summary (logs, metrics).
 	OnDone func(Summary)
 	// Now is the clock; nil means time.Now.
@@ -139,6 +143,9 @@ func New(opts Options) (*Handler, error) {
 	}
 	if opts.Store == nil {
 		return nil, errors.New("proxy: store is required")
+	}
+	if opts.Clients != nil && len(opts.KeySecret) == 0 {
+		return nil, errors.New("proxy: a key secret is required with client authentication")
 	}
 	if opts.Transport == nil {
 		opts.Transport = &retry.Transport{}
@@ -209,6 +216,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, sum, err)
 		return
 	}
+	if r.ContentLength > h.opt.MaxBodyBytes { // refused before a streamed request leaves
+		h.fail(w, sum, ErrBodyTooLong)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
 	rule := h.rule(r)
 	switch rule.Policy {
@@ -217,7 +228,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, sum, ErrRouteRejected)
 	case routes.Unprotected:
 		sum.Outcome = OutcomeForwarded
-		h.forward(w, r, modeFor(r.Method), outgoingKey{keepClient: true})
+		key, err := h.unprotectedKey(r, tenant)
+		if err != nil {
+			h.fail(w, sum, err)
+			return
+		}
+		h.forward(w, r, modeFor(r.Method), key)
 	default:
 		h.serveProtected(w, r, tenant, rule, sum)
 	}
@@ -303,7 +319,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		h.forward(w, r, retry.Once, outgoingKey{})
 		return
 	}
-	sum.Key = key
+	sum.Key, sum.UpstreamKey = key, h.upstreamKey(tenant, key)
 	w.Header().Set(KeyHeader, key)
 	id := store.ID{Tenant: tenant, Key: key}
 	res, err := h.obtain(r, id, fp[:], body, sum)
@@ -332,7 +348,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		h.fail(w, sum, err)
 		return
 	}
-	writeResult(w, res, sum)
+	writeResult(w, res, key, sum)
 }
 
 // resolveKey returns the key for a protected request: the client's own, else the

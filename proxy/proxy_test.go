@@ -634,7 +634,9 @@ func TestTenantsAreIsolated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.Clients = clients })
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) {
+		o.Clients, o.KeySecret = clients, []byte("key-secret-for-tests")
+	})
 	for _, c := range []struct{ name, token string }{{"no token", ""}, {"unknown token", "token-of-nobody-0123456789"}} {
 		var hdr []string
 		if c.token != "" {

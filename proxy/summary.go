@@ -27,7 +27,8 @@ const (
 // bodies or credential headers.
 type Summary struct {
 	Method, Path string
-	Key          string
+	Key          string // the app's key
+	UpstreamKey  string // the key sent upstream: Key, or Key bound to the client (Options.KeySecret)
 	Outcome      Outcome
 	Status       int
 	Attempts     int

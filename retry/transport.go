@@ -95,8 +95,11 @@ type AttemptInfo struct {
 	Paused time.Duration
 }
 
-// RoundTrip sends req until the answer is final or the policy gives up. It
-// returns a final response with its body in memory and the [AttemptsHeader];
+// RoundTrip sends req until the answer is final or the policy gives up. For
+// a protected request it returns a final response with its body in memory
+// and the [AttemptsHeader]; for an unprotected one (Safe, Once) the response
+// streams, with no size cap, and Safe retries happen only before it is
+// returned, and only when the request has no body to resend. It returns
 // an *[ExhaustedError] when retriable failures used up the attempts or the
 // budget (never the last retriable response, which must not pass as final);
 // the caller's context error, wrapped, when the caller's context ends.
@@ -106,7 +109,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer s.cancel()
+	handedOff := false // a streamed body, once returned, ends the sequence when closed
+	defer func() {
+		if !handedOff {
+			s.cancel()
+		}
+	}()
 	for {
 		if s.unknown {
 			resp, err := s.resolve()
@@ -125,8 +133,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		case done:
 			s.fillReport(v.Disposition)
+			handedOff = s.stream
 			return s.response(o), nil
 		}
+		s.discard(o)
 		if err := s.wait(wait); err != nil {
 			return nil, err
 		}
@@ -135,16 +145,21 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // sequence is the state of one RoundTrip.
 type sequence struct {
-	t        *Transport
-	req      *http.Request
-	body     []byte // the request body, read once, sent by every attempt
-	mode     Mode
-	ctx      context.Context // req's context, bounded by the budget
-	cancel   context.CancelFunc
-	deadline time.Time // ctx's deadline; zero when none
-	attempts int
-	sent     bool // an attempt may have reached the upstream
-	last     outcome
+	t    *Transport
+	req  *http.Request
+	body []byte // the request body, read once, sent by every attempt
+	mode Mode
+	// stream: an unprotected request, whose bodies are not held: the
+	// request's is sent as it comes, again only when resendable (none, or
+	// the caller's GetBody), and the answer's is returned unread.
+	stream     bool
+	resendable bool
+	ctx        context.Context // req's context, bounded by the budget (not for a stream: it would cut the answer)
+	cancel     context.CancelFunc
+	deadline   time.Time // ctx's deadline; zero when none
+	attempts   int
+	sent       bool // an attempt may have reached the upstream
+	last       outcome
 	// What is known of the operation upstream (protected requests only).
 	firstSent time.Time // when an attempt first reached the provider; zero if none did
 	unknown   bool      // the provider may have acted on an attempt whose answer was lost
@@ -168,11 +183,21 @@ type outcome struct {
 // begin buffers the body so that every attempt sends identical bytes, and
 // bounds the sequence by the budget.
 func (t *Transport) begin(req *http.Request) (*sequence, error) {
+	s := &sequence{t: t, req: req, mode: ModeFrom(req.Context())}
+	if s.mode != Protected {
+		s.stream = true
+		s.resendable = req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+		s.ctx, s.cancel = context.WithCancel(req.Context())
+		if b := t.Policy.Budget; b > 0 {
+			s.deadline = t.now().Add(b) // bounds the waits, not the answer
+		}
+		return s, nil
+	}
 	body, err := readBody(req)
 	if err != nil {
 		return nil, fmt.Errorf("retry: %s %s: %w: %w", req.Method, req.URL.Path, ErrRequestBody, err)
 	}
-	s := &sequence{t: t, req: req, body: body, mode: ModeFrom(req.Context())}
+	s.body = body
 	if b := t.Policy.Budget; b > 0 {
 		s.ctx, s.cancel = context.WithDeadline(req.Context(), t.now().Add(b))
 	} else {
@@ -236,6 +261,10 @@ func (s *sequence) passGate() (time.Duration, error) {
 // send makes one attempt and reads the whole response body within the
 // attempt's timeout, so a slow body counts as that attempt's timeout.
 func (s *sequence) send() (*http.Response, []byte, error) {
+	if s.stream {
+		resp, err := s.sendStream()
+		return resp, nil, err
+	}
 	ctx, cancel := s.attemptContext()
 	defer cancel()
 	resp, err := s.t.next().RoundTrip(s.newRequest(ctx))
@@ -249,6 +278,60 @@ func (s *sequence) send() (*http.Response, []byte, error) {
 		return nil, nil, err
 	}
 	return resp, body, nil
+}
+
+// sendStream makes one attempt of an unprotected request. The attempt
+// timeout bounds the wait for the answer's header only: an event stream or a
+// large statement may take longer than any timeout to pass on. The answer's
+// body stays open; closing it ends the attempt.
+func (s *sequence) sendStream() (*http.Response, error) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	var timer *time.Timer
+	if d := s.t.Policy.AttemptTimeout; d > 0 {
+		timer = time.AfterFunc(d, cancel)
+	}
+	r := s.req.WithContext(ctx)
+	r.GetBody = nil
+	if s.attempts > 1 && s.req.GetBody != nil { // resent only when resendable
+		body, err := s.req.GetBody()
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		r.Body = body
+	}
+	resp, err := s.t.next().RoundTrip(r)
+	if timer != nil && !timer.Stop() && err == nil {
+		resp.Body.Close() // the header came just as the attempt timed out
+		resp, err = nil, fmt.Errorf("waiting for the answer's header: %w", context.DeadlineExceeded)
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelOnClose ends a streamed attempt's context when its body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}
+
+// discard closes a streamed answer that is not passed on because another
+// attempt follows.
+func (s *sequence) discard(o outcome) {
+	if s.stream && o.resp != nil {
+		io.Copy(io.Discard, io.LimitReader(o.resp.Body, 64<<10)) // lets a short body's connection be reused
+		o.resp.Body.Close()
+	}
 }
 
 func (s *sequence) attemptContext() (context.Context, context.CancelFunc) {
@@ -342,11 +425,15 @@ func (s *sequence) decide(o outcome) (wait time.Duration, v Verdict, done bool, 
 // verdict is the outcome's disposition: a network error is retried for the
 // reason errorReason gives (none in Once mode), an answer as Policy.Dispose says.
 func (s *sequence) verdict(o outcome) Verdict {
+	mode := s.mode
+	if s.stream && !s.resendable {
+		mode = Once // a body sent as it came cannot be sent again
+	}
 	if o.err != nil {
-		r, _ := errorReason(s.mode, o.err)
+		r, _ := errorReason(mode, o.err)
 		return Verdict{Disposition: Retry, Reason: r}
 	}
-	return s.t.Policy.Dispose(Answer{Mode: s.mode, Status: o.resp.StatusCode, Header: o.resp.Header, Body: o.body})
+	return s.t.Policy.Dispose(Answer{Mode: mode, Status: o.resp.StatusCode, Header: o.resp.Header, Body: o.body})
 }
 
 // fillReport fills the caller's Report, if its context carries one.
@@ -453,12 +540,17 @@ func (s *sequence) report(o outcome, r Reason, wait time.Duration, last bool) {
 	s.t.OnAttempt(info)
 }
 
-// response returns the final response with its body in memory.
+// response returns the final response: its body in memory, or streaming.
 func (s *sequence) response(o outcome) *http.Response {
 	resp := o.resp
-	resp.Body = io.NopCloser(bytes.NewReader(o.body))
-	if s.req.Method != http.MethodHead {
-		resp.ContentLength = int64(len(o.body))
+	if s.stream {
+		body := resp.Body.(*cancelOnClose)
+		body.cancel = s.cancel // closing the answer ends the whole sequence
+	} else {
+		resp.Body = io.NopCloser(bytes.NewReader(o.body))
+		if s.req.Method != http.MethodHead {
+			resp.ContentLength = int64(len(o.body))
+		}
 	}
 	if resp.Header == nil {
 		resp.Header = make(http.Header)

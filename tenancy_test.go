@@ -1,0 +1,158 @@
+package main
+
+// End-to-end tests of tenancy at the provider, through the real binary: with
+// client tokens, the key sent upstream is bound to the client with a secret,
+// so one client can neither read nor pre-empt another's operation at the
+// provider, whose key namespace all clients share.
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/idemkey"
+)
+
+// keyedProvider executes each Idempotency-Key once and returns the same
+// operation for it after (the cards provider's rule), echoing the key.
+type keyedProvider struct {
+	mu   sync.Mutex
+	ops  map[string]string // upstream key → operation
+	keys []string          // every key received, in order
+}
+
+func (p *keyedProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.keys = append(p.keys, key)
+	op, ok := p.ops[key]
+	if !ok {
+		var req struct{ Amount string }
+		json.Unmarshal(b, &req)
+		op = fmt.Sprintf(`{"id":"card_%d","amount":%q}`, len(p.ops)+1, req.Amount)
+		p.ops[key] = op
+	}
+	w.Header().Set("Idempotency-Key", key) // providers echo the key they saw
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, op)
+}
+
+func (p *keyedProvider) received() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.keys...)
+}
+
+const (
+	tokenA    = "token-of-app-a-0123456789"
+	tokenB    = "token-of-app-b-0123456789"
+	keySecret = "tenancy-key-secret-0123456789"
+)
+
+func tenancyEnv(upstream, dataDir string) []string {
+	return []string{"IDEMPROXY_UPSTREAM_URL=" + upstream, "IDEMPROXY_DATA_DIR=" + dataDir,
+		"IDEMPROXY_CLIENT_TOKENS=app-a=" + tokenA + ",app-b=" + tokenB, "IDEMPROXY_KEY_SECRET=" + keySecret}
+}
+
+// appKey is the key an app gets for an order: computable by anyone, since
+// its inputs (method, path, order_id, client name) are not secret.
+func appKey(t *testing.T, tenant, order string) string {
+	t.Helper()
+	sources, err := idemkey.ParseSources("json:order_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, ok := idemkey.Derive(sources, idemkey.Request{Method: "POST", Path: "/cards",
+		Body: []byte(`{"order_id":"` + order + `"}`), Tenant: tenant})
+	if !ok {
+		t.Fatal("no key derived")
+	}
+	return key
+}
+
+func TestBinaryTenantsCannotReachEachOther(t *testing.T) {
+	prov := &keyedProvider{ops: map[string]string{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, tenancyEnv(up.URL, t.TempDir())...)
+	post := func(token, body string, header ...string) reply {
+		return send(t, http.MethodPost, "http://"+p.addr+"/cards", body, append([]string{"Idemproxy-Client-Token", token}, header...)...)
+	}
+
+	// app-a's order; app-b then sends app-a's key (computed or observed).
+	a := post(tokenA, `{"order_id":"o-1","amount":"900.00"}`)
+	if a.status != http.StatusCreated {
+		t.Fatalf("app-a: %d %s", a.status, a.body)
+	}
+	if got, want := a.header.Get("Idempotency-Key"), appKey(t, "app-a", "o-1"); got != want {
+		t.Errorf("app-a sees key %q, want its own %q (not the upstream one)", got, want)
+	}
+	b := post(tokenB, `{"order_id":"x","amount":"1.00"}`, "Idempotency-Key", a.header.Get("Idempotency-Key"))
+	if b.status != http.StatusCreated || b.body == a.body {
+		t.Errorf("app-b, sending app-a's key, got %d %s: app-a's operation is %s", b.status, b.body, a.body)
+	}
+
+	// app-b claims the key of app-a's next order first.
+	next := appKey(t, "app-a", "o-2")
+	claim := post(tokenB, `{"order_id":"y","amount":"1.00"}`, "Idempotency-Key", next)
+	real := post(tokenA, `{"order_id":"o-2","amount":"900.00"}`)
+	if real.status != http.StatusCreated || !strings.Contains(real.body, `"900.00"`) || real.body == claim.body {
+		t.Errorf("app-a's 900.00 order came back as %d %s (app-b's claim: %s)", real.status, real.body, claim.body)
+	}
+
+	keys := prov.received()
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if seen[k] {
+			t.Errorf("upstream key %q reached the provider twice: two clients met there", k)
+		}
+		seen[k] = true
+		for _, visible := range []string{a.header.Get("Idempotency-Key"), next} {
+			if k == visible {
+				t.Errorf("an app-visible key %q went upstream as it is", k)
+			}
+		}
+	}
+	if len(keys) != 4 {
+		t.Errorf("provider saw %d requests, want 4", len(keys))
+	}
+	if !strings.Contains(p.logText(), `"upstream_key":"`+keys[0]+`"`) {
+		t.Errorf("the request log does not show the upstream key %s:\n%s", keys[0], p.logText())
+	}
+
+	// Another replica (or a restart) with the same secret sends the same
+	// upstream key: the provider returns app-a's operation, not a new one.
+	p2 := startBinary(t, tenancyEnv(up.URL, t.TempDir())...)
+	again := send(t, http.MethodPost, "http://"+p2.addr+"/cards", `{"order_id":"o-1","amount":"900.00"}`, "Idemproxy-Client-Token", tokenA)
+	if again.body != a.body {
+		t.Errorf("same order through another replica: %s, want the provider's %s", again.body, a.body)
+	}
+	if got := prov.received(); got[len(got)-1] != keys[0] {
+		t.Errorf("upstream key changed across replicas: %q then %q", keys[0], got[len(got)-1])
+	}
+}
+
+// Without client tokens, keys go upstream exactly as before: the app's own
+// key as sent, a derived key as derived (no tenant, no secret).
+func TestBinaryKeysUnchangedWithoutClientTokens(t *testing.T) {
+	prov := &keyedProvider{ops: map[string]string{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir())
+	derived := send(t, http.MethodPost, "http://"+p.addr+"/cards", `{"order_id":"o-1"}`)
+	own := send(t, http.MethodPost, "http://"+p.addr+"/cards", `{"order_id":"o-2"}`, "Idempotency-Key", "app-chosen-1")
+	keys := prov.received()
+	if want := appKey(t, "", "o-1"); len(keys) != 2 || keys[0] != want || keys[1] != "app-chosen-1" {
+		t.Errorf("upstream keys %q, want [%s app-chosen-1]", keys, want)
+	}
+	if derived.header.Get("Idempotency-Key") != keys[0] || own.header.Get("Idempotency-Key") != "app-chosen-1" {
+		t.Errorf("answers name keys %q and %q", derived.header.Get("Idempotency-Key"), own.header.Get("Idempotency-Key"))
+	}
+}
