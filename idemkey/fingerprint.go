@@ -73,7 +73,7 @@ func (st *state) writeBody(r Request) {
 	if c := firstNonSpace(r.Body); c == '{' || c == '[' || isJSONType(r.ContentType) {
 		st.json.reset(r.Body, true)
 		st.json.out = append(st.json.out[:0], tagJSON)
-		if st.json.document() == nil {
+		if st.json.canonical() == nil {
 			st.sha.Write(st.json.out)
 			return
 		}

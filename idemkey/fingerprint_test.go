@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -298,5 +299,75 @@ func BenchmarkFingerprintStdlib(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = sha256.Sum256(out)
+	}
+}
+
+// nestedBody is a JSON body of n objects nested in one another, each with
+// its keys out of order, padded to about size bytes: the shape that made
+// canonicalisation quadratic (every level copied its whole subtree).
+func nestedBody(n, size int) []byte {
+	pad := strings.Repeat("p", max(size/n-40, 1))
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, `{"z":"%s","a":%d,"m":`, pad, i)
+	}
+	b.WriteString("null")
+	b.WriteString(strings.Repeat("}", n))
+	return []byte(b.String())
+}
+
+// flatBody is a JSON object of the same size as nestedBody(n, size), with
+// its n members out of order but no nesting.
+func flatBody(n, size int) []byte {
+	pad := strings.Repeat("p", max(size/n-20, 1))
+	var b strings.Builder
+	b.WriteByte('{')
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"k%07d":"%s"`, n-i, pad)
+	}
+	b.WriteByte('}')
+	return []byte(b.String())
+}
+
+// Nested and flat bodies of equal size canonicalise to what encoding/json's
+// sorted re-encoding gives, deep nesting included.
+func TestCanonicalJSONNestedMatchesStdlib(t *testing.T) {
+	for _, body := range [][]byte{nestedBody(300, 30_000), flatBody(300, 30_000),
+		[]byte(`{"b":{"d":[{"y":1,"x":2},{"b":{"z":0,"a":1}}],"c":3},"a":[{"k":{"j":1,"i":2}}]}`)} {
+		got, err := CanonicalJSON(nil, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v any
+		if err := json.Unmarshal(body, &v); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(v) // sorts map keys; no escapes differ in these bodies
+		if !bytes.Equal(got, want) {
+			t.Errorf("canonical form of %.60s...:\n got %.200s\nwant %.200s", body, got, want)
+		}
+	}
+}
+
+// BenchmarkFingerprintShape compares a 0.9 MB body of 9,000 nested objects
+// with out-of-order keys against a flat body of the same size: linear
+// canonicalisation keeps them within a small factor (BENCHMARKS.md).
+func BenchmarkFingerprintShape(b *testing.B) {
+	const n, size = 9000, 900_000
+	for _, c := range []struct {
+		name string
+		body []byte
+	}{{"flat", flatBody(n, size)}, {"nested", nestedBody(n, size)}} {
+		b.Run(c.name, func(b *testing.B) {
+			r := Request{Method: "POST", Path: "/v1/payments", ContentType: "application/json", Body: c.body}
+			b.SetBytes(int64(len(c.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				Fingerprint(r)
+			}
+		})
 	}
 }

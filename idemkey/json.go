@@ -36,7 +36,7 @@ func CanonicalJSON(dst, body []byte) ([]byte, error) {
 	p.reset(body, true)
 	p.out = dst
 	defer func() { p.out = nil }() // dst belongs to the caller, not the pool
-	if err := p.document(); err != nil {
+	if err := p.canonical(); err != nil {
 		return dst, fmt.Errorf("canonical JSON: %w", err)
 	}
 	return p.out, nil
@@ -46,13 +46,16 @@ func CanonicalJSON(dst, body []byte) ([]byte, error) {
 // canonical form to out; lookup walks to one value without emitting. Its
 // slices are reused between documents (see state).
 type jsonParser struct {
-	data []byte
-	pos  int
-	emit bool
-	out  []byte
+	data     []byte
+	pos      int
+	emit     bool
+	out      []byte
+	docStart int // where the document starts in out
 
 	members []member // open objects' members, innermost last (emit only)
-	scratch []byte   // an object's members while they are reordered
+	moves   []move   // objects whose members must be reordered, once parsed
+	sorted  []member // the members of every move, each move's in key order
+	scratch []byte   // the canonical form while moves are applied
 	key     []byte   // decoded object key (lookup)
 	val     []byte   // decoded value found by lookup
 }
@@ -61,9 +64,59 @@ type jsonParser struct {
 // [keyStart,keyEnd) the key between its quotes.
 type member struct{ start, keyStart, keyEnd, end int }
 
+// move is an object of out, '{' at open and '}' at close, whose members are
+// not in key order: sorted[first:last] lists them in key order.
+type move struct{ open, close, first, last int }
+
 func (p *jsonParser) reset(data []byte, emit bool) {
 	p.data, p.pos, p.emit = data, 0, emit
 	p.members = p.members[:0]
+	p.moves, p.sorted = p.moves[:0], p.sorted[:0]
+}
+
+// canonical parses the document and puts every object's members in key order.
+//
+// Why not reorder each object as it closes: that copies the object's whole
+// text, nested objects included, once per level of nesting, which is
+// quadratic in the body size for deeply nested bodies. Instead each
+// unsorted object is noted as a move while out is written in input order,
+// and one pass then writes every byte once, walking the moves.
+func (p *jsonParser) canonical() error {
+	if err := p.document(); err != nil {
+		return err
+	}
+	if len(p.moves) == 0 {
+		return nil
+	}
+	slices.SortFunc(p.moves, func(a, b move) int { return a.open - b.open })
+	start := p.docStart
+	p.scratch = p.apply(p.scratch[:0], start, len(p.out))
+	p.out = append(p.out[:start], p.scratch...)
+	return nil
+}
+
+// apply appends out[a:b] to dst with the members of every move inside it in
+// key order.
+func (p *jsonParser) apply(dst []byte, a, b int) []byte {
+	for i := p.nextMove(a); i < len(p.moves) && p.moves[i].open < b; i = p.nextMove(a) {
+		mv := p.moves[i]
+		dst = append(dst, p.out[a:mv.open+1]...)
+		for k, m := range p.sorted[mv.first:mv.last] {
+			if k > 0 {
+				dst = append(dst, ',')
+			}
+			dst = p.apply(dst, m.start, m.end)
+		}
+		dst = append(dst, '}')
+		a = mv.close + 1
+	}
+	return append(dst, p.out[a:b]...)
+}
+
+// nextMove returns the index of the first move that opens at or after pos.
+func (p *jsonParser) nextMove(pos int) int {
+	i, _ := slices.BinarySearchFunc(p.moves, pos, func(m move, pos int) int { return m.open - pos })
+	return i
 }
 
 func (p *jsonParser) fail(what string) error {
@@ -97,6 +150,7 @@ func (p *jsonParser) skipWS() {
 
 // document parses one complete document: a value with optional whitespace around it.
 func (p *jsonParser) document() error {
+	p.docStart = len(p.out)
 	p.skipWS()
 	if err := p.value(0); err != nil {
 		return err
@@ -169,7 +223,7 @@ func (p *jsonParser) object(depth int) error {
 		case '}':
 			p.pos++
 			if p.emit {
-				p.sortMembers(open, base)
+				p.noteOrder(open, base)
 				p.out = append(p.out, '}')
 			}
 			return nil
@@ -219,32 +273,24 @@ func (p *jsonParser) colon() error {
 	return nil
 }
 
-// sortMembers orders the members of the object opened at out[open] (recorded
-// from p.members[base]) by key, then drops them from p.members.
-func (p *jsonParser) sortMembers(open, base int) {
+// noteOrder notes a move for the object opened at out[open] if its members,
+// recorded from p.members[base], are not in key order, then drops them from
+// p.members. The object's '}' is the next byte of out.
+func (p *jsonParser) noteOrder(open, base int) {
 	ms := p.members[base:]
 	defer func() { p.members = p.members[:base] }()
-	body := open + 1
-	if slices.IsSortedFunc(ms, p.keyOrder(p.out, 0)) {
+	if slices.IsSortedFunc(ms, p.keyOrder) {
 		return
 	}
-	p.scratch = append(p.scratch[:0], p.out[body:]...)
-	p.out = p.out[:body]
-	slices.SortStableFunc(ms, p.keyOrder(p.scratch, body))
-	for i, m := range ms {
-		if i > 0 {
-			p.out = append(p.out, ',')
-		}
-		p.out = append(p.out, p.scratch[m.start-body:m.end-body]...)
-	}
+	first := len(p.sorted)
+	p.sorted = append(p.sorted, ms...)
+	slices.SortStableFunc(p.sorted[first:], p.keyOrder)
+	p.moves = append(p.moves, move{open: open, close: len(p.out), first: first, last: len(p.sorted)})
 }
 
-// keyOrder compares members by their canonical key bytes held in buf, whose
-// first byte is at offset shift of out.
-func (p *jsonParser) keyOrder(buf []byte, shift int) func(a, b member) int {
-	return func(a, b member) int {
-		return bytes.Compare(buf[a.keyStart-shift:a.keyEnd-shift], buf[b.keyStart-shift:b.keyEnd-shift])
-	}
+// keyOrder compares members by their canonical key bytes.
+func (p *jsonParser) keyOrder(a, b member) int {
+	return bytes.Compare(p.out[a.keyStart:a.keyEnd], p.out[b.keyStart:b.keyEnd])
 }
 
 func (p *jsonParser) array(depth int) error {

@@ -34,6 +34,9 @@ func putState(st *state) {
 			*b = nil
 		}
 	}
+	if cap(st.json.sorted) > maxPooled/32 { // a member is 32 bytes
+		st.json.members, st.json.sorted, st.json.moves = nil, nil, nil
+	}
 	statePool.Put(st)
 }
 

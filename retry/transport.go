@@ -118,6 +118,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	for {
 		if s.unknown {
 			resp, err := s.resolve()
+			if resp != nil {
+				s.fillReport(Final) // the probe found the operation: its answer is the result
+			}
 			if err != nil || resp != nil {
 				return resp, err
 			}
