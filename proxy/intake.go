@@ -59,12 +59,17 @@ func hasAny(h http.Header, names []string) bool {
 // behind an encoded slash or backslash ("..%2f", "..%5c"): an upstream or a
 // gateway that decodes before it resolves would move up from the base path.
 func hasDotSegment(escaped string) bool {
-	for seg := range strings.SplitSeq(escaped, "/") {
+	for rest := escaped; rest != ""; {
+		var seg string
+		seg, rest, _ = strings.Cut(rest, "/")
+		if !strings.ContainsAny(seg, ".%") { // the common case: no allocation
+			continue
+		}
 		dec, err := url.PathUnescape(seg)
 		if err != nil {
 			return true // not a valid escape: no one can say where it leads
 		}
-		for part := range strings.FieldsFuncSeq(dec, func(r rune) bool { return r == '/' || r == '\\' }) {
+		for part := range strings.FieldsFuncSeq(dec, isSlash) {
 			if part == "." || part == ".." {
 				return true
 			}
@@ -72,3 +77,5 @@ func hasDotSegment(escaped string) bool {
 	}
 	return false
 }
+
+func isSlash(r rune) bool { return r == '/' || r == '\\' }

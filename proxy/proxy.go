@@ -337,7 +337,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 			res, err = result{resp: sup.rec.Response, replayed: true}, nil
 			break
 		}
-		id.Key, sum.Key = next, next
+		id.Key, sum.Key, sum.UpstreamKey = next, next, h.upstreamKey(tenant, next)
 		w.Header().Set(KeyHeader, next)
 		res, err = h.obtain(r, id, fp[:], body, sum)
 	}
@@ -348,7 +348,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		h.fail(w, sum, err)
 		return
 	}
-	writeResult(w, res, key, sum)
+	writeResult(w, res, id.Key, sum)
 }
 
 // resolveKey returns the key for a protected request: the client's own, else the
