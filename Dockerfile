@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # idemproxy container image: a static binary on distroless, non-root, with the
 # Badger store on the /data volume. Build:
 #
@@ -9,12 +7,16 @@
 #
 #   docker build --target sandbox -t idemproxy-sandbox .
 #
-# dockerfile_test.go checks this file: Go version equal to go.mod's, static
-# build flags, non-root user, HEALTHCHECK through the binary, VOLUME /data.
+# Both base images are build arguments, so that the same file builds where no
+# registry can be reached, on stand-ins made by scripts/local-bases.sh (README,
+# "Development"). imagetest/ builds this file and runs the image.
 
 # Pinned to go.mod's go line, so the image builds with the toolchain the tests ran on.
-FROM golang:1.26.8 AS build
-ENV CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+ARG GO_IMAGE=golang:1.26.8-bookworm
+# CA certificates, /etc/passwd with nonroot (65532), no shell.
+ARG RUNTIME_IMAGE=gcr.io/distroless/static-debian12:nonroot
+
+FROM ${GO_IMAGE} AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download && go mod verify
@@ -22,23 +24,22 @@ COPY . .
 ARG VERSION=dev
 # Static (CGO_ENABLED=0), reproducible (-trimpath, no VCS stamp, no symbol
 # table), version stamped for `idemproxy version` and idemproxy_build_info.
-RUN go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/idemproxy . \
+# One RUN for both binaries: every step of this large stage costs a commit.
+RUN export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
+ && go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/idemproxy . \
+ && go build -trimpath -ldflags "-s -w" -o /out/sandbox ./cmd/sandbox \
  && mkdir -p /out/data
 
-FROM build AS build-sandbox
-RUN go build -trimpath -ldflags "-s -w" -o /out/sandbox ./cmd/sandbox
-
 # The fake provider: not for production.
-FROM gcr.io/distroless/static-debian12:nonroot AS sandbox
-COPY --from=build-sandbox /out/sandbox /sandbox
+FROM ${RUNTIME_IMAGE} AS sandbox
+COPY --from=build /out/sandbox /sandbox
 USER 65532:65532
 ENV SANDBOX_ADDR=0.0.0.0:8081
 EXPOSE 8081
 ENTRYPOINT ["/sandbox"]
 
-# The default target. distroless/static has CA certificates, /etc/passwd with
-# the nonroot user (65532) and no shell: the health check is the binary itself.
-FROM gcr.io/distroless/static-debian12:nonroot AS idemproxy
+# The default target; the health check is the binary itself (no shell).
+FROM ${RUNTIME_IMAGE} AS idemproxy
 COPY --from=build /out/idemproxy /idemproxy
 # A named volume mounted on /data starts as a copy of this directory, owned by
 # nonroot; a bind mount must be chowned to 65532 by the operator (README).
