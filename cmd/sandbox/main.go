@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,6 +29,7 @@ type settings struct {
 	Provider         string        `env:"SANDBOX_PROVIDER"`
 	Addr             string        `env:"SANDBOX_ADDR" envDefault:"127.0.0.1:8081"`
 	Secret           string        `env:"SANDBOX_SECRET"`
+	SecretFile       string        `env:"SANDBOX_SECRET_FILE,file"` // a path; the file holds the secret (container secrets)
 	PublicID         string        `env:"SANDBOX_PUBLIC_ID"`
 	Seed             int64         `env:"SANDBOX_SEED"`
 	RateLimit        float64       `env:"SANDBOX_RATE_LIMIT"`
@@ -135,6 +137,9 @@ func parse(args []string) (settings, error) {
 	fs.Float64Var(&st.Maintenance, "fault-maintenance", st.Maintenance, "P(503 maintenance without executing) (SANDBOX_FAULT_MAINTENANCE)")
 	if err := fs.Parse(args); err != nil {
 		return st, err
+	}
+	if st.Secret == "" {
+		st.Secret = strings.TrimRight(st.SecretFile, "\r\n")
 	}
 	return st, nil
 }
