@@ -1,0 +1,329 @@
+package imagetest
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/sandbox"
+)
+
+// provider is a sandbox payments provider container that checks signatures.
+type provider struct {
+	name, secret string
+}
+
+// startProvider runs the sandbox target on network under the alias
+// "provider", its port published on loopback, with extra SANDBOX_ settings.
+func startProvider(t *testing.T, img images, network string, publish bool, env ...string) provider {
+	t.Helper()
+	p := provider{secret: randomHex(16)}
+	args := []string{"--network", network, "--network-alias", "provider",
+		"-e", "SANDBOX_PROVIDER=payments", "-e", "SANDBOX_SECRET=" + p.secret}
+	if publish {
+		args = append(args, "-p", "127.0.0.1::8081")
+	}
+	for _, e := range env {
+		args = append(args, "-e", e)
+	}
+	p.name = container(t, "provider", append(args, img.sandbox)...)
+	waitLog(t, p.name, "listening on", 1)
+	return p
+}
+
+// ledger is the provider's ledger, entries included.
+func (p provider) ledger(t *testing.T) sandbox.LedgerSnapshot {
+	t.Helper()
+	return ledgerAt(t, "http://"+published(t, p.name, "8081"))
+}
+
+// proxyArgs are `docker run` arguments for idemproxy in front of p, as an
+// operator runs it: hardened, configured by the environment only, the signing
+// secret in a mounted file (IDEMPROXY_SIGN_SECRET_FILE).
+func proxyArgs(t *testing.T, p provider) []string {
+	t.Helper()
+	secretFile := filepath.Join(t.TempDir(), "sign_secret")
+	if err := os.WriteFile(secretFile, []byte(p.secret+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+		"-v", secretFile + ":/run/secrets/sign_secret:ro",
+		"-e", "IDEMPROXY_UPSTREAM_URL=http://provider:8081",
+		"-e", "IDEMPROXY_SIGN_SECRET_FILE=/run/secrets/sign_secret",
+		"-e", "IDEMPROXY_SIGN_CANONICAL=" + sandbox.PaymentsCanonical,
+		"-e", "IDEMPROXY_NONCE_HEADER=X-Nonce"}
+}
+
+// waitReady waits until the container's /readyz answers 200 and returns the
+// proxy's loopback base URL.
+func waitReady(t *testing.T, c string) string {
+	t.Helper()
+	waitFor(t, c+" ready", func() bool {
+		if inspect(t, c, "{{.State.Running}}") != "true" {
+			t.Fatalf("%s is not running:\n%s", c, logs(c))
+		}
+		status, _ := get("http://" + published(t, c, "9090") + "/readyz")
+		return status == http.StatusOK
+	})
+	return "http://" + published(t, c, "8080")
+}
+
+func TestImageVersion(t *testing.T) {
+	t.Parallel()
+	img := need(t)
+	if got := docker(t, "run", "--rm", img.proxy, "version"); got != imageVersion {
+		t.Errorf("docker run %s version = %q, want the stamped %q", img.proxy, got, imageVersion)
+	}
+}
+
+// The size goal is for the image as users build it; the stand-in runtime base
+// is reported beside it (distroless static is about 2 MB).
+func TestImageSize(t *testing.T) {
+	img := need(t)
+	const goal = 25 << 20
+	size, _ := strconv.ParseInt(inspect(t, img.proxy, "{{.Size}}"), 10, 64)
+	base, _ := strconv.ParseInt(inspect(t, img.bases.Runtime, "{{.Size}}"), 10, 64)
+	t.Logf("image %s: %.1f MB (runtime base stand-in %.1f MB, idemproxy's layers %.1f MB); both targets built in %s",
+		img.proxy, mb(size), mb(base), mb(size-base), img.buildTime.Round(time.Second))
+	if size <= 0 || size > goal {
+		t.Errorf("image size %.1f MB, goal under %.0f MB", mb(size), mb(goal))
+	}
+}
+
+func mb(n int64) float64 { return float64(n) / (1 << 20) }
+
+// The stand-in must be the toolchain the Dockerfile pins, or the test build
+// proves nothing about the real one.
+func TestImageBuilderMatchesPin(t *testing.T) {
+	img := need(t)
+	raw, err := os.ReadFile(filepath.Join(img.root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^ARG GO_IMAGE=golang:(\d+\.\d+\.\d+)`).FindSubmatch(raw)
+	if m == nil {
+		t.Fatal("Dockerfile has no ARG GO_IMAGE=golang:<version>")
+	}
+	if got := docker(t, "run", "--rm", img.bases.Go, "go", "env", "GOVERSION"); got != "go"+string(m[1]) {
+		t.Errorf("builder stand-in %s has %s, the Dockerfile pins golang:%s", img.bases.Go, got, m[1])
+	}
+}
+
+func TestImageRunsAsNonrootAndTurnsHealthy(t *testing.T) {
+	t.Parallel()
+	img := need(t)
+	net := network(t, false)
+	p := startProvider(t, img, net, false)
+	vol := volume(t)
+	c := container(t, "idemproxy", append(proxyArgs(t, p), "--network", net, "-v", vol+":/data",
+		"-p", "127.0.0.1::8080", "-p", "127.0.0.1::9090", img.proxy)...)
+
+	if got := inspect(t, c, "{{.Config.User}} {{.HostConfig.ReadonlyRootfs}} {{.HostConfig.CapDrop}}"); got != "65532:65532 true [ALL]" {
+		t.Errorf("user, read-only, dropped capabilities = %q, want \"65532:65532 true [ALL]\"", got)
+	}
+	// What the kernel says about the running process, not only the config.
+	if got := strings.Fields(docker(t, "top", c, "-o", "pid,uid,gid")); len(got) != 6 || got[4] != "65532" || got[5] != "65532" {
+		t.Errorf("docker top pid,uid,gid = %q, want one process, as 65532 65532", got)
+	}
+
+	// The first probe runs one interval after the start; it must pass before the
+	// start period ends.
+	waitFor(t, "health status healthy", func() bool {
+		switch s := inspect(t, c, "{{.State.Health.Status}}"); s {
+		case "healthy":
+			return true
+		case "unhealthy":
+			t.Fatalf("health status %s:\n%s", s, inspect(t, c, "{{json .State.Health}}"))
+		}
+		return false
+	})
+	var started, passed time.Time
+	var period time.Duration
+	for _, v := range []struct {
+		format string
+		into   any
+	}{{"{{json .State.StartedAt}}", &started}, {"{{json (index .State.Health.Log 0)}}", &struct{ End *time.Time }{&passed}},
+		{"{{json .Config.Healthcheck.StartPeriod}}", &period}} {
+		if err := json.Unmarshal([]byte(inspect(t, c, v.format)), v.into); err != nil {
+			t.Fatalf("docker inspect -f %s: %v", v.format, err)
+		}
+	}
+	if took := passed.Sub(started); took <= 0 || took > period {
+		t.Errorf("first passing health check %s after start, start period %s", took, period)
+	}
+
+	// The signed request passes the provider's check: the secret came from the file.
+	base := "http://" + published(t, c, "8080")
+	if r := post(t, base+"/payments", `{"order_id":"img-1","amount":"10.00","currency":"EUR"}`); r.status != http.StatusCreated {
+		t.Fatalf("POST /payments = %d %s", r.status, r.body)
+	}
+	if strings.Contains(logs(c), p.secret) || strings.Contains(inspect(t, c, "{{json .Config.Env}}"), p.secret) {
+		t.Error("the signing secret shows in the log or the container's environment")
+	}
+	// Everything the store wrote on the named volume belongs to nonroot.
+	owners := docker(t, "run", "--rm", "-v", vol+":/data:ro", img.bases.Debian, "find", "/data", "-printf", "%U:%G %p\n")
+	if n := strings.Count(owners, "\n") + 1; n < 3 {
+		t.Errorf("the volume holds %d entries: the store wrote nothing?\n%s", n, owners)
+	}
+	for _, line := range strings.Split(owners, "\n") {
+		if !strings.HasPrefix(line, "65532:65532 ") {
+			t.Errorf("volume entry not owned by 65532:65532: %s", line)
+		}
+	}
+}
+
+func TestImageBadConfigExits2(t *testing.T) {
+	t.Parallel()
+	img := need(t)
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"bad number", []string{"IDEMPROXY_UPSTREAM_URL=http://provider:8081", "IDEMPROXY_RETRY_MAX_ATTEMPTS=many"}, "IDEMPROXY_RETRY_MAX_ATTEMPTS"},
+		{"missing upstream", nil, "IDEMPROXY_UPSTREAM_URL"},
+		{"secret file absent", []string{"IDEMPROXY_UPSTREAM_URL=http://provider:8081", "IDEMPROXY_SIGN_SECRET_FILE=/run/secrets/none"}, "IDEMPROXY_SIGN_SECRET_FILE"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"--read-only", "--cap-drop", "ALL"}
+			for _, e := range tc.env {
+				args = append(args, "-e", e)
+			}
+			c := container(t, "badconfig", append(args, img.proxy)...)
+			if code := waitExit(t, c); code != "2" {
+				t.Errorf("exit code %s, want 2", code)
+			}
+			if out := logs(c); !strings.Contains(out, tc.want) {
+				t.Errorf("docker logs do not name %s:\n%s", tc.want, out)
+			}
+		})
+	}
+}
+
+// result is an answer or the error of a request sent from a goroutine.
+type result struct {
+	reply
+	err error
+}
+
+// postAsync sends a POST from a goroutine; the answer arrives on the channel.
+func postAsync(url, body string) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		resp, err := client.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		ch <- result{reply{resp.StatusCode, resp.Header, string(b)}, err}
+	}()
+	return ch
+}
+
+// entryKey is the Idempotency-Key the provider executed order with.
+func entryKey(t *testing.T, l sandbox.LedgerSnapshot, order string) string {
+	t.Helper()
+	for _, e := range l.Entries {
+		if e.OrderID == order {
+			return e.IdempotencyKey
+		}
+	}
+	t.Fatalf("the provider never executed %s", order)
+	return ""
+}
+
+// One container on one named volume through `docker stop`, `docker kill`
+// and `docker start`. The provider holds every answer for a few seconds after
+// executing, so that each stop and kill lands while an operation is in flight.
+func TestImageStopDrainsKillResumes(t *testing.T) {
+	t.Parallel()
+	img := need(t)
+	net := network(t, false)
+	p := startProvider(t, img, net, true, "SANDBOX_FAULT_SLOW=1", "SANDBOX_SLOW_DELAY=8s")
+	vol := volume(t)
+	c := container(t, "idemproxy", append(proxyArgs(t, p), "--network", net, "-v", vol+":/data",
+		"-p", "127.0.0.1::8080", "-p", "127.0.0.1::9090", "-e", "IDEMPROXY_SHUTDOWN_GRACE=60s", img.proxy)...)
+	base := waitReady(t, c)
+	const orderA, orderB = `{"order_id":"stop-A","amount":"10.00"}`, `{"order_id":"kill-B","amount":"20.00"}`
+	var first reply
+
+	t.Run("docker stop drains", func(t *testing.T) {
+		pending := postAsync(base+"/payments", orderA)
+		waitFor(t, "the provider executing stop-A", func() bool { return p.ledger(t).ByOrder["stop-A"] == 1 })
+		select {
+		case r := <-pending:
+			t.Fatalf("stop-A was answered (%d) before docker stop: the machine outran the provider's hold", r.status)
+		default:
+		}
+		docker(t, "stop", "-t", "90", c)
+		r := <-pending
+		if r.err != nil || r.status != http.StatusCreated {
+			t.Fatalf("in-flight stop-A during docker stop = %d %s %v, want 201", r.status, r.body, r.err)
+		}
+		first = r.reply
+		if code := inspect(t, c, "{{.State.ExitCode}}"); code != "0" {
+			t.Errorf("exit code after docker stop = %s, want 0", code)
+		}
+		if out := logs(c); !strings.Contains(out, "shutdown complete") {
+			t.Errorf("no \"shutdown complete\" in the log:\n%s", out)
+		}
+	})
+	if first.status == 0 {
+		t.FailNow()
+	}
+
+	replayA := func(t *testing.T, base string) {
+		t.Helper()
+		r := post(t, base+"/payments", orderA)
+		if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" || r.body != first.body {
+			t.Errorf("repeat of stop-A = %d replayed=%q %s, want the stored 201 %s", r.status, r.header.Get("Idempotent-Replayed"), r.body, first.body)
+		}
+		if n := p.ledger(t).ByOrder["stop-A"]; n != 1 {
+			t.Errorf("stop-A executed %d times, want 1", n)
+		}
+	}
+
+	t.Run("docker start replays the stored operation", func(t *testing.T) {
+		docker(t, "start", c)
+		replayA(t, waitReady(t, c))
+	})
+
+	t.Run("docker kill then start resumes the in-flight operation with its key", func(t *testing.T) {
+		base := waitReady(t, c)
+		pending := postAsync(base+"/payments", orderB)
+		waitFor(t, "the provider executing kill-B", func() bool { return p.ledger(t).ByOrder["kill-B"] == 1 })
+		docker(t, "kill", c)
+		if r := <-pending; r.err == nil {
+			t.Fatalf("kill-B was answered %d across a SIGKILL", r.status)
+		}
+		if code := waitExit(t, c); code != "137" {
+			t.Errorf("exit code after docker kill = %s, want 137 (SIGKILL)", code)
+		}
+		docker(t, "start", c)
+		base = waitReady(t, c)
+		if out := logs(c); !regexp.MustCompile(`released in-flight records.*"count":1\b`).MatchString(out) {
+			t.Errorf("the restart did not release kill-B's in-flight record:\n%s", out)
+		}
+		r := post(t, base+"/payments", orderB)
+		if r.status != http.StatusCreated {
+			t.Fatalf("retry of kill-B = %d %s, want 201", r.status, r.body)
+		}
+		l := p.ledger(t)
+		if key := entryKey(t, l, "kill-B"); r.header.Get("Idempotency-Key") != key {
+			t.Errorf("retry answered with key %q, the provider executed kill-B with %q", r.header.Get("Idempotency-Key"), key)
+		}
+		if l.ByOrder["kill-B"] != 1 || len(l.DuplicateOrders) != 0 {
+			t.Errorf("kill-B executed %d times, duplicates %v; want once", l.ByOrder["kill-B"], l.DuplicateOrders)
+		}
+		replayA(t, base)
+	})
+}
