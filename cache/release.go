@@ -15,12 +15,14 @@ import (
 // Badger's per-transaction limit.
 const releaseChunk = 1000
 
-// ReleaseInFlight deletes every in-flight record and returns how many it
-// deleted. Badger lets only one process open a directory, so at start every
+// ReleaseInFlight releases every in-flight record and returns how many it
+// released. Badger lets only one process open a directory, so at start every
 // in-flight record belongs to a dead process (crash): the caller runs this
 // once, before serving, so that the first retry resumes at once with the
 // SAME key (SPEC: crash safety). Running it while serving would release live
-// operations.
+// operations. A record that resumed an operation whose outcome was unknown
+// (its Outcome is set) goes back to Unknown instead of being deleted, so that
+// its first send time, and with it the provider key retention guard, is kept.
 func (s *Store) ReleaseInFlight() (int, error) {
 	const op = "release in-flight"
 	leave, err := s.enter(op)
@@ -62,10 +64,11 @@ func (s *Store) inFlightKeys() ([][]byte, error) {
 	return keys, err
 }
 
-// release deletes the keys that are still in flight, in one transaction.
+// release deletes the keys that are still in flight, or parks them as
+// Unknown when an earlier sequence left an outcome, in one transaction.
 func (s *Store) release(keys [][]byte) (int, error) {
 	var n int
-	err := s.update(context.Background(), "release", func(txn *badger.Txn, _ time.Time) (bool, error) {
+	err := s.update(context.Background(), "release", func(txn *badger.Txn, now time.Time) (bool, error) {
 		n = 0
 		for _, k := range keys {
 			item, err := txn.Get(k)
@@ -78,7 +81,7 @@ func (s *Store) release(keys [][]byte) (int, error) {
 			if item.UserMeta() != byte(store.InFlight) {
 				continue
 			}
-			if err := txn.Delete(k); err != nil {
+			if err := s.releaseOne(txn, k, item, now); err != nil {
 				return false, err
 			}
 			n++
@@ -89,4 +92,25 @@ func (s *Store) release(keys [][]byte) (int, error) {
 		return 0, err
 	}
 	return n, nil
+}
+
+// releaseOne deletes the in-flight record at k, or parks it as Unknown when
+// it carries an earlier sequence's outcome. A record that cannot be decoded
+// is deleted, as before records kept outcomes.
+func (s *Store) releaseOne(txn *badger.Txn, k []byte, item *badger.Item, now time.Time) error {
+	var rec store.Record
+	err := item.Value(func(v []byte) (err error) {
+		rec, err = decodeRecord(v)
+		return err
+	})
+	if err != nil || rec.Outcome == (store.Outcome{}) {
+		return txn.Delete(k)
+	}
+	rec.State, rec.LeaseUntil = store.Unknown, time.Time{}
+	if err := s.put(txn, k, &rec, now); errors.Is(err, store.ErrNoSpace) {
+		return txn.Delete(k) // a start must not fail on a nearly full disk
+	} else if err != nil {
+		return err
+	}
+	return nil
 }

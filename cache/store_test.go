@@ -332,6 +332,36 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 	}
 }
 
+// TestReleaseKeepsUnknownOutcome: a process that dies while it resumes an
+// operation whose outcome was unknown leaves it unknown, first send kept,
+// not deleted.
+func TestReleaseKeepsUnknownOutcome(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := openStore(t, dir, c, 0)
+	id := store.ID{Tenant: "acme", Key: "resumed"}
+	sent := c.Now().Add(-time.Hour)
+	mustBegin(t, s, id, fpA, "p1")
+	if err := s.Park(ctx, id, "p1", store.Outcome{FirstSentAt: sent, Attempts: 2, LastError: "504 from upstream"}); err != nil {
+		t.Fatal(err)
+	}
+	mustBegin(t, s, id, fpA, "p2") // resumed, then the process dies
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, c, 0)
+	if n, err := s.ReleaseInFlight(); err != nil || n != 1 {
+		t.Fatalf("ReleaseInFlight = %d, %v; want 1", n, err)
+	}
+	rec, err := s.Get(ctx, id)
+	if err != nil || rec.State != store.Unknown || !rec.Outcome.FirstSentAt.Equal(sent) || rec.Outcome.Attempts != 2 || !rec.LeaseUntil.IsZero() {
+		t.Fatalf("after release = %+v, %v; want unknown with the first send kept", rec, err)
+	}
+	if got, created, err := s.Begin(ctx, id, fpA, "p3", time.Minute); err != nil || !created || !got.Outcome.FirstSentAt.Equal(sent) {
+		t.Fatalf("retry = %+v created %v, %v; want it resumed with its outcome", got, created, err)
+	}
+}
+
 func TestReleaseInFlightManyChunks(t *testing.T) {
 	s, err := Open(Options{InMemory: true})
 	if err != nil {
