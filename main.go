@@ -101,10 +101,11 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	obs := &observer{log: log, m: m}
 	instrumented := m.Store(st)
 	m.UnknownOperations(countUnknown(st), time.Now)
+	gate := ratelimit.New(cfg.RateLimit, cfg.RateBurst)
 	chain := upstream.Config{
 		Sign:   set.sign,
 		Policy: set.policy,
-		Gate:   ratelimit.New(cfg.RateLimit, cfg.RateBurst),
+		Gate:   gate,
 		// An answer the store cannot hold could never be replayed: refuse it
 		// at the attempt instead of after the fact.
 		MaxResponseBytes: st.MaxBodyBytes(),
@@ -143,7 +144,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	adm := newAdmin(instrumented, m.Handler())
 	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, OrderKey: handler.OrderKey, Logger: log}))
-	return serve(ctx, cfg, app{proxy: obs.wrap(handler), drain: handler.Drain, admin: adm}, log, ready)
+	return serve(ctx, cfg, app{proxy: obs.wrap(handler), drain: handler.Drain, stopWaits: gate.Close, admin: adm}, log, ready)
 }
 
 // app is what serve runs: the proxy handler (wrapped for logs and metrics), the
@@ -151,7 +152,10 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 type app struct {
 	proxy http.Handler
 	drain func(context.Context) error
-	admin *admin
+	// stopWaits refuses the attempts still queued at the outbound gate (behind
+	// a provider's pause): they were never sent and get a 503 at once.
+	stopWaits func()
+	admin     *admin
 }
 
 // serve runs the proxy and admin listeners until ctx ends, then drains (see
@@ -202,6 +206,9 @@ func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger)
 	log.Info("shutting down: not ready, draining", "grace", grace.String())
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
+	if a.stopWaits != nil {
+		a.stopWaits()
+	}
 	err := ps.Shutdown(ctx)
 	if derr := a.drain(ctx); derr != nil {
 		err = errors.Join(err, derr)

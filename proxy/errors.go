@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/ratelimit"
 	"github.com/idemproxy/idemproxy/retry"
 )
 
@@ -112,6 +113,8 @@ func classify(err error) (status int, code, msg string, attempts int) {
 		return ErrKeyExpired.Status, ErrKeyExpired.Code, ErrKeyExpired.Message, 0
 	case errors.Is(err, retry.ErrRequestBody):
 		return ErrBodyUnread.Status, ErrBodyUnread.Code, ErrBodyUnread.Message, 0
+	case errors.As(err, &ex) && ex.NotSent && errors.Is(err, ratelimit.ErrClosed):
+		return http.StatusServiceUnavailable, "upstream_unavailable", "idemproxy is shutting down; nothing was sent", 0
 	case errors.As(err, &ex) && ex.NotSent:
 		return http.StatusBadGateway, "upstream_unavailable", "upstream could not be reached; nothing was sent", ex.Attempts
 	case errors.As(err, &ex):
@@ -143,7 +146,7 @@ func writeError(w http.ResponseWriter, err error, key string) {
 	if attempts > 0 {
 		h.Set(AttemptsHeader, strconv.Itoa(attempts))
 	}
-	if errors.As(err, new(busy)) {
+	if errors.As(err, new(busy)) || status == http.StatusServiceUnavailable {
 		h.Set("Retry-After", "1")
 	}
 	b, _ := json.Marshal(body)

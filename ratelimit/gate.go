@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -21,6 +22,14 @@ import (
 // ends the attempt sequence (SPEC "Retries": a total budget).
 var ErrDeadline = errors.New("ratelimit: wait would pass the deadline")
 
+// ErrClosed is returned by [Gate.Wait] once [Gate.Close] was called: the
+// process is shutting down and the attempt must not leave.
+var ErrClosed = errors.New("ratelimit: gate closed for shutdown")
+
+// DefaultSpread is the window over which attempts held by a pause resume
+// when no rate limit paces them (see [Gate.Spread]).
+const DefaultSpread = time.Second
+
 // Gate paces outbound attempts and holds the provider-wide pause. All its
 // methods are safe for concurrent use. Create it with [New]; set Now and Sleep
 // before first use, if at all.
@@ -30,18 +39,29 @@ type Gate struct {
 	// Sleep waits for d or until ctx is done, returning ctx's error in the
 	// latter case. If nil, a timer that honours ctx is used.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// Spread is the window over which attempts held by a pause resume when
+	// no rate limit paces them: each waits a random part of it (at most the
+	// time it was held) after the pause ends, so that hundreds of queued
+	// attempts do not reach the provider in the same milliseconds right
+	// after it said 429. Zero means DefaultSpread; negative disables it.
+	Spread time.Duration
+	// Rand returns a float in [0, 1) for the spread. If nil, math/rand/v2.
+	Rand func() float64
 
 	limiter *rate.Limiter // nil = no rate limit
 
 	mu          sync.Mutex
 	pausedUntil time.Time
+
+	closed    chan struct{} // closed by Close
+	closeOnce sync.Once
 }
 
 // New returns a Gate allowing perSecond attempts per second with the given
 // burst. perSecond <= 0 means no rate limit (the pause still works); a burst
 // below 1 is raised to 1, because a zero burst would refuse every attempt.
 func New(perSecond float64, burst int) *Gate {
-	g := &Gate{}
+	g := &Gate{closed: make(chan struct{})}
 	if perSecond > 0 {
 		g.limiter = rate.NewLimiter(rate.Limit(perSecond), max(burst, 1))
 	}
@@ -57,43 +77,95 @@ func New(perSecond float64, burst int) *Gate {
 func (g *Gate) Wait(ctx context.Context) (time.Duration, error) {
 	var (
 		waited time.Duration
+		held   time.Duration     // time spent in a pause
 		res    *rate.Reservation // the token held once reserved; reserved at most once
 	)
 	for {
+		if g.isClosed() {
+			g.giveBack(res)
+			return waited, ErrClosed
+		}
 		now := g.now()
-		d, r := g.delay(now, res)
+		d, r, paused := g.delay(now, res)
 		res = r
+		if d <= 0 && held > 0 {
+			d, held = g.spread(held), 0 // once, after the pause
+		}
 		if d <= 0 {
 			return waited, nil
 		}
 		if err := g.sleepWithin(ctx, now, d); err != nil {
-			if res != nil {
-				// Give the token back so a failed wait does not slow the others.
-				res.CancelAt(g.now())
-			}
+			g.giveBack(res)
 			return waited, err
 		}
 		waited += d
+		if paused {
+			held += d
+		}
+	}
+}
+
+// giveBack returns a reserved token so that a failed wait does not slow the
+// others.
+func (g *Gate) giveBack(res *rate.Reservation) {
+	if res != nil {
+		res.CancelAt(g.now())
+	}
+}
+
+// spread is the extra wait of an attempt held for held by a pause: none when
+// a rate limit paces the resumption anyway, else a random part of
+// min(Spread, held).
+func (g *Gate) spread(held time.Duration) time.Duration {
+	w := g.Spread
+	if w == 0 {
+		w = DefaultSpread
+	}
+	if g.limiter != nil || w < 0 {
+		return 0
+	}
+	rnd := g.Rand
+	if rnd == nil {
+		rnd = rand.Float64
+	}
+	return time.Duration(rnd() * float64(min(w, held)))
+}
+
+// Close makes every Wait, running or to come, return ErrClosed at once:
+// attempts still queued at shutdown are refused instead of being held until
+// the grace runs out. Calling it again does nothing.
+func (g *Gate) Close() {
+	if g.closed != nil { // a Gate not made by New cannot be closed
+		g.closeOnce.Do(func() { close(g.closed) })
+	}
+}
+
+func (g *Gate) isClosed() bool {
+	select {
+	case <-g.closed:
+		return true
+	default:
+		return false
 	}
 }
 
 // delay reports how long the caller must still wait at now: the rest of the
-// pause first, then the delay of its token. It reserves the token on the
+// pause first (paused is true then), then the delay of its token. It reserves the token on the
 // first call after the pause is over and returns the reservation so that the
 // same token is kept across re-checks (reserving again would spend two).
-func (g *Gate) delay(now time.Time, res *rate.Reservation) (time.Duration, *rate.Reservation) {
+func (g *Gate) delay(now time.Time, res *rate.Reservation) (d time.Duration, _ *rate.Reservation, paused bool) {
 	if p := g.PausedUntil().Sub(now); p > 0 {
-		return p, res
+		return p, res, true
 	}
 	if g.limiter == nil {
-		return 0, nil
+		return 0, nil, false
 	}
 	if res == nil {
 		// ReserveN, not Wait: the limiter reads our clock, so tests fix time.
 		// burst >= 1 and n == 1, so the reservation is always OK.
 		res = g.limiter.ReserveN(now, 1)
 	}
-	return res.DelayFrom(now), res
+	return res.DelayFrom(now), res, false
 }
 
 // sleepWithin sleeps d unless that would reach ctx's deadline, in which case
@@ -102,11 +174,34 @@ func (g *Gate) sleepWithin(ctx context.Context, now time.Time, d time.Duration) 
 	if deadline, ok := ctx.Deadline(); ok && !now.Add(d).Before(deadline) {
 		return fmt.Errorf("ratelimit: wait %v: %w", d, ErrDeadline)
 	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(closedContext{g.closed}, func() { cancel(ErrClosed) })
+	defer stop()
 	if err := g.sleep(ctx, d); err != nil {
+		if errors.Is(context.Cause(ctx), ErrClosed) {
+			return ErrClosed
+		}
 		return fmt.Errorf("ratelimit: wait %v: %w", d, err)
 	}
 	return nil
 }
+
+// closedContext is a context done when the gate closes, so that a sleeping
+// Wait wakes up at Close.
+type closedContext struct{ done chan struct{} }
+
+func (c closedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c closedContext) Done() <-chan struct{}       { return c.done }
+func (c closedContext) Err() error {
+	select {
+	case <-c.done:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+func (c closedContext) Value(any) any { return nil }
 
 // PauseUntil pauses all attempts until t. It only ever extends the pause: a
 // t before the current pause end is ignored, so a short Retry-After from one

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// SIGTERM with requests queued behind a provider's pause and the data
+// directory removed: the queued requests, never sent, get a 503 with their
+// key at once, and the process exits within the grace plus 5 s although
+// Badger can no longer flush (its Close would retry forever).
+func TestShutdownWithQueuedRequestsAndDataDirGone(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		first := len(seen) == 0
+		seen[r.Header.Get("Idempotency-Key")]++
+		mu.Unlock()
+		if first { // the provider pauses everyone for a minute
+			w.Header().Set("Retry-After", "60")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	dir := filepath.Join(t.TempDir(), "data")
+	const grace = 3 * time.Second
+	p := launch(t, launchSpec{env: baseEnv(up.URL, dir, "IDEMPROXY_SHUTDOWN_GRACE="+grace.String())})
+
+	type got struct {
+		status int
+		key    string
+		retry  string
+		body   string
+	}
+	post := func(order string, out chan<- got) {
+		resp, err := http.Post("http://"+p.proxy+"/v1/payouts", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"order_id":%q}`, order)))
+		if err != nil {
+			out <- got{body: err.Error()}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var e struct {
+			Error struct {
+				Key string `json:"idempotency_key"`
+			} `json:"error"`
+		}
+		json.Unmarshal(b, &e)
+		out <- got{resp.StatusCode, e.Error.Key, resp.Header.Get("Retry-After"), string(b)}
+	}
+	paused := make(chan got, 1)
+	go post("pauses-everyone", paused)
+	p.waitLine(t, "provider asked to pause")
+	const queued = 5
+	answers := make(chan got, queued)
+	for i := range queued {
+		go post(fmt.Sprintf("queued-%d", i), answers)
+	}
+	// All five are claimed (in flight) and held at the gate, never sent.
+	waitInFlight(t, p.admin, 1+queued)
+
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	bound := time.After(grace + 5*time.Second)
+	for range queued {
+		var a got
+		select {
+		case a = <-answers:
+		case <-bound:
+			t.Fatalf("queued requests not answered %s after SIGTERM:\n%s", time.Since(start).Round(time.Millisecond), p.text())
+		}
+		if a.status != http.StatusServiceUnavailable || a.key == "" || a.retry == "" || !strings.Contains(a.body, "nothing was sent") {
+			t.Errorf("queued request at shutdown = %d key=%q Retry-After=%q %s; want 503 with its key and Retry-After", a.status, a.key, a.retry, a.body)
+		}
+	}
+	select {
+	case <-p.done:
+	case <-bound:
+		t.Fatalf("still running %s after SIGTERM (grace %s):\n%s", time.Since(start).Round(time.Millisecond), grace, p.text())
+	}
+	t.Logf("exited %s after SIGTERM (grace %s): %v", time.Since(start).Round(time.Millisecond), grace, p.err)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 {
+		t.Errorf("the provider saw %d keys, want only the first: the queued ones must not be sent", len(seen))
+	}
+}
+
+// waitInFlight polls the admin API until n records are in flight.
+func waitInFlight(t *testing.T, admin string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get("http://" + admin + "/admin/v1/records?state=in_flight&limit=100")
+		if err != nil {
+			continue
+		}
+		var page struct {
+			Records []json.RawMessage `json:"records"`
+		}
+		json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if len(page.Records) >= n {
+			return
+		}
+	}
+	t.Fatalf("fewer than %d records in flight after a minute", n)
+}
