@@ -66,8 +66,11 @@ func launch(t testing.TB, spec launchSpec) *opsProc {
 		t.Fatal(err)
 	}
 	p := &opsProc{cmd: cmd, more: make(chan struct{}), done: make(chan struct{})}
-	go p.read(stderr)
-	go func() { p.err = cmd.Wait(); close(p.done) }()
+	// Wait closes the pipe: read it to the end first, or the last lines
+	// (written just before exit) can be lost.
+	logged := make(chan struct{})
+	go func() { p.read(stderr); close(logged) }()
+	go func() { <-logged; p.err = cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
 	line := p.waitLine(t, `"msg":"idemproxy listening"`)
 	p.proxy, p.admin = jsonField(line, "proxy"), jsonField(line, "admin")
