@@ -35,7 +35,7 @@ type config struct {
 	StoreURLFile string        `env:"STORE_URL_FILE,file" doc:"path of a file holding STORE_URL"`
 	StoreLease   time.Duration `env:"STORE_LEASE" envDefault:"20s" doc:"with STORE_URL: how long a replica owns a key it is running, renewed every third of it; a dead replica's keys are resumed by another after it"`
 	RecordTTL    time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept; must exceed RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s (in-flight records expire with it too)"`
-	MaxBodyBytes int64         `env:"MAX_BODY_BYTES" envDefault:"1048576" doc:"request body cap (413 above it)"`
+	MaxBodyBytes int64         `env:"MAX_BODY_BYTES" envDefault:"1048576" doc:"request body cap (413 above it); at most 64 MiB"`
 	InflightWait time.Duration `env:"INFLIGHT_WAIT" envDefault:"10s" doc:"how long a repeat waits for the same key in flight before 409 idempotency_in_progress"`
 	Protected    string        `env:"PROTECTED_METHODS" envDefault:"POST" doc:"comma list of methods that get keys and records"`
 	KeySources   string        `env:"KEY_SOURCES" envDefault:"json:order_id" doc:"comma list of json:<dotted.path>, form:<field>, header:<Name>, query:<name>"`
@@ -338,6 +338,9 @@ func (c *config) lease() time.Duration {
 // overflowing (2562047h + 1h once wrapped negative and passed the TTL check).
 const maxSequence = 24 * time.Hour
 
+// maxBodyLimit is the largest IDEMPROXY_MAX_BODY_BYTES accepted.
+const maxBodyLimit = 64 << 20
+
 // checkNumbers rejects values that parse but make no sense.
 func (c *config) checkNumbers() error {
 	checks := []struct {
@@ -347,7 +350,9 @@ func (c *config) checkNumbers() error {
 	}{
 		{"RETRY_BUDGET", c.RetryBudget > 0 && c.RetryBudget <= maxSequence, "a positive duration up to " + maxSequence.String()},
 		{"ATTEMPT_TIMEOUT", c.AttemptTimeout > 0 && c.AttemptTimeout <= maxSequence, "a positive duration up to " + maxSequence.String()},
-		{"MAX_BODY_BYTES", c.MaxBodyBytes > 0, "a positive number of bytes"},
+		// Bodies are held in memory while their operation runs: a cap in
+		// the terabytes is a typo that only an OOM kill would report.
+		{"MAX_BODY_BYTES", c.MaxBodyBytes > 0 && c.MaxBodyBytes <= maxBodyLimit, "a positive number of bytes up to 64 MiB (67108864)"},
 		// In-flight records expire with the TTL too: a TTL shorter than the
 		// lease would let a second sequence start while the first still runs.
 		{"RECORD_TTL", c.RecordTTL > c.lease(), fmt.Sprintf("longer than the in-flight lease, RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s = %s", c.lease())},
