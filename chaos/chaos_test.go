@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/sandbox"
 )
 
@@ -44,7 +45,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		return m.Run()
+		return pgtest.Main(m)
 	}()
 	os.Exit(code)
 }

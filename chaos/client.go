@@ -69,6 +69,9 @@ func (o *Order) Final() Answer { return o.Answers[len(o.Answers)-1] }
 type Client struct {
 	// Target is idemproxy's base URL, e.g. "http://127.0.0.1:8080".
 	Target string
+	// Targets, when set, are the base URLs of several replicas: each try
+	// goes to one of them at random, as behind a load balancer.
+	Targets []string
 	// Path is the provider route the client posts to, e.g. "/payments".
 	Path string
 	// Body returns the request body of an order; it must contain order_id.
@@ -159,7 +162,11 @@ func (w *worker) send(ctx context.Context, body []byte, first bool) Answer {
 		defer tr.CloseIdleConnections()
 		hc = &http.Client{Timeout: w.c.Timeout, Transport: tr}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.c.Target+w.c.Path, bytes.NewReader(body))
+	target := w.c.Target
+	if len(w.c.Targets) > 0 {
+		target = w.c.Targets[w.rng.IntN(len(w.c.Targets))]
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+w.c.Path, bytes.NewReader(body))
 	if err != nil {
 		panic(fmt.Sprintf("chaos: build request: %v", err)) // Target and Path are ours
 	}

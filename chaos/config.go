@@ -52,6 +52,22 @@ type Config struct {
 	// gives up, the first included. Zero means 20.
 	MaxTries int
 
+	// Replicas is how many idemproxy processes serve the client, which sends
+	// each try to one of them at random; kills hit a random one. Zero means 1.
+	// With StoreURL they share that database; without, each has its own
+	// Badger directory under DataDir, which is unsafe (the control run).
+	Replicas int
+	// StoreURL is the PostgreSQL database the replicas share; empty means
+	// Badger. Its runs use 2 s leases, so a killed replica's keys are
+	// resumed within the client's tries.
+	StoreURL string
+	// RestartStore, when set, is called once when half the orders are
+	// settled: it restarts the database under the running replicas.
+	RestartStore func() error
+	// KeyRetention is the sandbox's; a tiny one makes a provider that does
+	// not deduplicate, for the control run. Zero means forever.
+	KeyRetention time.Duration
+
 	// ProxyEnv are extra NAME=value settings for idemproxy, applied after the
 	// suite's own (so they override them). Nil means none.
 	ProxyEnv []string
@@ -113,6 +129,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.RetryAfter = orDefault(c.RetryAfter, 1)
 	c.ClientTimeout = orDefault(c.ClientTimeout, 700*time.Millisecond)
 	c.MaxTries = orDefault(c.MaxTries, 20)
+	c.Replicas = orDefault(c.Replicas, 1)
 	if c.Orders < 0 || c.Workers < 0 || c.Kills < 0 || c.MaxTries < 0 {
 		return c, errors.New("chaos: Orders, Workers, Kills and MaxTries must not be negative")
 	}

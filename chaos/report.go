@@ -61,6 +61,8 @@ type Report struct {
 	// Probes counts the status probes sent (IDEMPROXY_STATUS_PROBE), by
 	// result; those "found" are re-sends the probe saved. Empty without one.
 	Probes map[string]int
+	// StoreRestarts counts the restarts of the shared database.
+	StoreRestarts int
 	// Duration is the client's time, first request to last answer.
 	Duration time.Duration
 }
@@ -78,6 +80,9 @@ func (r *Report) WriteTo(w io.Writer) (int64, error) {
 	fmt.Fprintf(&b, "in-flight operations cut by SIGKILL and released at restart: %d\n", r.Released)
 	if len(r.Probes) > 0 {
 		fmt.Fprintf(&b, "status probes: %s; re-sends the probe saved: %d\n", countList(r.Probes), r.Probes["found"])
+	}
+	if r.StoreRestarts > 0 {
+		fmt.Fprintf(&b, "restarts of the shared database: %d\n", r.StoreRestarts)
 	}
 	fmt.Fprintf(&b, "verdict: %s (each count below must be 0)\n", verdict)
 	for _, c := range r.mustBeZero() {

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,17 +40,31 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, errors.Join(err, up.Close())
 	}
-	px := NewProxy(cfg.Binary, cfg.DataDir, append(append(env, proxyTimings...), cfg.ProxyEnv...))
-	if err := px.Start(ctx); err != nil {
-		return nil, errors.Join(err, up.Close())
+	var pxs []*Proxy
+	for i := range cfg.Replicas {
+		px := NewProxy(cfg.Binary, replicaDir(cfg, i), replicaEnv(cfg, env, i))
+		pxs = append(pxs, px)
+		if err := px.Start(ctx); err != nil {
+			for _, p := range pxs {
+				p.Kill()
+			}
+			return nil, errors.Join(err, up.Close())
+		}
 	}
-	cfg.Logf("chaos: sandbox %s at %s, idemproxy at %s, %d orders, %d kills", cfg.Provider, up.URL, px.Addr, cfg.Orders, cfg.Kills)
+	cfg.Logf("chaos: sandbox %s at %s, %d idemproxy replicas from %s, %d orders, %d kills", cfg.Provider, up.URL, len(pxs), pxs[0].Addr, cfg.Orders, cfg.Kills)
 	rep := &Report{Provider: cfg.Provider, Workers: cfg.Workers, MaxTries: cfg.MaxTries}
-	orders, runErr := pay(ctx, cfg, px, rep)
-	rep.Released = px.Released()
-	rep.Probes = px.Probes()
-	if err := px.Stop(stopGrace); err != nil {
-		runErr = errors.Join(runErr, err)
+	orders, runErr := pay(ctx, cfg, pxs, rep)
+	for _, px := range pxs {
+		rep.Released += px.Released()
+		for k, n := range px.Probes() {
+			if rep.Probes == nil {
+				rep.Probes = map[string]int{}
+			}
+			rep.Probes[k] += n
+		}
+		if err := px.Stop(stopGrace); err != nil {
+			runErr = errors.Join(runErr, err)
+		}
 	}
 	if err := up.Close(); err != nil {
 		runErr = errors.Join(runErr, err)
@@ -58,13 +74,40 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, runErr
 }
 
+// replicaDir is replica i's data directory: DataDir itself for one replica.
+func replicaDir(cfg Config, i int) string {
+	if cfg.Replicas == 1 {
+		return cfg.DataDir
+	}
+	return filepath.Join(cfg.DataDir, fmt.Sprintf("r%d", i))
+}
+
+// replicaEnv is replica i's environment: the sandbox's settings, the suite's
+// timings, the shared store if any, cfg.ProxyEnv, and a static header naming
+// the replica, so that the wire counter can tell which replica sent what.
+func replicaEnv(cfg Config, sandboxEnv []string, i int) []string {
+	env := append(slices.Clone(sandboxEnv), proxyTimings...)
+	if cfg.StoreURL != "" {
+		env = append(env, "IDEMPROXY_STORE_URL="+cfg.StoreURL, "IDEMPROXY_STORE_LEASE=2s")
+	}
+	env = append(env, cfg.ProxyEnv...)
+	tag := fmt.Sprintf("%s=r%d", replicaHeader, i)
+	for j, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "IDEMPROXY_STATIC_HEADERS="); ok {
+			env[j] = "IDEMPROXY_STATIC_HEADERS=" + v + "," + tag
+			return env
+		}
+	}
+	return append(env, "IDEMPROXY_STATIC_HEADERS="+tag)
+}
+
 // pay runs the client over every order while a killer goroutine kills and
-// restarts the proxy at the drawn moments. It owns px until it returns.
-func pay(ctx context.Context, cfg Config, px *Proxy, rep *Report) ([]Order, error) {
+// restarts replicas at the drawn moments. It owns pxs until it returns.
+func pay(ctx context.Context, cfg Config, pxs []*Proxy, rep *Report) ([]Order, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ids, path, body := orderPlan(cfg)
-	k := &killer{px: px, rng: mrand.New(mrand.NewPCG(uint64(cfg.Seed), 0x6b696c6c)), logf: cfg.Logf,
+	k := &killer{pxs: pxs, rng: mrand.New(mrand.NewPCG(uint64(cfg.Seed), 0x6b696c6c)), logf: cfg.Logf,
 		at: killMoments(cfg), signal: make(chan struct{}, cfg.Kills)}
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -75,31 +118,63 @@ func pay(ctx context.Context, cfg Config, px *Proxy, rep *Report) ([]Order, erro
 			cancel() // no proxy to talk to: stop the client
 		}
 	}()
-	client := &Client{Target: "http://" + px.Addr, Path: path, Body: body, Timeout: cfg.ClientTimeout, MaxTries: cfg.MaxTries}
+	var targets []string
+	for _, px := range pxs {
+		targets = append(targets, "http://"+px.Addr)
+	}
+	halfway, finished := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	if cfg.RestartStore != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-halfway:
+			case <-finished:
+				return
+			}
+			cfg.Logf("chaos: restarting the database")
+			if err := cfg.RestartStore(); err != nil {
+				k.storeErr = fmt.Errorf("chaos: restart the database: %w", err)
+				cancel()
+				return
+			}
+			rep.StoreRestarts++
+			cfg.Logf("chaos: database back")
+		}()
+	}
+	client := &Client{Target: targets[0], Targets: targets, Path: path, Body: body, Timeout: cfg.ClientTimeout, MaxTries: cfg.MaxTries}
 	var done atomic.Int64
 	start := time.Now()
 	orders := client.PayAll(ctx, ids, cfg.Workers, cfg.Seed, func() {
 		n := int(done.Add(1))
 		k.progress(n)
+		if n >= cfg.Orders/2 {
+			once.Do(func() { close(halfway) })
+		}
 		if n%max(cfg.Orders/10, 1) == 0 {
 			cfg.Logf("chaos: %d/%d orders settled", n, cfg.Orders)
 		}
 	})
 	rep.Duration = time.Since(start)
 	close(k.signal)
+	close(finished)
 	wg.Wait()
 	rep.Kills, rep.Restarts = k.kills, k.restarts
-	if k.err == nil && ctx.Err() != nil {
+	if err := errors.Join(k.err, k.storeErr); err != nil {
+		return orders, err
+	}
+	if ctx.Err() != nil {
 		return orders, fmt.Errorf("chaos: run interrupted: %w", ctx.Err())
 	}
-	return orders, k.err
+	return orders, nil
 }
 
 // killer SIGKILLs the proxy when the client's progress reaches each moment in
 // at, after a random pause of up to 200 ms so that the kill lands anywhere in
 // the requests then in flight, and restarts it at once.
 type killer struct {
-	px       *Proxy
+	pxs      []*Proxy
 	rng      *mrand.Rand
 	logf     func(string, ...any)
 	at       []int         // settled-order counts that trigger a kill, ascending
@@ -107,6 +182,7 @@ type killer struct {
 	kills    int
 	restarts []time.Duration
 	err      error
+	storeErr error // from the database restart
 }
 
 // progress is called with the number of settled orders, once per order.
@@ -122,12 +198,13 @@ func (k *killer) run(ctx context.Context) error {
 		if err := sleepCtx(ctx, pause); err != nil {
 			return nil // the run is ending anyway
 		}
-		if err := k.px.Kill(); err != nil {
+		px := k.pxs[k.rng.IntN(len(k.pxs))]
+		if err := px.Kill(); err != nil {
 			return err
 		}
 		k.kills++
 		start := time.Now()
-		if err := k.px.Start(ctx); err != nil {
+		if err := px.Start(ctx); err != nil {
 			return fmt.Errorf("chaos: restart after SIGKILL %d: %w", k.kills, err)
 		}
 		k.restarts = append(k.restarts, time.Since(start))
@@ -190,7 +267,7 @@ func orderPlan(cfg Config) (ids []string, path string, body func(string) []byte)
 // orders answering 409 funds_maturing/frozen once.
 func sandboxConfig(cfg Config) sandbox.Config {
 	sc := sandbox.Config{Provider: cfg.Provider, Secret: newSecret(), Faults: cfg.Faults,
-		SlowDelay: cfg.SlowDelay, RetryAfter: cfg.RetryAfter, Seed: cfg.Seed}
+		SlowDelay: cfg.SlowDelay, RetryAfter: cfg.RetryAfter, Seed: cfg.Seed, KeyRetention: cfg.KeyRetention}
 	if cfg.Provider == sandbox.ProviderPayouts {
 		sc.PublicID = "chaos-public-id"
 		sc.MaturingAttempts, sc.MaturingShare = 1, 0.1

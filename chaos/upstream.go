@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -36,7 +37,13 @@ type WireOrder struct {
 	Requests int
 	// Keys counts them per Idempotency-Key ("" for none).
 	Keys map[string]int
+	// Replicas counts them per idemproxy replica that sent them (its
+	// replicaHeader; "" for none).
+	Replicas map[string]int
 }
+
+// replicaHeader names the replica on every upstream request of a chaos run.
+const replicaHeader = "X-Chaos-Replica"
 
 // StartUpstream serves a sandbox built from cfg on 127.0.0.1 (a free port).
 func StartUpstream(cfg sandbox.Config) (*Upstream, error) {
@@ -155,12 +162,12 @@ func (w *wireCounter) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, "read body", http.StatusBadRequest)
 		return
 	}
-	w.count(orderOf(body), r.Header.Get("Idempotency-Key"))
+	w.count(orderOf(body), r.Header.Get("Idempotency-Key"), r.Header.Get(replicaHeader))
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	w.next.ServeHTTP(rw, r)
 }
 
-func (w *wireCounter) count(order, key string) {
+func (w *wireCounter) count(order, key, replica string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if order == "" {
@@ -169,11 +176,12 @@ func (w *wireCounter) count(order, key string) {
 	}
 	o := w.orders[order]
 	if o == nil {
-		o = &WireOrder{Keys: map[string]int{}}
+		o = &WireOrder{Keys: map[string]int{}, Replicas: map[string]int{}}
 		w.orders[order] = o
 	}
 	o.Requests++
 	o.Keys[key]++
+	o.Replicas[replica]++
 }
 
 func (w *wireCounter) snapshot() (map[string]WireOrder, int) {
@@ -185,7 +193,7 @@ func (w *wireCounter) snapshot() (map[string]WireOrder, int) {
 		for k, n := range o.Keys {
 			keys[k] = n
 		}
-		out[id] = WireOrder{Requests: o.Requests, Keys: keys}
+		out[id] = WireOrder{Requests: o.Requests, Keys: keys, Replicas: maps.Clone(o.Replicas)}
 	}
 	return out, w.unattributed
 }

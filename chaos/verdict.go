@@ -40,6 +40,11 @@ type Verdict struct {
 	// missing or differs from the one key the order reached the provider
 	// under (SPEC.md: the response always carries the key used).
 	WrongKeyAnswers int
+	// CrossReplicaDuplicates counts orders executed more than once whose
+	// requests came from more than one replica: one key run by two replicas
+	// at once, which a shared store must prevent. Part of
+	// DuplicateExecutions, named on its own.
+	CrossReplicaDuplicates int
 	// Refused counts orders the client stopped on a final non-2xx answer
 	// (a 4xx): with a well-configured proxy and provider there are none, so
 	// one is a conflict or a signing failure.
@@ -103,6 +108,10 @@ func Judge(ledger sandbox.LedgerSnapshot, wire map[string]WireOrder, unattribute
 	}
 	for i := range orders {
 		v.judgeKeys(&orders[i], wire[orders[i].ID])
+		if ledger.ByOrder[orders[i].ID] > 1 && len(wire[orders[i].ID].Replicas) > 1 {
+			v.CrossReplicaDuplicates++
+			v.example("order %s executed %d times, sent by replicas %v", orders[i].ID, ledger.ByOrder[orders[i].ID], wire[orders[i].ID].Replicas)
+		}
 	}
 	v.UpstreamTotal += unattributed
 	return v
@@ -230,6 +239,7 @@ func (v Verdict) mustBeZero() []count {
 		{"orders sent upstream under more than one key", v.KeyChanges},
 		{"answers naming another key than the one sent", v.WrongKeyAnswers},
 		{"orders refused with a final 4xx", v.Refused},
+		{"orders executed by two replicas", v.CrossReplicaDuplicates},
 	}
 }
 
