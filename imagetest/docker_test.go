@@ -43,7 +43,7 @@ type images struct {
 
 // baseImages are scripts/local-bases.sh's output.
 type baseImages struct {
-	Go, Runtime, Debian string
+	Go, Runtime, Debian, Postgres string
 }
 
 var (
@@ -99,9 +99,9 @@ func build() (img images, skip string, err error) {
 		k, v, _ := strings.Cut(line, "=")
 		vars[k] = v
 	}
-	img.bases = baseImages{Go: vars["GO_IMAGE"], Runtime: vars["RUNTIME_IMAGE"], Debian: vars["DEBIAN_IMAGE"]}
-	if img.bases.Go == "" || img.bases.Runtime == "" || img.bases.Debian == "" {
-		return img, "", fmt.Errorf("scripts/local-bases.sh printed %q, want GO_IMAGE, RUNTIME_IMAGE and DEBIAN_IMAGE", out)
+	img.bases = baseImages{Go: vars["GO_IMAGE"], Runtime: vars["RUNTIME_IMAGE"], Debian: vars["DEBIAN_IMAGE"], Postgres: vars["POSTGRES_IMAGE"]}
+	if img.bases.Go == "" || img.bases.Runtime == "" || img.bases.Debian == "" || img.bases.Postgres == "" {
+		return img, "", fmt.Errorf("scripts/local-bases.sh printed %q, want GO_IMAGE, RUNTIME_IMAGE, DEBIAN_IMAGE and POSTGRES_IMAGE", out)
 	}
 	img.proxy, img.sandbox = runID+"-proxy:test", runID+"-sandbox:test"
 	start := time.Now()

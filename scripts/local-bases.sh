@@ -12,6 +12,10 @@
 #                                               /etc/group with nonroot (65532), CA
 #                                               certificates, tzdata, netbase files,
 #                                               /tmp, /home/nonroot, user 65532
+#   idemproxy-local/postgres:15                 that Debian plus Debian's postgresql-15,
+#                                               started as the official postgres image is
+#                                               (POSTGRES_USER, POSTGRES_PASSWORD,
+#                                               POSTGRES_DB, data in /var/lib/postgresql/data)
 #
 # Each image is made once per machine and kept (the first run takes a few
 # minutes for debootstrap; later runs take a second). It prints the build
@@ -20,6 +24,7 @@
 #   GO_IMAGE=idemproxy-local/golang:1.26.8
 #   RUNTIME_IMAGE=idemproxy-local/static-debian12:nonroot
 #   DEBIAN_IMAGE=idemproxy-local/debian:bookworm
+#   POSTGRES_IMAGE=idemproxy-local/postgres:15
 #
 # Usage (as root: debootstrap needs it):
 #   eval "$(scripts/local-bases.sh)"
@@ -39,6 +44,7 @@ gover=${gover#go}
 debian_image=idemproxy-local/debian:bookworm
 go_image=idemproxy-local/golang:$gover
 runtime_image=idemproxy-local/static-debian12:nonroot
+postgres_image=idemproxy-local/postgres:15
 
 log() { echo "local-bases: $*" >&2; }
 
@@ -127,6 +133,51 @@ EOF
 	rm -f "$tarball"
 }
 
+make_postgres() {
+	local ctx
+	ctx=$(mktemp -d)
+	cat >"$ctx/entrypoint.sh" <<'ENTRYPOINT'
+#!/bin/sh
+# The official postgres image's contract, in short: a new data directory is
+# initialised with POSTGRES_USER, POSTGRES_PASSWORD and POSTGRES_DB, then the
+# server runs as postgres, as PID 1, listening on every address.
+set -eu
+bin=/usr/lib/postgresql/15/bin
+: "${PGDATA:=/var/lib/postgresql/data}" "${POSTGRES_USER:=postgres}"
+: "${POSTGRES_DB:=$POSTGRES_USER}"
+as_pg() { setpriv --reuid=postgres --regid=postgres --init-groups "$@"; }
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+	mkdir -p "$PGDATA" && chown postgres:postgres "$PGDATA" && chmod 700 "$PGDATA"
+	pw=$(mktemp) && chown postgres "$pw"
+	printf '%s\n' "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD is required}" >"$pw"
+	as_pg "$bin/initdb" -D "$PGDATA" -U "$POSTGRES_USER" --pwfile="$pw" \
+		--auth-local=trust --auth-host=scram-sha-256 >/dev/null
+	rm -f "$pw"
+	echo "host all all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
+	if [ "$POSTGRES_DB" != postgres ]; then
+		echo "CREATE DATABASE \"$POSTGRES_DB\";" | as_pg "$bin/postgres" --single -D "$PGDATA" postgres >/dev/null
+	fi
+fi
+exec setpriv --reuid=postgres --regid=postgres --init-groups "$bin/postgres" -D "$PGDATA" -c listen_addresses='*' "$@"
+ENTRYPOINT
+	chmod +x "$ctx/entrypoint.sh"
+	cat >"$ctx/Dockerfile" <<DOCKERFILE
+FROM $debian_image
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql-15 \\
+ && pg_dropcluster 15 main && rm -rf /var/lib/apt/lists/* \\
+ && mkdir -p /var/run/postgresql && chown postgres:postgres /var/run/postgresql
+COPY entrypoint.sh /usr/local/bin/postgres-entrypoint
+ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+STOPSIGNAL SIGINT
+EXPOSE 5432
+ENTRYPOINT ["/usr/local/bin/postgres-entrypoint"]
+LABEL $label=$rev
+DOCKERFILE
+	log "installing Debian's postgresql-15 into $postgres_image"
+	docker build -q -t "$postgres_image" "$ctx" >&2
+	rm -rf "$ctx"
+}
+
 # One maker at a time per machine: parallel test runs wait for the first.
 exec 9>/tmp/idemproxy-local-bases.lock
 flock 9
@@ -134,6 +185,8 @@ flock 9
 current "$debian_image" || { make_debian; LOCAL_BASES_REBUILD=1; }
 current "$go_image" || make_golang
 current "$runtime_image" || make_runtime
+current "$postgres_image" || make_postgres
 echo "GO_IMAGE=$go_image"
 echo "RUNTIME_IMAGE=$runtime_image"
 echo "DEBIAN_IMAGE=$debian_image"
+echo "POSTGRES_IMAGE=$postgres_image"
