@@ -27,21 +27,33 @@ func (l badgerLogger) Warningf(format string, args ...any) {
 func (badgerLogger) Infof(string, ...any)  {}
 func (badgerLogger) Debugf(string, ...any) {}
 
-// gcLoop runs value-log GC every interval until Close. Records live in the
-// LSM tree (docs/design/durability.md), so GC normally finds nothing to rewrite; it runs
-// anyway so that a value log that did grow is reclaimed.
-func (s *Store) gcLoop(every time.Duration) {
-	defer s.gcDone.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			s.runGC()
+// every runs tick in a goroutine every interval until Close, or until tick
+// returns false. Close waits for it.
+func (s *Store) every(interval time.Duration, tick func() bool) {
+	s.gcDone.Add(1)
+	go func() {
+		defer s.gcDone.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-t.C:
+				if !tick() {
+					return
+				}
+			}
 		}
-	}
+	}()
+}
+
+// gcTick runs value-log GC. Records live in the LSM tree
+// (docs/design/durability.md), so GC normally finds nothing to rewrite; it runs
+// anyway so that a value log that did grow is reclaimed.
+func (s *Store) gcTick() bool {
+	s.runGC()
+	return true
 }
 
 // runGC calls RunValueLogGC until it has nothing more to rewrite (Badger's
@@ -65,22 +77,13 @@ func (s *Store) runGC() {
 	}
 }
 
-// pageOutLoop reclaims the table files' resident pages every interval until
-// Close; it stops for good if the kernel does not support it.
-func (s *Store) pageOutLoop(every time.Duration) {
-	defer s.gcDone.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			if _, err := s.pageOutTables(); err != nil {
-				s.log.LogAttrs(context.Background(), slog.LevelWarn, "paging out table files failed; resident memory will grow with the store",
-					slog.String("component", "cache"), slog.String("error", err.Error()))
-				return
-			}
-		}
+// pageOutTick reclaims the table files' resident pages; it stops the loop
+// for good if the kernel does not support it.
+func (s *Store) pageOutTick() bool {
+	if _, err := s.pageOutTables(); err != nil {
+		s.log.LogAttrs(context.Background(), slog.LevelWarn, "paging out table files failed; resident memory will grow with the store",
+			slog.String("component", "cache"), slog.String("error", err.Error()))
+		return false
 	}
+	return true
 }

@@ -83,25 +83,16 @@ func (s *Store) anyLive() (bool, error) {
 	return live, err
 }
 
-// reclaimLoop runs reclaimExpired every interval until Close.
-func (s *Store) reclaimLoop(every time.Duration) {
-	defer s.gcDone.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			dropped, err := s.reclaimExpired()
-			switch {
-			case err != nil:
-				s.log.LogAttrs(context.Background(), slog.LevelWarn, "reclaiming expired records failed",
-					slog.String("component", "cache"), slog.String("error", err.Error()))
-			case dropped:
-				s.log.LogAttrs(context.Background(), slog.LevelInfo, "every record had expired: disk space given back",
-					slog.String("component", "cache"))
-			}
-		}
+// reclaimTick runs reclaimExpired and logs what it did.
+func (s *Store) reclaimTick() bool {
+	dropped, err := s.reclaimExpired()
+	switch {
+	case err != nil:
+		s.log.LogAttrs(context.Background(), slog.LevelWarn, "reclaiming expired records failed",
+			slog.String("component", "cache"), slog.String("error", err.Error()))
+	case dropped:
+		s.log.LogAttrs(context.Background(), slog.LevelInfo, "every record had expired: disk space given back",
+			slog.String("component", "cache"))
 	}
+	return true
 }

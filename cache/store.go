@@ -177,19 +177,16 @@ func Open(opts Options) (*Store, error) {
 		s.group = &groupSync{sync: s.syncFiles}
 	}
 	if opts.GCInterval > 0 && !opts.InMemory {
-		s.gcDone.Add(1)
-		go s.gcLoop(opts.GCInterval)
+		s.every(opts.GCInterval, s.gcTick)
 	}
 	// Records from before the start may be live for a TTL: Open counts as a put.
 	s.lastPut.Store(s.now().UnixNano())
 	s.puts.Store(1)
 	if opts.ReclaimInterval > 0 && !opts.InMemory && opts.TTL > 0 {
-		s.gcDone.Add(1)
-		go s.reclaimLoop(opts.ReclaimInterval)
+		s.every(opts.ReclaimInterval, s.reclaimTick)
 	}
 	if opts.PageOutInterval > 0 && !opts.InMemory {
-		s.gcDone.Add(1)
-		go s.pageOutLoop(opts.PageOutInterval)
+		s.every(opts.PageOutInterval, s.pageOutTick)
 	}
 	return s, nil
 }
