@@ -21,7 +21,7 @@ import (
 	"github.com/idemproxy/idemproxy/routes"
 )
 
-// envPrefix is the prefix of every variable (SPEC.md, Configuration).
+// envPrefix is the prefix of every variable (docs/contract.md, Configuration).
 const envPrefix = "IDEMPROXY_"
 
 // config is the whole process configuration, read once from the environment by
@@ -400,7 +400,7 @@ func sameListener(a, b string) bool {
 	return ha == hb || wild(ha) || wild(hb)
 }
 
-// storeOptions are the Badger store's options: durable writes (SPEC.md: the
+// storeOptions are the Badger store's options: durable writes (docs/storage.md: the
 // in-flight record is on disk before the first upstream byte) and the cache
 // package's memory defaults, sized for a small container (README, Memory).
 func storeOptions(cfg config, log *slog.Logger) cache.Options {

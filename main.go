@@ -1,6 +1,6 @@
 // Command idemproxy is a reverse proxy that makes a legacy app's money-moving
 // requests to a payment provider safe to repeat. Configuration is environment
-// variables only (SPEC.md); see README.md.
+// variables only; see README.md and docs/contract.md.
 //
 // Usage:
 //

@@ -19,7 +19,7 @@ const releaseChunk = 1000
 // released. Badger lets only one process open a directory, so at start every
 // in-flight record belongs to a dead process (crash): the caller runs this
 // once, before serving, so that the first retry resumes at once with the
-// SAME key (SPEC: crash safety). Running it while serving would release live
+// SAME key (docs/contract.md, Crash safety). Running it while serving would release live
 // operations. A record that resumed an operation whose outcome was unknown
 // (its Outcome is set) goes back to Unknown instead of being deleted, so that
 // its first send time, and with it the provider key retention guard, is kept.

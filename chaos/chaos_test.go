@@ -66,7 +66,7 @@ func TestChaos(t *testing.T) {
 		{sandbox.ProviderPayments, sandbox.ProviderPayments, *ordersFlag, *killsFlag, nil},
 		{sandbox.ProviderPayouts, sandbox.ProviderPayouts, max(*ordersFlag/4, 1), max(*killsFlag-1, 0), nil},
 		{sandbox.ProviderCards, sandbox.ProviderCards, max(*ordersFlag/4, 1), max(*killsFlag-1, 0), nil},
-		// The payments seed: "after 504, first GET the payment". The
+		// The payments provider: "after 504, first GET the payment". The
 		// sandbox's 504 after executing names the payment.
 		{"payments-with-probe", sandbox.ProviderPayments, max(*ordersFlag/2, 1), max(*killsFlag-1, 0),
 			[]string{"IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}"}},

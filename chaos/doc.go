@@ -2,7 +2,7 @@
 // payment — by running the real idemproxy binary between a fault-injecting
 // provider sandbox and a simulated legacy client, killing the proxy with
 // SIGKILL at random moments, and judging the run from the sandbox ledger and
-// the client's records (issue 4, SPEC.md "Behaviour idemproxy guarantees").
+// the client's records (docs/contract.md).
 //
 // The pieces:
 //

@@ -34,11 +34,11 @@ type Verdict struct {
 	// not the original response byte for byte.
 	ReplayMismatches int
 	// KeyChanges counts orders that reached the provider under more than one
-	// Idempotency-Key (or none): SPEC.md's one rule that matters most.
+	// Idempotency-Key (or none): the contract's one rule that matters most.
 	KeyChanges int
 	// WrongKeyAnswers counts proxy answers whose Idempotency-Key header is
 	// missing or differs from the one key the order reached the provider
-	// under (SPEC.md: the response always carries the key used).
+	// under (docs/contract.md: the response always carries the key used).
 	WrongKeyAnswers int
 	// CrossReplicaDuplicates counts orders executed more than once whose
 	// requests came from more than one replica: one key run by two replicas

@@ -38,7 +38,7 @@ var namespace = uuid.MustParse("37a209bb-1b51-5f69-bf68-a0460f24db7b")
 // unambiguous, length-prefixed encoding of r's method and path, the source
 // and its value. It is deterministic, so a legacy app's blind retry gets the
 // same key, and it differs per method and path, because a payment and a
-// refund of one order are two operations (SPEC.md, "Protected requests").
+// refund of one order are two operations (docs/keys.md).
 // It also differs per source, so changing IDEMPROXY_KEY_SOURCES changes the
 // keys of operations in flight; change it only when none are.
 //

@@ -13,7 +13,7 @@ const (
 )
 
 // Fingerprint identifies "the same request" for replay versus conflict
-// (SPEC.md, "Replay"): a SHA-256 digest over the method, the path, the query
+// (docs/keys.md): a SHA-256 digest over the method, the path, the query
 // and the body, each canonicalised so that retries of one request match
 // however the legacy app serialised them:
 //   - the query by its decoded fields sorted by name (repeated names keep

@@ -8,11 +8,11 @@ import (
 )
 
 // MaxLen is the longest idempotency key accepted or produced: providers cap
-// keys at 255 characters (seed payouts-resilient-client).
+// keys at 255 characters (the payouts provider's limit).
 const MaxLen = 255
 
 // HeaderName is the request and response header that carries the key
-// (SPEC.md, "Protected requests").
+// (docs/keys.md).
 const HeaderName = "Idempotency-Key"
 
 // ErrInvalidKey is wrapped by every error [FromHeader] returns; the wrapping

@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 )
 
-// DefaultSources is SPEC.md's default for IDEMPROXY_KEY_SOURCES.
+// DefaultSources is the default of IDEMPROXY_KEY_SOURCES (docs/keys.md).
 const DefaultSources = "json:order_id"
 
 // ErrInvalidSource is wrapped by every error [ParseSources] returns.
@@ -18,7 +18,7 @@ var ErrInvalidSource = errors.New("invalid key source")
 // Kind is where a [Source] reads its value from. The zero Kind is invalid.
 type Kind uint8
 
-// The kinds of IDEMPROXY_KEY_SOURCES entries (SPEC.md, configuration table).
+// The kinds of IDEMPROXY_KEY_SOURCES entries (docs/keys.md).
 const (
 	JSON   Kind = iota + 1 // a field of a JSON object body, by dotted path
 	Form                   // a field of an application/x-www-form-urlencoded body

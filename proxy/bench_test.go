@@ -211,8 +211,8 @@ func idemproxy(b testing.TB, target *url.URL, durable bool, sign *resign.Config)
 	return h
 }
 
-// paymentsSigning is the payments provider's scheme (seed
-// payments-idempotency-and-retries): timestamp, nonce, key and body hash.
+// paymentsSigning is the payments provider's scheme:
+// timestamp, nonce, key and body hash.
 func paymentsSigning(b testing.TB) *resign.Config {
 	tmpl, err := resign.ParseTemplate(`{method}\n{path}\n{timestamp}\n{nonce}\n{idempotency_key}\n{body_sha256}`)
 	if err != nil {

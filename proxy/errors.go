@@ -22,7 +22,7 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
-// The errors of SPEC.md's table, plus the request-shape errors the table leaves open.
+// The errors of docs/contract.md's table, plus the request-shape errors the table leaves open.
 var (
 	ErrKeyMissing  = &Error{http.StatusUnprocessableEntity, "idempotency_key_missing", "protected request has no Idempotency-Key and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) is present"}
 	ErrKeyInvalid  = &Error{http.StatusBadRequest, "idempotency_key_invalid", "Idempotency-Key must be 1-255 printable ASCII characters (bare or an RFC 8941 string)"}
@@ -78,7 +78,7 @@ type storeError struct{ err error }
 func (e storeError) Error() string { return "record store: " + e.err.Error() }
 func (e storeError) Unwrap() error { return e.err }
 
-// errorBody is SPEC.md's error shape; Key and Attempts are filled for
+// errorBody is the contract's error shape; Key and Attempts are filled for
 // upstream_unavailable so the app can retry with the same key.
 type errorBody struct {
 	Error struct {
@@ -90,7 +90,7 @@ type errorBody struct {
 }
 
 // classify maps any error on the request path to what the client is told. It is the
-// only place where errors become HTTP statuses and SPEC.md codes.
+// only place where errors become HTTP statuses and the contract's codes.
 func classify(err error) (status int, code, msg string, attempts int) {
 	var (
 		pe  *Error
@@ -128,7 +128,7 @@ func classify(err error) (status int, code, msg string, attempts int) {
 	}
 }
 
-// writeError answers err in SPEC.md's JSON shape. key is the idempotency key in use
+// writeError answers err in the contract's JSON shape. key is the idempotency key in use
 // ("" when none was established yet).
 func writeError(w http.ResponseWriter, err error, key string) {
 	status, code, msg, attempts := classify(err)

@@ -122,7 +122,7 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 }
 
 // start runs the upstream operation for id detached from the client: once sent, it
-// finishes and is stored even if the client goes away (SPEC.md, Detachment). The
+// finishes and is stored even if the client goes away (docs/contract.md). The
 // caller waits for its result unless its own context ends first.
 //
 // before is what earlier sequences of this key left: non-zero when the record

@@ -24,8 +24,8 @@ import (
 	"github.com/idemproxy/idemproxy/upstream"
 )
 
-// provider is an httptest upstream that behaves like the payments provider of the
-// seeds as far as this package cares: it executes each Idempotency-Key once, replays
+// provider is an httptest upstream that behaves like the payments provider
+// as far as this package cares: it executes each Idempotency-Key once, replays
 // it afterwards, and counts executions and requests per key.
 type provider struct {
 	mu       sync.Mutex

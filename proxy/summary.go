@@ -19,7 +19,7 @@ const (
 	OutcomeUnavailable Outcome = "upstream_unavailable"
 	OutcomeStoreError  Outcome = "store_unavailable"
 	// OutcomeClientGone: the client left before its answer; an operation it
-	// started still finishes and is stored for its retry (SPEC.md, Detachment).
+	// started still finishes and is stored for its retry (docs/contract.md).
 	OutcomeClientGone Outcome = "client_gone"
 )
 

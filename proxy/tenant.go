@@ -10,7 +10,7 @@ import (
 
 // ClientTokens authenticates legacy apps by a token header of idemproxy's own and
 // names the tenant their records live under, so that one app can never receive
-// an answer stored for another, even for the same order_id (SPEC.md, Tenancy).
+// an answer stored for another, even for the same order_id (docs/contract.md, Tenancy).
 type ClientTokens struct {
 	header  string
 	byToken map[[32]byte]string // sha256(token) → client name
@@ -48,7 +48,7 @@ func ParseClientTokens(header, list string) (*ClientTokens, error) {
 	return c, nil
 }
 
-// ErrUnauthorized is SPEC.md's 401: client authentication is on and failed.
+// ErrUnauthorized is the contract's 401: client authentication is on and failed.
 var ErrUnauthorized = &Error{http.StatusUnauthorized, "unauthorized", "missing or unknown client token"}
 
 // Header is the request header that carries the token; idemproxy removes it

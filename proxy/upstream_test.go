@@ -111,7 +111,7 @@ func TestPaymentsProviderAcceptsEveryAttempt(t *testing.T) {
 	}
 }
 
-// Retriable 409 business codes (payouts seed) are retried with the same key until
+// Retriable 409 business codes (the payouts provider) are retried with the same key until
 // the operation succeeds; the attempt count reaches the client.
 func TestPayoutsMaturingIsRetriedWithSameKey(t *testing.T) {
 	sb, err := sandbox.New(sandbox.Config{Provider: sandbox.ProviderPayouts, Secret: secret, PublicID: "pub-1",

@@ -1,7 +1,7 @@
 // Package ratelimit paces outbound attempts to one provider: a token bucket
 // (golang.org/x/time/rate) for the configured requests per second, and a
 // provider-wide pause that a 429/503 Retry-After sets, during which no
-// attempt leaves at all (SPEC "Retries": Retry-After "pauses all outbound
+// attempt leaves at all (docs/retries.md: Retry-After "pauses all outbound
 // traffic to that provider, not only the one request").
 package ratelimit
 
@@ -19,7 +19,7 @@ import (
 // ErrDeadline is returned by [Gate.Wait] when the attempt could not leave
 // before the context's deadline. Wait returns it at once instead of sleeping
 // into a deadline it cannot meet: a wait that would overrun the retry budget
-// ends the attempt sequence (SPEC "Retries": a total budget).
+// ends the attempt sequence (docs/retries.md: a total budget).
 var ErrDeadline = errors.New("ratelimit: wait would pass the deadline")
 
 // ErrClosed is returned by [Gate.Wait] once [Gate.Close] was called: the

@@ -1,7 +1,7 @@
 package resign_test
 
-// A fake provider that verifies signatures the way the seeds describe them.
-// The verifiers below are written from the seeds' own text, independently of
+// A fake provider that verifies signatures the way the providers document them.
+// The verifiers below are written from the providers' descriptions, independently of
 // the package's Template: they build the string by hand from what arrived on
 // the wire (the request-target, the headers, the body), so a bug shared by
 // the signer and its template would still be caught here.
@@ -23,8 +23,8 @@ import (
 	"time"
 )
 
-// window is the payments seed's timestamp window: "X-Timestamp — иначе запрос
-// выйдет за окно в 300 секунд".
+// window is the payments provider's timestamp window: X-Timestamp must be
+// within 300 seconds.
 const window = 300
 
 // scheme is one provider's signing rules.
@@ -47,7 +47,7 @@ func wireRequestPath(r *http.Request) string {
 	return p
 }
 
-// payoutsScheme follows seed payouts-resilient-client: signing =
+// payoutsScheme follows the payouts provider: signing =
 // f"{ts}\nPOST\n{path}\n{body}", hmac.new(SECRET, ..., sha256).hexdigest(),
 // headers X-Public-Id, X-Timestamp, X-Signature; the Idempotency-Key is not
 // signed.
@@ -65,9 +65,9 @@ func payoutsScheme() scheme {
 	}
 }
 
-// paymentsScheme follows seed payments-idempotency-and-retries:
+// paymentsScheme follows the payments provider:
 // hmac_sha256(secret, canonical(method, path, ts, nonce, idem_key,
-// sha256(body))) with X-Timestamp, X-Nonce, X-Signature. The seed names the
+// sha256(body))) with X-Timestamp, X-Nonce, X-Signature. The provider names the
 // parts and their order; newline-joined and hex is this test's concrete
 // choice of that canonical form.
 func paymentsScheme() scheme {
@@ -88,7 +88,7 @@ func paymentsScheme() scheme {
 	}
 }
 
-// cardsScheme is a cards-style variant (the cards seed only says "new
+// cardsScheme is a cards-style variant (the cards provider only says "new
 // signature per retry"): own header names, the query signed, base64.
 func cardsScheme() scheme {
 	return scheme{
@@ -178,7 +178,7 @@ func (p *provider) check(r *http.Request, body []byte) (int, string) {
 }
 
 // checkNonce records the nonce; a second use is 409 nonce_reused, as the
-// payments seed says.
+// payments provider says.
 func (p *provider) checkNonce(r *http.Request) (int, string) {
 	if p.scheme.nonceHeader == "" {
 		return 0, ""

@@ -11,8 +11,7 @@ import (
 // DefaultCanonical is the canonical-string template used when Config.Template
 // is nil, written as it appears in IDEMPROXY_SIGN_CANONICAL (the two characters
 // `\n` stand for a newline). It is the payouts provider's scheme
-// "ts\nMETHOD\npath\nbody" (seed payouts-resilient-client, "Как подписать
-// запрос"), and SPEC.md's default.
+// "ts\nMETHOD\npath\nbody", and the documented default (docs/signing.md).
 const DefaultCanonical = `{timestamp}\n{method}\n{path}\n{body}`
 
 // ErrTemplate is wrapped by every error ParseTemplate returns.

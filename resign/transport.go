@@ -1,12 +1,12 @@
 // Package resign signs every upstream attempt afresh, as an http.RoundTripper.
 //
-// Providers reject stale timestamps and reused nonces (seed
-// payments-idempotency-and-retries: X-Timestamp within 300 s, X-Nonce a new
+// Providers reject stale timestamps and reused nonces (the
+// payments provider: X-Timestamp within 300 s, X-Nonce a new
 // UUID per attempt, "409 nonce_reused" for a request resent whole), so a retry
 // is a new network attempt of the same operation, never the same bytes again.
 // A Transport therefore sits below the retry loop: every attempt, the first
 // included, passes through it and leaves with a new timestamp, a new nonce and
-// a new HMAC-SHA256 signature over a configurable canonical string (SPEC.md,
+// a new HMAC-SHA256 signature over a configurable canonical string (docs/signing.md,
 // IDEMPROXY_SIGN_*). The Idempotency-Key is left alone: it is what stays the
 // same across attempts.
 package resign
@@ -36,7 +36,7 @@ import (
 	"github.com/idemproxy/idemproxy/idemkey"
 )
 
-// Default header names (SPEC.md IDEMPROXY_SIGNATURE_HEADER, IDEMPROXY_TIMESTAMP_HEADER).
+// Default header names (IDEMPROXY_SIGNATURE_HEADER, IDEMPROXY_TIMESTAMP_HEADER).
 const (
 	DefaultSignatureHeader = "X-Signature"
 	DefaultTimestampHeader = "X-Timestamp"
@@ -44,7 +44,7 @@ const (
 
 // Signature encodings accepted in Config.Encoding (IDEMPROXY_SIGN_ENCODING).
 const (
-	EncodingHex    = "hex"    // lowercase hex, as the payouts seed's hexdigest()
+	EncodingHex    = "hex"    // lowercase hex, as the payouts provider's hexdigest()
 	EncodingBase64 = "base64" // standard alphabet with padding (RFC 4648 §4)
 )
 
@@ -332,7 +332,8 @@ func (t *Transport) CloseIdleConnections() {
 // replaceHeaders removes every client-sent copy of the managed headers and
 // sets the static ones.
 //
-// Why (SPEC.md "signature/credential headers from the client are replaced"):
+// Why (docs/signing.md: signature and credential headers from the client are
+// replaced):
 // a legacy app may still send its own, stale X-Signature or X-Timestamp; if
 // forwarded next to ours, the provider may check the wrong one, and a stale
 // copy leaks a replayable credential upstream. The comparison ignores case

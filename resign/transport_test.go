@@ -165,8 +165,8 @@ func TestProviderSchemes(t *testing.T) {
 	}
 }
 
-// TestPayoutsKeyNotSigned: the payouts seed says the Idempotency-Key "в
-// подпись НЕ входит", so two requests differing only in the key get the
+// TestPayoutsKeyNotSigned: the payouts provider says the Idempotency-Key is
+// not part of the signature, so two requests differing only in the key get the
 // same signature, and both verify.
 func TestPayoutsKeyNotSigned(t *testing.T) {
 	_, srv := startProvider(t, payoutsScheme(), base)
@@ -222,7 +222,7 @@ func TestProviderRejects(t *testing.T) {
 
 // TestResentWholeRequestIsRejected shows why signing must happen per attempt:
 // the exact bytes of an accepted attempt, sent again, get 409 nonce_reused
-// (payments seed: "Повторно отправленный целиком старый HTTP-запрос"), while
+// (the payments provider rejects an old HTTP request resent whole), while
 // the same request passed through the Transport again is accepted.
 func TestResentWholeRequestIsRejected(t *testing.T) {
 	s := paymentsScheme()

@@ -97,8 +97,8 @@ func (f bodyFacts) final() bool {
 }
 
 // NeedsReview reports a response body whose operation status is
-// "needs_review": final, never retried, and for a person to resolve (seed
-// cards-idempotency: the provider reports the outcome by an event).
+// "needs_review": final, never retried, and for a person to resolve (the
+// cards provider reports the outcome by an event).
 func NeedsReview(body []byte) bool {
 	for _, s := range parseBody(body).statuses {
 		if s == "needs_review" {

@@ -22,7 +22,7 @@ var ErrRequestBody = errors.New("retry: read request body")
 // budget or the time left for the next wait ran out. The outcome upstream
 // may be unknown, so the proxy must not store anything as final and answers
 // 502/504 upstream_unavailable; the client's next request resumes with the
-// same key (SPEC "What is stored as final").
+// same key (docs/contract.md, What is final).
 type ExhaustedError struct {
 	Method string // request method
 	Path   string // URL path only: no query, no host, nothing secret

@@ -39,7 +39,7 @@ type arrival struct {
 // step is what the provider does with one arrival.
 type step func(p *provider, w http.ResponseWriter, r *http.Request)
 
-// provider is an httptest upstream that behaves like the seeds' providers:
+// provider is an httptest upstream that behaves like the providers idemproxy fronts:
 // a key's first successful request executes the operation, a repeat with the
 // same key replays it with Idempotent-Replayed: true. Arrival n (0-based)
 // runs steps[n]; arrivals past the script are processed normally.

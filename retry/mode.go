@@ -13,11 +13,11 @@ const (
 	// resend of a money-moving request could be a second charge.
 	Once Mode = iota
 	// Safe is for unprotected safe methods (GET, HEAD): network errors and
-	// 5xx are retried (SPEC "Unprotected requests").
+	// 5xx are retried (docs/retries.md).
 	Safe
 	// Protected is for requests carrying an idempotency key: network errors,
 	// timeouts, Policy.Statuses and 4xx bodies with a Policy.Codes code are
-	// retried, always with the same request (SPEC "Retries").
+	// retried, always with the same request (docs/retries.md).
 	Protected
 )
 

@@ -5,7 +5,7 @@
 // bounds every attempt and the whole sequence in time, and paces attempts
 // through a [ratelimit.Gate].
 //
-// The one rule (SPEC.md; seeds payouts-resilient-client, cards-idempotency):
+// The one rule (docs/contract.md):
 // never send a new key for an operation whose outcome is unknown. This
 // package never touches the key; every attempt is a clone of the caller's
 // request. Only signature headers change, and they are added below this
@@ -23,7 +23,7 @@ import (
 )
 
 // DefaultMaxDelay is the cap on one wait when [Policy.MaxDelay] is zero
-// (SPEC.md IDEMPROXY_RETRY_MAX_DELAY default). A zero cap is not "no cap":
+// (the IDEMPROXY_RETRY_MAX_DELAY default). A zero cap is not "no cap":
 // an uncapped Retry-After would let one response pause a provider for days.
 const DefaultMaxDelay = 60 * time.Second
 
@@ -85,7 +85,7 @@ func (p Policy) capDelay(d time.Duration) time.Duration {
 //
 // Full jitter (not "delay + small random") spreads clients that failed
 // together over the whole interval, so they do not hit the provider again
-// at once (seed payouts-resilient-client: "джиттер важен").
+// at once (providers ask for jitter explicitly).
 func (p Policy) Backoff(retry int, rnd func() float64) time.Duration {
 	ceiling := p.backoffCeiling(retry)
 	if ceiling <= 0 {

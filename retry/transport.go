@@ -380,8 +380,8 @@ func readLimited(r io.Reader, limit int64) ([]byte, error) {
 }
 
 // noteRetryAfter records the response's Retry-After, capped by MaxDelay, and
-// for 429/503 pauses ALL outbound attempts until it ends (SPEC "Retries";
-// seed payouts-resilient-client: 429 comes with Retry-After: 60). The pause
+// for 429/503 pauses ALL outbound attempts until it ends (docs/retries.md;
+// the payouts provider's 429 comes with Retry-After: 60). The pause
 // is set whatever the mode, since it describes the provider, not this
 // request.
 func (s *sequence) noteRetryAfter(o *outcome) {

@@ -17,12 +17,12 @@ const (
 	// METHOD\npath\ntimestamp\nnonce\nidempotency_key\nhex(sha256(body)).
 	PaymentsCanonical = `{method}\n{path}\n{timestamp}\n{nonce}\n{idempotency_key}\n{body_sha256}`
 	// TimestampCanonical matches the payouts and cards providers
-	// (timestamp\nMETHOD\npath\nbody; payouts seed: "ts\nMETHOD\npath\nbody").
+	// (timestamp\nMETHOD\npath\nbody).
 	TimestampCanonical = `{timestamp}\n{method}\n{path}\n{body}`
 )
 
-// signatureWindow is how far X-Timestamp may be from now. Payments seed:
-// "окно в 300 секунд"; payouts seed: "окне ±5 минут".
+// signatureWindow is how far X-Timestamp may be from now: 300 s for
+// payments, ±5 minutes for payouts.
 const signatureWindow = 300 * time.Second
 
 // Sign returns the lowercase hex HMAC-SHA256 of canonical under secret, as

@@ -7,7 +7,7 @@ import (
 	"sync"
 )
 
-// cards behaves like the provider of the cards-idempotency seed.
+// cards behaves like the cards provider.
 type cards struct {
 	*core
 	secret []byte   // empty means signatures are not checked
@@ -36,7 +36,7 @@ type cardView struct {
 	CreatedAt string `json:"created_at"`
 }
 
-// cardOperation is the seed's operation body: the same id on every repeat.
+// cardOperation is the provider's operation body: the same id on every repeat.
 type cardOperation struct {
 	ID         string `json:"id"`
 	Kind       string `json:"kind"`   // "issue", "topup" or "close"
@@ -55,12 +55,12 @@ type cardholder struct {
 	CreatedAt  string `json:"created_at"`
 }
 
-// holdRate is the reserve per unit of net amount: the seed's example holds
+// holdRate is the reserve per unit of net amount: the provider's example holds
 // 57.0464 for a net 50.
 var holdRate = big.NewRat(1140928, 1000000)
 
 // Amounts that make a card issue or top-up end in an operation status the
-// cards seed names, so that tests (and curl) can produce them. The amount is
+// cards provider names, so that tests (and curl) can produce them. The amount is
 // compared as a decimal: "13.130" is AmountFailed too.
 const (
 	// AmountFailed gives an operation with status "failed": nothing is
@@ -69,7 +69,7 @@ const (
 	AmountFailed = "13.13"
 	// AmountNeedsReview gives an operation with status "needs_review": it is
 	// carried out (the card is issued or credited) but the provider
-	// "разбирается вручную"; never repeat it, wait for the event.
+	// resolved by hand; never repeat it, wait for the event.
 	AmountNeedsReview = "66.66"
 )
 
@@ -97,7 +97,7 @@ func outcome(net *big.Rat, normal string) string {
 }
 
 // reserve takes the hold for net from the account's funds (p.mu held), or
-// returns the seed's refusal: 409 balance_exhausted, nothing reserved.
+// returns the provider's refusal: 409 balance_exhausted, nothing reserved.
 func (p *cards) reserve(net *big.Rat) (reply, bool) {
 	hold := new(big.Rat).Mul(net, holdRate)
 	if p.funds == nil {
@@ -110,7 +110,7 @@ func (p *cards) reserve(net *big.Rat) (reply, bool) {
 	return reply{}, true
 }
 
-// register adds the seed's endpoints and GET /cards/{id}.
+// register adds the provider's endpoints and GET /cards/{id}.
 func (p *cards) register(mux *http.ServeMux, wrap func(handler) http.Handler) {
 	mux.Handle("POST /cardholders", wrap(p.createHolder))
 	mux.Handle("POST /cards", wrap(p.issue))
@@ -120,7 +120,7 @@ func (p *cards) register(mux *http.ServeMux, wrap func(handler) http.Handler) {
 }
 
 // authenticate checks X-Timestamp and X-Signature when a secret is set. The
-// seed asks for a new signature ("новое время") on every retry; a fixed
+// provider asks for a new signature (a new time) on every retry; a fixed
 // window is how a stale one is refused.
 func (p *cards) authenticate(c *call) (reply, bool) {
 	if len(p.secret) == 0 {
@@ -136,21 +136,21 @@ func (p *cards) authenticate(c *call) (reply, bool) {
 	return reply{}, true
 }
 
-// throttled is the seed's "429 rate_limited".
+// throttled is the provider's "429 rate_limited".
 func (p *cards) throttled(retryAfter int) reply {
 	return errorReply(http.StatusTooManyRequests, "rate_limited", "rate limit exceeded").withRetryAfter(retryAfter)
 }
 
-// schemaError is the seed's 422: the request does not pass the schema check.
+// schemaError is the provider's 422: the request does not pass the schema check.
 func schemaError(message string) reply {
 	return errorReply(http.StatusUnprocessableEntity, "schema_validation_failed", message)
 }
 
-// once runs a keyed operation at most once per Idempotency-Key. Seed: "Сервер
-// находит операцию по ключу и возвращает её, даже если тело нового запроса
-// другое", so a known key returns its original operation whatever the body
-// or endpoint. A repeat that arrives while the first is executing waits for
-// it. Refusals are not stored: the seed says to fix the cause and repeat.
+// once runs a keyed operation at most once per Idempotency-Key. The provider
+// finds the operation by its key and returns it even if the new request's
+// body differs, so a known key returns its original operation whatever the
+// body or endpoint. A repeat that arrives while the first is executing waits for
+// it. Refusals are not stored: the provider says to fix the cause and repeat.
 func (p *cards) once(c *call, kind string, run func(Operation, fields) reply) reply {
 	if c.key == "" {
 		return schemaError("Idempotency-Key header is required")
@@ -181,7 +181,7 @@ func (p *cards) commit(op Operation, rep reply) reply {
 	return rep
 }
 
-// operation builds the seed's operation body; hold_amount includes the fee.
+// operation builds the provider's operation body; hold_amount includes the fee.
 func (p *cards) operation(kind, cardID, status string, net *big.Rat) reply {
 	hold := new(big.Rat).Mul(net, holdRate)
 	return jsonReply(http.StatusOK, cardOperation{ID: p.rng.uuid(), Kind: kind, Status: status,
@@ -198,7 +198,7 @@ func (p *cards) issue(c *call) reply {
 		return p.execute(op, func() (reply, bool) {
 			p.mu.Lock()
 			defer p.mu.Unlock()
-			// The seed's example answers an issue with "processing".
+			// The provider's example answers an issue with "processing".
 			status := outcome(amount, "processing")
 			if status == "failed" {
 				return p.commit(op, p.operation("issue", "", status, amount)), true
@@ -256,7 +256,7 @@ func (p *cards) close(c *call) reply {
 	})
 }
 
-// activeCard finds an active card (p.mu held), or returns the seed-style
+// activeCard finds an active card (p.mu held), or returns the provider's
 // business refusal: 4xx with a code, not to be retried as is.
 func (p *cards) activeCard(id string) (*card, reply) {
 	cd, ok := p.cards[id]
@@ -270,8 +270,8 @@ func (p *cards) activeCard(id string) (*card, reply) {
 }
 
 // createHolder is POST /cardholders {external_id, name}: idempotent by
-// external_id, so the key is optional (seed: "эндпоинт и так идемпотентен по
-// external_id").
+// external_id, so the key is optional (the endpoint is idempotent by
+// external_id already).
 func (p *cards) createHolder(c *call) reply {
 	f, err := decodeFields(c.body)
 	ext := f.str("external_id")

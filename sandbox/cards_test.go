@@ -9,13 +9,13 @@ import (
 	"time"
 )
 
-// Written from the cards-idempotency seed.
+// Written from the cards provider's documented behaviour.
 
 func TestCardsKeyRequired(t *testing.T) {
 	_, ts := start(t, Config{Provider: ProviderCards})
 	issued := send(t, ts, "POST", "/cards", `{"amount":"50"}`, keyed("k-issue"))
 	cardID := issued.field("card_id")
-	// Seed: "Без заголовка там, где он обязателен, запрос не проходит проверку схемы (422)".
+	// Without the header where it is required, the request fails the schema check (422).
 	for _, path := range []string{"/cards", "/cards/" + cardID + "/topup", "/cards/" + cardID + "/close"} {
 		t.Run(path, func(t *testing.T) {
 			r := send(t, ts, "POST", path, `{"amount":"10"}`, nil)
@@ -26,8 +26,8 @@ func TestCardsKeyRequired(t *testing.T) {
 	}
 }
 
-// TestCardsRepeatReturnsOriginal: "повтор с тем же ключом возвращает исходную
-// операцию", "даже если тело нового запроса другое".
+// TestCardsRepeatReturnsOriginal: a repeat with the same key returns the
+// original operation, even if the new request's body differs.
 func TestCardsRepeatReturnsOriginal(t *testing.T) {
 	s, ts := start(t, Config{Provider: ProviderCards})
 	body := `{"tariff_id":"t-1","holder_external_id":"cust-1","amount":"50"}`
@@ -35,7 +35,7 @@ func TestCardsRepeatReturnsOriginal(t *testing.T) {
 	if first.status != http.StatusOK {
 		t.Fatalf("issue = %d %s", first.status, first.body)
 	}
-	// The seed's example: issue, processing, 57.0464 held for 50 net.
+	// The provider's example: issue, processing, 57.0464 held for 50 net.
 	for field, want := range map[string]string{"kind": "issue", "status": "processing", "hold_amount": "57.0464",
 		"net_amount": "50", "created_at": "2026-10-07T09:13:02Z"} {
 		if got := first.field(field); got != want {
@@ -74,7 +74,7 @@ func TestCardsLifecycle(t *testing.T) {
 		{"topup of unknown card", "/cards/nope/topup", "k-x", `{"amount":"1"}`, 404, "card_not_found"},
 		{"topup with bad amount", "/cards/" + card + "/topup", "k-y", `{"amount":"-3"}`, 422, "schema_validation_failed"},
 		{"close", "/cards/" + card + "/close", "k-close", ``, 200, "close"},
-		// Seed: "4xx с бизнес-кодом (..., card_not_active, …) — не повторять как есть".
+		// A 4xx with a business code (card_not_active, ...) is not repeated as is.
 		{"topup of closed card", "/cards/" + card + "/topup", "k-late", `{"amount":"1"}`, 409, "card_not_active"},
 		{"close again", "/cards/" + card + "/close", "k-close-2", `{}`, 409, "card_not_active"},
 	}
@@ -99,7 +99,7 @@ func TestCardsLifecycle(t *testing.T) {
 	}
 }
 
-// TestCardholdersDedupByExternalID: "эндпоинт и так идемпотентен по external_id".
+// TestCardholdersDedupByExternalID: the endpoint is idempotent by external_id.
 func TestCardholdersDedupByExternalID(t *testing.T) {
 	s, ts := start(t, Config{Provider: ProviderCards})
 	a := send(t, ts, "POST", "/cardholders", `{"external_id":"cust-1","name":"Ann"}`, nil)
@@ -151,8 +151,8 @@ func TestCardsConcurrentRepeatWaits(t *testing.T) {
 	}
 }
 
-// TestCardsSignature: with a secret, each retry is signed anew ("новое
-// время"); a stale or wrong signature is refused before anything runs.
+// TestCardsSignature: with a secret, each retry is signed anew (a new
+// time); a stale or wrong signature is refused before anything runs.
 func TestCardsSignature(t *testing.T) {
 	clk := newClock()
 	s, ts := start(t, Config{Provider: ProviderCards, Secret: testSecret, Now: clk.Now})
@@ -191,20 +191,19 @@ func TestCardsSignature(t *testing.T) {
 	}
 }
 
-// TestCardsOperationStatuses: the seed's "Операция failed — повторить с новым
-// ключом" and "Операция needs_review — не повторять", produced by the magic
-// amounts.
+// TestCardsOperationStatuses: the provider's "failed: repeat with a new key"
+// and "needs_review: do not repeat", produced by the magic amounts.
 func TestCardsOperationStatuses(t *testing.T) {
 	s, ts := start(t, Config{Provider: ProviderCards})
 	failed := send(t, ts, "POST", "/cards", `{"amount":"`+AmountFailed+`0"}`, keyed("k-failed"))
 	if failed.status != http.StatusOK || failed.field("status") != "failed" || failed.field("card_id") != "" {
 		t.Fatalf("failed issue = %d %s, want a failed operation and no card", failed.status, failed.body)
 	}
-	// "Повтор с ключом проваленной операции вернёт ту же проваленную операцию".
+	// A repeat with a failed operation's key returns the same failed operation.
 	if again := send(t, ts, "POST", "/cards", `{"amount":"50"}`, keyed("k-failed")); !bytes.Equal(again.body, failed.body) {
 		t.Errorf("repeat of a failed key = %s, want the same failed operation", again.body)
 	}
-	// "Чтобы попробовать снова, сгенерируйте новый ключ".
+	// To try again, generate a new key.
 	ok := send(t, ts, "POST", "/cards", `{"amount":"50"}`, keyed("k-new"))
 	card := ok.field("card_id")
 	if ok.field("status") != "processing" || card == "" {
@@ -230,8 +229,8 @@ func TestCardsOperationStatuses(t *testing.T) {
 	}
 }
 
-// TestCardsBalanceExhausted: "4xx с бизнес-кодом (balance_exhausted, …) — не
-// повторять как есть: исправить причину. Резерв не создавался".
+// TestCardsBalanceExhausted: a 4xx with a business code (balance_exhausted, ...)
+// is not repeated as is: fix the cause. No reserve was created.
 func TestCardsBalanceExhausted(t *testing.T) {
 	s, ts := start(t, Config{Provider: ProviderCards, Balance: 100})
 	card := send(t, ts, "POST", "/cards", `{"amount":"50"}`, keyed("k-issue")).field("card_id") // holds 57.0464

@@ -42,7 +42,7 @@ func (c *core) execute(op Operation, create func() (reply, bool)) reply {
 	return rep
 }
 
-// timestamp formats t as the seeds' created_at ("2026-10-07T09:13:02Z").
+// timestamp formats t as the providers' created_at ("2026-10-07T09:13:02Z").
 func (c *core) timestamp() string {
 	return c.now().UTC().Format(time.RFC3339)
 }

@@ -1,11 +1,12 @@
 // Package sandbox is an HTTP server that behaves like one of the three
-// providers idemproxy was designed from (the seeds cards-idempotency,
-// payments-idempotency-and-retries and payouts-resilient-client; SPEC.md
-// summarises them), with fault injection and a ledger of executions.
+// providers idemproxy was designed for (cards, payments and payouts; see
+// docs/signing.md and docs/retries.md), with fault injection and a ledger of
+// executions.
 //
 // It serves two audiences: a person trying idemproxy by hand with curl, and a
 // chaos test suite that counts how many times each operation really executed.
-// Everything the sandbox does is written from the seeds, not from idemproxy.
+// Everything the sandbox does follows the providers' documented behaviour,
+// not idemproxy's code.
 //
 // # Providers
 //
@@ -39,7 +40,7 @@
 //
 // Errors are {"error":{"code":"...","message":"..."}}, except the payouts
 // 429, which is {"state":1,"message":"rate limit exceeded"} with Retry-After
-// and no error code, as the payouts seed shows.
+// and no error code, as the payouts provider answers it.
 //
 // # Signatures
 //
@@ -58,7 +59,7 @@
 //     X-Timestamp and X-Signature over timestamp "\n" METHOD "\n" path "\n" body;
 //     the Idempotency-Key is NOT signed. IDEMPROXY_SIGN_CANONICAL
 //     {timestamp}\n{method}\n{path}\n{body} (TimestampCanonical).
-//   - cards: the seed only says a retry is signed anew ("new time"); the
+//   - cards: the provider only says a retry is signed anew (new time); the
 //     sandbox checks X-Timestamp and X-Signature over the same string as
 //     payouts, so a retry that reuses an old signature fails once it is
 //     older than 300 s.

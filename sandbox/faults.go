@@ -77,7 +77,7 @@ func (s *Server) injectBefore(w http.ResponseWriter, r *http.Request, kind Fault
 	case FaultDropBefore:
 		dropConnection(w)
 	case FaultMaintenance:
-		// Cards seed: "503 maintenance — Деньги не двигались".
+		// The cards provider's 503 maintenance: money did not move.
 		errorReply(http.StatusServiceUnavailable, "maintenance", "scheduled maintenance, money did not move; retry later with the same key").write(w)
 	case FaultRateLimited:
 		s.api.throttled(s.retryAfter).write(w)
@@ -87,8 +87,8 @@ func (s *Server) injectBefore(w http.ResponseWriter, r *http.Request, kind Fault
 }
 
 // serverError is one of four upstream failures. 502 and 504 come as HTML, as
-// from a gateway in front of the provider (payouts seed: "не-JSON тело (напр.,
-// HTML от прокси на 502)").
+// from a gateway in front of the provider (the payouts provider warns of
+// non-JSON bodies, e.g. a proxy's HTML on 502).
 func serverError(n int) reply {
 	switch n {
 	case 0:
@@ -127,8 +127,8 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, rep reply, afte
 
 // gatewayTimeout is the 504 a gateway gives when the provider took too long,
 // although it went on and executed. The payments provider names the payment
-// it was creating, so that the client can look it up (payments seed: "после
-// 504 сначала выполните GET /payments/{payment_id}").
+// it was creating, so that the client can look it up (the payments
+// provider: after a 504, first GET /payments/{payment_id}).
 func gatewayTimeout(provider string, executed reply) reply {
 	body := struct {
 		Error     errorDetail `json:"error"`

@@ -9,8 +9,7 @@ import (
 	"time"
 )
 
-// payments behaves like the provider of the payments-idempotency-and-retries
-// seed.
+// payments behaves like the payments provider.
 type payments struct {
 	*core
 	secret    []byte        // empty means signatures and nonces are not checked
@@ -46,8 +45,8 @@ func newPayments(c *core, secret []byte, retention time.Duration) *payments {
 		byID: map[string][]byte{}, inflight: flights{}}
 }
 
-// register adds POST /payments and GET /payments/{id} (the seed: "после 504
-// сначала выполните GET /payments/{payment_id}").
+// register adds POST /payments and GET /payments/{id} (after a 504 the
+// provider tells clients to GET the payment first).
 func (p *payments) register(mux *http.ServeMux, wrap func(handler) http.Handler) {
 	mux.Handle("POST /payments", wrap(p.create))
 	mux.Handle("GET /payments/{id}", wrap(p.get))
@@ -72,14 +71,14 @@ func (p *payments) authenticate(c *call) (reply, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.nonces[nonce] {
-		// Seed: "Повторно отправленный целиком старый HTTP-запрос — 409 nonce_reused".
+		// An old HTTP request resent whole gets 409 nonce_reused.
 		return errorReply(http.StatusConflict, "nonce_reused", "X-Nonce was already used; sign the retry anew"), false
 	}
 	p.nonces[nonce] = true
 	return reply{}, true
 }
 
-// throttled is a 429 in the seed's error shape.
+// throttled is a 429 in the provider's error shape.
 func (p *payments) throttled(retryAfter int) reply {
 	return errorReply(http.StatusTooManyRequests, "rate_limited", "rate limit exceeded").withRetryAfter(retryAfter)
 }

@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// Written from the payments-idempotency-and-retries seed; every request is
-// signed as the seed describes, with a new nonce per attempt.
+// Written from the payments provider's documented behaviour; every request is
+// signed as that provider describes, with a new nonce per attempt.
 
 func startPayments(t *testing.T) (*Server, func(method, path, key, body string) result) {
 	t.Helper()
@@ -19,7 +19,7 @@ func startPayments(t *testing.T) (*Server, func(method, path, key, body string) 
 	}
 }
 
-// TestPaymentsKeyRequired: "Заголовок обязателен для каждого POST".
+// TestPaymentsKeyRequired: the header is required on every POST.
 func TestPaymentsKeyRequired(t *testing.T) {
 	s, do := startPayments(t)
 	r := do("POST", "/payments", "", `{"order_id":"o-1","amount":"10"}`)
@@ -67,7 +67,7 @@ func TestPaymentsReplayAndConflict(t *testing.T) {
 }
 
 // TestPaymentsAuthentication: 300 s window, HMAC over the canonical string,
-// single-use nonce ("Повторно отправленный целиком старый HTTP-запрос — 409
+// single-use nonce (an old HTTP request resent whole gets 409
 // nonce_reused").
 func TestPaymentsAuthentication(t *testing.T) {
 	s, ts := start(t, Config{Provider: ProviderPayments, Secret: testSecret})
@@ -106,7 +106,7 @@ func TestPaymentsAuthentication(t *testing.T) {
 	}
 }
 
-// TestPaymentsGet: "После 504 сначала выполните GET /payments/{payment_id}".
+// TestPaymentsGet: after a 504, first GET /payments/{payment_id}.
 func TestPaymentsGet(t *testing.T) {
 	_, do := startPayments(t)
 	created := do("POST", "/payments", "k-1", `{"order_id":"o-1","amount":"10"}`)
@@ -143,8 +143,8 @@ func TestPaymentsValidation(t *testing.T) {
 	}
 }
 
-// TestPaymentsNewKeyIsSecondCharge: "Новый ключ для той же операции — это
-// второе списание"; the ledger must show it.
+// TestPaymentsNewKeyIsSecondCharge: a new key for the same operation is a
+// second charge; the ledger must show it.
 func TestPaymentsNewKeyIsSecondCharge(t *testing.T) {
 	s, do := startPayments(t)
 	do("POST", "/payments", "k-1", `{"order_id":"o-1","amount":"10"}`)
@@ -154,7 +154,7 @@ func TestPaymentsNewKeyIsSecondCharge(t *testing.T) {
 	}
 }
 
-// TestPaymentsKeyRetention: keys are kept "не менее 48 часов"; after the
+// TestPaymentsKeyRetention: keys are kept at least 48 hours; after the
 // configured retention the same key and body execute again, which is the
 // second charge a blind resend risks.
 func TestPaymentsKeyRetention(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"sync"
 )
 
-// payouts behaves like the provider of the payouts-resilient-client seed.
+// payouts behaves like the payouts provider.
 type payouts struct {
 	*core
 	secret        []byte   // empty means signatures are not checked
@@ -26,7 +26,7 @@ type payouts struct {
 
 // book holds one kind of object the payouts API creates, deduplicated by
 // Idempotency-Key and by order_id: payouts, and the payments that the
-// payouts seed looks up with /v1/payment/info.
+// payouts provider looks up with /v1/payment/info.
 type book struct {
 	kind    string            // "payout" or "payment", as in the error codes
 	byOrder map[string][]byte // order_id → object body
@@ -50,7 +50,7 @@ type payout struct {
 	CreatedAt string `json:"created_at"`
 }
 
-// holdCodes are the seed's retriable 409s for a payout not yet possible.
+// holdCodes are the provider's retriable 409s for a payout not yet possible.
 var holdCodes = [...]string{"payout.funds_maturing", "payout.frozen"}
 
 // newPayouts returns an empty payouts provider for cfg.
@@ -65,8 +65,8 @@ func newPayouts(c *core, cfg Config) *payouts {
 }
 
 // register adds POST /v1/payout and POST /v1/payout/info, and the payments
-// the seed names beside them ("Для платежей — /v1/payment/info"): POST
-// /v1/payment and POST /v1/payment/info.
+// the provider documents beside them: POST /v1/payment and
+// POST /v1/payment/info.
 func (p *payouts) register(mux *http.ServeMux, wrap func(handler) http.Handler) {
 	mux.Handle("POST /v1/payout", wrap(func(c *call) reply { return p.create(&p.payouts, c) }))
 	mux.Handle("POST /v1/payout/info", wrap(func(c *call) reply { return p.info(&p.payouts, c) }))
@@ -75,8 +75,8 @@ func (p *payouts) register(mux *http.ServeMux, wrap func(handler) http.Handler) 
 }
 
 // authenticate checks X-Public-Id, X-Timestamp and X-Signature over
-// "ts\nMETHOD\npath\nbody"; the Idempotency-Key is not signed (seed: "в
-// подпись НЕ входит").
+// "ts\nMETHOD\npath\nbody"; the Idempotency-Key is not signed (the
+// provider says so explicitly).
 func (p *payouts) authenticate(c *call) (reply, bool) {
 	if p.publicID != "" && c.r.Header.Get("X-Public-Id") != p.publicID {
 		return errorReply(http.StatusUnauthorized, "auth.invalid_public_id", "X-Public-Id missing or unknown"), false
@@ -94,7 +94,7 @@ func (p *payouts) authenticate(c *call) (reply, bool) {
 	return reply{}, true
 }
 
-// throttled is the seed's quirky 429: no error code, only state and message.
+// throttled is the provider's quirky 429: no error code, only state and message.
 func (p *payouts) throttled(retryAfter int) reply {
 	return reply{status: http.StatusTooManyRequests,
 		body: []byte(`{"state":1,"message":"rate limit exceeded"}`)}.withRetryAfter(retryAfter)
@@ -103,7 +103,7 @@ func (p *payouts) throttled(retryAfter int) reply {
 // create is POST /v1/payout {amount, currency, network, address, order_id}.
 // In order: a key or order still being processed → 409
 // idempotency.in_progress; a known key → its payout with Idempotent-Replayed
-// (whatever the body); a known order_id → its payout (the seed's second
+// (whatever the body); a known order_id → its payout (the provider's second
 // dedup mechanism); then the refusals; then the payout is created. The key
 // and order stay in flight until the response is written, slow fault
 // included, as a server's idempotency lock would.
@@ -178,8 +178,8 @@ func keyID(key string) string {
 // in progress, a known key, a missing order_id or a known order.
 func (p *payouts) existing(b *book, key, order string) (reply, bool) {
 	if p.inflight.busy(keyID(key)) || (order != "" && p.inflight.busy(orderID(b, order))) {
-		// Seed: "409 idempotency.in_progress означает, что запрос с этим
-		// ключом прямо сейчас выполняется на сервере".
+		// 409 idempotency.in_progress: a request with this key is being
+		// executed on the server right now.
 		return errorReply(http.StatusConflict, "idempotency.in_progress", "a request with this key or order is still being processed"), true
 	}
 	if known, ok := b.byKey[key]; ok && key != "" {
@@ -233,7 +233,7 @@ func (p *payouts) hold(order string) string {
 }
 
 // info is POST /v1/payout/info {order_id}: the payout, or 404
-// payout.not_found ("не создавалась, можно создавать"); the same for
+// payout.not_found (never created, may be created); the same for
 // /v1/payment/info, with payment.not_found.
 func (p *payouts) info(b *book, c *call) reply {
 	f, err := decodeFields(c.body)

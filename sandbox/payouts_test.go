@@ -10,10 +10,10 @@ import (
 	"time"
 )
 
-// Written from the payouts-resilient-client seed; requests are signed as its
-// call() does: X-Public-Id, X-Timestamp, hex HMAC of "ts\nPOST\npath\nbody".
+// Written from the payouts provider's documented behaviour; requests are
+// signed as its example client does: X-Public-Id, X-Timestamp, hex HMAC of "ts\nPOST\npath\nbody".
 
-// payoutBody is the seed's example payout for an order.
+// payoutBody is the provider's example payout for an order.
 func payoutBody(order, amount string) string {
 	return `{"amount":"` + amount + `","currency":"USDT","network":"tron","address":"TXY...","order_id":"` + order + `"}`
 }
@@ -26,14 +26,14 @@ func startPayouts(t *testing.T, cfg Config) (*Server, *httptest.Server, func(pat
 		t.Helper()
 		h := timestampAuth("POST", path, body, t0)
 		if key != "" {
-			h.Set("Idempotency-Key", key) // "в подпись НЕ входит"
+			h.Set("Idempotency-Key", key) // not part of the signature
 		}
 		return send(t, ts, "POST", path, body, h)
 	}
 }
 
-// TestPayoutsDedup: order_id deduplicates ("повтор вернёт существующий
-// объект"); a known key answers with Idempotent-Replayed: true.
+// TestPayoutsDedup: order_id deduplicates (a repeat returns the existing
+// object); a known key answers with Idempotent-Replayed: true.
 func TestPayoutsDedup(t *testing.T) {
 	s, _, do := startPayouts(t, Config{})
 	first := do("/v1/payout", "", payoutBody("payout-1", "25"))
@@ -71,7 +71,7 @@ func TestPayoutsValidation(t *testing.T) {
 		name, body string
 		code       string
 	}{
-		// Seed: "order_id ... Для выплат — обязателен".
+		// order_id is required for payouts.
 		{"no order_id", `{"amount":"25","currency":"USDT"}`, "request.order_id_required"},
 		{"no amount", `{"order_id":"payout-1"}`, "request.invalid_amount"},
 		{"not json", `amount=25`, "request.invalid_json"},
@@ -88,8 +88,8 @@ func TestPayoutsValidation(t *testing.T) {
 	}
 }
 
-// TestPayoutsInfo: "404 payout.not_found → не создавалась; объект выплаты →
-// уже существует".
+// TestPayoutsInfo: 404 payout.not_found means it was never created; a payout
+// object means it exists.
 func TestPayoutsInfo(t *testing.T) {
 	_, _, do := startPayouts(t, Config{})
 	created := do("/v1/payout", "", payoutBody("payout-1", "25"))
@@ -149,8 +149,8 @@ func TestPayoutsAuthentication(t *testing.T) {
 	}
 }
 
-// TestPayoutsOwnRateLimit: "429 приходит в особом виде
-// {"state":1,"message":"rate limit exceeded"} — без error.code" with
+// TestPayoutsOwnRateLimit: the 429 comes in its own shape,
+// {"state":1,"message":"rate limit exceeded"} without error.code, with
 // Retry-After.
 func TestPayoutsOwnRateLimit(t *testing.T) {
 	clk := newClock()
@@ -170,7 +170,7 @@ func TestPayoutsOwnRateLimit(t *testing.T) {
 			r := do("/v1/payout/info", "", `{"order_id":"payout-`+strconv.Itoa(i)+`"}`)
 			if st.status == 429 {
 				if r.status != 429 || r.header.Get("Retry-After") != "7" || string(r.body) != `{"state":1,"message":"rate limit exceeded"}` {
-					t.Fatalf("= %d %v %s, want the seed's 429", r.status, r.header, r.body)
+					t.Fatalf("= %d %v %s, want the provider's 429", r.status, r.header, r.body)
 				}
 				return
 			}
@@ -184,7 +184,7 @@ func TestPayoutsOwnRateLimit(t *testing.T) {
 	}
 }
 
-// TestPayoutsMaturing: "payout.funds_maturing / payout.frozen — ДА, позже":
+// TestPayoutsMaturing: payout.funds_maturing and payout.frozen are retried later:
 // the first attempts are refused, a later one succeeds, once.
 func TestPayoutsMaturing(t *testing.T) {
 	s, _, do := startPayouts(t, Config{MaturingAttempts: 2})
@@ -210,7 +210,7 @@ func TestPayoutsMaturing(t *testing.T) {
 	}
 }
 
-// TestPayoutsInsufficientFunds: "payout.insufficient_funds — Нет" (final).
+// TestPayoutsInsufficientFunds: payout.insufficient_funds is not retried (final).
 func TestPayoutsInsufficientFunds(t *testing.T) {
 	s, _, do := startPayouts(t, Config{Balance: 100})
 	tests := []struct {
@@ -234,10 +234,9 @@ func TestPayoutsInsufficientFunds(t *testing.T) {
 	}
 }
 
-// TestPayoutsInProgress holds an execution in ExecuteHook: "409
-// idempotency.in_progress означает, что запрос с этим ключом прямо сейчас
-// выполняется на сервере ... подождите и повторите — получите результат
-// первой попытки".
+// TestPayoutsInProgress holds an execution in ExecuteHook: 409
+// idempotency.in_progress means a request with this key is executing right
+// now; wait and repeat to get the first attempt's result.
 func TestPayoutsInProgress(t *testing.T) {
 	entered, release := make(chan Operation, 1), make(chan struct{})
 	s, ts, do := startPayouts(t, Config{ExecuteHook: func(op Operation) {
@@ -286,7 +285,7 @@ func TestPayoutsInProgress(t *testing.T) {
 	}
 }
 
-// TestPaymentsOfThePayoutsAPI: "Для платежей — /v1/payment/info, для выплат —
+// TestPaymentsOfThePayoutsAPI: /v1/payment/info for payments, for payouts
 // /v1/payout/info". Payments are deduplicated like payouts, in their own book.
 func TestPaymentsOfThePayoutsAPI(t *testing.T) {
 	s, _, do := startPayouts(t, Config{MaturingAttempts: 5, Balance: 1})

@@ -16,7 +16,7 @@ type reply struct {
 	done        func()      // runs once the reply is written or dropped; nil means none
 }
 
-// apiError is the seeds' error body: {"error":{"code":"...","message":"..."}}.
+// apiError is the providers' error body: {"error":{"code":"...","message":"..."}}.
 type apiError struct {
 	Error errorDetail `json:"error"`
 }
@@ -37,13 +37,13 @@ func jsonReply(status int, v any) reply {
 	return reply{status: status, body: body}
 }
 
-// errorReply is an error in the seeds' shape.
+// errorReply is an error in the providers' shape.
 func errorReply(status int, code, message string) reply {
 	return jsonReply(status, apiError{Error: errorDetail{Code: code, Message: message}})
 }
 
 // replayed returns a copy of r marked "Idempotent-Replayed: true", the
-// payments and payouts seeds' replay marker.
+// payments and payouts providers' replay marker.
 func (r reply) replayed() reply {
 	r.header = http.Header{"Idempotent-Replayed": {"true"}}
 	return r

@@ -25,7 +25,7 @@ const (
 	// DefaultSlowDelay is longer than idemproxy's default attempt timeout
 	// (IDEMPROXY_ATTEMPT_TIMEOUT=30s), so a slow answer is a timeout for it.
 	DefaultSlowDelay = 35 * time.Second
-	// DefaultRetryAfter is what the payouts seed shows: "Retry-After: 60".
+	// DefaultRetryAfter is what the payouts provider sends: "Retry-After: 60".
 	DefaultRetryAfter = 60
 	// maxBodyBytes caps request bodies; the sandbox is not a load target.
 	maxBodyBytes = 1 << 20
@@ -80,7 +80,7 @@ type Config struct {
 	MaturingShare float64
 
 	// KeyRetention (payments) is how long an Idempotency-Key is remembered
-	// (the seed: "не менее 48 часов"). A request with a key older than this
+	// (the provider promises at least 48 hours). A request with a key older than this
 	// is a new operation: a blind resend after it executes again. Zero means
 	// forever.
 	KeyRetention time.Duration
@@ -91,7 +91,7 @@ type Config struct {
 	//
 	// Balance (cards) is the account's funds: every card issue and top-up
 	// reserves its hold_amount from it, and one that does not fit answers 409
-	// balance_exhausted ("Резерв не создавался": nothing is reserved or
+	// balance_exhausted (no reserve was created: nothing is reserved or
 	// recorded under the key). Closing a card does not give funds back.
 	//
 	// Zero means no limit.
@@ -135,7 +135,7 @@ type Faults struct {
 	// RateLimited answers 429 with Retry-After without executing.
 	RateLimited float64
 	// Maintenance answers 503 maintenance without executing ("money did not
-	// move", cards seed).
+	// move", as the cards provider says).
 	Maintenance float64
 }
 

@@ -19,7 +19,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/fakeclock"
 )
 
-// t0 is the seed example's created_at; every test clock starts there.
+// t0 is the providers' example created_at; every test clock starts there.
 var t0 = time.Date(2026, 10, 7, 9, 13, 2, 0, time.UTC)
 
 var testSecret = []byte("sandbox-test-secret")
@@ -49,7 +49,7 @@ type result struct {
 	body   []byte
 }
 
-// code is error.code of the seeds' error body.
+// code is error.code of the providers' error body.
 func (r result) code() string {
 	var e struct {
 		Error struct {
@@ -112,7 +112,7 @@ func keyed(key string) http.Header {
 	return h
 }
 
-// hmacHex is hex HMAC-SHA256, written here from the seeds rather than
+// hmacHex is hex HMAC-SHA256, written here from the providers' schemes rather than
 // borrowed from the package.
 func hmacHex(secret []byte, msg string) string {
 	m := hmac.New(sha256.New, secret)
@@ -122,7 +122,7 @@ func hmacHex(secret []byte, msg string) string {
 
 var nonceSeq atomic.Int64
 
-// paymentsAuth signs a payments request as the payments seed describes:
+// paymentsAuth signs a payments request as the payments provider describes:
 // canonical(method, path, ts, nonce, idem_key, sha256(body)), new nonce.
 func paymentsAuth(method, path, key, body string, at time.Time) http.Header {
 	ts := strconv.FormatInt(at.Unix(), 10)
@@ -136,7 +136,7 @@ func paymentsAuth(method, path, key, body string, at time.Time) http.Header {
 	return h
 }
 
-// timestampAuth signs as the payouts seed's call(): f"{ts}\nPOST\n{path}\n{body}".
+// timestampAuth signs as the payouts provider's example client: f"{ts}\nPOST\n{path}\n{body}".
 func timestampAuth(method, path, body string, at time.Time) http.Header {
 	ts := strconv.FormatInt(at.Unix(), 10)
 	h := http.Header{}
