@@ -44,7 +44,7 @@ func countUnknown(s store.Store) func(ctx context.Context) (int, time.Time, erro
 	return func(ctx context.Context) (int, time.Time, error) {
 		n, oldest, cursor := 0, time.Time{}, ""
 		for {
-			recs, next, err := s.List(ctx, store.Unknown, cursor, 1000)
+			recs, next, err := s.List(ctx, store.Filter{State: store.Unknown}, cursor, 1000)
 			if err != nil {
 				return 0, time.Time{}, err
 			}

@@ -26,7 +26,7 @@ import (
 // Store is what the API reads of the record store.
 type Store interface {
 	Get(ctx context.Context, id store.ID) (store.Record, error)
-	List(ctx context.Context, state store.State, cursor string, limit int) ([]store.Record, string, error)
+	List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error)
 	Supersede(ctx context.Context, id store.ID) (store.Record, error)
 }
 

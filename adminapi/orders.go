@@ -10,18 +10,22 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// listable are the states GET /admin/v1/records?state= takes.
-var listable = map[string]store.State{"in_flight": store.InFlight, "unknown": store.Unknown, "needs_review": store.Final}
+// listable are the states GET /admin/v1/records?state= takes, as store
+// filters: needs_review is the final records whose answer says so.
+var listable = map[string]store.Filter{
+	"in_flight":    {State: store.InFlight},
+	"unknown":      {State: store.Unknown},
+	"needs_review": {State: store.Final, Keep: func(r *store.Record) bool { return retry.NeedsReview(r.Response.Body) }},
+}
 
 // maxLimit bounds one page.
 const maxLimit = 1000
 
 // listRecords is GET /admin/v1/records?state=in_flight|unknown|needs_review&limit=N&cursor=C[&body=1].
-// needs_review pages through final records and keeps those whose body says
-// needs_review, so a page may hold fewer than limit records before the end.
+// A page holds limit records unless it is the last.
 func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	st, ok := listable[q.Get("state")]
+	f, ok := listable[q.Get("state")]
 	if !ok {
 		writeError(w, http.StatusBadRequest, "bad_request", "state must be in_flight, unknown or needs_review")
 		return
@@ -35,7 +39,7 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	recs, next, err := h.opt.Store.List(r.Context(), st, q.Get("cursor"), limit)
+	recs, next, err := h.opt.Store.List(r.Context(), f, q.Get("cursor"), limit)
 	switch {
 	case errors.Is(err, store.ErrBadCursor):
 		writeError(w, http.StatusBadRequest, "bad_request", "cursor is not one this API gave")
@@ -49,9 +53,6 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 		NextCursor string   `json:"next_cursor"`
 	}{Records: []Record{}, NextCursor: next}
 	for _, rec := range recs {
-		if q.Get("state") == "needs_review" && !retry.NeedsReview(rec.Response.Body) {
-			continue
-		}
 		out.Records = append(out.Records, view(rec.ID, rec, q.Get("body") == "1"))
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -18,7 +18,7 @@ const defaultListLimit = 100
 // List implements store.Store.List. Records are visited in key order (the
 // hash of tenant and key), state read from UserMeta so that other states
 // cost no value read; the cursor is the hex of the last key returned.
-func (s *Store) List(ctx context.Context, state store.State, cursor string, limit int) ([]store.Record, string, error) {
+func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error) {
 	const op = "list"
 	if limit <= 0 {
 		limit = defaultListLimit
@@ -47,7 +47,7 @@ func (s *Store) List(ctx context.Context, state store.State, cursor string, limi
 				return err
 			}
 			item := it.Item()
-			if item.UserMeta() != byte(state) {
+			if item.UserMeta() != byte(f.State) {
 				continue
 			}
 			if exp := item.ExpiresAt(); exp != 0 && uint64(now.Unix()) >= exp {
@@ -60,6 +60,9 @@ func (s *Store) List(ctx context.Context, state store.State, cursor string, limi
 			})
 			if err != nil {
 				return err
+			}
+			if f.Keep != nil && !f.Keep(&rec) {
+				continue
 			}
 			out = append(out, rec)
 			if len(out) == limit {

@@ -100,9 +100,9 @@ func (s *InstrumentedStore) Park(ctx context.Context, id store.ID, owner string,
 }
 
 // List implements store.Store; an operator's call, timed like the others.
-func (s *InstrumentedStore) List(ctx context.Context, state store.State, cursor string, limit int) ([]store.Record, string, error) {
+func (s *InstrumentedStore) List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error) {
 	defer s.observe("list", s.now())
-	recs, next, err := s.next.List(ctx, state, cursor, limit)
+	recs, next, err := s.next.List(ctx, f, cursor, limit)
 	if !errors.Is(err, store.ErrBadCursor) {
 		s.fail("list", err)
 	}

@@ -14,8 +14,9 @@ import (
 const defaultListLimit = 100
 
 // List implements store.Store.List in (tenant, key) order; the cursor is the
-// last (tenant, key) returned, encoded.
-func (s *Store) List(ctx context.Context, state store.State, cursor string, limit int) ([]store.Record, string, error) {
+// last (tenant, key) returned, encoded. Records f.Keep leaves out are read
+// past in batches, each its own call, until the page is full or the rows end.
+func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error) {
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
@@ -23,11 +24,43 @@ func (s *Store) List(ctx context.Context, state store.State, cursor string, limi
 	if err != nil {
 		return nil, "", fmt.Errorf("pgstore: list: %w", err)
 	}
+	batch := limit
+	if f.Keep != nil {
+		batch = max(limit, filterBatch)
+	}
 	var out []store.Record
-	err = s.call(ctx, "list", nil, func(ctx context.Context) error {
+	for {
+		rows, err := s.listBatch(ctx, f.State, after, batch)
+		if err != nil {
+			return nil, "", err
+		}
+		for i := range rows {
+			if f.Keep != nil && !f.Keep(&rows[i]) {
+				continue
+			}
+			out = append(out, rows[i])
+			if len(out) == limit {
+				return out, encodeCursor(rows[i].ID), nil
+			}
+		}
+		if len(rows) < batch {
+			return out, "", nil
+		}
+		after = rows[len(rows)-1].ID
+	}
+}
+
+// filterBatch is how many rows a filtered List reads per call.
+const filterBatch = 500
+
+// listBatch returns up to n live records in state after the (tenant, key)
+// after, in order.
+func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID, n int) ([]store.Record, error) {
+	var out []store.Record
+	err := s.call(ctx, "list", nil, func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM idemproxy_records
 			WHERE state = $1 AND `+live+` AND (tenant, key) > ($2, $3)
-			ORDER BY tenant, key LIMIT $4`, int16(state), []byte(after.Tenant), []byte(after.Key), limit)
+			ORDER BY tenant, key LIMIT $4`, int16(state), []byte(after.Tenant), []byte(after.Key), n)
 		if err != nil {
 			return err
 		}
@@ -42,14 +75,7 @@ func (s *Store) List(ctx context.Context, state store.State, cursor string, limi
 		}
 		return rows.Err()
 	})
-	if err != nil {
-		return nil, "", err
-	}
-	next := ""
-	if len(out) == limit {
-		next = encodeCursor(out[len(out)-1].ID)
-	}
-	return out, next, nil
+	return out, err
 }
 
 // encodeCursor is hex(uvarint(len(tenant)) tenant key).

@@ -126,6 +126,16 @@ func (o Outcome) Merge(next Outcome) Outcome {
 	return o
 }
 
+// Filter selects the records List returns.
+type Filter struct {
+	// State is the state of the records listed.
+	State State
+	// Keep, when not nil, further selects among the records in State (for
+	// example final answers that say needs_review): List leaves out those it
+	// returns false for. It must not change the record.
+	Keep func(*Record) bool
+}
+
 // Sentinel errors, matched with errors.Is. Any other error from a write
 // means the record could not be written: the caller answers 503
 // store_unavailable and sends nothing.
@@ -197,14 +207,16 @@ type Store interface {
 	Park(ctx context.Context, id ID, owner string, o Outcome) error
 	// Get returns id's record, or ErrNotFound if it is missing or expired.
 	Get(ctx context.Context, id ID) (Record, error)
-	// List returns up to limit live records in state (all tenants), in an
-	// order of the store's that is stable between calls, starting after
-	// cursor ("" from the start), and the cursor to pass for the next page:
-	// "" when the end was reached (a non-empty cursor may still lead to an
-	// empty page). limit <= 0 means 100. For operators: it may scan every
-	// record, so it is not for the request path. ErrBadCursor for a cursor
-	// List did not give.
-	List(ctx context.Context, state State, cursor string, limit int) ([]Record, string, error)
+	// List returns up to limit live records that f selects (all tenants),
+	// in an order of the store's that is stable between calls, starting
+	// after cursor ("" from the start), and the cursor to pass for the next
+	// page: "" when the end was reached (a non-empty cursor may still lead
+	// to an empty page). It scans on until it has limit records or reaches
+	// the end, so a page is short only at the end, whatever f.Keep skips;
+	// the cursor is the position of the page's last record. limit <= 0
+	// means 100. For operators: it may scan every record, so it is not for
+	// the request path. ErrBadCursor for a cursor List did not give.
+	List(ctx context.Context, f Filter, cursor string, limit int) ([]Record, string, error)
 	// Supersede marks id's final record Superseded and keeps it without
 	// expiry, and returns it; superseding twice is allowed. ErrNotFound if
 	// there is no record, ErrNotFinal if it is in flight or unknown.

@@ -1,7 +1,10 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -53,7 +56,7 @@ func testList(t *testing.T, s store.Store, _ func(time.Duration)) {
 			t.Fatalf("listed unknown record %+v lacks its outcome", r)
 		}
 	}
-	if _, _, err := s.List(ctx, store.Unknown, "not a cursor", 10); err == nil {
+	if _, _, err := s.List(ctx, store.Filter{State: store.Unknown}, "not a cursor", 10); err == nil {
 		t.Fatal("List with a cursor it never gave: no error")
 	}
 }
@@ -64,7 +67,7 @@ func listAll(t *testing.T, s store.Store, state store.State, tenant string) []st
 	var out []store.Record
 	cursor := ""
 	for page := 0; ; page++ {
-		recs, next, err := s.List(context.Background(), state, cursor, 2)
+		recs, next, err := s.List(context.Background(), store.Filter{State: state}, cursor, 2)
 		if err != nil {
 			t.Fatalf("List(%s, %q): %v", state, cursor, err)
 		}
@@ -83,6 +86,68 @@ func listAll(t *testing.T, s store.Store, state store.State, tenant string) []st
 			t.Fatalf("List(%s) does not advance: cursor %q", state, next)
 		}
 		cursor = next
+	}
+}
+
+// testListKeepFullPages: with a Keep filter that skips most records of the
+// state, and records of other states between them, every page but the last
+// is full and the pages together hold each kept record once.
+func testListKeepFullPages(t *testing.T, s store.Store, _ func(time.Duration)) {
+	ctx := context.Background()
+	base := newID("")
+	id := func(k string) store.ID { return store.ID{Tenant: base.Tenant, Key: k} }
+	review := store.Response{Status: 200, Header: http.Header{}, Body: []byte(`{"status":"needs_review"}`)}
+	var want []string
+	for i := range 23 {
+		k := fmt.Sprintf("k%02d", i)
+		mustBegin(t, s, id(k), fpA, "o-"+k, Long)
+		var err error
+		switch i % 4 {
+		case 0: // kept
+			err = s.Complete(ctx, id(k), "o-"+k, review)
+			want = append(want, k)
+		case 1: // final, skipped by Keep
+			err = s.Complete(ctx, id(k), "o-"+k, ok)
+		case 2: // another state
+			err = s.Park(ctx, id(k), "o-"+k, store.Outcome{Attempts: 1})
+		} // 3: left in flight
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := store.Filter{State: store.Final, Keep: func(r *store.Record) bool {
+		return r.ID.Tenant == base.Tenant && bytes.Contains(r.Response.Body, []byte("needs_review"))
+	}}
+	for _, limit := range []int{1, 2, 5, 6, 100} {
+		var got []string
+		cursor := ""
+		for page := 0; ; page++ {
+			recs, next, err := s.List(ctx, f, cursor, limit)
+			if err != nil {
+				t.Fatalf("List(limit %d, %q): %v", limit, cursor, err)
+			}
+			if len(recs) > limit || next != "" && len(recs) != limit {
+				t.Fatalf("limit %d, page %d: %d records, next cursor %q: want a full page unless it is the last",
+					limit, page, len(recs), next)
+			}
+			for _, r := range recs {
+				if r.State != store.Final || !f.Keep(&r) {
+					t.Fatalf("limit %d: listed a record Keep refuses: %+v", limit, r)
+				}
+				got = append(got, r.ID.Key)
+			}
+			if next == "" {
+				break
+			}
+			if next == cursor || page > len(want) {
+				t.Fatalf("limit %d: List does not advance: cursor %q", limit, next)
+			}
+			cursor = next
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("limit %d: listed %v, want %v", limit, got, want)
+		}
 	}
 }
 

@@ -63,6 +63,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TenantIsolation", testTenants},
 		{"ArgumentErrors", testArguments},
 		{"List", testList},
+		{"ListKeepFullPages", testListKeepFullPages},
 		{"Supersede", testSupersede},
 		{"Ping", func(t *testing.T, s store.Store, _ func(time.Duration)) {
 			if err := s.Ping(context.Background()); err != nil {
