@@ -16,3 +16,24 @@ func datasync(f *os.File) error {
 		}
 	}
 }
+
+// unlinked says whether f's file was deleted (no name links to it any more).
+// An fstat allocates nothing, where a stat of the path would.
+func unlinked(f *os.File, _ string) (bool, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return false, err
+	}
+	return st.Nlink == 0, nil
+}
+
+// pathExists says whether path names a file (without following a symlink);
+// it allocates only the path's C string.
+func pathExists(path string) (bool, error) {
+	var st syscall.Stat_t
+	err := syscall.Lstat(path, &st)
+	if err == syscall.ENOENT {
+		return false, nil
+	}
+	return err == nil, err
+}

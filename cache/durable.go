@@ -43,7 +43,9 @@ func (s *Store) syncFiles() error {
 
 // walSet tracks Badger's memtable WAL files (NNNNN.mem) without listing the
 // directory each round: Badger numbers new WALs one above the last, so a
-// round looks only for the next number. Used by the group-sync leader only.
+// round looks only for the next number. Each WAL stays open from the round
+// that found it until the round that sees it deleted, so a round opens
+// nothing. Used by the group-sync leader only (and Close).
 type walSet struct {
 	dir      string
 	live     []walFile // ascending fid; not yet seen deleted
@@ -55,6 +57,7 @@ type walSet struct {
 type walFile struct {
 	fid  int
 	path string
+	f    *os.File // nil until the first round that syncs it
 }
 
 // walName is Badger's WAL file name for fid (memtable.go: "%05d.mem").
@@ -73,6 +76,12 @@ func (w *walSet) load() error {
 	if err != nil {
 		return fmt.Errorf("list %s: %w", w.dir, err)
 	}
+	open := map[int]*os.File{}
+	for _, f := range w.live {
+		if f.f != nil {
+			open[f.fid] = f.f
+		}
+	}
 	w.live = w.live[:0]
 	for _, e := range entries {
 		num, ok := strings.CutSuffix(e.Name(), ".mem")
@@ -80,8 +89,12 @@ func (w *walSet) load() error {
 		if !ok || err != nil {
 			continue
 		}
-		w.live = append(w.live, walFile{fid, filepath.Join(w.dir, e.Name())})
+		w.live = append(w.live, walFile{fid, filepath.Join(w.dir, e.Name()), open[fid]})
+		delete(open, fid)
 		w.next = max(w.next, fid+1)
+	}
+	for _, f := range open { // tracked, but no longer in the directory
+		f.Close()
 	}
 	w.nextPath = ""
 	slices.SortFunc(w.live, func(a, b walFile) int { return a.fid - b.fid })
@@ -95,31 +108,37 @@ func (w *walSet) sync() error {
 		if w.nextPath == "" {
 			w.nextPath = filepath.Join(w.dir, walName(w.next))
 		}
-		if _, err := os.Lstat(w.nextPath); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				break
-			}
+		exists, err := pathExists(w.nextPath)
+		if err != nil {
 			return fmt.Errorf("stat %s: %w", w.nextPath, err)
 		}
-		w.live = append(w.live, walFile{w.next, w.nextPath})
+		if !exists {
+			break
+		}
+		w.live = append(w.live, walFile{fid: w.next, path: w.nextPath})
 		w.next, w.nextPath = w.next+1, ""
 		w.dirDirty = true
 	}
 	kept := w.live[:0]
 	newestGone := false
-	for i, f := range w.live {
-		gone, err := syncWAL(f.path)
+	n := len(w.live)
+	for i := range n {
+		gone, err := w.live[i].sync()
 		if err != nil {
+			kept = append(kept, w.live[i:]...) // still tracked (and closed by close)
+			clear(w.live[len(kept):n])
+			w.live = kept
 			return err
 		}
 		if gone {
 			// A flushed WAL: Badger msynced its L0 table and recorded it in the
 			// fsynced MANIFEST before deleting it.
-			newestGone = newestGone || i == len(w.live)-1
+			newestGone = newestGone || i == n-1
 			continue
 		}
-		kept = append(kept, f)
+		kept = append(kept, w.live[i])
 	}
+	clear(w.live[len(kept):n])
 	w.live = kept
 	if newestGone {
 		// The newest WAL is never deleted while Badger runs unless a newer one
@@ -138,24 +157,42 @@ func (w *walSet) sync() error {
 	return nil
 }
 
-// syncWAL makes one WAL's data durable; gone reports that the file no
-// longer exists (flushed to an L0 table by Badger).
-func syncWAL(path string) (gone bool, err error) {
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return true, nil
+// sync makes the WAL's data durable, opening it on first use; gone reports
+// that the file no longer exists (flushed to an L0 table by Badger), and
+// then it is closed.
+func (f *walFile) sync() (gone bool, err error) {
+	if f.f == nil {
+		file, err := os.Open(f.path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return true, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("open %s for sync: %w", f.path, err)
+		}
+		f.f = file
+	}
+	gone, err = unlinked(f.f, f.path)
+	if err == nil && !gone {
+		err = datasync(f.f)
 	}
 	if err != nil {
-		return false, fmt.Errorf("open %s for sync: %w", path, err)
+		return false, fmt.Errorf("sync %s: %w", f.path, err)
 	}
-	err = datasync(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if gone {
+		f.f.Close()
+		f.f = nil
 	}
-	if err != nil {
-		return false, fmt.Errorf("sync %s: %w", path, err)
+	return gone, nil
+}
+
+// close closes the open WALs (the store is closing).
+func (w *walSet) close() {
+	for i := range w.live {
+		if f := w.live[i].f; f != nil {
+			f.Close()
+			w.live[i].f = nil
+		}
 	}
-	return false, nil
 }
 
 // fsyncDir makes the directory's entries durable.

@@ -231,6 +231,7 @@ func TestWALRotation(t *testing.T) {
 func TestWALMissedFallsBackToListing(t *testing.T) {
 	dir := t.TempDir()
 	w := walSet{dir: dir}
+	defer w.close()
 	write := func(name string) {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600); err != nil {
 			t.Fatal(err)

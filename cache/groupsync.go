@@ -12,6 +12,9 @@ import "sync"
 // join the next round; when the running round ends, one of them leads that
 // round and the others follow it. A leader runs exactly one round, so no
 // caller's answer is held up by rounds it does not need (docs/design/durability.md).
+//
+// A round is one small allocation (its condition variable shares mu); a
+// caller allocates nothing of its own.
 type groupSync struct {
 	sync   func() error // syncs everything written so far
 	joined func()       // if set, called after a caller joined a round (tests)
@@ -22,8 +25,10 @@ type groupSync struct {
 }
 
 type syncRound struct {
-	turn chan struct{} // receives one token when the round may start; its taker leads
-	done chan struct{} // closed when err is set
+	cond sync.Cond // on groupSync.mu; signalled when the turn comes, broadcast when done
+	turn bool      // the round may start; the first caller to see it leads
+	led  bool      // a caller took the turn
+	done bool      // err is set
 	err  error
 }
 
@@ -33,39 +38,46 @@ func (g *groupSync) wait() error {
 	g.mu.Lock()
 	r := g.next
 	if r == nil {
-		r = &syncRound{turn: make(chan struct{}, 1), done: make(chan struct{})}
+		r = &syncRound{}
+		r.cond.L = &g.mu
 		g.next = r
 		if !g.running {
 			g.running = true
-			r.turn <- struct{}{}
+			r.turn = true
 		}
 	}
-	g.mu.Unlock()
 	if g.joined != nil {
+		g.mu.Unlock()
 		g.joined()
+		g.mu.Lock()
 	}
-	select {
-	case <-r.done:
-	case <-r.turn:
-		g.lead(r)
+	for !r.done && (!r.turn || r.led) {
+		r.cond.Wait()
 	}
+	if r.done {
+		g.mu.Unlock()
+		return r.err
+	}
+	r.led = true
+	g.lead(r) // unlocks mu
 	return r.err
 }
 
 // lead runs round r, then hands the turn to the round that filled up
 // meanwhile, if any. Taking r out of g.next under mu is what closes it:
-// later callers open a new round.
+// later callers open a new round. Called with mu held; returns without.
 func (g *groupSync) lead(r *syncRound) {
-	g.mu.Lock()
 	g.next = nil
 	g.mu.Unlock()
-	r.err = g.sync()
+	err := g.sync()
 	g.mu.Lock()
-	if g.next != nil {
-		g.next.turn <- struct{}{} // first, so the next sync starts while r's callers wake
+	if n := g.next; n != nil {
+		n.turn = true
+		n.cond.Signal() // first, so the next sync starts while r's callers wake
 	} else {
 		g.running = false
 	}
+	r.err, r.done = err, true
+	r.cond.Broadcast()
 	g.mu.Unlock()
-	close(r.done)
 }

@@ -31,15 +31,14 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 		}
 		start = append(k, 0) // strictly after the last key returned
 	}
-	leave, err := s.enter(op)
-	if err != nil {
+	if err := s.enter(op); err != nil {
 		return nil, "", err
 	}
-	defer leave()
+	defer s.life.RUnlock()
 	var out []store.Record
 	var next string
 	now := s.now()
-	err = s.db.View(func(txn *badger.Txn) error {
+	err := s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(recordPrefix)})
 		defer it.Close()
 		for it.Seek(start); it.Valid(); it.Next() {
@@ -84,14 +83,13 @@ func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error
 	if err := checkID(op, id); err != nil {
 		return store.Record{}, err
 	}
-	leave, err := s.enter(op)
-	if err != nil {
+	if err := s.enter(op); err != nil {
 		return store.Record{}, err
 	}
-	defer leave()
+	defer s.life.RUnlock()
 	key := recordKey(id)
 	var rec store.Record
-	err = s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
+	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, _, err := s.read(txn, key, now)
 		if err != nil {
 			return false, err

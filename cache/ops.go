@@ -31,17 +31,16 @@ func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string,
 	if lease <= 0 {
 		return store.Record{}, false, fmt.Errorf("cache: %s: lease %v is not positive", op, lease)
 	}
-	leave, err := s.enter(op)
-	if err != nil {
+	if err := s.enter(op); err != nil {
 		return store.Record{}, false, err
 	}
-	defer leave()
+	defer s.life.RUnlock()
 
 	var rec, prev store.Record
 	var created, existed bool
 	var version uint64
 	key := recordKey(id)
-	err = s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
+	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, ver, err := s.read(txn, key, now)
 		existed = err == nil
 		switch {
@@ -157,13 +156,12 @@ func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner s
 	if err := checkArgs(op, id, owner); err != nil {
 		return err
 	}
-	leave, err := s.enter(op)
-	if err != nil {
+	if err := s.enter(op); err != nil {
 		return err
 	}
-	defer leave()
+	defer s.life.RUnlock()
 	key := recordKey(id)
-	err = s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
+	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, _, err := s.read(txn, key, now)
 		if errors.Is(err, store.ErrNotFound) {
 			return false, fmt.Errorf("%w: no record", store.ErrNotOwner)
@@ -192,13 +190,13 @@ func (s *Store) Get(ctx context.Context, id store.ID) (store.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return store.Record{}, fmt.Errorf("cache: %s: %w", op, err)
 	}
-	leave, err := s.enter(op)
-	if err != nil {
+	if err := s.enter(op); err != nil {
 		return store.Record{}, err
 	}
-	defer leave()
+	defer s.life.RUnlock()
 	var rec store.Record
 	var version uint64
+	var err error
 	err = s.db.View(func(txn *badger.Txn) error {
 		rec, version, err = s.read(txn, recordKey(id), s.now())
 		return err
@@ -217,11 +215,10 @@ func (s *Store) Get(ctx context.Context, id store.ID) (store.Record, error) {
 // store.ErrNoSpace.
 func (s *Store) Ping(ctx context.Context) error {
 	const op = "ping"
-	leave, err := s.enter(op)
-	if err != nil {
+	if err := s.enter(op); err != nil {
 		return err
 	}
-	defer leave()
+	defer s.life.RUnlock()
 	key := []byte("p/ping")
 	for _, write := range []func(*badger.Txn) error{
 		func(txn *badger.Txn) error {

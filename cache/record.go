@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"time"
+	"unsafe"
 )
 
 // ErrCorrupt is wrapped by every record decoding failure.
@@ -38,15 +39,17 @@ const (
 // recordKey returns the Badger key for id.
 func recordKey(id store.ID) []byte {
 	t := sha256.Sum256([]byte(id.Tenant))
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(id.Tenant)))])
-	h.Write([]byte(id.Tenant))
-	h.Write([]byte(id.Key))
+	// The hash input, uvarint(len(tenant)) | tenant | key, is built on the
+	// stack when it fits: one allocation per key, the key itself.
+	var buf [256]byte
+	in := binary.AppendUvarint(buf[:0], uint64(len(id.Tenant)))
+	in = append(in, id.Tenant...)
+	in = append(in, id.Key...)
+	sum := sha256.Sum256(in)
 	k := make([]byte, 0, keyLen)
 	k = append(k, recordPrefix...)
 	k = append(k, t[:tenantLen]...)
-	return h.Sum(k)
+	return append(k, sum[:]...)
 }
 
 // appendRecord appends the version-3 encoding of r to dst:
@@ -63,9 +66,10 @@ func recordKey(id store.ID) []byte {
 // where "bytes" is a uvarint length then the bytes, and "time" is a varint of
 // Unix nanoseconds with 0 meaning the zero time.
 func appendRecord(dst []byte, r *store.Record) []byte {
+	dst = slices.Grow(dst, encodedSize(r))
 	dst = append(dst, recordVersion, byte(r.State))
 	dst = appendBytes(dst, r.Fingerprint)
-	dst = appendBytes(dst, []byte(r.Owner))
+	dst = appendString(dst, r.Owner)
 	dst = appendTime(dst, r.LeaseUntil)
 	dst = appendTime(dst, r.CreatedAt)
 	dst = binary.AppendUvarint(dst, uint64(max(r.Response.Status, 0)))
@@ -74,9 +78,9 @@ func appendRecord(dst []byte, r *store.Record) []byte {
 	dst = binary.AppendUvarint(dst, r.Fence)
 	dst = appendTime(dst, r.Outcome.FirstSentAt)
 	dst = binary.AppendUvarint(dst, uint64(max(r.Outcome.Attempts, 0)))
-	dst = appendBytes(dst, []byte(r.Outcome.LastError))
-	dst = appendBytes(dst, []byte(r.ID.Tenant))
-	dst = appendBytes(dst, []byte(r.ID.Key))
+	dst = appendString(dst, r.Outcome.LastError)
+	dst = appendString(dst, r.ID.Tenant)
+	dst = appendString(dst, r.ID.Key)
 	var superseded byte
 	if r.Superseded {
 		superseded = 1
@@ -84,9 +88,31 @@ func appendRecord(dst []byte, r *store.Record) []byte {
 	return append(dst, superseded)
 }
 
+// encodedSize is an upper bound of appendRecord's output, so that a record
+// is encoded into one allocation.
+func encodedSize(r *store.Record) int {
+	const uv = binary.MaxVarintLen64
+	n := 3 + 6*uv + 3*binary.MaxVarintLen64 // version, state, superseded; uvarints; times
+	n += uv + len(r.Fingerprint) + uv + len(r.Owner) + uv + len(r.Response.Body)
+	n += uv + len(r.Outcome.LastError) + uv + len(r.ID.Tenant) + uv + len(r.ID.Key)
+	n += uv
+	for name, vs := range r.Response.Header {
+		n += 2*uv + len(name)
+		for _, v := range vs {
+			n += uv + len(v)
+		}
+	}
+	return n
+}
+
 func appendBytes(dst, b []byte) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(b)))
 	return append(dst, b...)
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
 }
 
 func appendTime(dst []byte, t time.Time) []byte {
@@ -98,17 +124,18 @@ func appendTime(dst []byte, t time.Time) []byte {
 
 // appendHeader writes names in sorted order so equal headers encode equally.
 func appendHeader(dst []byte, h http.Header) []byte {
-	names := make([]string, 0, len(h))
+	var onStack [16]string
+	names := onStack[:0]
 	for name := range h {
 		names = append(names, name)
 	}
 	slices.Sort(names)
 	dst = binary.AppendUvarint(dst, uint64(len(names)))
 	for _, name := range names {
-		dst = appendBytes(dst, []byte(name))
+		dst = appendString(dst, name)
 		dst = binary.AppendUvarint(dst, uint64(len(h[name])))
 		for _, v := range h[name] {
-			dst = appendBytes(dst, []byte(v))
+			dst = appendString(dst, v)
 		}
 	}
 	return dst
@@ -117,6 +144,12 @@ func appendHeader(dst []byte, h http.Header) []byte {
 // decodeRecord parses an encoded record. It never panics and never keeps a
 // reference to b (Badger's value buffers are only valid inside a
 // transaction). Failures wrap ErrCorrupt.
+//
+// The record's fields share one copy of b: its byte fields are slices of it
+// (capped, so an append copies) and its strings point into it. Nothing
+// writes to that copy after decoding, so the strings stay immutable as long
+// as no caller writes into a returned Fingerprint or Body, which no caller
+// does (they are an answer to replay and a hash to compare).
 func decodeRecord(b []byte) (store.Record, error) {
 	if len(b) == 0 {
 		return store.Record{}, fmt.Errorf("%w: empty value", ErrCorrupt)
@@ -125,7 +158,7 @@ func decodeRecord(b []byte) (store.Record, error) {
 		return store.Record{}, fmt.Errorf("%w: format version %d unknown (this build reads versions 1 to %d)",
 			ErrCorrupt, b[0], recordVersion)
 	}
-	d := decoder{buf: b[1:]}
+	d := decoder{buf: bytes.Clone(b[1:])}
 	r := d.record()
 	if b[0] == 1 {
 		r.Fence = 1 // version 1 knew no takeovers' count
@@ -160,7 +193,7 @@ func (d *decoder) record() store.Record {
 		d.err = fmt.Errorf("unknown state %d", r.State)
 	}
 	r.Fingerprint = d.bytes()
-	r.Owner = string(d.bytes())
+	r.Owner = d.string()
 	r.LeaseUntil = d.time()
 	r.CreatedAt = d.time()
 	status := d.uvarint()
@@ -182,14 +215,14 @@ func (d *decoder) outcome(r *store.Record) {
 		d.fail(fmt.Errorf("attempts %d out of range", attempts))
 	}
 	r.Outcome.Attempts = int(attempts)
-	r.Outcome.LastError = string(d.bytes())
+	r.Outcome.LastError = d.string()
 }
 
 // identity reads the fields version 3 added: the record's ID, so that List
 // can name records, and the superseded flag.
 func (d *decoder) identity(r *store.Record) {
-	r.ID.Tenant = string(d.bytes())
-	r.ID.Key = string(d.bytes())
+	r.ID.Tenant = d.string()
+	r.ID.Key = d.string()
 	switch d.byte() {
 	case 0:
 	case 1:
@@ -229,7 +262,8 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
-// bytes returns a copy of the next length-prefixed field (nil if empty).
+// bytes returns the next length-prefixed field (nil if empty), a slice of
+// the decoder's private buffer capped at its length.
 func (d *decoder) bytes() []byte {
 	n := d.uvarint()
 	if d.err != nil {
@@ -239,12 +273,23 @@ func (d *decoder) bytes() []byte {
 		d.fail(errShort)
 		return nil
 	}
-	b := bytes.Clone(d.buf[:n])
+	b := d.buf[:n:n]
 	d.buf = d.buf[n:]
 	if len(b) == 0 {
 		return nil
 	}
 	return b
+}
+
+// string returns the next length-prefixed field as a string sharing the
+// decoder's private buffer, which is never written after decoding (see
+// decodeRecord).
+func (d *decoder) string() string {
+	b := d.bytes()
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }
 
 func (d *decoder) time() time.Time {
@@ -272,11 +317,19 @@ func (d *decoder) header() http.Header {
 		return http.Header{}
 	}
 	h := make(http.Header, n)
+	slab := make([]string, 0, n) // the values of every name, most have one
 	for range n {
-		name := string(d.bytes())
-		values := make([]string, d.count())
+		name := d.string()
+		c := d.count()
+		var values []string
+		if len(slab)+c <= cap(slab) {
+			values = slab[len(slab) : len(slab)+c : len(slab)+c]
+			slab = slab[:len(slab)+c]
+		} else {
+			values = make([]string, c)
+		}
 		for i := range values {
-			values[i] = string(d.bytes())
+			values[i] = d.string()
 		}
 		if d.err != nil {
 			return http.Header{}

@@ -121,6 +121,9 @@ func TestRecordRoundTrip(t *testing.T) {
 	for name, want := range sampleRecords() {
 		t.Run(name, func(t *testing.T) {
 			enc := appendRecord(nil, &want)
+			if n := encodedSize(&want); len(enc) > n {
+				t.Fatalf("encoding is %d bytes, more than the %d reserved for it", len(enc), n)
+			}
 			if enc[0] != recordVersion {
 				t.Fatalf("first byte %d, want version %d", enc[0], recordVersion)
 			}
@@ -201,6 +204,30 @@ func TestDecodeRecordDoesNotAlias(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, normalize(r)) {
 		t.Fatal("decoded record changed when the input buffer was overwritten")
+	}
+}
+
+// TestRecordAllocations pins the allocations of the record codec, which runs
+// on every request: one buffer to encode; to decode, one copy of the value
+// that every field shares, plus the header map (two allocations: the map and
+// its table) and one slice for all its values.
+func TestRecordAllocations(t *testing.T) {
+	slack := 0.0
+	if raceEnabled {
+		slack = 1 // the sorted names' array escapes under the race detector
+	}
+	r := benchRecord()
+	if n := testing.AllocsPerRun(100, func() { appendRecord(nil, &r) }); n > 1+slack {
+		t.Errorf("encode: %v allocations, want 1", n)
+	}
+	enc := appendRecord(nil, &r)
+	if n := testing.AllocsPerRun(100, func() { decodeRecord(enc) }); n > 4+slack {
+		t.Errorf("decode with %d header names: %v allocations, want at most 4", len(r.Response.Header), n)
+	}
+	flight := sampleRecords()["in flight"]
+	enc = appendRecord(nil, &flight)
+	if n := testing.AllocsPerRun(100, func() { decodeRecord(enc) }); n > 2+slack {
+		t.Errorf("decode without header: %v allocations, want at most 2", n)
 	}
 }
 

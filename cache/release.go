@@ -25,11 +25,10 @@ const releaseChunk = 1000
 // its first send time, and with it the provider key retention guard, is kept.
 func (s *Store) ReleaseInFlight() (int, error) {
 	const op = "release in-flight"
-	leave, err := s.enter(op)
-	if err != nil {
+	if err := s.enter(op); err != nil {
 		return 0, err
 	}
-	defer leave()
+	defer s.life.RUnlock()
 	keys, err := s.inFlightKeys()
 	if err != nil {
 		return 0, fmt.Errorf("cache: %s: scan: %w", op, err)

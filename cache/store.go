@@ -307,6 +307,7 @@ func (s *Store) Close() error {
 	close(s.stop)
 	s.gcDone.Wait()
 	err := s.db.Close()
+	s.wals.close()
 	if uerr := s.unlock(); err == nil {
 		err = uerr
 	}
@@ -317,24 +318,24 @@ func (s *Store) Close() error {
 }
 
 // enter marks an operation as running so that Close waits for it; the
-// returned func ends it.
-func (s *Store) enter(op string) (leave func(), err error) {
+// caller ends it with s.life.RUnlock (a returned func value would be an
+// allocation per operation).
+func (s *Store) enter(op string) error {
 	s.life.RLock()
 	if s.closed {
 		s.life.RUnlock()
-		return nil, fmt.Errorf("cache: %s: %w", op, store.ErrClosed)
+		return fmt.Errorf("cache: %s: %w", op, store.ErrClosed)
 	}
-	return s.life.RUnlock, nil
+	return nil
 }
 
 // Size returns the on-disk size of Badger's LSM tree and value log in bytes,
 // as of Badger's last size refresh (about once a minute); 0, 0 after Close.
 func (s *Store) Size() (lsm, vlog int64) {
-	leave, err := s.enter("size")
-	if err != nil {
+	if err := s.enter("size"); err != nil {
 		return 0, 0
 	}
-	defer leave()
+	defer s.life.RUnlock()
 	return s.db.Size()
 }
 

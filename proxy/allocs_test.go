@@ -32,7 +32,7 @@ const (
 // E a protected POST with a new key (durable store), F a replay. After a
 // change that moves them on purpose, run
 //
-//	go test -run TestAllocationBudget -update-allocs ./proxy/
+//	go test ./proxy/ -run TestAllocationBudget -update-allocs
 //
 // (and again with -race) and commit testdata/allocs.json.
 func TestAllocationBudget(t *testing.T) {
