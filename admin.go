@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -86,9 +85,6 @@ func (o *observer) done(s proxy.Summary) {
 	if sw, ok := s.Context().Value(exchangeKey{}).(*statusWriter); ok {
 		if s.Status == 0 {
 			s.Status = sw.status
-		}
-		if s.Attempts == 0 { // streamed: the attempt layer's header went to the client
-			s.Attempts, _ = strconv.Atoi(sw.Header().Get(retry.AttemptsHeader))
 		}
 	}
 	o.m.Request(s)

@@ -246,8 +246,8 @@ func TestStreamedRequestThroughObserver(t *testing.T) {
 	if err := json.Unmarshal(logBuf.Bytes(), &line); err != nil || line.Msg != "request" {
 		t.Fatalf("request line %q: %v", logBuf.Bytes(), err)
 	}
-	if line.Status != http.StatusAccepted || line.Outcome != "forwarded" {
-		t.Errorf("request line = %+v, want status 202 outcome forwarded", line)
+	if line.Status != http.StatusAccepted || line.Outcome != "forwarded" || line.Attempts != 1 {
+		t.Errorf("request line = %+v, want status 202 outcome forwarded, 1 attempt", line)
 	}
 }
 

@@ -20,8 +20,10 @@ type result struct {
 	resp     store.Response
 	replayed bool
 	err      error
-	// disposition of a fresh answer, as the attempt layer decided it.
+	// disposition of a fresh answer, as the attempt layer decided it, and
+	// the attempts it took; zero for a replay.
 	disposition retry.Disposition
+	attempts    int
 }
 
 // superseded is obtain's error for a record whose order an operator moved to
@@ -151,10 +153,13 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte,
 func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome) result {
 	ctx := context.WithoutCancel(r.Context())
 	started := h.opt.Now()
+	call := retry.Call{Mode: retry.Protected}
 	if before != (store.Outcome{}) {
-		ctx = retry.WithResume(ctx, retry.Resume{FirstSentAt: before.FirstSentAt})
+		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt}
 	}
-	res, lost := h.leased(ctx, id, owner, func(ctx context.Context) result { return h.roundTrip(ctx, r, h.upstreamKey(id.Tenant, id.Key), body) })
+	res, lost := h.leased(ctx, id, owner, func(ctx context.Context) result {
+		return h.roundTrip(ctx, r, h.upstreamKey(id.Tenant, id.Key), body, call)
+	})
 	if lost { // the new owner answers the app's retry; this one may not write
 		return result{err: h.inProgress}
 	}
@@ -195,8 +200,7 @@ func unknownOutcome(res result, started time.Time) (store.Outcome, bool) {
 	case errors.As(res.err, &ex) && ex.Unknown:
 		return store.Outcome{FirstSentAt: ex.FirstSentAt, Attempts: ex.Attempts, LastError: ex.Error()}, true
 	case res.err == nil && res.resp.Status >= 500:
-		attempts, _ := strconv.Atoi(res.resp.Header.Get(AttemptsHeader))
-		return store.Outcome{FirstSentAt: started, Attempts: attempts,
+		return store.Outcome{FirstSentAt: started, Attempts: res.attempts,
 			LastError: "status " + strconv.Itoa(res.resp.Status) + " from upstream"}, true
 	}
 	return store.Outcome{}, false
@@ -256,23 +260,25 @@ func (h *Handler) leased(ctx context.Context, id store.ID, owner string, op func
 	return res, lostLease.Load()
 }
 
-// roundTrip sends the request upstream through the ReverseProxy and captures the
-// answer with its disposition, which the attempt layer decides (retry.Policy.Dispose):
-// Final is stored, PassOn is not; retriable failures it could not overcome are
-// an error.
-func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte) result {
+// roundTrip sends the request upstream through the ReverseProxy, whose
+// Transport runs call's attempt sequence, and captures the answer with the
+// sequence's report: its disposition (retry.Policy.Dispose: Final is stored,
+// PassOn is not) and its attempts. Retriable failures it could not overcome
+// are an error.
+func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte, call retry.Call) result {
 	// A shallow copy is enough: ReverseProxy clones the request itself and
 	// the key is set on that clone (rewrite), never on r.
-	var rep retry.Report
-	out := r.WithContext(retry.WithReport(retry.WithMode(ctx, retry.Protected), &rep))
+	out := r.WithContext(ctx)
 	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.ContentLength = int64(len(body))
 	rec := &recorder{header: http.Header{}}
-	h.reverseProxy(outgoingKey{value: key}).ServeHTTP(rec, out)
+	ex := &retry.Exchange{Transport: h.opt.Transport, Call: call}
+	h.reverseProxy(outgoingKey{value: key}, ex).ServeHTTP(rec, out)
 	if rec.err != nil {
-		return result{err: rec.err}
+		return result{err: rec.err, attempts: ex.Report.Attempts}
 	}
-	return result{resp: store.Response{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}, disposition: rep.Disposition}
+	return result{resp: store.Response{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()},
+		disposition: ex.Report.Disposition, attempts: ex.Report.Attempts}
 }
 
 // writeResult sends res to the client.
@@ -287,8 +293,7 @@ func writeResult(w http.ResponseWriter, res result, key string, sum *Summary) {
 		h.Set(ReplayedHeader, "true")
 		sum.Replayed = true
 	}
-	sum.Status = res.resp.Status
-	sum.Attempts, _ = strconv.Atoi(res.resp.Header.Get(AttemptsHeader))
+	sum.Status, sum.Attempts = res.resp.Status, res.attempts
 	w.WriteHeader(res.resp.Status)
 	w.Write(res.resp.Body)
 }

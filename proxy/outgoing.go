@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/retry"
 )
 
 // outgoingKey says which Idempotency-Key the upstream request carries.
@@ -19,12 +20,14 @@ type outgoingKey struct {
 var replayLicenceHeaders = []string{"X-Idempotency-Key"}
 
 // reverseProxy returns the ReverseProxy for one request, whose Rewrite sets the
-// request's outgoing key. A copy per request keeps the key an explicit value
-// instead of a header on the client's request, where a Connection header
-// naming it would remove it from the upstream copy.
-func (h *Handler) reverseProxy(key outgoingKey) *httputil.ReverseProxy {
+// request's outgoing key and whose Transport runs the request's attempt
+// sequence as ex says. A copy per request keeps the key and the call explicit
+// values instead of a header on the client's request (where a Connection
+// header naming it would remove it from the upstream copy) or a context value.
+func (h *Handler) reverseProxy(key outgoingKey, ex *retry.Exchange) *httputil.ReverseProxy {
 	rp := *h.rp
 	rp.Rewrite = func(pr *httputil.ProxyRequest) { h.rewrite(pr, key) }
+	rp.Transport = ex
 	return &rp
 }
 

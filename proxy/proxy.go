@@ -177,8 +177,7 @@ func New(opts Options) (*Handler, error) {
 		// Rewrite, not Director: hop-by-hop headers are removed after Director
 		// runs, which could strip headers set there (Go issue 50580). The
 		// per-request copies made by reverseProxy replace it.
-		Rewrite:      func(pr *httputil.ProxyRequest) { h.rewrite(pr, outgoingKey{}) },
-		Transport:    opts.Transport,
+		// Rewrite and Transport are set per request (reverseProxy).
 		ErrorHandler: h.upstreamError,
 		ErrorLog:     slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 		// Responses are passed on as they come; protected ones are buffered by the
@@ -233,7 +232,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, sum, err)
 			return
 		}
-		h.forward(w, r, modeFor(r.Method), key)
+		h.forward(w, r, modeFor(r.Method), key, sum)
 	default:
 		h.serveProtected(w, r, tenant, rule, sum)
 	}
@@ -272,8 +271,10 @@ func modeFor(method string) retry.Mode {
 }
 
 // forward passes an unprotected request through, streaming the answer.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, key outgoingKey) {
-	h.reverseProxy(key).ServeHTTP(w, r.WithContext(retry.WithMode(r.Context(), m)))
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, key outgoingKey, sum *Summary) {
+	ex := &retry.Exchange{Transport: h.opt.Transport, Call: retry.Call{Mode: m}}
+	h.reverseProxy(key, ex).ServeHTTP(w, r)
+	sum.Attempts = ex.Report.Attempts
 }
 
 // upstreamError is the ReverseProxy's error handler. For a detached operation it
@@ -316,7 +317,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	if key == "" { // Passthrough policy
 		sum.Outcome = OutcomeForwarded
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		h.forward(w, r, retry.Once, outgoingKey{})
+		h.forward(w, r, retry.Once, outgoingKey{}, sum)
 		return
 	}
 	sum.Key, sum.UpstreamKey = key, h.upstreamKey(tenant, key)

@@ -143,14 +143,9 @@ func TestErrorReason(t *testing.T) {
 	}
 }
 
-func TestModeFrom(t *testing.T) {
-	if m := ModeFrom(context.Background()); m != Once {
+func TestModeString(t *testing.T) {
+	if m := (Call{}).Mode; m != Once {
 		t.Errorf("default mode = %v, want once", m)
-	}
-	for _, m := range []Mode{Once, Safe, Protected} {
-		if got := ModeFrom(WithMode(context.Background(), m)); got != m {
-			t.Errorf("ModeFrom(WithMode(%v)) = %v", m, got)
-		}
 	}
 	if s := Protected.String() + Safe.String() + Once.String(); s != "protectedsafeonce" {
 		t.Errorf("String() = %q", s)

@@ -1,9 +1,6 @@
 package retry
 
-import (
-	"context"
-	"net/http"
-)
+import "net/http"
 
 // Disposition is what becomes of one upstream answer. It is decided in one
 // place, [Policy.Dispose], for the attempt loop (another attempt or not) and
@@ -132,26 +129,4 @@ func (p Policy) DefaultClassify(a Answer) Verdict {
 		return Verdict{Retry, ReasonCode}
 	}
 	return Verdict{Final, ReasonNone}
-}
-
-// Report is what a [Transport] tells the caller of one RoundTrip beyond the
-// response, for a request whose context carries one ([WithReport]).
-type Report struct {
-	// Attempts is the number of attempts the sequence made.
-	Attempts int
-	// Disposition is the returned response's; Retry when the sequence ended
-	// with an error.
-	Disposition Disposition
-}
-
-type reportKey struct{}
-
-// WithReport returns a copy of ctx that has Transport fill r.
-func WithReport(ctx context.Context, r *Report) context.Context {
-	return context.WithValue(ctx, reportKey{}, r)
-}
-
-func reportFrom(ctx context.Context) *Report {
-	r, _ := ctx.Value(reportKey{}).(*Report)
-	return r
 }

@@ -2,7 +2,7 @@ package retry
 
 import (
 	"bytes"
-	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -236,10 +236,9 @@ func (h *harness) reasons() []Reason {
 
 // post is the protected payout request every test sends; the query carries a
 // "secret" that must never show in errors.
-func post(t *testing.T, base string, mode Mode) *http.Request {
+func post(t *testing.T, base string) *http.Request {
 	t.Helper()
-	req, err := http.NewRequestWithContext(WithMode(context.Background(), mode),
-		http.MethodPost, base+"/v1/payout?token=s3cr3t", bytes.NewReader(testBody))
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/payout?token=s3cr3t", bytes.NewReader(testBody))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,4 +288,22 @@ func readFinal(t *testing.T, resp *http.Response, err error, wantStatus, wantAtt
 		t.Errorf("%s = %q, want %d", AttemptsHeader, got, wantAttempts)
 	}
 	return b
+}
+
+// send runs req through tr in mode and checks that the Report agrees with
+// the answer: the attempts the response header shows, Retry on an error.
+func send(t *testing.T, tr *Transport, req *http.Request, mode Mode) (*http.Response, error) {
+	t.Helper()
+	resp, rep, err := tr.Do(req, Call{Mode: mode})
+	switch {
+	case err != nil && rep.Disposition != Retry:
+		t.Errorf("error %v with disposition %v, want retry", err, rep.Disposition)
+	case err == nil && resp.Header.Get(AttemptsHeader) != strconv.Itoa(rep.Attempts):
+		t.Errorf("report: %d attempts, response header %q", rep.Attempts, resp.Header.Get(AttemptsHeader))
+	}
+	var ex *ExhaustedError
+	if errors.As(err, &ex) && ex.Attempts != rep.Attempts {
+		t.Errorf("report: %d attempts, ExhaustedError %d", rep.Attempts, ex.Attempts)
+	}
+	return resp, err
 }

@@ -1,10 +1,8 @@
 package retry
 
-import "context"
-
 // Mode says which failures of one request may be retried. The proxy knows
-// whether a request is protected by an idempotency key; the transport only
-// sees the request, so the proxy puts the mode in the request's context.
+// whether a request is protected by an idempotency key and passes the mode in
+// the request's [Call].
 type Mode int
 
 const (
@@ -31,17 +29,4 @@ func (m Mode) String() string {
 	default:
 		return "once"
 	}
-}
-
-type modeKey struct{}
-
-// WithMode returns a copy of ctx that carries m for [Transport.RoundTrip].
-func WithMode(ctx context.Context, m Mode) context.Context {
-	return context.WithValue(ctx, modeKey{}, m)
-}
-
-// ModeFrom returns the mode carried by ctx, or Once when there is none.
-func ModeFrom(ctx context.Context) Mode {
-	m, _ := ctx.Value(modeKey{}).(Mode)
-	return m
 }

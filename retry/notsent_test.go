@@ -46,7 +46,7 @@ func TestExhaustedNotSent(t *testing.T) {
 			pol := testPolicy()
 			pol.MaxAttempts = 2
 			h := newHarness(t, pol)
-			resp, err := h.tr.RoundTrip(post(t, tt.url, Protected))
+			resp, err := send(t, h.tr, post(t, tt.url), Protected)
 			ex := wantExhausted(t, resp, err, 2, false, 0)
 			if ex.NotSent != tt.notSent {
 				t.Errorf("NotSent = %v, want %v (%v)", ex.NotSent, tt.notSent, ex.Err)

@@ -31,9 +31,10 @@ var ErrBudget = errors.New("retry: next wait would pass the budget deadline")
 // body bytes, sent by a separate Next.RoundTrip call so that the signing
 // layer below gives it fresh signature headers.
 //
-// Which failures are retried depends on the [Mode] in the request's context
-// (see [WithMode]); the default is Once. Transport is safe for concurrent use;
-// its fields must not change once it is in use.
+// Which failures are retried depends on the [Mode] of the [Call] the caller
+// passes to [Transport.Do] (an [Exchange] adapts one Call to
+// http.RoundTripper). Transport is safe for concurrent use; its fields must
+// not change once it is in use.
 type Transport struct {
 	// Next sends one attempt; it is the re-signing layer. If nil,
 	// OneShot{Next: http.DefaultTransport} is used, so that net/http cannot
@@ -63,7 +64,7 @@ type Transport struct {
 	// Prober, if set, builds the status lookup sent before re-sending a
 	// protected request whose outcome is unknown (after a timeout, a broken
 	// connection or a 5xx such as 504, or when the request resumes such an
-	// operation, see [WithResume]): a 2xx answer is the final answer, marked
+	// operation, see [Call.Resume]): a 2xx answer is the final answer, marked
 	// [ReconciledHeader]; a 404 means the operation did not happen. Nil
 	// means no probe: the request is re-sent with the same key.
 	Prober Prober
@@ -95,19 +96,19 @@ type AttemptInfo struct {
 	Paused time.Duration
 }
 
-// RoundTrip sends req until the answer is final or the policy gives up. For
-// a protected request it returns a final response with its body in memory
-// and the [AttemptsHeader]; for an unprotected one (Safe, Once) the response
-// streams, with no size cap, and Safe retries happen only before it is
-// returned, and only when the request has no body to resend. It returns
+// Do sends req as c says until the answer is final or the policy gives up.
+// For a protected request it returns a final response with its body in
+// memory and the [AttemptsHeader]; for an unprotected one (Safe, Once) the
+// response streams, with no size cap, and Safe retries happen only before it
+// is returned, and only when the request has no body to resend. It returns
 // an *[ExhaustedError] when retriable failures used up the attempts or the
 // budget (never the last retriable response, which must not pass as final);
-// the caller's context error, wrapped, when the caller's context ends.
-// RoundTrip reads and closes req.Body.
-func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	s, err := t.begin(req)
+// the caller's context error, wrapped, when the caller's context ends. The
+// Report is filled in every case. Do reads and closes req.Body.
+func (t *Transport) Do(req *http.Request, c Call) (*http.Response, Report, error) {
+	s, err := t.begin(req, c)
 	if err != nil {
-		return nil, err
+		return nil, Report{}, err
 	}
 	handedOff := false // a streamed body, once returned, ends the sequence when closed
 	defer func() {
@@ -118,30 +119,28 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	for {
 		if s.unknown {
 			resp, err := s.resolve()
-			if resp != nil {
-				s.fillReport(Final) // the probe found the operation: its answer is the result
+			if resp != nil { // the probe found the operation: its answer is the result
+				return resp, s.reportAs(Final), nil
 			}
-			if err != nil || resp != nil {
-				return resp, err
+			if err != nil {
+				return nil, s.reportAs(Retry), err
 			}
 		}
 		o, err := s.attempt()
 		if err != nil {
-			return nil, err
+			return nil, s.reportAs(Retry), err
 		}
 		wait, v, done, err := s.decide(o)
 		switch {
 		case err != nil:
-			s.fillReport(Retry)
-			return nil, err
+			return nil, s.reportAs(Retry), err
 		case done:
-			s.fillReport(v.Disposition)
 			handedOff = s.stream
-			return s.response(o), nil
+			return s.response(o), s.reportAs(v.Disposition), nil
 		}
 		s.discard(o)
 		if err := s.wait(wait); err != nil {
-			return nil, err
+			return nil, s.reportAs(Retry), err
 		}
 	}
 }
@@ -185,8 +184,8 @@ type outcome struct {
 
 // begin buffers the body so that every attempt sends identical bytes, and
 // bounds the sequence by the budget.
-func (t *Transport) begin(req *http.Request) (*sequence, error) {
-	s := &sequence{t: t, req: req, mode: ModeFrom(req.Context())}
+func (t *Transport) begin(req *http.Request, c Call) (*sequence, error) {
+	s := &sequence{t: t, req: req, mode: c.Mode}
 	if s.mode != Protected {
 		s.stream = true
 		s.resendable = req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
@@ -207,7 +206,7 @@ func (t *Transport) begin(req *http.Request) (*sequence, error) {
 		s.ctx, s.cancel = context.WithCancel(req.Context())
 	}
 	s.deadline, _ = s.ctx.Deadline()
-	if r, ok := req.Context().Value(resumeKey{}).(Resume); ok && s.mode == Protected {
+	if r := c.Resume; r != nil {
 		s.unknown, s.firstSent, s.lastBody = true, r.FirstSentAt, r.LastBody
 	}
 	return s, nil
@@ -439,11 +438,9 @@ func (s *sequence) verdict(o outcome) Verdict {
 	return s.t.Policy.Dispose(Answer{Mode: mode, Status: o.resp.StatusCode, Header: o.resp.Header, Body: o.body})
 }
 
-// fillReport fills the caller's Report, if its context carries one.
-func (s *sequence) fillReport(d Disposition) {
-	if r := reportFrom(s.req.Context()); r != nil {
-		r.Attempts, r.Disposition = s.attempts, d
-	}
+// reportAs is the sequence's Report, ending with disposition d.
+func (s *sequence) reportAs(d Disposition) Report {
+	return Report{Attempts: s.attempts, Disposition: d}
 }
 
 // waitFor is the wait before the next attempt. Waits never collapse to

@@ -48,7 +48,7 @@ func TestTransportRetriesThenSucceeds(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := newProvider(t, tt.steps...)
 			h := newHarness(t, testPolicy())
-			resp, err := h.tr.RoundTrip(post(t, p.srv.URL, Protected))
+			resp, err := send(t, h.tr, post(t, p.srv.URL), Protected)
 			body := readFinal(t, resp, err, 200, tt.wantAttempts)
 			if want := `{"id":"op-1","status":"processing"}`; string(body) != want {
 				t.Errorf("body %s, want %s", body, want)
@@ -119,7 +119,7 @@ func TestTransportRetryAfter(t *testing.T) {
 			h := newHarness(t, testPolicy())
 			start := h.clock.Now()
 			p := newProvider(t, tt.first(start))
-			resp, err := h.tr.RoundTrip(post(t, p.srv.URL, Protected))
+			resp, err := send(t, h.tr, post(t, p.srv.URL), Protected)
 			readFinal(t, resp, err, 200, 2)
 			assertSameRequest(t, p, 2, testBody)
 			if s := h.clock.Sleeps(); !slices.Equal(s, tt.wantSleeps) {
@@ -156,7 +156,7 @@ func TestTransportFinalAnswers(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := newProvider(t, respond(tt.status, tt.body))
 			h := newHarness(t, testPolicy())
-			resp, err := h.tr.RoundTrip(post(t, p.srv.URL, Protected))
+			resp, err := send(t, h.tr, post(t, p.srv.URL), Protected)
 			body := readFinal(t, resp, err, tt.status, 1)
 			if string(body) != tt.body {
 				t.Errorf("body %s, want %s", body, tt.body)
@@ -184,7 +184,7 @@ func TestTransportConnectionRefused(t *testing.T) {
 	pol := testPolicy()
 	pol.MaxAttempts = 3
 	h := newHarness(t, pol)
-	resp, err := h.tr.RoundTrip(post(t, "http://"+addr, Protected))
+	resp, err := send(t, h.tr, post(t, "http://"+addr), Protected)
 	ex := wantExhausted(t, resp, err, 3, false, 0)
 	if !errors.Is(ex, syscall.ECONNREFUSED) {
 		t.Errorf("error %v does not unwrap to ECONNREFUSED", ex)
@@ -216,7 +216,7 @@ func TestTransportAttemptTimeout(t *testing.T) {
 			pol := testPolicy()
 			pol.AttemptTimeout = time.Second
 			h := newHarness(t, pol)
-			resp, err := h.tr.RoundTrip(post(t, p.srv.URL, Protected))
+			resp, err := send(t, h.tr, post(t, p.srv.URL), Protected)
 			readFinal(t, resp, err, 200, 2)
 			if got := resp.Header.Get("Idempotent-Replayed") == "true"; got != tt.wantReplayed {
 				t.Errorf("Idempotent-Replayed = %v, want %v", got, tt.wantReplayed)
@@ -275,7 +275,7 @@ func TestTransportExhausted(t *testing.T) {
 			if tt.setup != nil {
 				tt.setup(h, &h.tr.Policy)
 			}
-			resp, err := h.tr.RoundTrip(post(t, p.srv.URL, Protected))
+			resp, err := send(t, h.tr, post(t, p.srv.URL), Protected)
 			ex := wantExhausted(t, resp, err, tt.wantAttempts, tt.wantTimeout, tt.wantStatus)
 			if tt.wantErr != nil && !errors.Is(ex, tt.wantErr) {
 				t.Errorf("error %v does not unwrap to %v", ex, tt.wantErr)
@@ -344,7 +344,7 @@ func TestTransportModes(t *testing.T) {
 				w := want[mode][i]
 				p := newProvider(t, sc.first)
 				h := newHarness(t, testPolicy())
-				resp, err := h.tr.RoundTrip(post(t, p.srv.URL, mode))
+				resp, err := send(t, h.tr, post(t, p.srv.URL), mode)
 				if w.exhausted {
 					var ex *ExhaustedError
 					if !errors.As(err, &ex) || ex.Attempts != w.attempts {
@@ -362,11 +362,11 @@ func TestTransportModes(t *testing.T) {
 func TestTransportCallerCanceled(t *testing.T) {
 	p := newProvider(t, respond(503, ``))
 	h := newHarness(t, testPolicy())
-	ctx, cancel := context.WithCancel(WithMode(context.Background(), Protected))
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	h.tr.OnAttempt = func(AttemptInfo) { cancel() } // the caller leaves during the first wait
-	req := post(t, p.srv.URL, Protected).WithContext(ctx)
-	resp, err := h.tr.RoundTrip(req)
+	req := post(t, p.srv.URL).WithContext(ctx)
+	resp, err := send(t, h.tr, req, Protected)
 	if resp != nil || !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v, %v; want context.Canceled", resp, err)
 	}
@@ -381,7 +381,7 @@ func TestTransportResponseTooLarge(t *testing.T) {
 	p := newProvider(t, respond(200, strings.Repeat("x", 100)))
 	h := newHarness(t, testPolicy())
 	h.tr.MaxResponseBytes = 64
-	resp, err := h.tr.RoundTrip(post(t, p.srv.URL, Protected))
+	resp, err := send(t, h.tr, post(t, p.srv.URL), Protected)
 	if resp != nil || !errors.Is(err, ErrResponseTooLarge) {
 		t.Fatalf("got %v, %v; want ErrResponseTooLarge", resp, err)
 	}
@@ -399,10 +399,10 @@ func (c *closeRecorder) Close() error { c.closed = true; return nil }
 func TestTransportBuffersBodyOnce(t *testing.T) {
 	p := newProvider(t, respond(500, ``), respond(502, ``))
 	h := newHarness(t, testPolicy())
-	req := post(t, p.srv.URL, Protected)
+	req := post(t, p.srv.URL)
 	body := &closeRecorder{Reader: bytes.NewReader(testBody)}
 	req.Body, req.GetBody, req.ContentLength = body, nil, -1
-	resp, err := h.tr.RoundTrip(req)
+	resp, err := send(t, h.tr, req, Protected)
 	readFinal(t, resp, err, 200, 3)
 	assertSameRequest(t, p, 3, testBody)
 	if !body.closed {
@@ -415,7 +415,7 @@ func TestTransportAttemptInfo(t *testing.T) {
 	h := newHarness(t, testPolicy())
 	h.tr.Gate = ratelimit.New(2, 1) // pacing: the second attempt waits for a token
 	h.tr.Gate.Now, h.tr.Gate.Sleep = h.clock.Now, h.clock.Sleep
-	resp, err := h.tr.RoundTrip(post(t, p.srv.URL, Protected))
+	resp, err := send(t, h.tr, post(t, p.srv.URL), Protected)
 	readFinal(t, resp, err, 200, 2)
 	infos := h.Infos()
 	if len(infos) != 2 {
@@ -439,7 +439,7 @@ func TestTransportDefaults(t *testing.T) {
 	tr := &Transport{} // Next nil = OneShot over http.DefaultTransport; real clock; mode Once
 	req, _ := http.NewRequest(http.MethodGet, p.srv.URL+"/v1/payout/info", nil)
 	req.Header.Set("Idempotency-Key", testKey)
-	resp, err := tr.RoundTrip(req)
+	resp, err := send(t, tr, req, Once)
 	readFinal(t, resp, err, 200, 1)
 	if n := len(p.Arrivals()); n != 1 {
 		t.Errorf("provider saw %d requests, want 1", n)
@@ -478,10 +478,10 @@ func TestConcurrentRequestsWaitOutPause(t *testing.T) {
 	errs := make(chan error, n+1)
 	reqs := make([]*http.Request, n+1)
 	for i := range reqs {
-		reqs[i] = post(t, p.srv.URL, Protected)
+		reqs[i] = post(t, p.srv.URL)
 	}
 	send := func(req *http.Request) {
-		resp, err := tr.RoundTrip(req)
+		resp, err := send(t, tr, req, Protected)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode != 200 {

@@ -29,21 +29,13 @@ type Prober interface {
 }
 
 // Resume describes an earlier attempt sequence of the same operation that
-// ended with its outcome unknown, so that this one treats its first attempt
-// as a re-send.
+// ended with its outcome unknown ([Call.Resume]), so that this one treats its
+// first attempt as a re-send.
 type Resume struct {
 	FirstSentAt time.Time // when the operation was first sent upstream
 	// LastBody is the body of the last ambiguous answer, for {resp.…}
 	// placeholders; nil when not known.
 	LastBody []byte
-}
-
-type resumeKey struct{}
-
-// WithResume returns a copy of ctx telling [Transport.RoundTrip] that the
-// request resumes an operation whose outcome is unknown.
-func WithResume(ctx context.Context, r Resume) context.Context {
-	return context.WithValue(ctx, resumeKey{}, r)
 }
 
 // ProbeResult is what a status probe said, for metrics and logs.

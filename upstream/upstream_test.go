@@ -41,7 +41,7 @@ func paymentsSign(t *testing.T) resign.Config {
 
 func protected(t *testing.T, url, body string) *http.Request {
 	t.Helper()
-	req, err := http.NewRequestWithContext(retry.WithMode(t.Context(), retry.Protected), "POST", url, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(t.Context(), "POST", url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,9 +68,12 @@ func TestChainSignsEveryAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := rt.RoundTrip(protected(t, prov.URL+"/payments", `{"order_id":"o-1"}`))
+	resp, rep, err := rt.Do(protected(t, prov.URL+"/payments", `{"order_id":"o-1"}`), retry.Call{Mode: retry.Protected})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if rep.Attempts != 2 || rep.Disposition != retry.Final {
+		t.Errorf("report %+v, want 2 attempts, final", rep)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
@@ -105,11 +108,11 @@ func TestChainGateAndCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rt.RoundTrip(protected(t, prov.URL+"/big", "{}")); !errors.Is(err, retry.ErrResponseTooLarge) {
+	if _, _, err := rt.Do(protected(t, prov.URL+"/big", "{}"), retry.Call{Mode: retry.Protected}); !errors.Is(err, retry.ErrResponseTooLarge) {
 		t.Errorf("2 KiB answer over a 1 KiB cap: %v, want ErrResponseTooLarge", err)
 	}
 	var ex *retry.ExhaustedError
-	if _, err := rt.RoundTrip(protected(t, prov.URL+"/limited", "{}")); !errors.As(err, &ex) {
+	if _, _, err := rt.Do(protected(t, prov.URL+"/limited", "{}"), retry.Call{Mode: retry.Protected}); !errors.As(err, &ex) {
 		t.Fatalf("429 with one attempt: %v, want an ExhaustedError", err)
 	}
 	if paused != 30*time.Second {

@@ -1,0 +1,42 @@
+package retry
+
+import "net/http"
+
+// Call is what one request's attempt sequence needs besides the request. The
+// caller knows whether the request is protected and what earlier sequences of
+// its operation left, and passes them here, as values.
+type Call struct {
+	// Mode says which failures may be retried; the zero Mode is Once.
+	Mode Mode
+	// Resume, if not nil, says that a protected request resumes an operation
+	// whose outcome is unknown: its first attempt is a re-send, preceded by
+	// the status probe ([Transport.Prober]) and the key-retention check.
+	Resume *Resume
+}
+
+// Report is what an attempt sequence tells its caller besides the response.
+type Report struct {
+	// Attempts is the number of attempts the sequence sent (a status probe
+	// is not one).
+	Attempts int
+	// Disposition is the returned response's; Retry when the sequence ended
+	// with an error.
+	Disposition Disposition
+}
+
+// Exchange runs one request's Call through a Transport as an
+// http.RoundTripper, for callers that take one (httputil.ReverseProxy): its
+// RoundTrip is [Transport.Do] with Call, and keeps the Report for the caller
+// to read once RoundTrip returned. An Exchange serves one request.
+type Exchange struct {
+	Transport *Transport
+	Call      Call
+	Report    Report
+}
+
+// RoundTrip implements http.RoundTripper.
+func (e *Exchange) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, rep, err := e.Transport.Do(req, e.Call)
+	e.Report = rep
+	return resp, err
+}
