@@ -29,6 +29,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/adminapi"
 	"github.com/idemproxy/idemproxy/metrics"
+	"github.com/idemproxy/idemproxy/pgstore"
 	"github.com/idemproxy/idemproxy/probe"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/ratelimit"
@@ -102,6 +103,10 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	instrumented := m.Store(st)
 	m.UnknownOperations(countUnknown(st), time.Now)
 	gate := ratelimit.New(cfg.RateLimit, cfg.RateBurst)
+	if ps, ok := st.(*pgstore.Store); ok {
+		th := shareThrottle(ps, gate, set.upstream, log)
+		defer th.Close() // before the store's Close, deferred earlier
+	}
 	chain := upstream.Config{
 		Sign:   set.sign,
 		Policy: set.policy,

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"time"
 
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/metrics"
 	"github.com/idemproxy/idemproxy/pgstore"
+	"github.com/idemproxy/idemproxy/ratelimit"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -36,6 +38,32 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 		return nil, 0, err
 	}
 	return s, cfg.lease(), nil
+}
+
+// shareThrottle makes the gate's pause and rate limit the provider's, held
+// in the database together with the other replicas: a Retry-After pause
+// reaches them all, and RATE_LIMIT is their total. While the database cannot
+// be reached, the gate works alone with its share of the rate (see
+// ratelimit.Gate.Shared). The caller closes the throttle before the store.
+func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, upstream *url.URL, log *slog.Logger) *pgstore.Throttle {
+	// The provider, without credentials or query: replicas of another
+	// deployment on the same database have their own throttle.
+	name := (&url.URL{Scheme: upstream.Scheme, Host: upstream.Host, Path: upstream.Path}).String()
+	th := s.Throttle(pgstore.ThrottleOptions{
+		Name: name,
+		OnPause: func(d time.Duration, from string) {
+			if gate.PeerPause(time.Now().Add(d)) && from != "" {
+				log.Warn("provider pause set by another replica: all outbound attempts wait",
+					"replica", from, "pause_ms", millis(d))
+			}
+		},
+		OnReplicas: gate.SetReplicas,
+	})
+	gate.Shared = th
+	gate.OnSharedError = func(err error) {
+		log.Warn("provider throttle in the database unreachable: this replica paces alone with its share of the rate limit", "err", err)
+	}
+	return th
 }
 
 // countUnknown walks the store's unknown records: how many, and the earliest

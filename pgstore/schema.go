@@ -44,6 +44,13 @@ var migrations = []string{
 	// 2: a final record an operator moved to its order's next key generation
 	// is kept (without expiry) and marked.
 	`ALTER TABLE idemproxy_records ADD COLUMN superseded boolean NOT NULL DEFAULT false;`,
+	// 3: a heartbeat row per running replica, so that each knows how many
+	// share the provider's rate (see Throttle). Lost in a database crash
+	// and written again within seconds.
+	`CREATE UNLOGGED TABLE idemproxy_replicas (
+		replica text        PRIMARY KEY,
+		seen_at timestamptz NOT NULL
+	);`,
 }
 
 // migrate creates or upgrades the schema under an advisory lock.

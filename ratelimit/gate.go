@@ -1,8 +1,11 @@
 // Package ratelimit paces outbound attempts to one provider: a token bucket
-// (golang.org/x/time/rate) for the configured requests per second, and a
-// provider-wide pause that a 429/503 Retry-After sets, during which no
-// attempt leaves at all (docs/retries.md: Retry-After "pauses all outbound
-// traffic to that provider, not only the one request").
+// for the configured requests per second, and a provider-wide pause that a
+// 429/503 Retry-After sets, during which no attempt leaves at all: the
+// provider asked for a pause of all traffic, not of the one request.
+//
+// One replica keeps both in its process (golang.org/x/time/rate). Replicas
+// sharing a store keep them in the store through [Shared], so that the pause
+// holds for all and the rate is the provider's total.
 package ratelimit
 
 import (
@@ -47,11 +50,29 @@ type Gate struct {
 	Spread time.Duration
 	// Rand returns a float in [0, 1) for the spread. If nil, math/rand/v2.
 	Rand func() float64
+	// Shared, if set, holds the pause and the token bucket together with the
+	// other replicas sharing a store. While a call to it fails, the Gate
+	// works alone for a few seconds at a time: the pause it knows, and a
+	// local bucket of the rate divided by the replica count last given to
+	// SetReplicas. Nil means this process is the only one.
+	Shared Shared
+	// OnSharedError, if set, is called when a call to Shared fails (at most
+	// once per few seconds for the bucket), for logs.
+	OnSharedError func(error)
 
-	limiter *rate.Limiter // nil = no rate limit
+	perSecond float64
+	burst     int
+	limiter   *rate.Limiter // nil = no rate limit; with Shared, the fallback share
 
 	mu          sync.Mutex
 	pausedUntil time.Time
+	published   time.Time // the latest pause end given to Shared
+
+	smu       sync.Mutex    // the shared bucket's lease
+	lease     lease         // tokens of the last Take
+	leasing   chan struct{} // non-nil while a Take runs; closed when it returns
+	waiting   int           // attempts waiting for the running Take
+	downUntil time.Time     // Shared failed: the local share until then
 
 	closed    chan struct{} // closed by Close
 	closeOnce sync.Once
@@ -61,11 +82,22 @@ type Gate struct {
 // burst. perSecond <= 0 means no rate limit (the pause still works); a burst
 // below 1 is raised to 1, because a zero burst would refuse every attempt.
 func New(perSecond float64, burst int) *Gate {
-	g := &Gate{closed: make(chan struct{})}
+	g := &Gate{closed: make(chan struct{}), perSecond: perSecond, burst: max(burst, 1)}
 	if perSecond > 0 {
-		g.limiter = rate.NewLimiter(rate.Limit(perSecond), max(burst, 1))
+		g.limiter = rate.NewLimiter(rate.Limit(perSecond), g.burst)
 	}
 	return g
+}
+
+// SetReplicas sets how many replicas share the provider, n >= 1: the local
+// bucket used while Shared fails then allows the rate and the burst divided
+// by n (the burst at least 1), so that together they stay near the total.
+func (g *Gate) SetReplicas(n int) {
+	if g.limiter == nil || n < 1 {
+		return
+	}
+	g.limiter.SetLimit(rate.Limit(g.perSecond / float64(n)))
+	g.limiter.SetBurst(max(g.burst/n, 1))
 }
 
 // Wait blocks until the pause, if any, is over and a rate token is available,
@@ -77,17 +109,19 @@ func New(perSecond float64, burst int) *Gate {
 func (g *Gate) Wait(ctx context.Context) (time.Duration, error) {
 	var (
 		waited time.Duration
-		held   time.Duration     // time spent in a pause
-		res    *rate.Reservation // the token held once reserved; reserved at most once
+		held   time.Duration // time spent in a pause
+		tk     ticket        // the token held once taken; kept across re-checks
 	)
 	for {
 		if g.isClosed() {
-			g.giveBack(res)
+			g.giveBack(tk)
 			return waited, ErrClosed
 		}
+		d, paused, err := g.delay(ctx, &tk)
+		if err != nil {
+			return waited, err
+		}
 		now := g.now()
-		d, r, paused := g.delay(now, res)
-		res = r
 		if d <= 0 && held > 0 {
 			d, held = g.spread(held), 0 // once, after the pause
 		}
@@ -95,7 +129,7 @@ func (g *Gate) Wait(ctx context.Context) (time.Duration, error) {
 			return waited, nil
 		}
 		if err := g.sleepWithin(ctx, now, d); err != nil {
-			g.giveBack(res)
+			g.giveBack(tk)
 			return waited, err
 		}
 		waited += d
@@ -105,11 +139,11 @@ func (g *Gate) Wait(ctx context.Context) (time.Duration, error) {
 	}
 }
 
-// giveBack returns a reserved token so that a failed wait does not slow the
-// others.
-func (g *Gate) giveBack(res *rate.Reservation) {
-	if res != nil {
-		res.CancelAt(g.now())
+// giveBack returns a locally reserved token so that a failed wait does not
+// slow the others. A leased token cannot go back: it is dropped.
+func (g *Gate) giveBack(tk ticket) {
+	if tk.res != nil {
+		tk.res.CancelAt(g.now())
 	}
 }
 
@@ -149,23 +183,43 @@ func (g *Gate) isClosed() bool {
 	}
 }
 
-// delay reports how long the caller must still wait at now: the rest of the
-// pause first (paused is true then), then the delay of its token. It reserves the token on the
-// first call after the pause is over and returns the reservation so that the
-// same token is kept across re-checks (reserving again would spend two).
-func (g *Gate) delay(now time.Time, res *rate.Reservation) (d time.Duration, _ *rate.Reservation, paused bool) {
+// delay reports how long the caller must still wait from now: the rest of the
+// pause first (paused is true then), then the wait for its token. It takes
+// the token on the first call after the pause is over and keeps it in tk, so
+// that re-checks do not spend two; a leased token whose time passed during a
+// pause is dropped and a new one taken, so that held tokens do not all leave
+// together when the pause ends.
+func (g *Gate) delay(ctx context.Context, tk *ticket) (d time.Duration, paused bool, err error) {
+	now := g.now()
 	if p := g.PausedUntil().Sub(now); p > 0 {
-		return p, res, true
+		return p, true, nil
 	}
 	if g.limiter == nil {
-		return 0, nil, false
+		return 0, false, nil
 	}
-	if res == nil {
-		// ReserveN, not Wait: the limiter reads our clock, so tests fix time.
-		// burst >= 1 and n == 1, so the reservation is always OK.
-		res = g.limiter.ReserveN(now, 1)
+	if tk.none(now) {
+		if *tk, err = g.reserve(ctx, now); err != nil {
+			return 0, false, err
+		}
+		now = g.now()
 	}
-	return res.DelayFrom(now), res, false
+	return tk.at.Sub(now), false, nil
+}
+
+// reserve takes one token: from the shared bucket when there is one and it
+// answers, else from the local one.
+func (g *Gate) reserve(ctx context.Context, now time.Time) (ticket, error) {
+	if g.Shared != nil {
+		tk, ok, err := g.sharedTicket(ctx)
+		if err != nil || ok {
+			return tk, err
+		}
+		now = g.now()
+	}
+	// ReserveN, not Wait: the limiter reads our clock, so tests fix time.
+	// burst >= 1 and n == 1, so the reservation is always OK.
+	res := g.limiter.ReserveN(now, 1)
+	return ticket{at: now.Add(res.DelayFrom(now)), res: res}, nil
 }
 
 // sleepWithin sleeps d unless that would reach ctx's deadline, in which case
@@ -203,15 +257,33 @@ func (c closedContext) Err() error {
 }
 func (c closedContext) Value(any) any { return nil }
 
-// PauseUntil pauses all attempts until t. It only ever extends the pause: a
-// t before the current pause end is ignored, so a short Retry-After from one
-// response cannot cut short a longer one from another.
+// PauseUntil pauses all attempts until t, and with Shared, those of the other
+// replicas too. It only ever extends the pause: a t before the current pause
+// end is ignored, so a short Retry-After from one response cannot cut short a
+// longer one from another.
 func (g *Gate) PauseUntil(t time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if t.After(g.pausedUntil) {
 		g.pausedUntil = t
 	}
+	if g.Shared != nil && t.After(g.published) {
+		g.published = t
+		g.publish(t.Sub(g.now()))
+	}
+}
+
+// PeerPause pauses this replica's attempts until t because another replica
+// paused the provider (see [Shared]). Like PauseUntil it only extends the
+// pause; it reports whether it did.
+func (g *Gate) PeerPause(t time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !t.After(g.pausedUntil) {
+		return false
+	}
+	g.pausedUntil = t
+	return true
 }
 
 // PausedUntil returns the end of the pause; the zero time if none was set.

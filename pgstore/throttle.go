@@ -1,0 +1,268 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemproxy/idemproxy/ratelimit"
+)
+
+// throttleChannel is the NOTIFY channel on which a pause reaches the other
+// replicas at once.
+const throttleChannel = "idemproxy_throttle"
+
+// ThrottleOptions configure Store.Throttle. Zero values have the defaults
+// stated.
+type ThrottleOptions struct {
+	// Name is the provider whose pause and rate the replicas share:
+	// replicas in front of different providers on one database use
+	// different names. Required.
+	Name string
+	// Replica names this process in the heartbeat table; "" means the host
+	// name, the process id and a random suffix.
+	Replica string
+	// OnPause, if set, is called with what is left of a pause another
+	// replica set, from the goroutine that learnt it: at once through
+	// LISTEN, from is that replica; or at a heartbeat, from is "" (a
+	// notification missed while the listening connection was down).
+	OnPause func(d time.Duration, from string)
+	// OnReplicas, if set, is called after every heartbeat with how many
+	// replicas are alive, this one included.
+	OnReplicas func(n int)
+	// Heartbeat is how often this replica writes its heartbeat row and
+	// reads the pause; a replica counts as alive for three of them. 0 means
+	// 2 s.
+	Heartbeat time.Duration
+}
+
+// Throttle is the provider-wide throttle (ratelimit.Shared) that replicas
+// sharing the database hold together, in the unlogged table
+// idemproxy_throttle: a row per provider with the end of its pause, which
+// only ever moves later, and the theoretical arrival time of a GCRA token
+// bucket. A pause reaches the other replicas through NOTIFY, and at the
+// latest at their next heartbeat; nothing is read per attempt. The bucket is
+// taken in batches by the Gate, one statement per batch.
+//
+// Unlogged tables are not written to the WAL, so these writes do not wait
+// for a disk flush; a database crash empties them, which at worst ends a
+// pause early and forgets the bucket's recent use. Close stops its loops; it
+// must be called before the Store's Close.
+type Throttle struct {
+	s      *Store
+	opt    ThrottleOptions
+	ctx    context.Context // canceled by Close
+	cancel context.CancelFunc
+	loops  sync.WaitGroup
+	once   sync.Once
+}
+
+var _ ratelimit.Shared = (*Throttle)(nil)
+
+// Throttle starts the provider-wide throttle for opt.Name on this store: a
+// heartbeat loop and a LISTEN connection of its own.
+func (s *Store) Throttle(opt ThrottleOptions) *Throttle {
+	if opt.Heartbeat <= 0 {
+		opt.Heartbeat = 2 * time.Second
+	}
+	if opt.Replica == "" {
+		opt.Replica = replicaName()
+	}
+	t := &Throttle{s: s, opt: opt}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.loops.Go(t.heartbeatLoop)
+	t.loops.Go(t.listenLoop)
+	return t
+}
+
+func replicaName() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	rand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// Close stops the loops and removes this replica's heartbeat row, so that
+// the others count one replica fewer at once; with the database unreachable,
+// within one second.
+func (t *Throttle) Close() error {
+	t.once.Do(func() {
+		t.cancel()
+		t.loops.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		t.s.call(ctx, "heartbeat", nil, func(ctx context.Context) error {
+			_, err := t.s.pool.Exec(ctx, `DELETE FROM idemproxy_replicas WHERE replica = $1`, t.opt.Replica)
+			return err
+		})
+	})
+	return nil
+}
+
+// Pause implements ratelimit.Shared.Pause: the pause ends d from now by the
+// database's clock, or later if it already did, and every replica listening
+// is told what is left of it.
+func (t *Throttle) Pause(ctx context.Context, d time.Duration) error {
+	return t.s.call(ctx, "pause", nil, func(ctx context.Context) error {
+		_, err := t.s.pool.Exec(ctx, `
+			INSERT INTO idemproxy_throttle AS t (name, paused_until)
+			VALUES (@name::text, now() + @d::bigint * interval '1 microsecond')
+			ON CONFLICT (name) DO UPDATE SET paused_until = greatest(t.paused_until, excluded.paused_until)
+			RETURNING pg_notify('`+throttleChannel+`', json_build_object('name', t.name, 'from', @from::text,
+				'us', (extract(epoch FROM t.paused_until - now()) * 1000000)::bigint)::text)`,
+			pgx.NamedArgs{"name": t.opt.Name, "d": micros(d), "from": t.opt.Replica})
+		return err
+	})
+}
+
+// Take implements ratelimit.Shared.Take with one statement: the bucket's
+// theoretical arrival time moves n tokens later from now or from where it
+// stood, unless the first token would come later than maxWait.
+func (t *Throttle) Take(ctx context.Context, n int, perSecond float64, burst int, maxWait time.Duration) (time.Duration, error) {
+	if n < 1 || perSecond <= 0 {
+		return 0, fmt.Errorf("pgstore: take: %d tokens at %v per second", n, perSecond)
+	}
+	every := 1e6 / perSecond // microseconds
+	span := int64(math.Ceil(float64(n) * every))
+	// The first token leaves lead+(1-burst)*every from now.
+	limit := micros(max(min(maxWait, time.Hour), 0)) + int64(float64(max(burst, 1)-1)*every)
+	var lead int64
+	booked := false
+	err := t.s.call(ctx, "take", nil, func(ctx context.Context) error {
+		err := t.s.pool.QueryRow(ctx, `
+			INSERT INTO idemproxy_throttle AS t (name, tat) VALUES (@name::text, now() + @span::bigint * interval '1 microsecond')
+			ON CONFLICT (name) DO UPDATE SET tat = greatest(t.tat, now()) + @span::bigint * interval '1 microsecond'
+				WHERE greatest(t.tat, now()) <= now() + @limit::bigint * interval '1 microsecond'
+			RETURNING (extract(epoch FROM t.tat - now()) * 1000000)::bigint - @span::bigint`,
+			pgx.NamedArgs{"name": t.opt.Name, "span": span, "limit": limit}).Scan(&lead)
+		if errors.Is(err, pgx.ErrNoRows) { // the row is there, but booked too far
+			booked, err = true, nil
+		}
+		return err
+	})
+	if booked {
+		return 0, fmt.Errorf("pgstore: take: the bucket is booked beyond %v: %w", maxWait, ratelimit.ErrDeadline)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(max(lead, 0)) * time.Microsecond, nil
+}
+
+// heartbeatLoop writes this replica's heartbeat row and reads the live
+// replica count and the pause, every Heartbeat until Close.
+func (t *Throttle) heartbeatLoop() {
+	tick := time.NewTicker(t.opt.Heartbeat)
+	defer tick.Stop()
+	for {
+		t.beat()
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (t *Throttle) beat() {
+	var n int
+	var left *int64
+	err := t.s.call(t.ctx, "heartbeat", nil, func(ctx context.Context) error {
+		return t.s.pool.QueryRow(ctx, `
+			WITH beat AS (
+				INSERT INTO idemproxy_replicas (replica, seen_at) VALUES (@replica::text, now())
+				ON CONFLICT (replica) DO UPDATE SET seen_at = now()
+			), gone AS (
+				DELETE FROM idemproxy_replicas WHERE seen_at < now() - interval '1 hour'
+			)
+			SELECT 1 + (SELECT count(*) FROM idemproxy_replicas
+					WHERE replica <> @replica::text AND seen_at > now() - @live::bigint * interval '1 microsecond'),
+				(SELECT (extract(epoch FROM paused_until - now()) * 1000000)::bigint
+					FROM idemproxy_throttle WHERE name = @name::text)`,
+			pgx.NamedArgs{"replica": t.opt.Replica, "name": t.opt.Name, "live": micros(3 * t.opt.Heartbeat)}).Scan(&n, &left)
+	})
+	if err != nil {
+		if t.ctx.Err() == nil {
+			t.s.opt.Logger.Debug("throttle heartbeat failed", "err", err)
+		}
+		return
+	}
+	if t.opt.OnReplicas != nil {
+		t.opt.OnReplicas(n)
+	}
+	if left != nil && *left > 0 && t.opt.OnPause != nil {
+		t.opt.OnPause(time.Duration(*left)*time.Microsecond, "")
+	}
+}
+
+// listenLoop keeps a connection listening for pauses, reconnecting with a
+// backoff when it breaks, until Close.
+func (t *Throttle) listenLoop() {
+	wait := time.Second
+	for {
+		connected, err := t.listen()
+		if t.ctx.Err() != nil {
+			return
+		}
+		if connected {
+			wait = time.Second
+		}
+		t.s.opt.Logger.Debug("throttle: listening connection lost", "err", redact(err))
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 15*time.Second)
+	}
+}
+
+// notice is the payload of a pause notification.
+type notice struct {
+	Name string `json:"name"`
+	From string `json:"from"`
+	Us   int64  `json:"us"` // what was left of the pause when it was set
+}
+
+// listen connects, listens and passes pauses on until the connection fails
+// or Close; connected says whether it got as far as listening.
+func (t *Throttle) listen() (connected bool, err error) {
+	cctx, cancel := context.WithTimeout(t.ctx, t.s.opt.CallTimeout)
+	conn, err := pgx.ConnectConfig(cctx, t.s.pool.Config().ConnConfig.Copy())
+	if err == nil {
+		_, err = conn.Exec(cctx, "LISTEN "+throttleChannel)
+	}
+	cancel()
+	if conn != nil {
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			conn.Close(ctx)
+		}()
+	}
+	if err != nil {
+		return false, err
+	}
+	for {
+		n, err := conn.WaitForNotification(t.ctx)
+		if err != nil {
+			return true, err
+		}
+		var p notice
+		if json.Unmarshal([]byte(n.Payload), &p) != nil || p.Name != t.opt.Name || p.From == t.opt.Replica || p.Us <= 0 {
+			continue
+		}
+		if t.opt.OnPause != nil {
+			t.opt.OnPause(time.Duration(p.Us)*time.Microsecond, p.From)
+		}
+	}
+}

@@ -1,0 +1,184 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
+	"github.com/idemproxy/idemproxy/ratelimit"
+)
+
+// pauses collects what a Throttle's OnPause reports.
+type pauses struct {
+	mu  sync.Mutex
+	got []string
+	c   chan time.Duration
+}
+
+func newPauses() *pauses { return &pauses{c: make(chan time.Duration, 16)} }
+
+func (p *pauses) on(d time.Duration, from string) {
+	p.mu.Lock()
+	p.got = append(p.got, from)
+	p.mu.Unlock()
+	p.c <- d
+}
+
+func throttle(t *testing.T, s *Store, opt ThrottleOptions) *Throttle {
+	t.Helper()
+	th := s.Throttle(opt)
+	t.Cleanup(func() { th.Close() })
+	return th
+}
+
+// Take books the shared bucket with GCRA: the lead is where the schedule
+// stood, it moves by n tokens per Take whichever replica takes them, and a
+// Take whose first token would come after maxWait books nothing.
+func TestThrottleTake(t *testing.T) {
+	url := pgtest.Database(t)
+	s := open(t, url, 0)
+	a := throttle(t, s, ThrottleOptions{Name: "https://provider.test", Heartbeat: time.Hour})
+	b := throttle(t, open(t, url, 0), ThrottleOptions{Name: "https://provider.test", Heartbeat: time.Hour})
+	other := throttle(t, s, ThrottleOptions{Name: "https://other.test", Heartbeat: time.Hour})
+	ctx := context.Background()
+	const rate, every = 10, 100 * time.Millisecond // per second, and per token
+	take := func(th *Throttle, n int, maxWait time.Duration) (time.Duration, error) {
+		t.Helper()
+		return th.Take(ctx, n, rate, 1, maxWait)
+	}
+	start := time.Now()
+	// within says lead is want less the time since start (the database's
+	// clock moves on between the calls), never more.
+	within := func(what string, lead, want time.Duration) {
+		t.Helper()
+		if lead > want || lead < want-time.Since(start) {
+			t.Errorf("%s: lead %v, want %v less at most the %v elapsed", what, lead, want, time.Since(start))
+		}
+	}
+	if lead, err := take(a, 1, time.Hour); err != nil || lead != 0 {
+		t.Fatalf("first Take = %v, %v; want lead 0 on a new bucket", lead, err)
+	}
+	lead, err := take(a, 5, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	within("after 1 token", lead, every)
+	lead, err = take(b, 1, time.Hour) // the other replica sees a's six tokens
+	if err != nil {
+		t.Fatal(err)
+	}
+	within("after 6 tokens, from the other replica", lead, 6*every)
+	if _, err := take(b, 1, 100*time.Millisecond); !errors.Is(err, ratelimit.ErrDeadline) {
+		t.Errorf("Take beyond maxWait = %v, want ErrDeadline", err)
+	}
+	lead, err = take(a, 1, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	within("after 7 tokens (the refused Take booked none)", lead, 7*every)
+	if lead, err := take(other, 1, time.Hour); err != nil || lead != 0 {
+		t.Errorf("another provider's bucket = %v, %v; want its own, lead 0", lead, err)
+	}
+}
+
+// A pause set through one replica reaches the other at once through
+// NOTIFY, with what is left of it and the name of the replica that set it; a
+// shorter pause never cuts it short.
+func TestThrottlePause(t *testing.T) {
+	url := pgtest.Database(t)
+	a := throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Replica: "replica-a", Heartbeat: time.Hour})
+	got := newPauses()
+	sb := open(t, url, 0)
+	throttle(t, sb, ThrottleOptions{Name: "p", Replica: "replica-b", Heartbeat: time.Hour, OnPause: got.on})
+	// Both listen before the pause (the heartbeats, an hour apart, have
+	// run once already, before it): only NOTIFY can bring it.
+	waitListening(t, sb, 2)
+	ctx := context.Background()
+	start := time.Now()
+	if err := a.Pause(ctx, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	d := <-got.c
+	if d > 3*time.Second || d < 3*time.Second-time.Since(start) {
+		t.Errorf("pause received %v, want 3s less at most the %v elapsed", d, time.Since(start))
+	}
+	got.mu.Lock()
+	if got.got[0] != "replica-a" {
+		t.Errorf("pause from %q, want replica-a", got.got[0])
+	}
+	got.mu.Unlock()
+	if err := a.Pause(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d := <-got.c; d < 3*time.Second-time.Since(start) {
+		t.Errorf("after a shorter pause, %v left; want the longer one kept", d)
+	}
+}
+
+// waitListening waits until n sessions listen for pauses.
+func waitListening(t *testing.T, s *Store, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		var got int
+		err := s.pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN `+throttleChannel+`'`).Scan(&got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions listening after a minute, want %d", got, n)
+		}
+	}
+}
+
+// Heartbeats count the live replicas; one that closes stops counting at
+// once. A pause missed by the listener is found at the next heartbeat.
+func TestThrottleHeartbeat(t *testing.T) {
+	url := pgtest.Database(t)
+	counts := make(chan int, 64)
+	s := open(t, url, 0)
+	missed := newPauses()
+	throttle(t, s, ThrottleOptions{Name: "p", Heartbeat: 50 * time.Millisecond, OnPause: missed.on,
+		OnReplicas: func(n int) {
+			select {
+			case counts <- n:
+			default:
+			}
+		}})
+	waitCount := func(want int) {
+		t.Helper()
+		for n := range counts {
+			if n == want {
+				return
+			}
+		}
+	}
+	waitCount(1)
+	b := s.Throttle(ThrottleOptions{Name: "p", Heartbeat: 50 * time.Millisecond})
+	waitCount(2)
+	b.Close()
+	waitCount(1)
+	// Written behind the listeners' back: only a heartbeat can find it.
+	if _, err := s.pool.Exec(context.Background(),
+		`UPDATE idemproxy_throttle SET paused_until = now() + interval '10 seconds' WHERE name = 'p'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(context.Background(),
+		`INSERT INTO idemproxy_throttle (name, paused_until) VALUES ('p', now() + interval '10 seconds') ON CONFLICT DO NOTHING`); err != nil {
+		t.Fatal(err)
+	}
+	if d := <-missed.c; d <= 0 || d > 10*time.Second {
+		t.Errorf("heartbeat found a pause of %v, want up to 10s", d)
+	}
+	missed.mu.Lock()
+	defer missed.mu.Unlock()
+	if missed.got[0] != "" {
+		t.Errorf("a pause found by a heartbeat names %q, want \"\"", missed.got[0])
+	}
+}

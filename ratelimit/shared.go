@@ -1,0 +1,188 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Shared is the provider-wide throttle that replicas sharing one store hold
+// together: a pause one replica sets holds for all, and one token bucket
+// paces them all, so that IDEMPROXY_RATE_LIMIT is the provider's total. A
+// Gate without it keeps both in its own process, which is right for one
+// replica. The implementation also tells the Gate, through [Gate.PeerPause]
+// and [Gate.SetReplicas], about pauses other replicas set and how many
+// replicas are alive.
+type Shared interface {
+	// Pause makes every replica pause for d from now, by the store's
+	// clock. It never shortens a longer pause.
+	Pause(ctx context.Context, d time.Duration) error
+	// Take takes n tokens from the provider's bucket, which refills at
+	// perSecond up to burst, and returns the bucket's lead: how far ahead
+	// of now its schedule stood before these tokens (0 when it had tokens
+	// saved). Token i (from 0) may leave lead+(i+1-burst)/perSecond from
+	// now, and not before now. When the lead is more than maxWait, Take
+	// takes nothing and returns an error wrapping [ErrDeadline].
+	Take(ctx context.Context, n int, perSecond float64, burst int, maxWait time.Duration) (time.Duration, error)
+}
+
+const (
+	// sharedTimeout bounds one call to the Shared store made for an
+	// attempt: a hung database delays an attempt by at most this much
+	// before the Gate falls back to its local share of the rate.
+	sharedTimeout = time.Second
+	// sharedRetry is how long the Gate uses its local share after a failed
+	// call before it tries the Shared store again.
+	sharedRetry = 5 * time.Second
+	// leaseSlack is how long after its time a leased token may still be
+	// spent. Tokens not spent by then are dropped, so that tokens saved
+	// while idle cannot leave together later: in any window of w, the
+	// replicas together send at most perSecond*(w+leaseSlack)+burst.
+	leaseSlack = 100 * time.Millisecond
+	// noDeadline is the maxWait of a Take for an attempt without deadline.
+	noDeadline = time.Hour
+)
+
+// ticket is what lets one attempt leave: a time, taken either from the local
+// bucket (res, given back if the attempt does not leave) or from a lease of
+// the shared one (valid until expires, dropped after).
+type ticket struct {
+	at      time.Time
+	expires time.Time // zero for a local reservation
+	res     *rate.Reservation
+}
+
+// none says whether t holds nothing yet, or a leased token whose time to be
+// spent is past: the attempt needs a new one.
+func (t ticket) none(now time.Time) bool {
+	if t.res == nil && t.expires.IsZero() {
+		return true
+	}
+	return !t.expires.IsZero() && !now.Before(t.expires)
+}
+
+// lease is the tokens of one Take, handed to this replica's attempts in
+// order. Token i leaves at start+(i+1-burst)*every, never before got.
+type lease struct {
+	start, got time.Time
+	every      time.Duration
+	burst      int
+	n, next    int
+}
+
+// take hands out the next token whose time has not passed by more than
+// leaseSlack; the ones that have are dropped.
+func (l *lease) take(now time.Time) (ticket, bool) {
+	for ; l.next < l.n; l.next++ {
+		at := l.start.Add(time.Duration(l.next+1-l.burst) * l.every)
+		if at.Before(l.got) {
+			at = l.got
+		}
+		if exp := at.Add(leaseSlack); now.Before(exp) {
+			l.next++
+			return ticket{at: at, expires: exp}, true
+		}
+	}
+	return ticket{}, false
+}
+
+// sharedTicket takes a token of the shared bucket for one attempt. One Take
+// at a time runs per Gate, for every attempt waiting when it starts, so that
+// under load one round trip serves many attempts. ok is false while the
+// shared store failed recently: the caller uses the local share then.
+func (g *Gate) sharedTicket(ctx context.Context) (tk ticket, ok bool, err error) {
+	g.smu.Lock()
+	defer g.smu.Unlock()
+	for {
+		now := g.now()
+		if now.Before(g.downUntil) {
+			return ticket{}, false, nil
+		}
+		if tk, ok := g.lease.take(now); ok {
+			return tk, true, nil
+		}
+		if g.leasing == nil {
+			if err := g.lead(ctx, g.waiting+1); err != nil {
+				return ticket{}, true, err
+			}
+			continue
+		}
+		done := g.leasing
+		g.waiting++
+		g.smu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-g.closed:
+			err = ErrClosed
+		}
+		g.smu.Lock()
+		g.waiting--
+		if err != nil {
+			return ticket{}, true, err
+		}
+	}
+}
+
+// lead runs one Take of n tokens with g.smu held on entry and exit (released
+// during the call) and installs the lease, or marks the store down.
+func (g *Gate) lead(ctx context.Context, n int) error {
+	done := make(chan struct{})
+	g.leasing = done
+	g.smu.Unlock()
+	l, err := g.takeLease(ctx, n)
+	g.smu.Lock()
+	g.leasing = nil
+	close(done)
+	switch {
+	case err == nil:
+		g.lease = l
+	case errors.Is(err, ErrDeadline), ctx.Err() != nil:
+		return err
+	default:
+		g.downUntil = g.now().Add(sharedRetry)
+		g.sharedFailed(err)
+	}
+	return nil
+}
+
+func (g *Gate) takeLease(ctx context.Context, n int) (lease, error) {
+	maxWait := noDeadline
+	if d, ok := ctx.Deadline(); ok {
+		maxWait = d.Sub(g.now())
+	}
+	ctx, cancel := context.WithTimeout(ctx, sharedTimeout)
+	defer cancel()
+	lead, err := g.Shared.Take(ctx, n, g.perSecond, g.burst, maxWait)
+	if err != nil {
+		return lease{}, fmt.Errorf("ratelimit: shared bucket: %w", err)
+	}
+	now := g.now()
+	return lease{start: now.Add(lead), got: now, every: time.Duration(float64(time.Second) / g.perSecond),
+		burst: g.burst, n: n}, nil
+}
+
+// publish shares a pause of d from now with the other replicas, in the
+// background: the local pause already holds.
+func (g *Gate) publish(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), sharedTimeout)
+		defer cancel()
+		if err := g.Shared.Pause(ctx, d); err != nil {
+			g.sharedFailed(fmt.Errorf("ratelimit: share a pause of %v: %w", d, err))
+		}
+	}()
+}
+
+func (g *Gate) sharedFailed(err error) {
+	if g.OnSharedError != nil {
+		g.OnSharedError(err)
+	}
+}

@@ -1,0 +1,212 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeShared is a Shared whose answers the test gives; it records the calls.
+type fakeShared struct {
+	pause func(d time.Duration) error
+	take  func(n int, maxWait time.Duration) (time.Duration, error)
+
+	mu    sync.Mutex
+	takes []int
+}
+
+func (f *fakeShared) Pause(_ context.Context, d time.Duration) error { return f.pause(d) }
+
+func (f *fakeShared) Take(_ context.Context, n int, _ float64, _ int, maxWait time.Duration) (time.Duration, error) {
+	f.mu.Lock()
+	f.takes = append(f.takes, n)
+	f.mu.Unlock()
+	return f.take(n, maxWait)
+}
+
+func (f *fakeShared) takeCalls() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.takes)
+}
+
+// A pause is shared with the other replicas once per extension: a shorter
+// pause is not sent again.
+func TestGateSharesPause(t *testing.T) {
+	g, c := newTestGate(0, 1)
+	sent := make(chan time.Duration, 3)
+	g.Shared = &fakeShared{pause: func(d time.Duration) error { sent <- d; return nil }}
+	g.PauseUntil(c.Now().Add(2 * time.Second))
+	if d := <-sent; d != 2*time.Second {
+		t.Errorf("shared pause %v, want 2s", d)
+	}
+	g.PauseUntil(c.Now().Add(time.Second)) // shorter: not sent
+	g.PauseUntil(c.Now().Add(5 * time.Second))
+	if d := <-sent; d != 5*time.Second {
+		t.Errorf("second shared pause %v, want 5s (the shorter one is not sent)", d)
+	}
+	if got := g.PausedUntil(); !got.Equal(c.Now().Add(5 * time.Second)) {
+		t.Errorf("local pause until %v, want 5s from now", got)
+	}
+}
+
+// A pause another replica set holds here and is not sent back.
+func TestGatePeerPause(t *testing.T) {
+	g, c := newTestGate(0, 1)
+	g.Rand = func() float64 { return 0 }
+	g.Shared = &fakeShared{pause: func(time.Duration) error { t.Error("a peer's pause was shared again"); return nil }}
+	if !g.PeerPause(c.Now().Add(3 * time.Second)) {
+		t.Error("PeerPause did not extend an empty pause")
+	}
+	if g.PeerPause(c.Now().Add(time.Second)) {
+		t.Error("PeerPause shortened the pause")
+	}
+	if w, err := g.Wait(context.Background()); err != nil || w != 3*time.Second {
+		t.Errorf("Wait = %v, %v; want 3s", w, err)
+	}
+}
+
+// Tokens of the shared bucket: the lead the store returns delays the first;
+// the burst leaves at once; one Take serves every attempt that was waiting
+// when it started.
+func TestGateSharedBucket(t *testing.T) {
+	t.Run("lead", func(t *testing.T) {
+		g, _ := newTestGate(10, 1)
+		g.Shared = &fakeShared{take: func(int, time.Duration) (time.Duration, error) { return time.Second, nil }}
+		if w, err := g.Wait(context.Background()); err != nil || w != time.Second {
+			t.Errorf("Wait = %v, %v; want the lead, 1s", w, err)
+		}
+	})
+	t.Run("burst and pacing", func(t *testing.T) {
+		g, _ := newTestGate(10, 2)
+		f := &fakeShared{take: func(int, time.Duration) (time.Duration, error) { return 0, nil }}
+		g.Shared = f
+		// One Take per Wait here (one attempt at a time): tokens 0 and 1
+		// of a bucket with tokens saved leave at once.
+		for i := range 2 {
+			if w, err := g.Wait(context.Background()); err != nil || w != 0 {
+				t.Errorf("Wait %d = %v, %v; want 0", i, w, err)
+			}
+		}
+	})
+	t.Run("one Take for the waiting attempts", func(t *testing.T) {
+		g := New(1000, 1)
+		release := make(chan struct{})
+		f := &fakeShared{take: func(n int, _ time.Duration) (time.Duration, error) {
+			if n == 1 {
+				<-release // the first Take runs while the others queue
+			}
+			return 0, nil
+		}}
+		g.Shared = f
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if _, err := g.Wait(context.Background()); err != nil {
+				t.Error(err)
+			}
+		})
+		for len(f.takeCalls()) == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		for range 4 {
+			wg.Go(func() {
+				if _, err := g.Wait(context.Background()); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		for g.waitingForTake() < 4 {
+			time.Sleep(time.Millisecond)
+		}
+		close(release)
+		wg.Wait()
+		if got := f.takeCalls(); !slices.Equal(got, []int{1, 4}) {
+			t.Errorf("Take calls for n = %v, want [1 4]: the four waiting attempts share one", got)
+		}
+	})
+}
+
+func (g *Gate) waitingForTake() int {
+	g.smu.Lock()
+	defer g.smu.Unlock()
+	return g.waiting
+}
+
+// Leased tokens not spent soon after their time are dropped: a token taken,
+// then held by a pause, is not spent after the pause; a new one is taken.
+func TestGateLeasedTokenDroppedAfterPause(t *testing.T) {
+	g, c := newTestGate(1, 1)
+	f := &fakeShared{take: func(int, time.Duration) (time.Duration, error) { return 0, nil }}
+	f.pause = func(time.Duration) error { return nil }
+	g.Shared = f
+	if _, err := g.Wait(context.Background()); err != nil { // token 0 of a lease, at once
+		t.Fatal(err)
+	}
+	f.take = func(int, time.Duration) (time.Duration, error) { return time.Second, nil }
+	start := c.Now()
+	c.OnSleep = func(n int) {
+		if n == 1 { // woke for the token; a 429 pauses everyone
+			g.PauseUntil(start.Add(3 * time.Second))
+		}
+	}
+	w, err := g.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.takeCalls(); len(got) != 3 {
+		t.Errorf("Take calls %v, want 3: the token held across the pause is dropped and a new one taken", got)
+	}
+	// 1 s for the first token, 2 s more of pause, 1 s lead of the new one.
+	if w != 4*time.Second {
+		t.Errorf("waited %v, want 4s", w)
+	}
+}
+
+// While the shared store fails, the Gate uses its local share of the rate
+// (rate and burst divided by the replicas last seen) and does not call the
+// store again for a while; the failure is reported.
+func TestGateSharedFallback(t *testing.T) {
+	g, _ := newTestGate(10, 4)
+	f := &fakeShared{take: func(int, time.Duration) (time.Duration, error) { return 0, errors.New("database down") }}
+	g.Shared = f
+	var reported []error
+	g.OnSharedError = func(err error) { reported = append(reported, err) }
+	g.SetReplicas(2) // 5 per second, burst 2
+	var waits []time.Duration
+	for range 4 {
+		w, err := g.Wait(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		waits = append(waits, w)
+	}
+	if want := []time.Duration{0, 0, 200 * time.Millisecond, 200 * time.Millisecond}; !slices.Equal(waits, want) {
+		t.Errorf("waits %v, want %v (5 per second, burst 2)", waits, want)
+	}
+	if got := f.takeCalls(); len(got) != 1 {
+		t.Errorf("Take called %d times, want once: the store is not asked again for a while", len(got))
+	}
+	if len(reported) != 1 {
+		t.Errorf("%d failures reported, want 1", len(reported))
+	}
+}
+
+// A store that says the first token is beyond the attempt's deadline ends the
+// wait at once with ErrDeadline.
+func TestGateSharedDeadline(t *testing.T) {
+	g, c := newTestGate(10, 1)
+	g.Shared = &fakeShared{take: func(_ int, maxWait time.Duration) (time.Duration, error) {
+		if maxWait > 2*time.Second {
+			t.Errorf("maxWait %v, want the deadline's 2s at most", maxWait)
+		}
+		return 0, ErrDeadline
+	}}
+	ctx, cancel := context.WithDeadline(context.Background(), c.Now().Add(2*time.Second))
+	defer cancel()
+	if _, err := g.Wait(ctx); !errors.Is(err, ErrDeadline) {
+		t.Errorf("Wait = %v, want ErrDeadline", err)
+	}
+}
