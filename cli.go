@@ -208,6 +208,7 @@ func printRecord(w io.Writer, rec adminapi.Record) {
 	line("upstream key", rec.UpstreamKey)
 	line("client", rec.Client)
 	line("state", rec.State)
+	line("request", strings.TrimSpace(rec.Method+" "+rec.Path))
 	if rec.Status != 0 {
 		line("status", fmt.Sprint(rec.Status))
 	}
@@ -224,6 +225,11 @@ func printRecord(w io.Writer, rec adminapi.Record) {
 	}
 	if rec.LeaseUntil != nil {
 		line("lease until", rec.LeaseUntil.Format(time.RFC3339))
+	}
+	if rec.ExpiresAt != nil {
+		line("expires at", rec.ExpiresAt.Format(time.RFC3339))
+	} else {
+		line("expires at", "never")
 	}
 	line("last error", rec.LastError)
 	tw.Flush()
@@ -280,16 +286,19 @@ func recordsList(args, environ []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tCLIENT\tSTATE\tSTATUS\tATTEMPTS\tFIRST SENT\tLAST ERROR")
+	fmt.Fprintln(tw, "KEY\tCLIENT\tSTATE\tREQUEST\tSTATUS\tATTEMPTS\tFIRST SENT\tLAST ERROR")
 	for _, r := range page.Records {
-		sent, status := "-", "-"
+		sent, status, req := "-", "-", "-"
 		if r.FirstSentAt != nil {
 			sent = r.FirstSentAt.Format(time.RFC3339)
 		}
 		if r.Status != 0 {
 			status = strconv.Itoa(r.Status)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Key, r.Client, r.State, status, r.Attempts, sent, r.LastError)
+		if r.Method != "" {
+			req = r.Method + " " + r.Path
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Key, r.Client, r.State, req, status, r.Attempts, sent, r.LastError)
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "%d records", len(page.Records))

@@ -86,7 +86,8 @@ func TestCLIRecordsGet(t *testing.T) {
 
 	out, errOut, code := run(tok, "records", "get", key)
 	if code != 0 || !strings.Contains(out, "state") || !strings.Contains(out, "unknown") ||
-		!strings.Contains(out, "first sent at") || !strings.Contains(out, key) {
+		!strings.Contains(out, "first sent at") || !strings.Contains(out, key) ||
+		!strings.Contains(out, "POST /payments") || !strings.Contains(out, "expires at") || !strings.Contains(out, "upstream key") {
 		t.Fatalf("records get = %d\n%s%s", code, out, errOut)
 	}
 	out, errOut, code = run(tok, "records", "get", "--json", key)

@@ -126,6 +126,21 @@ func TestBinaryTenantsCannotReachEachOther(t *testing.T) {
 	if !strings.Contains(p.logText(), `"upstream_key":"`+keys[0]+`"`) {
 		t.Errorf("the request log does not show the upstream key %s:\n%s", keys[0], p.logText())
 	}
+	// The admin API shows the key that went upstream, not the app's.
+	ar := send(t, http.MethodGet, "http://"+p.admin+"/admin/v1/records/"+a.header.Get("Idempotency-Key")+"?client=app-a", "")
+	var rec struct {
+		Key         string `json:"key"`
+		UpstreamKey string `json:"upstream_key"`
+		Method      string `json:"method"`
+		Path        string `json:"path"`
+	}
+	if err := json.Unmarshal([]byte(ar.body), &rec); err != nil || ar.status != http.StatusOK {
+		t.Fatalf("admin record of app-a's order = %d %s", ar.status, ar.body)
+	}
+	if rec.UpstreamKey != keys[0] || rec.Key != a.header.Get("Idempotency-Key") || rec.Method != "POST" || rec.Path != "/cards" {
+		t.Errorf("admin record = %s; want key %s, upstream_key %s (what the provider saw), POST /cards",
+			ar.body, a.header.Get("Idempotency-Key"), keys[0])
+	}
 
 	// Another replica (or a restart) with the same secret sends the same
 	// upstream key: the provider returns app-a's operation, not a new one.

@@ -96,12 +96,16 @@ func (h *Handler) authorized(r *http.Request) bool {
 	return ok && subtle.ConstantTimeCompare(sum[:], h.token[:]) == 1
 }
 
-// Record is a record as the API shows it.
+// Record is a record as the API shows it. UpstreamKey, Method and Path are
+// empty for records written by builds that did not keep them; ExpiresAt is
+// null for a record that never expires.
 type Record struct {
 	Key         string          `json:"key"`
 	UpstreamKey string          `json:"upstream_key"`
 	Client      string          `json:"client"`
 	State       string          `json:"state"`
+	Method      string          `json:"method"`
+	Path        string          `json:"path"`
 	Status      int             `json:"status,omitempty"`
 	NeedsReview bool            `json:"needs_review,omitempty"`
 	Reconciled  bool            `json:"reconciled,omitempty"`
@@ -109,6 +113,7 @@ type Record struct {
 	Attempts    int             `json:"attempts"`
 	CreatedAt   time.Time       `json:"created_at"`
 	FirstSentAt *time.Time      `json:"first_sent_at"`
+	ExpiresAt   *time.Time      `json:"expires_at"`
 	LeaseUntil  *time.Time      `json:"lease_until,omitempty"`
 	LastError   string          `json:"last_error,omitempty"`
 	Body        json.RawMessage `json:"body,omitempty"`
@@ -117,12 +122,10 @@ type Record struct {
 
 // view builds the API's Record for id's stored record.
 func view(id store.ID, rec store.Record, withBody bool) Record {
-	v := Record{Key: id.Key, UpstreamKey: id.Key, Client: id.Tenant, State: rec.State.String(), Superseded: rec.Superseded,
-		Attempts: rec.Outcome.Attempts, CreatedAt: rec.CreatedAt, LastError: rec.Outcome.LastError}
-	if !rec.Outcome.FirstSentAt.IsZero() {
-		t := rec.Outcome.FirstSentAt
-		v.FirstSentAt = &t
-	}
+	v := Record{Key: id.Key, UpstreamKey: rec.UpstreamKey, Client: id.Tenant, State: rec.State.String(),
+		Method: rec.Method, Path: rec.Path, Superseded: rec.Superseded,
+		Attempts: rec.Outcome.Attempts, CreatedAt: rec.CreatedAt, LastError: rec.Outcome.LastError,
+		FirstSentAt: optional(rec.Outcome.FirstSentAt), ExpiresAt: optional(rec.ExpiresAt)}
 	if rec.State == store.InFlight {
 		t := rec.LeaseUntil
 		v.LeaseUntil = &t
@@ -143,6 +146,14 @@ func view(id store.ID, rec store.Record, withBody bool) Record {
 		}
 	}
 	return v
+}
+
+// optional is t, or nil (JSON null) for the zero time.
+func optional(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // getRecord is GET /admin/v1/records/{key}[?client=][&body=1].

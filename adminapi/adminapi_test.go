@@ -69,7 +69,7 @@ func TestGetRecord(t *testing.T) {
 	ctx := context.Background()
 	final := store.ID{Tenant: "default", Key: "k-final"}
 	unknown := store.ID{Tenant: "shop", Key: "k-unknown"}
-	if _, _, err := s.Begin(ctx, final, []byte("fp"), "o1", time.Minute); err != nil {
+	if _, _, err := s.Begin(ctx, final, store.Request{Fingerprint: []byte("fp")}, "o1", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	body := `{"id":"op_1","status":"needs_review"}`
@@ -77,10 +77,12 @@ func TestGetRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	sent := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
-	if _, _, err := s.Begin(ctx, unknown, []byte("fp"), "o2", time.Minute); err != nil {
+	req := store.Request{Fingerprint: []byte("fp"), Method: "POST", Path: "/payments", UpstreamKey: "bound-to-shop-1f2e"}
+	if _, _, err := s.Begin(ctx, unknown, req, "o2", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Park(ctx, unknown, "o2", store.Outcome{FirstSentAt: sent, Attempts: 3, LastError: "504 from upstream"}); err != nil {
+	lastBody := `{"payment_id":"pay_secret_7"}`
+	if err := s.Park(ctx, unknown, "o2", store.Outcome{FirstSentAt: sent, Attempts: 3, LastError: "504 from upstream", LastBody: []byte(lastBody)}); err != nil {
 		t.Fatal(err)
 	}
 	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default"})
@@ -112,5 +114,23 @@ func TestGetRecord(t *testing.T) {
 	if rec.State != "unknown" || rec.Attempts != 3 || rec.LastError != "504 from upstream" ||
 		rec.FirstSentAt == nil || !rec.FirstSentAt.Equal(sent) || rec.Client != "shop" {
 		t.Fatalf("unknown record = %+v (%s)", rec, w.Body)
+	}
+	// The key sent upstream is the record's, not the app's key.
+	if rec.UpstreamKey != req.UpstreamKey || rec.Method != "POST" || rec.Path != "/payments" {
+		t.Fatalf("unknown record: upstream key %q, method %q, path %q; want %q POST /payments",
+			rec.UpstreamKey, rec.Method, rec.Path, req.UpstreamKey)
+	}
+	if rec.ExpiresAt == nil || rec.ExpiresAt.Before(time.Now().Add(50*time.Minute)) || rec.ExpiresAt.After(time.Now().Add(70*time.Minute)) {
+		t.Fatalf("expires_at = %v, want about an hour (the TTL) from now", rec.ExpiresAt)
+	}
+	var fields map[string]json.RawMessage
+	json.Unmarshal(w.Body.Bytes(), &fields)
+	for _, f := range []string{"key", "upstream_key", "client", "state", "method", "path", "attempts", "created_at", "first_sent_at", "expires_at", "last_error"} {
+		if _, ok := fields[f]; !ok {
+			t.Errorf("record has no %q: %s", f, w.Body)
+		}
+	}
+	if strings.Contains(w.Body.String(), "pay_secret_7") {
+		t.Fatalf("the last ambiguous answer's body is shown without ?body=1: %s", w.Body)
 	}
 }

@@ -74,7 +74,7 @@ func runBeginComplete(b *testing.B, s *Store) {
 		for pb.Next() {
 			start := time.Now()
 			id := store.ID{Tenant: "bench", Key: strconv.FormatUint(seq.Add(1), 10)}
-			if _, _, err := s.Begin(ctx, id, fp, "owner", time.Minute); err != nil {
+			if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fp}, "owner", time.Minute); err != nil {
 				b.Error(err)
 				return
 			}

@@ -48,7 +48,7 @@ func BenchmarkDiskSteadyState(b *testing.B) {
 		<-tick.C
 		for target := int(time.Since(start).Seconds() * rate); n < target; n++ {
 			id := store.ID{Key: fmt.Sprint("k", n)}
-			if _, _, err := s.Begin(ctx, id, fpA, "o", time.Minute); err != nil {
+			if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", time.Minute); err != nil {
 				b.Fatal(err)
 			}
 			if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {

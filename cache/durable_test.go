@@ -48,7 +48,7 @@ func runWriter(dir string) {
 		go func() {
 			for i := 0; ; i++ {
 				id := store.ID{Tenant: "crash", Key: fmt.Sprintf("%d-%d", w, i)}
-				if _, _, err := s.Begin(ctx, id, fpA, "writer", time.Minute); err != nil {
+				if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "writer", time.Minute); err != nil {
 					fmt.Fprintln(os.Stderr, err)
 					os.Exit(3)
 				}
@@ -121,7 +121,10 @@ func TestWriteFailsWhenSyncFails(t *testing.T) {
 	s.group.sync = func() error { return eio }
 
 	calls := map[string]error{
-		"cache: begin":    func() error { _, _, err := s.Begin(ctx, store.ID{Key: "other"}, fpA, "o", time.Minute); return err }(),
+		"cache: begin": func() error {
+			_, _, err := s.Begin(ctx, store.ID{Key: "other"}, store.Request{Fingerprint: fpA}, "o", time.Minute)
+			return err
+		}(),
 		"cache: complete": s.Complete(ctx, id, "o", okRes),
 		"cache: ping":     s.Ping(ctx),
 	}
@@ -161,7 +164,7 @@ func TestReadsWaitForSync(t *testing.T) {
 	if _, err := s.Get(ctx, id); !errors.Is(err, eio) {
 		t.Fatalf("Get of an unsynced record = %v, want the sync error", err)
 	}
-	if _, _, err := s.Begin(ctx, id, fpA, "o2", time.Minute); !errors.Is(err, eio) {
+	if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o2", time.Minute); !errors.Is(err, eio) {
 		t.Fatalf("Begin returning an unsynced record = %v, want the sync error", err)
 	}
 }
@@ -182,7 +185,7 @@ func TestWALRotation(t *testing.T) {
 		wg.Go(func() {
 			for i := range 100 {
 				id := store.ID{Key: fmt.Sprintf("%d-%d", w, i)}
-				if _, _, err := s.Begin(ctx, id, fpA, "o", time.Minute); err != nil {
+				if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", time.Minute); err != nil {
 					errs <- err
 					return
 				}
@@ -309,7 +312,7 @@ func TestNoSpace(t *testing.T) {
 		var i int
 		for i = 0; i < 200_000; i++ {
 			id := store.ID{Key: fmt.Sprint(i)}
-			_, _, err := s.Begin(ctx, id, fpA, "o", time.Minute)
+			_, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", time.Minute)
 			if err == nil {
 				err = s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body})
 			}
@@ -333,7 +336,7 @@ func TestNoSpace(t *testing.T) {
 
 func assertNoSpace(t *testing.T, s *Store) {
 	t.Helper()
-	_, _, err := s.Begin(ctx, store.ID{Key: "refused"}, fpA, "o", time.Minute)
+	_, _, err := s.Begin(ctx, store.ID{Key: "refused"}, store.Request{Fingerprint: fpA}, "o", time.Minute)
 	if !errors.Is(err, store.ErrNoSpace) || !strings.HasPrefix(err.Error(), "cache: begin: ") {
 		t.Fatalf("Begin = %v, want cache: begin: ... store.ErrNoSpace", err)
 	}
@@ -357,7 +360,7 @@ func TestNoSpaceStillReplays(t *testing.T) {
 	mustBegin(t, s, inflight, fpA, "o")
 	s.minFree = math.MaxUint64
 
-	rec, created, err := s.Begin(ctx, final, fpA, "o2", time.Minute)
+	rec, created, err := s.Begin(ctx, final, store.Request{Fingerprint: fpA}, "o2", time.Minute)
 	if err != nil || created || rec.State != store.Final {
 		t.Fatalf("Begin on a stored final record with a full disk = %v created %v, %v; want the replay", rec.State, created, err)
 	}

@@ -60,6 +60,7 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 			if err != nil {
 				return err
 			}
+			rec.ExpiresAt = expiresAt(item.ExpiresAt())
 			if f.Keep != nil && !f.Keep(&rec) {
 				continue
 			}
@@ -101,8 +102,9 @@ func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error
 		if cur.ID == (store.ID{}) {
 			cur.ID = id // written by a build that did not keep it
 		}
+		err = s.put(txn, key, &cur, now)
 		rec = cur
-		return true, s.put(txn, key, &cur, now)
+		return true, err
 	})
 	if err != nil {
 		return store.Record{}, fmt.Errorf("cache: %s: %w", op, err)

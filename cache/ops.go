@@ -23,7 +23,7 @@ const maxConflictRetries = 1000
 
 // Begin implements store.Store.Begin. The in-flight record is durable before
 // Begin returns (with SyncWrites), and so is an existing record it returns.
-func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool, error) {
+func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner string, lease time.Duration) (store.Record, bool, error) {
 	const op = "begin"
 	if err := checkArgs(op, id, owner); err != nil {
 		return store.Record{}, false, err
@@ -45,10 +45,10 @@ func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string,
 		existed = err == nil
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			cur = store.Record{Fingerprint: bytes.Clone(fp), CreatedAt: now}
+			cur = store.Record{Fingerprint: bytes.Clone(req.Fingerprint), CreatedAt: now}
 		case err != nil:
 			return false, err
-		case resumable(cur, fp, now):
+		case resumable(cur, req.Fingerprint, now):
 			prev = cur
 		default:
 			rec, created, version = cur, false, ver
@@ -56,9 +56,11 @@ func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string,
 		}
 		cur.State, cur.Owner, cur.LeaseUntil = store.InFlight, owner, now.Add(lease)
 		cur.ID = id
+		cur.Method, cur.Path, cur.UpstreamKey = req.Method, req.Path, req.UpstreamKey
 		cur.Fence++
+		err = s.put(txn, key, &cur, now)
 		rec, created = cur, true
-		return true, s.put(txn, key, &cur, now)
+		return true, err
 	})
 	if errors.Is(err, errNotSynced) && created {
 		// The claim is committed but its sync failed: the caller answers 503
@@ -115,6 +117,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 		cur.State = store.Final
 		cur.LeaseUntil = time.Time{}
 		cur.Response = resp
+		cur.Outcome.LastBody = nil
 		return s.put(txn, key, &cur, now)
 	})
 }
@@ -291,7 +294,17 @@ func (s *Store) read(txn *badger.Txn, key []byte, now time.Time) (store.Record, 
 	if err != nil {
 		return store.Record{}, 0, err
 	}
+	rec.ExpiresAt = expiresAt(item.ExpiresAt())
 	return rec, item.Version(), nil
+}
+
+// expiresAt is a Badger entry's ExpiresAt (Unix seconds, 0 for never) as a
+// time.
+func expiresAt(exp uint64) time.Time {
+	if exp == 0 {
+		return time.Time{}
+	}
+	return time.Unix(int64(exp), 0).UTC()
 }
 
 // put writes rec at key with the store's TTL counted from now. UserMeta
@@ -313,6 +326,7 @@ func (s *Store) put(txn *badger.Txn, key []byte, rec *store.Record, now time.Tim
 	if s.ttl > 0 && !rec.Superseded { // a superseded record is kept for good
 		e.ExpiresAt = uint64(now.Add(s.ttl).Unix())
 	}
+	rec.ExpiresAt = expiresAt(e.ExpiresAt)
 	return translate(txn.SetEntry(e))
 }
 

@@ -20,7 +20,7 @@ var ErrCorrupt = errors.New("cache: corrupt record")
 // recordVersion is the first byte of every encoded record. Bump it when the
 // layout changes and teach decodeRecord the old layouts, so a store written
 // by an older build still opens. Version 1 lacked the fields after the body.
-const recordVersion = 3
+const recordVersion = 4
 
 // Key layout: "r/" + first 8 bytes of SHA-256(tenant) + SHA-256(len(tenant),
 // tenant, key). The tenant prefix keeps one tenant's records contiguous (a
@@ -52,16 +52,19 @@ func recordKey(id store.ID) []byte {
 	return append(k, sum[:]...)
 }
 
-// appendRecord appends the version-3 encoding of r to dst:
+// appendRecord appends the version-4 encoding of r to dst:
 //
 //	version u8 | state u8 | fingerprint bytes | owner bytes |
 //	leaseUntil time | createdAt time | status uvarint |
 //	header count uvarint, then per name (sorted): name bytes, value count uvarint, values bytes |
 //	body bytes | fence uvarint | firstSentAt time | attempts uvarint |
-//	lastError bytes | tenant bytes | key bytes | superseded u8
+//	lastError bytes | tenant bytes | key bytes | superseded u8 |
+//	method bytes | path bytes | upstreamKey bytes | lastBody bytes
 //
-// Version 2 ended after lastError; version 1 after body. The raw tenant and
-// key are kept (since version 3) so that operators can list records.
+// Version 3 ended after superseded; version 2 after lastError; version 1
+// after body. The raw tenant and key are kept (since version 3) so that
+// operators can list records. ExpiresAt is not encoded: it is the Badger
+// entry's.
 //
 // where "bytes" is a uvarint length then the bytes, and "time" is a varint of
 // Unix nanoseconds with 0 meaning the zero time.
@@ -85,7 +88,11 @@ func appendRecord(dst []byte, r *store.Record) []byte {
 	if r.Superseded {
 		superseded = 1
 	}
-	return append(dst, superseded)
+	dst = append(dst, superseded)
+	dst = appendBytes(dst, []byte(r.Method))
+	dst = appendBytes(dst, []byte(r.Path))
+	dst = appendBytes(dst, []byte(r.UpstreamKey))
+	return appendBytes(dst, r.Outcome.LastBody)
 }
 
 // encodedSize is an upper bound of appendRecord's output, so that a record
@@ -168,6 +175,9 @@ func decodeRecord(b []byte) (store.Record, error) {
 	if b[0] >= 3 {
 		d.identity(&r)
 	}
+	if b[0] >= 4 {
+		d.request(&r)
+	}
 	if d.err != nil {
 		return store.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, d.err)
 	}
@@ -230,6 +240,15 @@ func (d *decoder) identity(r *store.Record) {
 	default:
 		d.fail(errors.New("superseded flag is neither 0 nor 1"))
 	}
+}
+
+// request reads the fields version 4 added: what the request was and the
+// key sent upstream, and the last ambiguous answer's body.
+func (d *decoder) request(r *store.Record) {
+	r.Method = string(d.bytes())
+	r.Path = string(d.bytes())
+	r.UpstreamKey = string(d.bytes())
+	r.Outcome.LastBody = d.bytes()
 }
 
 func (d *decoder) fail(err error) {

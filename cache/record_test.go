@@ -60,6 +60,17 @@ func sampleRecords() map[string]store.Record {
 			CreatedAt:   time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC),
 			Outcome:     store.Outcome{FirstSentAt: time.Date(2026, 5, 1, 0, 0, 1, 0, time.UTC), Attempts: 7, LastError: "504 from upstream"},
 		},
+		"unknown with its request and last answer": {
+			ID:          store.ID{Tenant: "shop", Key: "order-7"},
+			State:       store.Unknown,
+			Fingerprint: bytes.Repeat([]byte{8}, 32),
+			Owner:       "o",
+			Fence:       1,
+			Method:      "POST",
+			Path:        "/payments",
+			UpstreamKey: "9b1d0c7e",
+			Outcome:     store.Outcome{Attempts: 2, LastError: "status 504 from upstream", LastBody: []byte(`{"payment_id":"pay_7"}`)},
+		},
 		"pre-1970 time": {
 			State:     store.InFlight,
 			Owner:     "o",
@@ -107,13 +118,30 @@ func TestDecodeVersion2(t *testing.T) {
 		Response: store.Response{Header: http.Header{}},
 		Outcome:  store.Outcome{Attempts: 3, LastError: "x"}}
 	enc := appendRecord(nil, &want)
-	v2 := append([]byte{2}, enc[1:len(enc)-3]...) // drop tenant "", key "" and the flag
+	v2 := append([]byte{2}, enc[1:len(enc)-7]...) // drop tenant "", key "", the flag and version 4's four empty fields
 	got, err := decodeRecord(v2)
 	if err != nil {
 		t.Fatalf("decode version 2: %v", err)
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("version 2 decoded as\n%#v\nwant\n%#v", got, want)
+	}
+}
+
+// TestDecodeVersion3 reads a record written before version 4: no method,
+// path, upstream key or last answer's body.
+func TestDecodeVersion3(t *testing.T) {
+	want := store.Record{ID: store.ID{Tenant: "shop", Key: "k"}, State: store.Unknown, Owner: "o", Fence: 2,
+		Response: store.Response{Header: http.Header{}},
+		Outcome:  store.Outcome{Attempts: 3, LastError: "x"}}
+	enc := appendRecord(nil, &want)
+	v3 := append([]byte{3}, enc[1:len(enc)-4]...) // drop the four empty fields version 4 added
+	got, err := decodeRecord(v3)
+	if err != nil {
+		t.Fatalf("decode version 3: %v", err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("version 3 decoded as\n%#v\nwant\n%#v", got, want)
 	}
 }
 
@@ -162,7 +190,7 @@ func TestDecodeRecordRejects(t *testing.T) {
 		want string
 	}{
 		{"empty", nil, "empty value"},
-		{"unknown version", append([]byte{4}, valid[1:]...), "format version 4 unknown"},
+		{"unknown version", append([]byte{5}, valid[1:]...), "format version 5 unknown"},
 		{"version zero", append([]byte{0}, valid[1:]...), "format version 0 unknown"},
 		{"state zero", append([]byte{recordVersion, 0}, valid[2:]...), "unknown state 0"},
 		{"state four", append([]byte{recordVersion, 4}, valid[2:]...), "unknown state 4"},

@@ -102,7 +102,7 @@ func (s *Store) releaseOne(txn *badger.Txn, k []byte, item *badger.Item, now tim
 		rec, err = decodeRecord(v)
 		return err
 	})
-	if err != nil || rec.Outcome == (store.Outcome{}) {
+	if err != nil || rec.Outcome.IsZero() {
 		return txn.Delete(k)
 	}
 	rec.State, rec.LeaseUntil = store.Unknown, time.Time{}

@@ -67,7 +67,7 @@ func TestBeginCompleteGet(t *testing.T) {
 	s := openStore(t, t.TempDir(), c, 0)
 	id := store.ID{Tenant: "acme", Key: "k1"}
 
-	rec, created, err := s.Begin(ctx, id, fpA, "owner-1", 30*time.Second)
+	rec, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "owner-1", 30*time.Second)
 	if err != nil || !created {
 		t.Fatalf("first Begin = created %v, %v; want created", created, err)
 	}
@@ -79,7 +79,7 @@ func TestBeginCompleteGet(t *testing.T) {
 	}
 	assertRecord(t, "Get in flight", got, want)
 
-	rec, created, err = s.Begin(ctx, id, fpB, "owner-2", 30*time.Second)
+	rec, created, err = s.Begin(ctx, id, store.Request{Fingerprint: fpB}, "owner-2", 30*time.Second)
 	if err != nil || created {
 		t.Fatalf("second Begin = created %v, %v; want existing", created, err)
 	}
@@ -96,7 +96,7 @@ func TestBeginCompleteGet(t *testing.T) {
 	}
 	assertRecord(t, "Get final", got, final)
 
-	rec, created, err = s.Begin(ctx, id, fpA, "owner-3", 30*time.Second)
+	rec, created, err = s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "owner-3", 30*time.Second)
 	if err != nil || created {
 		t.Fatalf("Begin on final = created %v, %v; want existing", created, err)
 	}
@@ -183,7 +183,7 @@ func TestConcurrentBeginCreatesOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			rec, ok, err := s.Begin(ctx, id, fpA, fmt.Sprint("owner-", i), time.Minute)
+			rec, ok, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, fmt.Sprint("owner-", i), time.Minute)
 			if err != nil {
 				errs <- err
 				return
@@ -217,18 +217,18 @@ func TestLeaseTakeover(t *testing.T) {
 	first := mustBegin(t, s, id, fpA, "owner-1")
 
 	c.Add(9 * time.Second)
-	if _, created, _ := s.Begin(ctx, id, fpA, "owner-2", 10*time.Second); created {
+	if _, created, _ := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "owner-2", 10*time.Second); created {
 		t.Fatal("Begin took over a lease that had not expired")
 	}
 
 	c.Add(time.Second) // exactly at LeaseUntil: expired
 	// Another request under the same key never takes the lease: it must get
 	// the existing record (and the proxy a 409), not be sent upstream.
-	other, created, err := s.Begin(ctx, id, fpB, "owner-3", 10*time.Second)
+	other, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpB}, "owner-3", 10*time.Second)
 	if err != nil || created || other.Owner != "owner-1" {
 		t.Fatalf("Begin with another fingerprint after expiry = %+v, created %v, %v; want the record untouched", other, created, err)
 	}
-	rec, created, err := s.Begin(ctx, id, fpA, "owner-2", 10*time.Second)
+	rec, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "owner-2", 10*time.Second)
 	if err != nil || !created {
 		t.Fatalf("Begin after lease expiry = created %v, %v; want takeover", created, err)
 	}
@@ -267,7 +267,7 @@ func TestTTL(t *testing.T) {
 		if err := s.Complete(ctx, id, "owner-2", okRes); !errors.Is(err, store.ErrNotOwner) {
 			t.Fatalf("Complete %s after TTL = %v, want store.ErrNotOwner", id.Key, err)
 		}
-		rec, created, err := s.Begin(ctx, id, fpB, "owner-3", time.Minute)
+		rec, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpB}, "owner-3", time.Minute)
 		if err != nil || !created || !bytes.Equal(rec.Fingerprint, fpB) {
 			t.Fatalf("Begin %s after TTL = %+v created %v, %v; want a fresh record", id.Key, rec, created, err)
 		}
@@ -282,7 +282,7 @@ func TestTenantIsolation(t *testing.T) {
 	if _, err := s.Get(ctx, b); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("other tenant sees the record: %v", err)
 	}
-	if _, created, err := s.Begin(ctx, b, fpB, "owner-b", time.Minute); err != nil || !created {
+	if _, created, err := s.Begin(ctx, b, store.Request{Fingerprint: fpB}, "owner-b", time.Minute); err != nil || !created {
 		t.Fatalf("other tenant's Begin on the same key = created %v, %v; want its own record", created, err)
 	}
 	mustComplete(t, s, a, "owner-a")
@@ -319,7 +319,7 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 		if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("in-flight %s survived release: %v", id.Key, err)
 		}
-		if _, created, err := s.Begin(ctx, id, fpA, "new-process", time.Minute); err != nil || !created {
+		if _, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "new-process", time.Minute); err != nil || !created {
 			t.Fatalf("retry of %s did not resume at once: created %v, %v", id.Key, created, err)
 		}
 	}
@@ -357,7 +357,7 @@ func TestReleaseKeepsUnknownOutcome(t *testing.T) {
 	if err != nil || rec.State != store.Unknown || !rec.Outcome.FirstSentAt.Equal(sent) || rec.Outcome.Attempts != 2 || !rec.LeaseUntil.IsZero() {
 		t.Fatalf("after release = %+v, %v; want unknown with the first send kept", rec, err)
 	}
-	if got, created, err := s.Begin(ctx, id, fpA, "p3", time.Minute); err != nil || !created || !got.Outcome.FirstSentAt.Equal(sent) {
+	if got, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "p3", time.Minute); err != nil || !created || !got.Outcome.FirstSentAt.Equal(sent) {
 		t.Fatalf("retry = %+v created %v, %v; want it resumed with its outcome", got, created, err)
 	}
 }
@@ -482,7 +482,10 @@ func TestClose(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 	calls := map[string]error{
-		"Begin":    func() error { _, _, err := s.Begin(ctx, store.ID{Key: "k"}, fpA, "o", time.Minute); return err }(),
+		"Begin": func() error {
+			_, _, err := s.Begin(ctx, store.ID{Key: "k"}, store.Request{Fingerprint: fpA}, "o", time.Minute)
+			return err
+		}(),
 		"Complete": s.Complete(ctx, store.ID{Key: "k"}, "o", okRes),
 		"Abandon":  s.Abandon(ctx, store.ID{Key: "k"}, "o"),
 		"Get":      func() error { _, err := s.Get(ctx, store.ID{Key: "k"}); return err }(),
@@ -508,16 +511,22 @@ func TestPing(t *testing.T) {
 func TestArgumentErrors(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
 	tests := map[string]error{
-		"empty key": func() error { _, _, err := s.Begin(ctx, store.ID{Tenant: "t"}, fpA, "o", time.Minute); return err }(),
-		"empty owner": func() error {
-			_, _, err := s.Begin(ctx, store.ID{Key: "k"}, fpA, "", time.Minute)
+		"empty key": func() error {
+			_, _, err := s.Begin(ctx, store.ID{Tenant: "t"}, store.Request{Fingerprint: fpA}, "o", time.Minute)
 			return err
 		}(),
-		"zero lease": func() error { _, _, err := s.Begin(ctx, store.ID{Key: "k"}, fpA, "o", 0); return err }(),
+		"empty owner": func() error {
+			_, _, err := s.Begin(ctx, store.ID{Key: "k"}, store.Request{Fingerprint: fpA}, "", time.Minute)
+			return err
+		}(),
+		"zero lease": func() error {
+			_, _, err := s.Begin(ctx, store.ID{Key: "k"}, store.Request{Fingerprint: fpA}, "o", 0)
+			return err
+		}(),
 		"cancelled context": func() error {
 			c, cancel := context.WithCancel(ctx)
 			cancel()
-			_, _, err := s.Begin(c, store.ID{Key: "k"}, fpA, "o", time.Minute)
+			_, _, err := s.Begin(c, store.ID{Key: "k"}, store.Request{Fingerprint: fpA}, "o", time.Minute)
 			return err
 		}(),
 	}
@@ -562,7 +571,7 @@ func TestDurableAcrossReopen(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			id := store.ID{Tenant: "acme", Key: fmt.Sprint(i)}
-			if _, _, err := s.Begin(ctx, id, fpA, "o", time.Minute); err != nil {
+			if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", time.Minute); err != nil {
 				errs <- err
 				return
 			}
@@ -590,7 +599,7 @@ func TestDurableAcrossReopen(t *testing.T) {
 
 func mustBegin(t testing.TB, s *Store, id store.ID, fp []byte, owner string) store.Record {
 	t.Helper()
-	rec, created, err := s.Begin(ctx, id, fp, owner, 10*time.Second)
+	rec, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fp}, owner, 10*time.Second)
 	if err != nil || !created {
 		t.Fatalf("Begin %+v = created %v, %v; want created", id, created, err)
 	}

@@ -23,14 +23,14 @@ func TestBeginSyncFailureLeavesKeyFree(t *testing.T) {
 
 	id := store.ID{Key: "fresh"}
 	s.group.sync = fail
-	if _, _, err := s.Begin(ctx, id, fpA, "o1", time.Minute); !errors.Is(err, syscall.EMFILE) {
+	if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o1", time.Minute); !errors.Is(err, syscall.EMFILE) {
 		t.Fatalf("Begin with a failing sync = %v, want EMFILE", err)
 	}
 	s.group.sync = real
 	if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("after a failed Begin, Get = %v; want no record", err)
 	}
-	if rec, created, err := s.Begin(ctx, id, fpA, "o2", time.Minute); err != nil || !created || rec.Owner != "o2" {
+	if rec, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o2", time.Minute); err != nil || !created || rec.Owner != "o2" {
 		t.Fatalf("next Begin = %+v, %v, %v; want a fresh claim", rec, created, err)
 	}
 
@@ -42,7 +42,7 @@ func TestBeginSyncFailureLeavesKeyFree(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.group.sync = fail
-	if _, _, err := s.Begin(ctx, parked, fpA, "p2", time.Minute); err == nil {
+	if _, _, err := s.Begin(ctx, parked, store.Request{Fingerprint: fpA}, "p2", time.Minute); err == nil {
 		t.Fatal("takeover with a failing sync succeeded")
 	}
 	s.group.sync = real
@@ -50,7 +50,7 @@ func TestBeginSyncFailureLeavesKeyFree(t *testing.T) {
 	if err != nil || rec.State != store.Unknown || rec.Outcome.Attempts != 3 || rec.Outcome.LastError != out.LastError || rec.Owner != "p1" {
 		t.Fatalf("parked record after a failed takeover = %+v, %v; want it Unknown as before", rec, err)
 	}
-	if _, created, err := s.Begin(ctx, parked, fpA, "p3", time.Minute); err != nil || !created {
+	if _, created, err := s.Begin(ctx, parked, store.Request{Fingerprint: fpA}, "p3", time.Minute); err != nil || !created {
 		t.Fatalf("takeover after the failure = %v, %v; want it resumed", created, err)
 	}
 }

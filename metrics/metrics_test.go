@@ -218,13 +218,13 @@ func TestInstrumentedStore(t *testing.T) {
 		wantErr       bool
 		errOp, errKnd string
 	}{
-		{"begin a", func() error { return created(s.Begin(ctx, a, fp, "o1", time.Minute)) }, 1, 0, false, "", ""},
-		{"begin a again", func() error { return notCreated(s.Begin(ctx, a, fp, "o2", time.Minute)) }, 1, 0, false, "", ""},
+		{"begin a", func() error { return created(s.Begin(ctx, a, store.Request{Fingerprint: fp}, "o1", time.Minute)) }, 1, 0, false, "", ""},
+		{"begin a again", func() error { return notCreated(s.Begin(ctx, a, store.Request{Fingerprint: fp}, "o2", time.Minute)) }, 1, 0, false, "", ""},
 		{"complete a by a stranger", func() error { return s.Complete(ctx, a, "o2", store.Response{Status: 201}) }, 1, 0, true, "complete", "not_owner"},
 		{"complete a", func() error { return s.Complete(ctx, a, "o1", store.Response{Status: 201}) }, 0, 1, false, "", ""},
 		{"get a", func() error { _, err := s.Get(ctx, a); return err }, 0, 1, false, "", ""},
 		{"get missing", func() error { _, err := s.Get(ctx, b); return ignore(err, store.ErrNotFound) }, 0, 1, false, "", ""},
-		{"begin b", func() error { return created(s.Begin(ctx, b, fp, "o3", time.Minute)) }, 1, 1, false, "", ""},
+		{"begin b", func() error { return created(s.Begin(ctx, b, store.Request{Fingerprint: fp}, "o3", time.Minute)) }, 1, 1, false, "", ""},
 		{"abandon b", func() error { return s.Abandon(ctx, b, "o3") }, 0, 1, false, "", ""},
 		{"ping", func() error { return s.Ping(ctx) }, 0, 1, false, "", ""},
 		{"ping closed", func() error { db.Close(); return s.Ping(ctx) }, 0, 1, true, "ping", "closed"},

@@ -33,13 +33,13 @@ func (m *Metrics) Store(next store.Store) *InstrumentedStore {
 }
 
 // Begin implements proxy.Store.
-func (s *InstrumentedStore) Begin(ctx context.Context, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool, error) {
+func (s *InstrumentedStore) Begin(ctx context.Context, id store.ID, req store.Request, owner string, lease time.Duration) (store.Record, bool, error) {
 	defer s.observe("begin", s.now())
-	rec, created, err := s.next.Begin(ctx, id, fp, owner, lease)
+	rec, created, err := s.next.Begin(ctx, id, req, owner, lease)
 	s.fail("begin", err)
 	if err == nil && created {
 		s.m.operations.Inc()
-		if rec.Outcome != (store.Outcome{}) { // an unknown operation resumed
+		if !rec.Outcome.IsZero() { // an unknown operation resumed
 			s.m.unknownStale.Store(true)
 		}
 	}

@@ -51,6 +51,14 @@ var migrations = []string{
 		replica text        PRIMARY KEY,
 		seen_at timestamptz NOT NULL
 	);`,
+	// 4: what the request was and the key sent upstream, for operators, and
+	// the last ambiguous answer's body, for the status probe. Rows written
+	// before have them empty.
+	`ALTER TABLE idemproxy_records
+		ADD COLUMN method       text NOT NULL DEFAULT '',
+		ADD COLUMN path         text NOT NULL DEFAULT '',
+		ADD COLUMN upstream_key text NOT NULL DEFAULT '',
+		ADD COLUMN last_body    bytea;`,
 }
 
 // migrate creates or upgrades the schema under an advisory lock.

@@ -245,18 +245,23 @@ const (
 	// expiry is the expires_at of a write: $ttl microseconds from now, or never.
 	expiry = `CASE WHEN @ttl::bigint = 0 THEN NULL ELSE now() + @ttl * interval '1 microsecond' END`
 	// columns are what readRecord scans.
-	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded`
+	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded,
+		method, path, upstream_key, expires_at, last_body`
 )
 
 // claim is Begin's one statement: insert, or take over an expired record or
 // the same request's record whose lease ran out or whose outcome is unknown.
 // An expired record counts as missing: everything is reset.
 const claim = `
-INSERT INTO idemproxy_records AS r (tenant, key, state, fingerprint, owner, fence, lease_until, created_at, expires_at)
-VALUES (@tenant, @key, 1, @fp, @owner, 1, now() + @lease * interval '1 microsecond', now(), ` + expiry + `)
+INSERT INTO idemproxy_records AS r (tenant, key, state, fingerprint, owner, fence, lease_until, created_at, expires_at,
+	method, path, upstream_key)
+VALUES (@tenant, @key, 1, @fp, @owner, 1, now() + @lease * interval '1 microsecond', now(), ` + expiry + `,
+	@method, @path, @upstream_key)
 ON CONFLICT (tenant, key) DO UPDATE SET
 	state = 1, owner = excluded.owner, lease_until = excluded.lease_until, expires_at = excluded.expires_at,
 	fingerprint = excluded.fingerprint, status = 0, header = NULL, body = NULL,
+	method = excluded.method, path = excluded.path, upstream_key = excluded.upstream_key,
+	last_body     = CASE WHEN r.expires_at <= now() THEN NULL  ELSE r.last_body     END,
 	fence         = CASE WHEN r.expires_at <= now() THEN 1     ELSE r.fence + 1     END,
 	created_at    = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at    END,
 	first_sent_at = CASE WHEN r.expires_at <= now() THEN NULL  ELSE r.first_sent_at END,
@@ -268,7 +273,7 @@ RETURNING ` + columns
 
 // Begin implements store.Store.Begin with one INSERT … ON CONFLICT DO UPDATE;
 // when it claims nothing, a read returns the record that stopped it.
-func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool, error) {
+func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner string, lease time.Duration) (store.Record, bool, error) {
 	if owner == "" || lease <= 0 {
 		return store.Record{}, false, fmt.Errorf("pgstore: begin: empty owner or lease %v not positive", lease)
 	}
@@ -278,8 +283,9 @@ func (s *Store) Begin(ctx context.Context, id store.ID, fp []byte, owner string,
 		// The read and the claim are separate statements: a record that is
 		// deleted or expires between them is claimed on the next round.
 		for range 10 {
-			args := pgx.NamedArgs{"tenant": []byte(id.Tenant), "key": []byte(id.Key), "fp": fp, "owner": owner,
-				"lease": micros(lease), "ttl": micros(s.opt.TTL)}
+			args := pgx.NamedArgs{"tenant": []byte(id.Tenant), "key": []byte(id.Key), "fp": req.Fingerprint, "owner": owner,
+				"lease": micros(lease), "ttl": micros(s.opt.TTL),
+				"method": req.Method, "path": req.Path, "upstream_key": req.UpstreamKey}
 			r, err := readRecord(s.pool.QueryRow(ctx, claim, args))
 			if err == nil {
 				rec, created = r, true
@@ -331,7 +337,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 		return fmt.Errorf("pgstore: complete: %w: %d bytes, limit %d", store.ErrTooLarge, n, s.opt.MaxRecordBytes)
 	}
 	return s.ownerWrite(ctx, "complete", id, owner, `UPDATE idemproxy_records SET state = 2, lease_until = NULL,
-		status = @status, header = @header, body = @body, expires_at = `+expiry+` WHERE `+owned,
+		status = @status, header = @header, body = @body, last_body = NULL, expires_at = `+expiry+` WHERE `+owned,
 		pgx.NamedArgs{"status": resp.Status, "header": header, "body": nonNil(resp.Body)})
 }
 
@@ -356,10 +362,15 @@ func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Out
 	if !o.FirstSentAt.IsZero() {
 		sent = &o.FirstSentAt
 	}
+	var lastBody []byte // NULL keeps the earlier answer's body (see store.Outcome.Merge)
+	if len(o.LastBody) > 0 {
+		lastBody = o.LastBody
+	}
 	return s.ownerWrite(ctx, "park", id, owner, `UPDATE idemproxy_records SET state = 3, lease_until = NULL,
 		first_sent_at = CASE WHEN first_sent_at IS NULL THEN @sent::timestamptz ELSE least(first_sent_at, @sent::timestamptz) END,
-		attempts = attempts + @attempts, last_error = @last_error, expires_at = `+expiry+` WHERE `+owned,
-		pgx.NamedArgs{"sent": sent, "attempts": o.Attempts, "last_error": o.LastError})
+		attempts = attempts + @attempts, last_error = @last_error, last_body = coalesce(@last_body, last_body),
+		expires_at = `+expiry+` WHERE `+owned,
+		pgx.NamedArgs{"sent": sent, "attempts": o.Attempts, "last_error": o.LastError, "last_body": lastBody})
 }
 
 // ownerWrite runs a write on owner's in-flight record; no row means
@@ -397,11 +408,11 @@ func (s *Store) Ping(ctx context.Context) error {
 func readRecord(row pgx.Row) (store.Record, error) {
 	var r store.Record
 	var state int16
-	var lease, sent *time.Time
+	var lease, sent, expires *time.Time
 	var header, tenant, key []byte
 	err := row.Scan(&state, &r.Fingerprint, &r.Owner, &r.Fence, &lease, &r.CreatedAt, &sent,
 		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Response.Status, &header, &r.Response.Body,
-		&tenant, &key, &r.Superseded)
+		&tenant, &key, &r.Superseded, &r.Method, &r.Path, &r.UpstreamKey, &expires, &r.Outcome.LastBody)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Record{}, store.ErrNotFound
 	}
@@ -416,6 +427,12 @@ func readRecord(row pgx.Row) (store.Record, error) {
 	}
 	if sent != nil {
 		r.Outcome.FirstSentAt = sent.UTC()
+	}
+	if expires != nil {
+		r.ExpiresAt = expires.UTC()
+	}
+	if len(r.Outcome.LastBody) == 0 {
+		r.Outcome.LastBody = nil
 	}
 	r.Response.Header = http.Header{}
 	if len(header) > 0 {

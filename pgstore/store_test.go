@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/storetest"
@@ -63,6 +65,43 @@ func TestSchemaConcurrentStart(t *testing.T) {
 	var version int
 	if err := s.pool.QueryRow(context.Background(), `SELECT version FROM idemproxy_schema`).Scan(&version); err != nil || version != len(migrations) {
 		t.Fatalf("schema version = %d, %v; want %d in one row", version, err, len(migrations))
+	}
+}
+
+// TestSchemaUpgradeFromVersion2 opens a database left by a build with schema
+// version 2 (no method, path, upstream key or last answer's body): the
+// upgrade adds them, the old record reads with them empty, and new records
+// keep them.
+func TestSchemaUpgradeFromVersion2(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range append(migrations[:2:2],
+		`CREATE TABLE idemproxy_schema (version integer NOT NULL); INSERT INTO idemproxy_schema VALUES (2)`,
+		`INSERT INTO idemproxy_records (tenant, key, state, fingerprint, owner, fence, created_at, attempts, last_error)
+			VALUES ('t', 'old', 3, '\x0a', 'o', 1, now(), 2, 'status 504 from upstream')`) {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			pool.Close()
+			t.Fatalf("version 2 schema: %v", err)
+		}
+	}
+	pool.Close()
+	s := open(t, url, 0)
+	old, err := s.Get(ctx, store.ID{Tenant: "t", Key: "old"})
+	if err != nil || old.State != store.Unknown || old.Outcome.Attempts != 2 || old.Method != "" || old.UpstreamKey != "" || old.Outcome.LastBody != nil {
+		t.Fatalf("record from version 2 = %+v, %v", old, err)
+	}
+	req := store.Request{Fingerprint: []byte{0x0a}, Method: "POST", Path: "/payments", UpstreamKey: "up-old"}
+	rec, created, err := s.Begin(ctx, store.ID{Tenant: "t", Key: "old"}, req, "o2", time.Minute)
+	if err != nil || !created || rec.Method != "POST" || rec.Path != "/payments" || rec.UpstreamKey != "up-old" || rec.Fence != 2 {
+		t.Fatalf("resuming the version 2 record = %v, %+v, %v", created, rec, err)
+	}
+	var version int
+	if err := s.pool.QueryRow(ctx, `SELECT version FROM idemproxy_schema`).Scan(&version); err != nil || version != len(migrations) {
+		t.Fatalf("schema version = %d, %v; want %d", version, err, len(migrations))
 	}
 }
 
@@ -128,7 +167,7 @@ func TestDatabaseDownAndBack(t *testing.T) {
 	}
 	defer s.Close()
 	id := store.ID{Tenant: "t", Key: "before"}
-	if _, _, err := s.Begin(ctx, id, []byte("fp"), "o", time.Minute); err != nil {
+	if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Complete(ctx, id, "o", store.Response{Status: 201, Body: []byte("kept")}); err != nil {
@@ -137,7 +176,7 @@ func TestDatabaseDownAndBack(t *testing.T) {
 	if err := c.Stop(true); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = s.Begin(ctx, store.ID{Tenant: "t", Key: "during"}, []byte("fp"), "o", time.Minute)
+	_, _, err = s.Begin(ctx, store.ID{Tenant: "t", Key: "during"}, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute)
 	if !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Begin with the database down = %v, want ErrUnavailable", err)
 	}
@@ -199,7 +238,7 @@ func TestOpenWhileDown(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if _, created, err := s.Begin(ctx, store.ID{Key: "k"}, []byte("fp"), "o", time.Minute); err != nil || !created {
+	if _, created, err := s.Begin(ctx, store.ID{Key: "k"}, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil || !created {
 		t.Fatalf("Begin after recovery = %v, %v", created, err)
 	}
 }

@@ -39,6 +39,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 	ctx := r.Context()
 	deadline := h.opt.Now().Add(h.opt.InflightWait)
 	owner := newOwner()
+	req := store.Request{Fingerprint: fp, Method: r.Method, Path: r.URL.EscapedPath(), UpstreamKey: sum.UpstreamKey}
 	for {
 		if h.flights.wait(id) != nil {
 			// This process runs the key: whatever the clocks say about its
@@ -48,7 +49,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 			}
 			continue
 		}
-		rec, created, err := h.opt.Store.Begin(ctx, id, fp, owner, h.opt.Lease)
+		rec, created, err := h.opt.Store.Begin(ctx, id, req, owner, h.opt.Lease)
 		if err != nil {
 			if ctx.Err() != nil { // the client left; the store is fine
 				return result{}, ctx.Err()
@@ -154,7 +155,7 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 	ctx := context.WithoutCancel(r.Context())
 	started := h.opt.Now()
 	call := retry.Call{Mode: retry.Protected}
-	if before != (store.Outcome{}) {
+	if !before.IsZero() {
 		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt}
 	}
 	res, lost := h.leased(ctx, id, owner, func(ctx context.Context) result {

@@ -40,7 +40,7 @@ const DefaultTenant = "default"
 // Store is the part of the record store contract (package store) the proxy uses.
 // Every store.Store implements it.
 type Store interface {
-	Begin(ctx context.Context, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool, error)
+	Begin(ctx context.Context, id store.ID, req store.Request, owner string, lease time.Duration) (store.Record, bool, error)
 	Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error
 	Abandon(ctx context.Context, id store.ID, owner string) error
 	Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error

@@ -92,7 +92,7 @@ func (h *Handler) anchorTime(ctx context.Context, id store.ID) (time.Time, error
 // exist before.
 func (h *Handler) anchor(ctx context.Context, id store.ID, fp [32]byte) error {
 	owner := newOwner()
-	_, created, err := h.opt.Store.Begin(ctx, id, fp[:], owner, anchorLease)
+	_, created, err := h.opt.Store.Begin(ctx, id, store.Request{Fingerprint: fp[:]}, owner, anchorLease)
 	if err != nil {
 		return storeError{err}
 	}

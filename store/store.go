@@ -94,12 +94,35 @@ type Record struct {
 	// Outcome describes earlier attempt sequences that ended without a final
 	// answer (see Park). Takeovers keep it; zero if there were none.
 	Outcome Outcome
+	// Method and Path are the request's (the path escaped, without the
+	// query), and UpstreamKey the idempotency key sent upstream for it (the
+	// client's key bound to the client with tenancy): what Begin was given,
+	// for operators. Records written before a store kept them have them empty.
+	Method, Path, UpstreamKey string
+	// ExpiresAt is when the record expires by the store's clock (its TTL
+	// after its last write); zero when it never does (no TTL, or
+	// Superseded). Stores may round it to the second.
+	ExpiresAt time.Time
 	// Superseded marks a final record whose order an operator moved to its
 	// next key generation (see Supersede): requests for the order use the
 	// next generation's key. A superseded record never expires, so that the
 	// order cannot fall back to an older key.
 	Superseded bool
 }
+
+// Request is what Begin is told about the operation it claims a key for.
+type Request struct {
+	// Fingerprint identifies the request (32 bytes from the proxy); a store
+	// compares it only to decide a takeover.
+	Fingerprint []byte
+	// Method, Path and UpstreamKey are kept on the record as given (see
+	// Record); a store does not interpret them.
+	Method, Path, UpstreamKey string
+}
+
+// MaxLastBody is the most of an ambiguous answer's body an Outcome keeps
+// (Outcome.LastBody); callers cut longer bodies to it.
+const MaxLastBody = 64 << 10
 
 // Outcome is what an owner knows about an attempt sequence that ended
 // without a final answer; Park stores it.
@@ -113,16 +136,32 @@ type Outcome struct {
 	// LastError says why the last attempt gave no final answer, for
 	// operators ("timeout after send", "504 from upstream"). Never a secret.
 	LastError string
+	// LastBody is the body of the last ambiguous answer the provider gave
+	// (a 504's, say), at most MaxLastBody bytes; nil if none came (a
+	// timeout). A status probe reads it to find the operation, e.g. by the
+	// payment id the answer carried, also when the app's next request
+	// comes to another replica.
+	LastBody []byte
+}
+
+// IsZero reports whether o says nothing: no attempt sequence ended unknown.
+func (o Outcome) IsZero() bool {
+	return o.FirstSentAt.IsZero() && o.Attempts == 0 && o.LastError == "" && len(o.LastBody) == 0
 }
 
 // Merge returns o with next folded in as Park does: the earliest non-zero
-// FirstSentAt, the sum of Attempts, and next's LastError.
+// FirstSentAt, the sum of Attempts, next's LastError, and next's LastBody
+// unless it has none (a timeout gives no answer, so the last answer is still
+// the earlier one).
 func (o Outcome) Merge(next Outcome) Outcome {
 	if o.FirstSentAt.IsZero() || !next.FirstSentAt.IsZero() && next.FirstSentAt.Before(o.FirstSentAt) {
 		o.FirstSentAt = next.FirstSentAt
 	}
 	o.Attempts += next.Attempts
 	o.LastError = next.LastError
+	if len(next.LastBody) > 0 {
+		o.LastBody = next.LastBody
+	}
 	return o
 }
 
@@ -177,18 +216,19 @@ var (
 type Store interface {
 	// Begin claims id for owner with a lease of the given length.
 	//
-	// With no live record, it creates an in-flight record {fp, owner,
-	// Fence 1, CreatedAt now} and returns (it, true, nil). It takes over,
-	// returning (record, true, nil) with the new owner and lease and Fence
-	// increased, a record with the same fingerprint fp that is either
-	// in flight with its lease expired, or Unknown; the takeover keeps
-	// CreatedAt and Outcome, so the new owner can tell that the key may
-	// already have been sent. Any other record (final, in flight under a live
-	// lease, or of another fingerprint) is returned unchanged with false.
-	// Of concurrent Begins on one id at most one gets true.
-	Begin(ctx context.Context, id ID, fp []byte, owner string, lease time.Duration) (Record, bool, error)
+	// With no live record, it creates an in-flight record {req's fields,
+	// owner, Fence 1, CreatedAt now} and returns (it, true, nil). It takes
+	// over, returning (record, true, nil) with the new owner and lease,
+	// Fence increased and req's Method, Path and UpstreamKey, a record with
+	// the same fingerprint req.Fingerprint that is either in flight with its
+	// lease expired, or Unknown; the takeover keeps CreatedAt and Outcome, so
+	// the new owner can tell that the key may already have been sent. Any
+	// other record (final, in flight under a live lease, or of another
+	// fingerprint) is returned unchanged with false. Of concurrent Begins on
+	// one id at most one gets true.
+	Begin(ctx context.Context, id ID, req Request, owner string, lease time.Duration) (Record, bool, error)
 	// Complete turns owner's in-flight record into a Final one holding resp,
-	// keeping Outcome. ErrNotOwner if owner does not hold it (the lease was
+	// keeping Outcome but for its LastBody, which only a resume needs. ErrNotOwner if owner does not hold it (the lease was
 	// lost), ErrTooLarge if it would not fit; nothing is written then.
 	Complete(ctx context.Context, id ID, owner string, resp Response) error
 	// Abandon deletes owner's in-flight record, so the next Begin starts
@@ -201,8 +241,8 @@ type Store interface {
 	Renew(ctx context.Context, id ID, owner string, lease time.Duration) error
 	// Park turns owner's in-flight record into an Unknown one: the lease ends,
 	// the TTL restarts, the fingerprint and CreatedAt stay, and o is merged
-	// into Record.Outcome (earliest FirstSentAt, Attempts added, LastError
-	// replaced). The next Begin with the same fingerprint resumes it at once.
+	// into Record.Outcome as Outcome.Merge does (earliest FirstSentAt,
+	// Attempts added, LastError replaced, LastBody replaced if o has one). The next Begin with the same fingerprint resumes it at once.
 	// ErrNotOwner if owner does not hold the record.
 	Park(ctx context.Context, id ID, owner string, o Outcome) error
 	// Get returns id's record, or ErrNotFound if it is missing or expired.

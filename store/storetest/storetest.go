@@ -64,6 +64,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"ArgumentErrors", testArguments},
 		{"List", testList},
 		{"ListKeepFullPages", testListKeepFullPages},
+		{"RequestFields", testRequestFields},
+		{"LastBody", testLastBody},
 		{"Supersede", testSupersede},
 		{"Ping", func(t *testing.T, s store.Store, _ func(time.Duration)) {
 			if err := s.Ping(context.Background()); err != nil {
@@ -80,6 +82,10 @@ func Run(t *testing.T, newStore Factory) {
 	t.Run("Expiry", func(t *testing.T) {
 		s, advance := newStore(t, 2*time.Second)
 		testExpiry(t, s, advance)
+	})
+	t.Run("ExpiresAt", func(t *testing.T) {
+		s, _ := newStore(t, time.Hour)
+		testExpiresAt(t, s, time.Hour)
 	})
 	t.Run("SupersededOutlivesTTL", func(t *testing.T) {
 		s, advance := newStore(t, 2*time.Second)
@@ -100,7 +106,7 @@ func newID(key string) store.ID {
 
 func begin(t *testing.T, s store.Store, id store.ID, fp []byte, owner string, lease time.Duration) (store.Record, bool) {
 	t.Helper()
-	rec, created, err := s.Begin(context.Background(), id, fp, owner, lease)
+	rec, created, err := s.Begin(context.Background(), id, store.Request{Fingerprint: fp}, owner, lease)
 	if err != nil {
 		t.Fatalf("Begin(%q, %s): %v", id.Key, owner, err)
 	}
@@ -153,7 +159,7 @@ func testBeginCreates(t *testing.T, s store.Store, _ func(time.Duration)) {
 	if d := rec.LeaseUntil.Sub(before); d < Long-time.Minute || d > Long+time.Minute {
 		t.Fatalf("LeaseUntil is %v after Begin, want about %v", d, Long)
 	}
-	if rec.CreatedAt.IsZero() || rec.Outcome != (store.Outcome{}) {
+	if rec.CreatedAt.IsZero() || !rec.Outcome.IsZero() {
 		t.Fatalf("new record: CreatedAt %v, Outcome %+v; want set, zero", rec.CreatedAt, rec.Outcome)
 	}
 	got := get(t, s, id)
@@ -388,7 +394,7 @@ func race(t *testing.T, s store.Store, id store.ID, n int, lease time.Duration) 
 		wg.Go(func() {
 			owner := fmt.Sprintf("owner-%d", i)
 			<-start
-			rec, created, err := s.Begin(context.Background(), id, fpA, owner, lease)
+			rec, created, err := s.Begin(context.Background(), id, store.Request{Fingerprint: fpA}, owner, lease)
 			if err != nil {
 				errs <- err
 				return
@@ -480,13 +486,13 @@ func testTenants(t *testing.T, s store.Store, _ func(time.Duration)) {
 func testArguments(t *testing.T, s store.Store, _ func(time.Duration)) {
 	ctx := context.Background()
 	id := newID("k")
-	if _, _, err := s.Begin(ctx, store.ID{Tenant: "t"}, fpA, "o", Long); err == nil {
+	if _, _, err := s.Begin(ctx, store.ID{Tenant: "t"}, store.Request{Fingerprint: fpA}, "o", Long); err == nil {
 		t.Error("Begin with an empty key succeeded")
 	}
-	if _, _, err := s.Begin(ctx, id, fpA, "", Long); err == nil {
+	if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "", Long); err == nil {
 		t.Error("Begin with an empty owner succeeded")
 	}
-	if _, _, err := s.Begin(ctx, id, fpA, "o", 0); err == nil {
+	if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", 0); err == nil {
 		t.Error("Begin with a zero lease succeeded")
 	}
 	if _, err := s.Get(ctx, store.ID{}); err == nil || errors.Is(err, store.ErrNotFound) {
@@ -494,7 +500,7 @@ func testArguments(t *testing.T, s store.Store, _ func(time.Duration)) {
 	}
 	done, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, _, err := s.Begin(done, id, fpA, "o", Long); err == nil {
+	if _, _, err := s.Begin(done, id, store.Request{Fingerprint: fpA}, "o", Long); err == nil {
 		t.Error("Begin with a cancelled context succeeded")
 	}
 }
@@ -508,7 +514,7 @@ func testExpiry(t *testing.T, s store.Store, advance func(time.Duration)) {
 	}
 	parked := newID("parked")
 	mustBegin(t, s, parked, fpA, "p", Long)
-	if err := s.Park(ctx, parked, "p", store.Outcome{Attempts: 1}); err != nil {
+	if err := s.Park(ctx, parked, "p", store.Outcome{Attempts: 1, LastBody: []byte(`{"payment_id":"p"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	inflight := newID("inflight")
@@ -525,6 +531,10 @@ func testExpiry(t *testing.T, s store.Store, advance func(time.Duration)) {
 		t.Fatalf("Begin after expiry = %+v, want a new record", rec)
 	}
 	wantErr(t, "Complete of an expired record", s.Complete(ctx, inflight, "i", ok), store.ErrNotOwner)
+	// An expired unknown record leaves nothing behind for the new one.
+	if rec := mustBegin(t, s, parked, fpA, "p2", Long); rec.Fence != 1 || !rec.Outcome.IsZero() {
+		t.Fatalf("Begin after an unknown record expired = %+v, want a new record with no outcome", rec)
+	}
 }
 
 func testClose(t *testing.T, s store.Store) {
@@ -537,6 +547,6 @@ func testClose(t *testing.T, s store.Store) {
 	}
 	_, err := s.Get(ctx, newID("k"))
 	wantErr(t, "Get after Close", err, store.ErrClosed)
-	_, _, err = s.Begin(ctx, newID("k"), fpA, "o", Long)
+	_, _, err = s.Begin(ctx, newID("k"), store.Request{Fingerprint: fpA}, "o", Long)
 	wantErr(t, "Begin after Close", err, store.ErrClosed)
 }
