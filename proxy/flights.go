@@ -10,26 +10,23 @@ import (
 // it ends, instead of polling the store.
 type flights struct {
 	mu sync.Mutex
-	m  map[string]chan struct{}
+	m  map[store.ID]chan struct{} // keyed by the ID itself: no key string built per lookup
 }
-
-func flightKey(id store.ID) string { return id.Tenant + "\x00" + id.Key }
 
 // open registers an operation for id and returns the channel closed when it ends.
 func (f *flights) open(id store.ID) chan struct{} {
 	ch := make(chan struct{})
 	f.mu.Lock()
-	f.m[flightKey(id)] = ch
+	f.m[id] = ch
 	f.mu.Unlock()
 	return ch
 }
 
 // close ends the operation registered as ch.
 func (f *flights) close(id store.ID, ch chan struct{}) {
-	k := flightKey(id)
 	f.mu.Lock()
-	if f.m[k] == ch {
-		delete(f.m, k)
+	if f.m[id] == ch {
+		delete(f.m, id)
 	}
 	f.mu.Unlock()
 	close(ch)
@@ -40,5 +37,5 @@ func (f *flights) close(id store.ID, ch chan struct{}) {
 func (f *flights) wait(id store.ID) <-chan struct{} {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.m[flightKey(id)]
+	return f.m[id]
 }

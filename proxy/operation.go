@@ -261,25 +261,25 @@ func (h *Handler) leased(ctx context.Context, id store.ID, owner string, op func
 	return res, lostLease.Load()
 }
 
-// roundTrip sends the request upstream through the ReverseProxy, whose
-// Transport runs call's attempt sequence, and captures the answer with the
-// sequence's report: its disposition (retry.Policy.Dispose: Final is stored,
-// PassOn is not) and its attempts. Retriable failures it could not overcome
-// are an error.
+// roundTrip runs call's attempt sequence (retry.Transport.Do) and returns
+// the answer with the sequence's report: its disposition
+// (retry.Policy.Dispose: Final is stored, PassOn is not) and its attempts.
+// Retriable failures it could not overcome are an error. No ReverseProxy and
+// no recorder: the attempt layer already holds the whole answer in memory,
+// so the outbound request is built here (outbound) and the answer taken as
+// it comes.
 func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte, call retry.Call) result {
-	// A shallow copy is enough: ReverseProxy clones the request itself and
-	// the key is set on that clone (rewrite), never on r.
-	out := r.WithContext(ctx)
-	out.Body = io.NopCloser(bytes.NewReader(body))
-	out.ContentLength = int64(len(body))
-	rec := &recorder{header: http.Header{}}
-	ex := &retry.Exchange{Transport: h.opt.Transport, Call: call}
-	h.reverseProxy(outgoingKey{value: key}, ex).ServeHTTP(rec, out)
-	if rec.err != nil {
-		return result{err: rec.err, attempts: ex.Report.Attempts}
+	resp, rep, err := h.opt.Transport.Do(h.outbound(ctx, r, body, outgoingKey{value: key}), call)
+	if err != nil {
+		return result{err: err, attempts: rep.Attempts}
 	}
-	return result{resp: store.Response{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()},
-		disposition: ex.Report.Disposition, attempts: ex.Report.Attempts}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil { // the body is in memory already; kept for a transport that streams
+		return result{err: err, attempts: rep.Attempts}
+	}
+	return result{resp: store.Response{Status: resp.StatusCode, Header: answerHeader(resp), Body: b},
+		disposition: rep.Disposition, attempts: rep.Attempts}
 }
 
 // writeResult sends res to the client.
@@ -297,31 +297,4 @@ func writeResult(w http.ResponseWriter, res result, key string, sum *Summary) {
 	sum.Status, sum.Attempts = res.resp.Status, res.attempts
 	w.WriteHeader(res.resp.Status)
 	w.Write(res.resp.Body)
-}
-
-// recorder is the ResponseWriter a detached operation's ReverseProxy writes to.
-type recorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-	err    error
-}
-
-func (r *recorder) Header() http.Header { return r.header }
-
-// Flush is a no-op: the answer is complete before anyone reads it. Without it
-// ReverseProxy's flushes fail (and build an error) on every write.
-func (r *recorder) Flush() {}
-func (r *recorder) Write(b []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	return r.body.Write(b)
-}
-func (r *recorder) WriteHeader(code int) {
-	// ReverseProxy relays 1xx answers (100 Continue, 103 Early Hints) before the
-	// final one; only the final status is the answer.
-	if code >= 200 && r.status == 0 {
-		r.status = code
-	}
 }

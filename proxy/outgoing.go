@@ -1,8 +1,13 @@
 package proxy
 
 import (
+	"bytes"
+	"context"
+	"io"
 	"net/http"
 	"net/http/httputil"
+	"net/textproto"
+	"net/url"
 	"strings"
 
 	"github.com/idemproxy/idemproxy/idemkey"
@@ -53,6 +58,134 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, key outgoingKey) {
 	}
 	// Trailers arrive after the body and were never checked: none go upstream.
 	pr.Out.Trailer = nil
+}
+
+// outbound builds the upstream request of a protected operation, as
+// httputil.ReverseProxy with h.rewrite builds it for the forward path: a copy
+// of r bound to ctx, with body as its body, without hop-by-hop headers (those
+// its Connection header names included) and client-sent forwarding headers,
+// with unparsable query parameters dropped, then rewritten (rewrite: URL, key,
+// credential, trailers) and without Go's default User-Agent.
+func (h *Handler) outbound(ctx context.Context, r *http.Request, body []byte, key outgoingKey) *http.Request {
+	out := r.WithContext(ctx)
+	u := *r.URL
+	out.URL = &u
+	out.Header = r.Header.Clone()
+	if out.Header == nil {
+		out.Header = make(http.Header)
+	}
+	out.Body, out.GetBody, out.ContentLength, out.TransferEncoding = nil, nil, int64(len(body)), nil
+	if len(body) > 0 {
+		out.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	out.Close = false
+	removeHopByHop(out.Header)
+	if tokenListHas(r.Header["Te"], "trailers") {
+		out.Header["Te"] = []string{"trailers"}
+	}
+	for _, n := range forwardingHeaders {
+		delete(out.Header, n)
+	}
+	out.URL.RawQuery = cleanQueryParams(out.URL.RawQuery)
+	pr := httputil.ProxyRequest{In: r, Out: out}
+	h.rewrite(&pr, key)
+	if _, ok := pr.Out.Header["User-Agent"]; !ok {
+		pr.Out.Header["User-Agent"] = noUserAgent
+	}
+	return pr.Out
+}
+
+// noUserAgent keeps net/http from sending its default User-Agent. Shared by
+// every request: nothing writes into a header's value slice in place.
+var noUserAgent = []string{""}
+
+// forwardingHeaders are removed from what a client sent, as ReverseProxy
+// with Rewrite does: idemproxy does not vouch for them.
+var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// hopHeaders are the hop-by-hop headers ReverseProxy removes in both
+// directions (RFC 9110 section 7.6.1, plus the older ones it keeps removing).
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// removeHopByHop deletes the headers h's Connection header names, then the
+// hop-by-hop ones.
+func removeHopByHop(h http.Header) {
+	for _, f := range h["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = textproto.TrimString(sf); sf != "" {
+				h.Del(sf)
+			}
+		}
+	}
+	for _, f := range hopHeaders {
+		delete(h, f)
+	}
+}
+
+// tokenListHas says whether a comma-separated header holds token (any case).
+func tokenListHas(values []string, token string) bool {
+	for _, v := range values {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(textproto.TrimString(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// cleanQueryParams drops what ReverseProxy drops from a query: if it has a
+// semicolon or a bad escape, it is parsed and re-encoded, which removes the
+// unparsable parameters; otherwise it is kept as it is.
+func cleanQueryParams(s string) string {
+	reencode := func(s string) string {
+		v, _ := url.ParseQuery(s)
+		return v.Encode()
+	}
+	for i := 0; i < len(s); {
+		switch s[i] {
+		case ';':
+			return reencode(s)
+		case '%':
+			if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+				return reencode(s)
+			}
+			i += 3
+		default:
+			i++
+		}
+	}
+	return s
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// answerHeader is the header of a protected operation's answer, as
+// ReverseProxy passed it into a recorder: without hop-by-hop headers, and
+// with the upstream's trailers (the body is read, so they have arrived)
+// announced in a Trailer header and kept as headers.
+func answerHeader(resp *http.Response) http.Header {
+	h := resp.Header
+	if h == nil {
+		h = http.Header{}
+	}
+	removeHopByHop(h)
+	if len(resp.Trailer) > 0 {
+		keys := make([]string, 0, len(resp.Trailer))
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		h.Add("Trailer", strings.Join(keys, ", "))
+		for k, vv := range resp.Trailer {
+			for _, v := range vv {
+				h.Add(k, v)
+			}
+		}
+	}
+	return h
 }
 
 // delFold deletes names from h whatever the case of h's keys: a Header map

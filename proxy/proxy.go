@@ -172,7 +172,7 @@ func New(opts Options) (*Handler, error) {
 	for _, m := range opts.Protected {
 		h.protected[strings.ToUpper(m)] = true
 	}
-	h.flights.m = map[string]chan struct{}{}
+	h.flights.m = map[store.ID]chan struct{}{}
 	h.rp = &httputil.ReverseProxy{
 		// Rewrite, not Director: hop-by-hop headers are removed after Director
 		// runs, which could strip headers set there (Go issue 50580). The
@@ -180,8 +180,8 @@ func New(opts Options) (*Handler, error) {
 		// Rewrite and Transport are set per request (reverseProxy).
 		ErrorHandler: h.upstreamError,
 		ErrorLog:     slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
-		// Responses are passed on as they come; protected ones are buffered by the
-		// attempt layer anyway.
+		// Responses are passed on as they come. (Protected requests do not
+		// use it: see roundTrip.)
 		FlushInterval: -1,
 		// Without a pool every request allocates a fresh 32 KiB copy buffer.
 		BufferPool: bufferPool{},
@@ -277,13 +277,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, 
 	sum.Attempts = ex.Report.Attempts
 }
 
-// upstreamError is the ReverseProxy's error handler. For a detached operation it
-// records the error on the recorder; for a streamed request it answers the client.
+// upstreamError is the ReverseProxy's error handler (unprotected requests,
+// streamed): it answers the client.
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	if rec, ok := w.(*recorder); ok {
-		rec.err = err
-		return
-	}
 	if !errors.Is(err, context.Canceled) {
 		h.opt.Logger.Warn("upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
