@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/sandbox"
 )
 
@@ -212,6 +213,68 @@ func TestProbeNotFoundResendsWithSameKey(t *testing.T) {
 	}
 	if m := scrape(t, "http://"+p.admin+"/metrics"); m[`idemproxy_status_probes_total{result="not_found"}`] != 1 {
 		t.Fatalf("probes not_found = %v, want 1", m[`idemproxy_status_probes_total{result="not_found"}`])
+	}
+}
+
+// TestProbeFillsRespFromEarlierRequest: the payment is executed and its
+// 504 names it, the only attempt the budget allows; the operation is kept
+// unknown. The app's retry comes later, on the same replica or on another
+// one sharing the store: the probe reads the payment id from the 504 the
+// record kept, finds the payment, and that answer is stored as the result
+// without a second POST.
+func TestProbeFillsRespFromEarlierRequest(t *testing.T) {
+	retry := []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_RETRY_BASE_DELAY=10ms", "IDEMPROXY_RETRY_MAX_DELAY=50ms",
+		"IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}"}
+	cases := []struct {
+		name   string
+		launch func(t *testing.T, upstream string) (first, retry *opsProc)
+	}{
+		{"one replica, Badger", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
+			p := launch(t, launchSpec{env: baseEnv(upstream, t.TempDir(), retry...)})
+			return p, p
+		}},
+		{"another replica, PostgreSQL", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
+			env := sharedEnv(upstream, pgtest.Database(t), retry...)
+			return launch(t, launchSpec{env: env}), launch(t, launchSpec{env: env})
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			gw := newGatewayProvider(t, sandbox.Config{})
+			up := httptest.NewServer(gw)
+			defer up.Close()
+			gw.set(1, true, "") // the first POST executes; its 504 names the payment
+			a, b := c.launch(t, up.URL)
+
+			first := send(t, "POST", "http://"+a.proxy+"/payments", paymentBody)
+			if first.status != http.StatusBadGateway {
+				t.Fatalf("first POST = %d %s, want 502 (budget spent, outcome unknown)", first.status, first.body)
+			}
+			a.waitLine(t, `"msg":"operation outcome unknown`)
+			if _, gets := gw.postCounts(); gets != 0 {
+				t.Fatalf("%d probes during the first request; its one attempt leaves none to resolve", gets)
+			}
+
+			r := send(t, "POST", "http://"+b.proxy+"/payments", paymentBody)
+			if r.status != http.StatusOK || r.header.Get("Idemproxy-Reconciled") != "true" || !strings.Contains(r.body, `"order_id":"order-77"`) {
+				t.Fatalf("the app's retry = %d %s (reconciled %q), want the payment the probe found",
+					r.status, r.body, r.header.Get("Idemproxy-Reconciled"))
+			}
+			again := send(t, "POST", "http://"+a.proxy+"/payments", paymentBody)
+			if again.status != http.StatusOK || again.body != r.body || again.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("repeat = %d %s, want the reconciled answer replayed", again.status, again.body)
+			}
+			posts, gets := gw.postCounts()
+			if key, n := onlyKey(t, posts); n != 1 || gets != 1 || key != first.header.Get("Idempotency-Key") {
+				t.Fatalf("provider saw %v and %d GETs, want 1 POST with key %s and 1 probe", posts, gets, first.header.Get("Idempotency-Key"))
+			}
+			if l := gw.sb.Ledger(); l.Executions != 1 {
+				t.Fatalf("provider executed %d payments, want 1", l.Executions)
+			}
+			if m := scrape(t, "http://"+b.admin+"/metrics"); m[`idemproxy_status_probes_total{result="found"}`] != 1 {
+				t.Fatalf("probes found on the retrying replica = %v, want 1", m[`idemproxy_status_probes_total{result="found"}`])
+			}
+		})
 	}
 }
 

@@ -156,7 +156,7 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 	started := h.opt.Now()
 	call := retry.Call{Mode: retry.Protected}
 	if !before.IsZero() {
-		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt}
+		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt, LastBody: before.LastBody}
 	}
 	res, lost := h.leased(ctx, id, owner, func(ctx context.Context) result {
 		return h.roundTrip(ctx, r, h.upstreamKey(id.Tenant, id.Key), body, call)
@@ -199,12 +199,23 @@ func unknownOutcome(res result, started time.Time) (store.Outcome, bool) {
 	var ex *retry.ExhaustedError
 	switch {
 	case errors.As(res.err, &ex) && ex.Unknown:
-		return store.Outcome{FirstSentAt: ex.FirstSentAt, Attempts: ex.Attempts, LastError: ex.Error()}, true
+		return store.Outcome{FirstSentAt: ex.FirstSentAt, Attempts: ex.Attempts, LastError: ex.Error(),
+			LastBody: lastBody(ex.LastBody)}, true
 	case res.err == nil && res.resp.Status >= 500:
 		return store.Outcome{FirstSentAt: started, Attempts: res.attempts,
-			LastError: "status " + strconv.Itoa(res.resp.Status) + " from upstream"}, true
+			LastError: "status " + strconv.Itoa(res.resp.Status) + " from upstream", LastBody: lastBody(res.resp.Body)}, true
 	}
 	return store.Outcome{}, false
+}
+
+// lastBody is what the record keeps of an ambiguous answer's body for the
+// status probe's {resp.…} placeholders on resume: its first
+// store.MaxLastBody bytes, copied (the answer's buffer is not the record's).
+func lastBody(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return bytes.Clone(b[:min(len(b), store.MaxLastBody)])
 }
 
 // park keeps the record in state unknown with what is known of the attempts.

@@ -69,8 +69,9 @@ func (s *sequence) noteSent(o outcome, r Reason) {
 	}
 	if mayHaveActed(o, r) {
 		s.unknown = true
-		s.lastBody = nil
-		if o.resp != nil {
+		// A timeout or a drop is no answer: the last answer is still the
+		// one before, and may name the operation for the probe.
+		if o.resp != nil && len(o.body) > 0 {
 			s.lastBody = o.body
 		}
 	}
