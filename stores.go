@@ -52,7 +52,14 @@ func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, upstream *url.URL, lo
 	th := s.Throttle(pgstore.ThrottleOptions{
 		Name: name,
 		OnPause: func(d time.Duration, from string) {
-			if gate.PeerPause(time.Now().Add(d)) && from != "" {
+			now := time.Now()
+			known := gate.PausedUntil()
+			if known.Before(now) {
+				known = now
+			}
+			// Logged when another replica named itself, or when the pause
+			// read is new here (not this replica's own, read back).
+			if gate.PeerPause(now.Add(d)) && (from != "" || now.Add(d).Sub(known) > time.Second) {
 				log.Warn("provider pause set by another replica: all outbound attempts wait",
 					"replica", from, "pause_ms", millis(d))
 			}

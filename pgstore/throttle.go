@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,12 +59,13 @@ type ThrottleOptions struct {
 // pause early and forgets the bucket's recent use. Close stops its loops; it
 // must be called before the Store's Close.
 type Throttle struct {
-	s      *Store
-	opt    ThrottleOptions
-	ctx    context.Context // canceled by Close
-	cancel context.CancelFunc
-	loops  sync.WaitGroup
-	once   sync.Once
+	s       *Store
+	healthy atomic.Bool // the last heartbeat succeeded
+	opt     ThrottleOptions
+	ctx     context.Context // canceled by Close
+	cancel  context.CancelFunc
+	loops   sync.WaitGroup
+	once    sync.Once
 }
 
 var _ ratelimit.Shared = (*Throttle)(nil)
@@ -92,13 +94,18 @@ func replicaName() string {
 }
 
 // Close stops the loops and removes this replica's heartbeat row, so that
-// the others count one replica fewer at once; with the database unreachable,
-// within one second.
+// the others count one replica fewer at once. It gives up on the row after
+// 250 ms, and does not try when the last heartbeat failed: the row stops
+// counting after three heartbeats anyway, and shutdown must not wait on a
+// database that does not answer.
 func (t *Throttle) Close() error {
 	t.once.Do(func() {
 		t.cancel()
 		t.loops.Wait()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if !t.healthy.Load() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
 		defer cancel()
 		t.s.call(ctx, "heartbeat", nil, func(ctx context.Context) error {
 			_, err := t.s.pool.Exec(ctx, `DELETE FROM idemproxy_replicas WHERE replica = $1`, t.opt.Replica)
@@ -190,6 +197,7 @@ func (t *Throttle) beat() {
 					FROM idemproxy_throttle WHERE name = @name::text)`,
 			pgx.NamedArgs{"replica": t.opt.Replica, "name": t.opt.Name, "live": micros(3 * t.opt.Heartbeat)}).Scan(&n, &left)
 	})
+	t.healthy.Store(err == nil)
 	if err != nil {
 		if t.ctx.Err() == nil {
 			t.s.opt.Logger.Debug("throttle heartbeat failed", "err", err)
@@ -239,6 +247,10 @@ func (t *Throttle) listen() (connected bool, err error) {
 	cctx, cancel := context.WithTimeout(t.ctx, t.s.opt.CallTimeout)
 	conn, err := pgx.ConnectConfig(cctx, t.s.pool.Config().ConnConfig.Copy())
 	if err == nil {
+		// A pause set while this connection was not listening is read
+		// first; one set between the read and LISTEN is found by the
+		// next heartbeat.
+		t.catchUp(cctx, conn)
 		_, err = conn.Exec(cctx, "LISTEN "+throttleChannel)
 	}
 	cancel()
@@ -264,5 +276,17 @@ func (t *Throttle) listen() (connected bool, err error) {
 		if t.opt.OnPause != nil {
 			t.opt.OnPause(time.Duration(p.Us)*time.Microsecond, p.From)
 		}
+	}
+}
+
+// catchUp reads the pause on a new listening connection, so that one set
+// while none was listening is known at once rather than at the next
+// heartbeat.
+func (t *Throttle) catchUp(ctx context.Context, conn *pgx.Conn) {
+	var left int64
+	err := conn.QueryRow(ctx, `SELECT (extract(epoch FROM paused_until - now()) * 1000000)::bigint
+		FROM idemproxy_throttle WHERE name = $1`, t.opt.Name).Scan(&left)
+	if err == nil && left > 0 && t.opt.OnPause != nil {
+		t.opt.OnPause(time.Duration(left)*time.Microsecond, "")
 	}
 }

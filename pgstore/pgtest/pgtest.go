@@ -20,8 +20,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -174,6 +176,49 @@ func (c *Cluster) Stop(immediate bool) error {
 	out, err := c.run("pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", mode, "-w", "-t", "60", "stop")
 	if err != nil {
 		return fmt.Errorf("pg_ctl stop: %w: %s", err, out)
+	}
+	return nil
+}
+
+// Freeze stops every process of the server with SIGSTOP: a hung database,
+// whose connections stay open and never answer. Thaw resumes them; call it
+// before Stop or Remove.
+func (c *Cluster) Freeze() error { return c.signal(syscall.SIGSTOP) }
+
+// Thaw resumes the processes Freeze stopped.
+func (c *Cluster) Thaw() error { return c.signal(syscall.SIGCONT) }
+
+// signal sends sig to the postmaster and to its children (the backends and
+// the auxiliary processes), found through /proc.
+func (c *Cluster) signal(sig syscall.Signal) error {
+	b, err := os.ReadFile(filepath.Join(c.dir, "data", "postmaster.pid"))
+	if err != nil {
+		return err
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pm, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		return fmt.Errorf("postmaster.pid: %w", err)
+	}
+	pids := []int{pm}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		st, err := os.ReadFile(f)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(st), ')')
+		fields := strings.Fields(string(st[i+1:]))
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pm) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			pids = append(pids, pid)
+		}
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("signal %v to %d: %w", sig, pid, err)
+		}
 	}
 	return nil
 }

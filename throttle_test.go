@@ -1,0 +1,246 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
+)
+
+// arrivalLog is a provider that records when each request arrives, by order.
+type arrivalLog struct {
+	mu    sync.Mutex
+	at    []time.Time
+	order []string
+}
+
+func (l *arrivalLog) record(r *http.Request) (time.Time, string) {
+	now := time.Now()
+	var body struct {
+		Order string `json:"order_id"`
+	}
+	json.NewDecoder(r.Body).Decode(&body)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.at = append(l.at, now)
+	l.order = append(l.order, body.Order)
+	return now, body.Order
+}
+
+// postAll sends each order to its replica at once and fails the test unless
+// every answer is 201.
+func postAll(t *testing.T, targets []string, orders []string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i, order := range orders {
+		wg.Go(func() {
+			resp, err := http.Post("http://"+targets[i%len(targets)]+"/v1/payouts", "application/json",
+				strings.NewReader(fmt.Sprintf(`{"order_id":%q}`, order)))
+			if err != nil {
+				t.Errorf("%s: %v", order, err)
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated {
+				t.Errorf("%s: %d %s, want 201", order, resp.StatusCode, b)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// A 429 with Retry-After on one replica pauses all three: once the others
+// report the pause, no replica sends anything to the provider until it is
+// over, the replica that got the 429 included (the provider records when each
+// request arrives; none may arrive inside the pause). After it, every order
+// is sent and answered.
+func TestSharedPauseAcrossReplicas(t *testing.T) {
+	url := pgtest.Database(t)
+	const pause = 3 * time.Second
+	// The pause ends pause after the replica read the 429, which is after
+	// the provider wrote it; the margin covers only the rounding of the
+	// database's microseconds.
+	const margin = 20 * time.Millisecond
+	var log arrivalLog
+	var pausedAt time.Time
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now, order := log.record(r)
+		log.mu.Lock()
+		first := order == "pauses-everyone" && pausedAt.IsZero()
+		if first {
+			pausedAt = now
+		}
+		log.mu.Unlock()
+		if first {
+			w.Header().Set("Retry-After", "3")
+			w.WriteHeader(http.StatusTooManyRequests)
+			io.WriteString(w, `{"state":1,"message":"rate limit exceeded"}`)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%q}`, order)
+	}))
+	defer up.Close()
+	env := sharedEnv(up.URL, url)
+	a := launch(t, launchSpec{env: env})
+	b := launch(t, launchSpec{env: env})
+	c := launch(t, launchSpec{env: env})
+	// The fast path is under test: every replica listens before the 429.
+	waitListeners(t, url, 3)
+
+	first := make(chan struct{})
+	go func() { postAll(t, []string{a.proxy}, []string{"pauses-everyone"}); close(first) }()
+	a.waitLine(t, "provider asked to pause")
+	b.waitLine(t, "provider pause set by another replica")
+	c.waitLine(t, "provider pause set by another replica")
+	var orders []string
+	for i := range 12 {
+		orders = append(orders, fmt.Sprintf("during-pause-%d", i))
+	}
+	postAll(t, []string{a.proxy, b.proxy, c.proxy}, orders)
+	<-first
+
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	end := pausedAt.Add(pause - margin)
+	for i, at := range log.at {
+		if log.order[i] == "pauses-everyone" && at.Equal(pausedAt) {
+			continue
+		}
+		if at.Before(end) {
+			t.Errorf("%s arrived %v after the 429, inside the %v pause", log.order[i], at.Sub(pausedAt).Round(time.Millisecond), pause)
+		}
+	}
+	if want := 1 + 1 + len(orders); len(log.at) != want {
+		t.Errorf("the provider saw %d requests, want %d (the 429, its retry, and one per order)", len(log.at), want)
+	}
+}
+
+// waitListeners waits until n sessions on the database at url listen for
+// pauses.
+func waitListeners(t *testing.T, url string, n int) {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		var got int
+		err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'LISTEN idemproxy_throttle'`).Scan(&got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d replicas listening for pauses after a minute, want %d", got, n)
+		}
+	}
+}
+
+// IDEMPROXY_RATE_LIMIT is the provider's total: two replicas with a rate of
+// 40 per second, both busy, together send at most 40 in any one-second
+// window (plus the burst of 1 and a tolerance), not 80.
+func TestSharedRateLimit(t *testing.T) {
+	url := pgtest.Database(t)
+	const rate, orders = 40, 160
+	var log arrivalLog
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		log.record(r)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	env := sharedEnv(up.URL, url, fmt.Sprintf("IDEMPROXY_RATE_LIMIT=%d", rate), "IDEMPROXY_RATE_BURST=1")
+	a := launch(t, launchSpec{env: env})
+	b := launch(t, launchSpec{env: env})
+	var names []string
+	for i := range orders {
+		names = append(names, fmt.Sprintf("rate-%d", i))
+	}
+	postAll(t, []string{a.proxy, b.proxy}, names)
+
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if len(log.at) != orders {
+		t.Fatalf("the provider saw %d requests, want %d", len(log.at), orders)
+	}
+	at := slices.Clone(log.at)
+	slices.SortFunc(at, func(x, y time.Time) int { return x.Compare(y) })
+	// Leased tokens may leave up to 100 ms after their time, and loopback
+	// delivery may bunch a few: a quarter second of tokens as tolerance.
+	const window, tolerance = time.Second, rate / 4
+	most, j := 0, 0
+	for i := range at {
+		for at[i].Sub(at[j]) >= window {
+			j++
+		}
+		most = max(most, i-j+1)
+	}
+	if limit := rate + 1 + tolerance; most > limit {
+		t.Errorf("%d requests reached the provider within one second, want at most %d (rate %d shared by both replicas)", most, limit, rate)
+	}
+	t.Logf("%d requests in %v; at most %d in one second", orders, at[len(at)-1].Sub(at[0]).Round(time.Millisecond), most)
+}
+
+// SIGTERM with the database hung (every PostgreSQL process stopped with
+// SIGSTOP: connections stay open and nothing answers) while an operation is
+// at the provider: the process exits within the shutdown grace plus 5 s,
+// whatever its store, throttle and heartbeat calls are waiting for.
+func TestShutdownWithDatabaseHung(t *testing.T) {
+	pgtest.Shared(t)
+	c, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Remove()
+	url, err := c.NewDatabase(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
+		entered: make(chan string, 1), release: make(chan struct{})}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	const grace = 3 * time.Second
+	p := launch(t, launchSpec{env: sharedEnv(up.URL, url, "IDEMPROXY_SHUTDOWN_GRACE="+grace.String(),
+		"IDEMPROXY_RATE_LIMIT=50")})
+	go func() {
+		resp, err := http.Post("http://"+p.proxy+"/v1/payments", "application/json", strings.NewReader(`{"order_id":"hung-1"}`))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-prov.entered // claimed in the database, now at the provider
+	if err := c.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Thaw()
+	start := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The answer comes during the drain: storing it waits on the database.
+	time.AfterFunc(time.Second, func() { close(prov.release) })
+	select {
+	case <-p.done:
+	case <-time.After(grace + 5*time.Second):
+		t.Fatalf("still running %v after SIGTERM with the database hung (grace %v):\n%s",
+			time.Since(start).Round(time.Millisecond), grace, p.text())
+	}
+	t.Logf("exited %v after SIGTERM (grace %v): %v", time.Since(start).Round(time.Millisecond), grace, p.err)
+}
