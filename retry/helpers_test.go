@@ -34,6 +34,8 @@ type arrival struct {
 	nonce string
 	body  []byte
 	at    time.Time
+	// request line, for the status probe's tests
+	method, path string
 }
 
 // step is what the provider does with one arrival.
@@ -66,7 +68,7 @@ func (p *provider) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	p.mu.Lock()
 	n := len(p.arrivals)
-	p.arrivals = append(p.arrivals, arrival{r.Header.Get("Idempotency-Key"), r.Header.Get("X-Nonce"), body, time.Now()})
+	p.arrivals = append(p.arrivals, arrival{r.Header.Get("Idempotency-Key"), r.Header.Get("X-Nonce"), body, time.Now(), r.Method, r.URL.Path})
 	s := process
 	if n < len(p.steps) {
 		s = p.steps[n]

@@ -1,0 +1,256 @@
+package retry
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/probe"
+)
+
+// probes records what Transport.OnProbe reported.
+type probes struct {
+	mu  sync.Mutex
+	got []ProbeResult
+}
+
+func (p *probes) record(i ProbeInfo) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.got = append(p.got, i.Result)
+}
+
+func (p *probes) results() []ProbeResult {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.got)
+}
+
+// withProbe gives h's Transport the status probe tmpl against p, through
+// the real template package, and returns the recorder of its results.
+func withProbe(t *testing.T, h *harness, p *provider, tmpl string) *probes {
+	t.Helper()
+	pt, err := probe.Parse(tmpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := url.Parse(p.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &probes{}
+	h.tr.Prober = &probe.Lookup{Template: pt, Base: base}
+	h.tr.OnProbe = rec.record
+	return rec
+}
+
+// requestLines returns "METHOD /path" of every arrival.
+func requestLines(p *provider) []string {
+	var out []string
+	for _, a := range p.Arrivals() {
+		out = append(out, a.method+" "+a.path)
+	}
+	return out
+}
+
+const (
+	probeGET   = "GET /v1/payout/op-7"
+	resendPOST = "POST /v1/payout"
+	found      = `{"id":"op-7","status":"succeeded"}`
+)
+
+// TestProbeBeforeResend: a request resuming an operation whose outcome is
+// unknown first sends the status probe, filled from the earlier answer: 2xx
+// is the result (marked reconciled, nothing re-sent); 404 means it did not
+// happen, so it is re-sent with the same key as a first send; any other
+// answer, or a probe that cannot be built, re-sends with the same key and
+// the outcome stays unknown.
+func TestProbeBeforeResend(t *testing.T) {
+	earlier := `{"error":{"code":"gateway_timeout"},"id":"op-7"}`
+	type want struct {
+		status     int // 0: the sequence ends with an *ExhaustedError
+		reconciled bool
+		unknown    bool // the ExhaustedError's Unknown
+		lines      []string
+		results    []ProbeResult
+	}
+	cases := []struct {
+		name     string
+		lastBody string
+		steps    []step
+		want     want
+	}{
+		{"2xx: the probe's answer is the result", earlier,
+			[]step{respond(200, found)},
+			want{status: 200, reconciled: true, lines: []string{probeGET}, results: []ProbeResult{ProbeFound}}},
+		{"404: re-sent with the same key", earlier,
+			[]step{respond(404, `{"error":{"code":"not_found"}}`), process},
+			want{status: 200, lines: []string{probeGET, resendPOST}, results: []ProbeResult{ProbeNotFound}}},
+		{"404 then a 503: the operation did not happen, no longer unknown", earlier,
+			[]step{respond(404, ``), respond(503, ``)},
+			want{unknown: false, lines: []string{probeGET, resendPOST}, results: []ProbeResult{ProbeNotFound}}},
+		{"500: re-sent, outcome still unknown", earlier,
+			[]step{respond(500, ``), respond(503, ``)},
+			want{unknown: true, lines: []string{probeGET, resendPOST}, results: []ProbeResult{ProbeOther}}},
+		{"409 other code: re-sent", earlier,
+			[]step{respond(409, `{"error":{"code":"conflict"}}`), process},
+			want{status: 200, lines: []string{probeGET, resendPOST}, results: []ProbeResult{ProbeOther}}},
+		{"dropped probe: re-sent, outcome still unknown", earlier,
+			[]step{resetBeforeProcessing, respond(503, ``)},
+			want{unknown: true, lines: []string{probeGET, resendPOST}, results: []ProbeResult{ProbeOther}}},
+		{"no earlier answer to fill {resp.id}: re-sent without a probe", "",
+			[]step{process},
+			want{status: 200, lines: []string{resendPOST}, results: []ProbeResult{ProbeUnfilled}}},
+		{"earlier answer without the member: re-sent without a probe", `{"error":{"code":"gateway_timeout"}}`,
+			[]step{respond(503, ``)},
+			want{unknown: true, lines: []string{resendPOST}, results: []ProbeResult{ProbeUnfilled}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newProvider(t, c.steps...)
+			pol := testPolicy()
+			pol.MaxAttempts = 1
+			h := newHarness(t, pol)
+			rec := withProbe(t, h, p, "GET /v1/payout/{resp.id}")
+			sent := h.clock.Now().Add(-time.Minute)
+			var last []byte
+			if c.lastBody != "" {
+				last = []byte(c.lastBody)
+			}
+			resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected, Resume: &Resume{FirstSentAt: sent, LastBody: last}})
+			if c.want.status != 0 {
+				body := readFinal(t, resp, err, c.want.status, rep.Attempts)
+				if got := resp.Header.Get(ReconciledHeader) == "true"; got != c.want.reconciled {
+					t.Errorf("%s = %v, want %v", ReconciledHeader, got, c.want.reconciled)
+				}
+				if c.want.reconciled && string(body) != found {
+					t.Errorf("reconciled body %s, want the probe's %s", body, found)
+				}
+				if rep.Disposition != Final {
+					t.Errorf("disposition %v, want final", rep.Disposition)
+				}
+			} else {
+				var ex *ExhaustedError
+				if !errors.As(err, &ex) {
+					t.Fatalf("Do = %v, %v; want an *ExhaustedError", resp, err)
+				}
+				if ex.Unknown != c.want.unknown || !ex.FirstSentAt.Equal(sent) {
+					t.Errorf("ExhaustedError: Unknown %v, FirstSentAt %v; want %v, %v (the resumed operation's)",
+						ex.Unknown, ex.FirstSentAt, c.want.unknown, sent)
+				}
+			}
+			if got := requestLines(p); !slices.Equal(got, c.want.lines) {
+				t.Errorf("provider saw %q, want %q", got, c.want.lines)
+			}
+			for _, a := range p.Arrivals() {
+				if a.method == http.MethodPost && (a.key != testKey || string(a.body) != string(testBody)) {
+					t.Errorf("re-send with key %q body %s, want the same key and body", a.key, a.body)
+				}
+				if a.method == http.MethodGet && (a.key != "" || len(a.body) != 0 || a.nonce == "") {
+					t.Errorf("probe with key %q body %q nonce %q: want an unkeyed, bodiless, signed lookup", a.key, a.body, a.nonce)
+				}
+			}
+			if got := rec.results(); !slices.Equal(got, c.want.results) {
+				t.Errorf("probe results %v, want %v", got, c.want.results)
+			}
+		})
+	}
+}
+
+// TestKeyRetentionGuard: an operation whose outcome is unknown, first sent
+// longer ago than the provider keeps keys, is never re-sent blindly: without
+// a probe, or when the probe says neither "found" nor "not found", nothing
+// is sent and the sequence ends with ErrKeyExpired (which the proxy answers
+// 409 idempotency_key_expired).
+func TestKeyRetentionGuard(t *testing.T) {
+	const retention = 48 * time.Hour
+	cases := []struct {
+		name    string
+		age     time.Duration // since the first send
+		probe   bool
+		steps   []step
+		expired bool // ends with ErrKeyExpired
+		lines   []string
+	}{
+		{"expired, no probe: refused, nothing sent", 49 * time.Hour, false, nil, true, nil},
+		{"expired, probe fails: refused, only the probe sent", 49 * time.Hour, true,
+			[]step{respond(500, ``)}, true, []string{probeGET}},
+		{"expired, probe finds it: its answer", 49 * time.Hour, true,
+			[]step{respond(200, found)}, false, []string{probeGET}},
+		{"expired, probe says it did not happen: re-sent", 49 * time.Hour, true,
+			[]step{respond(404, ``), process}, false, []string{probeGET, resendPOST}},
+		{"within retention, no probe: re-sent", 47 * time.Hour, false,
+			[]step{process}, false, []string{resendPOST}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newProvider(t, c.steps...)
+			h := newHarness(t, testPolicy())
+			h.tr.KeyRetention = retention
+			if c.probe {
+				withProbe(t, h, p, "GET /v1/payout/{resp.id}")
+			}
+			resume := &Resume{FirstSentAt: h.clock.Now().Add(-c.age), LastBody: []byte(`{"id":"op-7"}`)}
+			resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected, Resume: resume})
+			if c.expired {
+				var ex *ExhaustedError
+				if !errors.Is(err, ErrKeyExpired) || !errors.As(err, &ex) || !ex.Unknown || rep.Disposition != Retry {
+					t.Fatalf("Do = %v, %v (disposition %v); want an unknown *ExhaustedError wrapping ErrKeyExpired", resp, err, rep.Disposition)
+				}
+				if ex.Attempts != 0 || !strings.Contains(err.Error(), "provider keeps keys 48h0m0s") {
+					t.Errorf("ExhaustedError %v with %d attempts; want 0 attempts and the retention named", err, ex.Attempts)
+				}
+			} else {
+				readFinal(t, resp, err, 200, rep.Attempts)
+			}
+			if got := requestLines(p); !slices.Equal(got, c.lines) {
+				t.Errorf("provider saw %q, want %q", got, c.lines)
+			}
+			if p.Executed() > 1 {
+				t.Errorf("provider executed %d operations", p.Executed())
+			}
+		})
+	}
+}
+
+// TestLastAnswerKeptAcrossDrop: within one sequence, a dropped connection
+// after a 504 that named the operation gives no new answer, so the next
+// probe is still filled from the 504; and the sequence that gives up reports
+// that body, for the record to keep.
+func TestLastAnswerKeptAcrossDrop(t *testing.T) {
+	named := `{"error":{"code":"gateway_timeout"},"id":"op-7"}`
+	t.Run("probe after the drop", func(t *testing.T) {
+		p := newProvider(t, respond(504, named), respond(500, ``), resetAfterProcessing, respond(200, found))
+		h := newHarness(t, testPolicy())
+		rec := withProbe(t, h, p, "GET /v1/payout/{resp.id}")
+		resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected})
+		body := readFinal(t, resp, err, 200, rep.Attempts)
+		if resp.Header.Get(ReconciledHeader) != "true" || string(body) != found || rep.Attempts != 2 {
+			t.Errorf("answer %s (reconciled %q) after %d attempts, want the probe's after 2",
+				body, resp.Header.Get(ReconciledHeader), rep.Attempts)
+		}
+		want := []string{resendPOST, probeGET, resendPOST, probeGET}
+		if got := requestLines(p); !slices.Equal(got, want) {
+			t.Errorf("provider saw %q, want %q", got, want)
+		}
+		if got := rec.results(); !slices.Equal(got, []ProbeResult{ProbeOther, ProbeFound}) {
+			t.Errorf("probe results %v, want [other found]", got)
+		}
+	})
+	t.Run("given up", func(t *testing.T) {
+		p := newProvider(t, respond(504, named), resetAfterProcessing)
+		pol := testPolicy()
+		pol.MaxAttempts = 2
+		h := newHarness(t, pol)
+		_, _, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected})
+		var ex *ExhaustedError
+		if !errors.As(err, &ex) || !ex.Unknown || string(ex.LastBody) != named {
+			t.Fatalf("Do = %v; want an unknown *ExhaustedError carrying the 504's body %s", err, named)
+		}
+	})
+}
