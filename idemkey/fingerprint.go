@@ -1,6 +1,9 @@
 package idemkey
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"slices"
+)
 
 // Body encodings in the fingerprint input; distinct tags keep a canonical
 // form from ever colliding with raw bytes.
@@ -72,7 +75,9 @@ func (st *state) appendPairs(b, dec []byte, pairs []pair) []byte {
 func (st *state) writeBody(r Request) {
 	if c := firstNonSpace(r.Body); c == '{' || c == '[' || isJSONType(r.ContentType) {
 		st.json.reset(r.Body, true)
-		st.json.out = append(st.json.out[:0], tagJSON)
+		// The canonical form is at most about the body's size: sized once,
+		// a large body is not copied over and over as the buffer grows.
+		st.json.out = append(slices.Grow(st.json.out[:0], len(r.Body)+1), tagJSON)
 		if st.json.canonical() == nil {
 			st.sha.Write(st.json.out)
 			return

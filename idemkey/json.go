@@ -90,7 +90,7 @@ func (p *jsonParser) canonical() error {
 	}
 	slices.SortFunc(p.moves, func(a, b move) int { return a.open - b.open })
 	start := p.docStart
-	p.scratch = p.apply(p.scratch[:0], start, len(p.out))
+	p.scratch = p.apply(slices.Grow(p.scratch[:0], len(p.out)-start), start, len(p.out))
 	p.out = append(p.out[:start], p.scratch...)
 	return nil
 }

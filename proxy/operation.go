@@ -280,6 +280,7 @@ func (h *Handler) leased(ctx context.Context, id store.ID, owner string, op func
 // so the outbound request is built here (outbound) and the answer taken as
 // it comes.
 func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte, call retry.Call) result {
+	call.Body = body // every attempt sends these bytes, not a copy
 	resp, rep, err := h.opt.Transport.Do(h.outbound(ctx, r, body, outgoingKey{value: key}), call)
 	if err != nil {
 		return result{err: err, attempts: rep.Attempts}

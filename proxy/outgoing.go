@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/textproto"
@@ -11,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/internal/heldbody"
 	"github.com/idemproxy/idemproxy/retry"
 )
 
@@ -76,7 +75,7 @@ func (h *Handler) outbound(ctx context.Context, r *http.Request, body []byte, ke
 	}
 	out.Body, out.GetBody, out.ContentLength, out.TransferEncoding = nil, nil, int64(len(body)), nil
 	if len(body) > 0 {
-		out.Body = io.NopCloser(bytes.NewReader(body))
+		out.Body = heldbody.New(body)
 	}
 	out.Close = false
 	removeHopByHop(out.Header)

@@ -4,7 +4,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -22,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/internal/heldbody"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/routes"
 	"github.com/idemproxy/idemproxy/store"
@@ -287,7 +287,7 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 }
 
 func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, rule routes.Rule, sum *Summary) {
-	body, err := io.ReadAll(r.Body)
+	body, err := readBody(r.Body, r.ContentLength)
 	if err != nil { // nothing was sent: not an unknown outcome
 		err = fmt.Errorf("%w: %w", retry.ErrRequestBody, err)
 	} else if len(r.Trailer) > 0 { // undeclared trailers, seen only now
@@ -312,7 +312,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	}
 	if key == "" { // Passthrough policy
 		sum.Outcome = OutcomeForwarded
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.Body = heldbody.New(body)
 		h.forward(w, r, retry.Once, outgoingKey{}, sum)
 		return
 	}
@@ -346,6 +346,20 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		return
 	}
 	writeResult(w, res, id.Key, sum)
+}
+
+// readBody reads a request body into the one slice every layer and attempt
+// then shares (heldbody). A declared length (already within MaxBodyBytes) is
+// read into one allocation of that size; a chunked body grows as it comes.
+func readBody(r io.Reader, declared int64) ([]byte, error) {
+	if declared <= 0 {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, declared)
+	if _, err := io.ReadFull(r, b); err != nil { // the server ends the body at the declared length
+		return nil, err
+	}
+	return b, nil
 }
 
 // resolveKey returns the key for a protected request: the client's own, else the

@@ -34,6 +34,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/internal/heldbody"
 )
 
 // Default header names (IDEMPROXY_SIGNATURE_HEADER, IDEMPROXY_TIMESTAMP_HEADER).
@@ -436,9 +437,15 @@ func wirePath(u *url.URL) string {
 // takeBody reads and closes out.Body and gives out a fresh reader over the
 // same bytes, keeping ContentLength. The original Body belongs to the caller's
 // request too; the clone shares it, so it is read exactly once here.
+//
+// A body the retry loop holds (heldbody) is not read: its bytes are signed
+// in place and the body goes on unread, so the attempt makes no copy.
 func takeBody(out *http.Request) ([]byte, error) {
 	if out.Body == nil || out.Body == http.NoBody {
 		return nil, nil
+	}
+	if b, ok := heldbody.Unread(out.Body); ok {
+		return b, nil
 	}
 	b, err := readAll(out.Body, out.ContentLength)
 	out.Body.Close()

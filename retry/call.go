@@ -12,6 +12,12 @@ type Call struct {
 	// whose outcome is unknown: its first attempt is a re-send, preceded by
 	// the status probe ([Transport.Prober]) and the key-retention check.
 	Resume *Resume
+	// Body, if not nil, is a protected request's body, already in memory:
+	// every attempt sends these bytes (the signer hashes them in place)
+	// instead of a copy read from the request's Body, which is then only
+	// closed. A large body at high concurrency would otherwise be held twice
+	// for the whole sequence. The bytes must not change until Do returns.
+	Body []byte
 }
 
 // Report is what an attempt sequence tells its caller besides the response.

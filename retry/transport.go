@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/heldbody"
 	"github.com/idemproxy/idemproxy/ratelimit"
 )
 
@@ -195,7 +196,7 @@ func (t *Transport) begin(req *http.Request, c Call) (*sequence, error) {
 		}
 		return s, nil
 	}
-	body, err := readBody(req)
+	body, err := readBody(req, c.Body)
 	if err != nil {
 		return nil, fmt.Errorf("retry: %s %s: %w: %w", req.Method, req.URL.Path, ErrRequestBody, err)
 	}
@@ -212,11 +213,16 @@ func (t *Transport) begin(req *http.Request, c Call) (*sequence, error) {
 	return s, nil
 }
 
-func readBody(req *http.Request) ([]byte, error) {
+// readBody returns the body bytes every attempt sends: held, the caller's
+// (closing req.Body unread), else read from req.Body.
+func readBody(req *http.Request, held []byte) ([]byte, error) {
 	if req.Body == nil || req.Body == http.NoBody {
-		return nil, nil
+		return held, nil
 	}
 	defer req.Body.Close()
+	if held != nil {
+		return held, nil
+	}
 	return io.ReadAll(req.Body)
 }
 
@@ -364,7 +370,7 @@ func (s *sequence) getBody() (io.ReadCloser, error) {
 	if len(s.body) == 0 {
 		return http.NoBody, nil
 	}
-	return io.NopCloser(bytes.NewReader(s.body)), nil
+	return heldbody.New(s.body), nil // the signer and the wire read s.body itself
 }
 
 func readLimited(r io.Reader, limit int64) ([]byte, error) {
