@@ -196,12 +196,16 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 // provider may have acted, or a 5xx that is not retried (a 524 may hide an
 // executed payment).
 func unknownOutcome(res result, started time.Time) (store.Outcome, bool) {
-	var ex *retry.ExhaustedError
+	if res.err != nil { // checked first: ex escapes, an allocation every success would pay
+		var ex *retry.ExhaustedError
+		if errors.As(res.err, &ex) && ex.Unknown {
+			return store.Outcome{FirstSentAt: ex.FirstSentAt, Attempts: ex.Attempts, LastError: ex.Error(),
+				LastBody: lastBody(ex.LastBody)}, true
+		}
+		return store.Outcome{}, false
+	}
 	switch {
-	case errors.As(res.err, &ex) && ex.Unknown:
-		return store.Outcome{FirstSentAt: ex.FirstSentAt, Attempts: ex.Attempts, LastError: ex.Error(),
-			LastBody: lastBody(ex.LastBody)}, true
-	case res.err == nil && res.resp.Status >= 500:
+	case res.resp.Status >= 500:
 		return store.Outcome{FirstSentAt: started, Attempts: res.attempts,
 			LastError: "status " + strconv.Itoa(res.resp.Status) + " from upstream", LastBody: lastBody(res.resp.Body)}, true
 	}
