@@ -89,9 +89,9 @@ func appendRecord(dst []byte, r *store.Record) []byte {
 		superseded = 1
 	}
 	dst = append(dst, superseded)
-	dst = appendBytes(dst, []byte(r.Method))
-	dst = appendBytes(dst, []byte(r.Path))
-	dst = appendBytes(dst, []byte(r.UpstreamKey))
+	dst = appendString(dst, r.Method)
+	dst = appendString(dst, r.Path)
+	dst = appendString(dst, r.UpstreamKey)
 	return appendBytes(dst, r.Outcome.LastBody)
 }
 
@@ -102,6 +102,7 @@ func encodedSize(r *store.Record) int {
 	n := 3 + 6*uv + 3*binary.MaxVarintLen64 // version, state, superseded; uvarints; times
 	n += uv + len(r.Fingerprint) + uv + len(r.Owner) + uv + len(r.Response.Body)
 	n += uv + len(r.Outcome.LastError) + uv + len(r.ID.Tenant) + uv + len(r.ID.Key)
+	n += uv + len(r.Method) + uv + len(r.Path) + uv + len(r.UpstreamKey) + uv + len(r.Outcome.LastBody)
 	n += uv
 	for name, vs := range r.Response.Header {
 		n += 2*uv + len(name)
@@ -245,9 +246,9 @@ func (d *decoder) identity(r *store.Record) {
 // request reads the fields version 4 added: what the request was and the
 // key sent upstream, and the last ambiguous answer's body.
 func (d *decoder) request(r *store.Record) {
-	r.Method = string(d.bytes())
-	r.Path = string(d.bytes())
-	r.UpstreamKey = string(d.bytes())
+	r.Method = d.string()
+	r.Path = d.string()
+	r.UpstreamKey = d.string()
 	r.Outcome.LastBody = d.bytes()
 }
 

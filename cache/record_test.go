@@ -252,6 +252,19 @@ func TestRecordAllocations(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { decodeRecord(enc) }); n > 4+slack {
 		t.Errorf("decode with %d header names: %v allocations, want at most 4", len(r.Response.Header), n)
 	}
+	// Every field counts in the size reserved up front: long ones would
+	// otherwise overflow it (and cost a second allocation).
+	long := strings.Repeat("x", 4096)
+	full := store.Record{ID: store.ID{Tenant: long, Key: long}, State: store.Unknown, Fingerprint: []byte(long),
+		Owner: long, Method: long, Path: long, UpstreamKey: long,
+		Response: store.Response{Status: 200, Header: http.Header{long: {long, long}}, Body: []byte(long)},
+		Outcome:  store.Outcome{LastError: long, LastBody: []byte(long)}}
+	if enc, n := appendRecord(nil, &full), encodedSize(&full); len(enc) > n {
+		t.Errorf("a record with every field set encodes to %d bytes, more than the %d reserved", len(enc), n)
+	}
+	if n := testing.AllocsPerRun(20, func() { appendRecord(nil, &full) }); n > 1+slack {
+		t.Errorf("encode with every field set: %v allocations, want 1", n)
+	}
 	flight := sampleRecords()["in flight"]
 	enc = appendRecord(nil, &flight)
 	if n := testing.AllocsPerRun(100, func() { decodeRecord(enc) }); n > 2+slack {
