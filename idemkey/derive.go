@@ -1,6 +1,7 @@
 package idemkey
 
 import (
+	"crypto/sha1"
 	"net/http"
 	"strconv"
 
@@ -103,12 +104,14 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 
 // key computes the derived key for value val of source s.
 func (st *state) key(r Request, s Source, val []byte) string {
-	b := append(st.buf[:0], "idemproxy-key-v1"...)
+	b := append(st.buf[:0], namespace[:]...) // the hash input is namespace || name
 	if r.Generation > 1 {
 		// A prefix generation 1 cannot have ("-g" where its method's length
 		// byte follows "v1"), so no generation can collide with another.
-		b = append(st.buf[:0], "idemproxy-key-g"...)
+		b = append(b, "idemproxy-key-g"...)
 		b = appendField(b, strconv.Itoa(r.Generation))
+	} else {
+		b = append(b, "idemproxy-key-v1"...)
 	}
 	b = appendField(b, r.Method)
 	b = appendField(b, r.Path)
@@ -119,5 +122,17 @@ func (st *state) key(r Request, s Source, val []byte) string {
 		b = appendField(b, r.Tenant)
 	}
 	st.buf = b
-	return uuid.NewSHA1(namespace, b).String()
+	return nameUUID(b)
+}
+
+// nameUUID is uuid.NewSHA1(namespace, name).String() for b = namespace ||
+// name, with the hash on the stack: one allocation (the string) where
+// uuid.NewSHA1 makes four.
+func nameUUID(b []byte) string {
+	sum := sha1.Sum(b)
+	var u uuid.UUID
+	copy(u[:], sum[:])
+	u[6] = u[6]&0x0f | 0x50 // version 5
+	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	return u.String()
 }

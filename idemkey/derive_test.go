@@ -365,3 +365,21 @@ func TestDeriveTenantSeparatesKeys(t *testing.T) {
 		t.Fatalf("tenant key not deterministic: %s vs %s", again, b)
 	}
 }
+
+// TestNameUUIDIsNewSHA1: the stack-hashed UUIDv5 is uuid.NewSHA1's, for names
+// of every length around the hash's block size.
+func TestNameUUIDIsNewSHA1(t *testing.T) {
+	for n := range 200 {
+		name := []byte(strings.Repeat("k", n))
+		want := uuid.NewSHA1(namespace, name).String()
+		if got := nameUUID(append(namespace[:], name...)); got != want {
+			t.Fatalf("name of %d bytes: %s, want %s", n, got, want)
+		}
+	}
+	r := postJSON(`{"order_id":"A-1"}`)
+	src := mustSources(t, "json:order_id")
+	Derive(src, r) // the state pool warmed
+	if n := testing.AllocsPerRun(100, func() { Derive(src, r) }); n > 1 && !raceEnabled {
+		t.Errorf("Derive: %v allocations, want 1 (the key)", n)
+	}
+}

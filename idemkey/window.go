@@ -3,8 +3,6 @@ package idemkey
 import (
 	"encoding/binary"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // WindowKey returns the key of a request protected by a fingerprint window
@@ -16,13 +14,14 @@ import (
 // key that no provider has seen, even one that keeps keys for ever. Which
 // period anchors a request is the caller's decision (see proxy).
 func WindowKey(fp [32]byte, window time.Duration, period int64, tenant string) string {
-	b := make([]byte, 0, 80+len(tenant))
+	b := make([]byte, 0, 96+len(tenant))
+	b = append(b, namespace[:]...)
 	b = append(b, "idemproxy-window-v1"...)
 	b = appendField(b, fp[:])
 	b = binary.AppendVarint(b, int64(window))
 	b = binary.AppendVarint(b, period)
 	b = appendField(b, tenant)
-	return uuid.NewSHA1(namespace, b).String()
+	return nameUUID(b)
 }
 
 // WindowPeriod is the window period t falls in: floor(t / window) counted

@@ -1,0 +1,5 @@
+//go:build !race
+
+package idemkey
+
+const raceEnabled = false
