@@ -204,8 +204,7 @@ func unknownOutcome(res result, started time.Time) (store.Outcome, bool) {
 		}
 		return store.Outcome{}, false
 	}
-	switch {
-	case res.resp.Status >= 500:
+	if res.resp.Status >= 500 {
 		return store.Outcome{FirstSentAt: started, Attempts: res.attempts,
 			LastError: "status " + strconv.Itoa(res.resp.Status) + " from upstream", LastBody: lastBody(res.resp.Body)}, true
 	}
@@ -298,16 +297,25 @@ func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, bo
 		disposition: rep.Disposition, attempts: rep.Attempts}
 }
 
+// replayedTrue is the ReplayedHeader value of every replay, shared: nothing
+// writes into a header's value slice in place.
+var replayedTrue = []string{"true"}
+
 // writeResult sends res to the client.
 func writeResult(w http.ResponseWriter, res result, key string, sum *Summary) {
 	h := w.Header()
+	set := h[KeyHeader] // serveProtected set it to key already: kept, not allocated again
 	for k, v := range res.resp.Header {
 		h[k] = v
 	}
 	// The app sees its own key, also where the provider echoes the upstream one.
-	h.Set(KeyHeader, key)
+	if len(set) == 1 && set[0] == key {
+		h[KeyHeader] = set
+	} else {
+		h.Set(KeyHeader, key)
+	}
 	if res.replayed {
-		h.Set(ReplayedHeader, "true")
+		h[ReplayedHeader] = replayedTrue
 		sum.Replayed = true
 	}
 	sum.Status, sum.Attempts = res.resp.Status, res.attempts
