@@ -301,8 +301,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // prepare returns a clone of req with the managed headers replaced and,
-// when a secret is set, signed.
+// when a secret is set, signed; req itself when there is nothing to replace
+// or sign.
 func (s *signer) prepare(req *http.Request) (*http.Request, error) {
+	if !s.signing() && len(s.static) == 0 && !s.hasManaged(req.Header) {
+		return req, nil // nothing to change: no copy (RoundTrippers leave req as it is)
+	}
 	out := req.Clone(req.Context())
 	if out.Header == nil {
 		out.Header = http.Header{}
@@ -328,6 +332,18 @@ func (t *Transport) CloseIdleConnections() {
 	if c, ok := t.next().(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
+}
+
+// hasManaged says whether h holds a header replaceHeaders would remove.
+func (s *signer) hasManaged(h http.Header) bool {
+	for name := range h {
+		for _, m := range s.strip {
+			if strings.EqualFold(name, m) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // replaceHeaders removes every client-sent copy of the managed headers and

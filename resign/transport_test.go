@@ -348,6 +348,34 @@ func TestNoSecret(t *testing.T) {
 	}
 }
 
+// TestNothingToChangeIsNotCopied: without a secret or static headers, a
+// request with no managed header goes to Next as it is (no copy per
+// attempt); one with a stale managed header is still copied and stripped,
+// the caller's left alone.
+func TestNothingToChangeIsNotCopied(t *testing.T) {
+	var seen *http.Request
+	next := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		seen = r
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody}, nil
+	})
+	tr := mustNew(t, resign.Config{NonceHeader: "X-Nonce"}, next)
+	req := post(t, "http://provider.test/v1/payout", `{"a":1}`, "k-8")
+	if _, err := tr.RoundTrip(req); err != nil {
+		t.Fatal(err)
+	}
+	if seen != req {
+		t.Error("a request with nothing to replace was copied")
+	}
+	req = post(t, "http://provider.test/v1/payout", `{"a":1}`, "k-9")
+	req.Header.Set("x-nonce", "stale")
+	if _, err := tr.RoundTrip(req); err != nil {
+		t.Fatal(err)
+	}
+	if seen == req || seen.Header.Values("X-Nonce") != nil || req.Header.Get("X-Nonce") != "stale" {
+		t.Errorf("stale nonce: forwarded %q, caller's now %q", seen.Header.Values("X-Nonce"), req.Header.Values("X-Nonce"))
+	}
+}
+
 // TestRequestNotMutated: RoundTrip works on a clone (http.RoundTripper
 // contract); the caller's headers, URL, GetBody and ContentLength stay as
 // they were, stale signature included.
