@@ -7,6 +7,9 @@
 #   bench/run.sh matrix     closed-loop matrix and fixed rate only
 #   bench/run.sh memory     memory run only
 #   bench/run.sh micro      Go micro-benchmarks of the hot path (-benchmem)
+#   bench/run.sh pg         new-key POSTs on PostgreSQL (P: 1 and 3 replicas on one
+#                           throwaway cluster, fsync on) next to A, B and E (Badger);
+#                           needs the PostgreSQL server binaries (Debian: postgresql)
 #
 # Extra arguments after the mode go to idembench (e.g. -rounds 3, -rate 500,
 # -idemproxy-env IDEMPROXY_SIGN_SECRET=x). Results: bench/results/<time>/.
@@ -45,7 +48,7 @@ if [ "$mode" = micro ]; then
 	exit 0
 fi
 
-ensure_nginx
+[ "$mode" = pg ] || ensure_nginx # C is not in the pg mode
 go build -o "$bin/idemproxy" .
 go build -o "$bin/" ./bench/cmd/upstream ./bench/cmd/plainproxy ./bench/cmd/idembench
 
@@ -53,10 +56,11 @@ case "$mode" in
 full) args=(-memory) ;;
 matrix) args=() ;;
 memory) args=(-throughput=false -rate 0 -memory) ;;
+pg) args=(-targets ABEP) ;;
 quick) args=(-rounds 1 -warmup 500ms -duration 2s -rate-duration 2s -settle 200ms -replay-keys 2000
 	-memory -records 20000 -mem-ttl 30s -mem-gc-interval 0) ;;
 *)
-	echo "unknown mode $mode (full, quick, matrix, memory, micro)" >&2
+	echo "unknown mode $mode (full, quick, matrix, memory, micro, pg)" >&2
 	exit 2
 	;;
 esac

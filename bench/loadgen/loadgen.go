@@ -35,6 +35,10 @@ import (
 type Config struct {
 	// Addr is the target's host:port. Required.
 	Addr string
+	// Addrs, if set, are several equal targets (replicas without a load
+	// balancer): connection i goes to Addrs[i%len(Addrs)], and Addr is only
+	// a label.
+	Addrs []string
 	// Conns is the number of concurrent connections. Zero means 1.
 	Conns int
 	// Warmup runs before the measured window; its requests are not counted.
@@ -371,7 +375,11 @@ func (w *worker) ensureConn() error {
 	if w.conn != nil {
 		return nil
 	}
-	c, err := net.DialTimeout("tcp", w.r.cfg.Addr, 5*time.Second)
+	addr := w.r.cfg.Addr
+	if a := w.r.cfg.Addrs; len(a) > 0 {
+		addr = a[w.id%len(a)]
+	}
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		return fmt.Errorf("dial: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -161,6 +162,46 @@ func TestRunRequiresBuildAndEnd(t *testing.T) {
 	for _, cfg := range []Config{{Addr: "x:1", Total: 1}, {Build: func(d []byte, _ uint64) []byte { return d }, Total: 1}, {Addr: "x:1", Build: func(d []byte, _ uint64) []byte { return d }}} {
 		if _, err := Run(context.Background(), cfg); err == nil {
 			t.Errorf("Run(%+v) = nil error, want one", cfg)
+		}
+	}
+}
+
+// With Addrs, the connections are spread over the targets: each gets some.
+// Every target holds its first request until all three have one, so the
+// workers cannot finish on one target before the others are dialled.
+func TestRunSpreadsConnectionsOverAddrs(t *testing.T) {
+	var hits [3]atomic.Int64
+	var reached sync.WaitGroup
+	reached.Add(len(hits))
+	all := make(chan struct{})
+	go func() { reached.Wait(); close(all) }()
+	var addrs []string
+	for i := range hits {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if hits[i].Add(1) == 1 {
+				reached.Done()
+			}
+			select {
+			case <-all:
+			case <-time.After(10 * time.Second): // a target never dialled: the test fails below
+			}
+		}))
+		defer srv.Close()
+		addrs = append(addrs, strings.TrimPrefix(srv.URL, "http://"))
+	}
+	res, err := Run(context.Background(), Config{
+		Addr: "replicas", Addrs: addrs, Conns: 6, Total: 60,
+		Build: func(dst []byte, _ uint64) []byte { return append(dst, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"...) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK != 60 {
+		t.Fatalf("%d ok, want 60: %v", res.OK, res.Errors)
+	}
+	for i := range hits {
+		if hits[i].Load() == 0 {
+			t.Errorf("target %d got no request", i)
 		}
 	}
 }

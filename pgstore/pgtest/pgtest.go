@@ -188,17 +188,17 @@ func (c *Cluster) Freeze() error { return c.signal(syscall.SIGSTOP) }
 // Thaw resumes the processes Freeze stopped.
 func (c *Cluster) Thaw() error { return c.signal(syscall.SIGCONT) }
 
-// signal sends sig to the postmaster and to its children (the backends and
-// the auxiliary processes), found through /proc.
-func (c *Cluster) signal(sig syscall.Signal) error {
+// Pids returns the process ids of the server: the postmaster and its
+// children (the backends and the auxiliary processes), found through /proc.
+func (c *Cluster) Pids() ([]int, error) {
 	b, err := os.ReadFile(filepath.Join(c.dir, "data", "postmaster.pid"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	first, _, _ := strings.Cut(string(b), "\n")
 	pm, err := strconv.Atoi(strings.TrimSpace(first))
 	if err != nil {
-		return fmt.Errorf("postmaster.pid: %w", err)
+		return nil, fmt.Errorf("postmaster.pid: %w", err)
 	}
 	pids := []int{pm}
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
@@ -214,6 +214,15 @@ func (c *Cluster) signal(sig syscall.Signal) error {
 			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
 			pids = append(pids, pid)
 		}
+	}
+	return pids, nil
+}
+
+// signal sends sig to every process of the server.
+func (c *Cluster) signal(sig syscall.Signal) error {
+	pids, err := c.Pids()
+	if err != nil {
+		return err
 	}
 	for _, pid := range pids {
 		if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {

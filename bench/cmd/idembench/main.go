@@ -7,6 +7,9 @@
 //	C  nginx proxy_pass, keep-alive    D  idemproxy, unprotected GET
 //	E  idemproxy, protected POST, a new key every request, durable records
 //	F  idemproxy, protected POST replays of stored keys
+//	P  idemproxy on PostgreSQL, protected POST, a new key every request:
+//	   1 replica, and 3 replicas sharing one database (-pg-replicas), on a
+//	   throwaway cluster with fsync on (pgstore/pgtest)
 //
 // at fixed concurrency (closed loop) and at a fixed rate, measuring req/s,
 // latency percentiles, CPU per 10k requests and peak RSS of the target
@@ -27,6 +30,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 )
 
 // options are the command-line flags.
@@ -53,11 +58,12 @@ type options struct {
 	runID                 string
 	upstreamBin, plainBin string
 	idemproxyBin          string
+	pgReplicas            []int
 }
 
 func parseFlags() (*options, error) {
 	o := &options{}
-	var conns, env string
+	var conns, env, pgReplicas string
 	flag.StringVar(&o.bin, "bin", "", "directory holding the built idemproxy, upstream and plainproxy binaries (required)")
 	flag.StringVar(&o.out, "out", "", "results directory (required; logs, data directories, results.json, results.md)")
 	flag.StringVar(&o.nginx, "nginx", "nginx", "nginx binary; empty or missing skips target C")
@@ -79,7 +85,8 @@ func parseFlags() (*options, error) {
 	flag.DurationVar(&o.memSlack, "mem-slack", 20*time.Second, "memory run: wait this long past the first GC tick after expiry")
 	flag.BoolVar(&o.keepData, "keep-data", false, "keep idemproxy data directories after the run")
 	flag.StringVar(&env, "idemproxy-env", "", "extra NAME=value settings for every idemproxy, comma-separated (e.g. IDEMPROXY_SIGN_SECRET=x)")
-	flag.StringVar(&o.targets, "targets", "ABCDEF", "targets of the closed-loop and fixed-rate phases")
+	flag.StringVar(&o.targets, "targets", "ABCDEF", "targets of the closed-loop and fixed-rate phases (P: PostgreSQL, not in the default)")
+	flag.StringVar(&pgReplicas, "pg-replicas", "1,3", "P: replica counts, each a row (all replicas of a row share one database)")
 	flag.Parse()
 	if o.bin == "" || o.out == "" {
 		return nil, errors.New("-bin and -out are required")
@@ -97,6 +104,13 @@ func parseFlags() (*options, error) {
 			return nil, fmt.Errorf("-conns: bad value %q", c)
 		}
 		o.conns = append(o.conns, n)
+	}
+	for _, c := range strings.Split(pgReplicas, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-pg-replicas: bad value %q", c)
+		}
+		o.pgReplicas = append(o.pgReplicas, n)
 	}
 	if env != "" {
 		o.idemproxyEnv = strings.Split(env, ",")
@@ -148,7 +162,7 @@ func run(ctx context.Context, o *options) error {
 	rep.Options = map[string]any{
 		"conns": o.conns, "warmup": o.warmup.String(), "duration": o.duration.String(), "rounds": o.rounds,
 		"rate": o.rate, "rate_conns": o.rateConns, "rate_duration": o.rateDuration.String(),
-		"replay_keys": o.replayKeys, "records": o.records, "idemproxy_env": o.idemproxyEnv,
+		"replay_keys": o.replayKeys, "records": o.records, "idemproxy_env": o.idemproxyEnv, "pg_replicas": o.pgReplicas,
 	}
 	fmt.Printf("idembench: results in %s\n%s\n", o.out, rep.Machine)
 	up, err := start("upstream", o.out, o.upstreamBin, nil, nil, true)
@@ -174,11 +188,23 @@ func run(ctx context.Context, o *options) error {
 // targets holds the running processes of the closed-loop and rate phases.
 type targets struct {
 	up, plain, nginx, d, e, f *proc
+	pg                        *pgtest.Cluster
+	p                         map[int][]*proc // P's replicas, by replica count
 }
 
 func (t *targets) stopAll() {
 	for _, p := range []*proc{t.plain, t.nginx, t.d, t.e, t.f} {
 		p.stop(30 * time.Second)
+	}
+	for _, ps := range t.p {
+		for _, p := range ps {
+			p.stop(30 * time.Second)
+		}
+	}
+	t.p = nil
+	if t.pg != nil {
+		t.pg.Remove()
+		t.pg = nil
 	}
 }
 
@@ -209,7 +235,44 @@ func startTargets(o *options, up *proc, rep *report) (*targets, error) {
 			return t, err
 		}
 	}
-	return t, nil
+	if o.onlyTargets["P"] {
+		err = startPostgres(o, t)
+	}
+	return t, err
+}
+
+// startPostgres starts a throwaway PostgreSQL cluster with fsync on (records
+// are durable, as E's are) and, for each replica count, that many idemproxy
+// processes sharing a database of their own.
+func startPostgres(o *options, t *targets) error {
+	c, err := pgtest.Start(pgtest.Options{Fsync: true, MaxConnections: 100 + 40*sum(o.pgReplicas)})
+	if err != nil {
+		return fmt.Errorf("P: PostgreSQL: %w (%s)", err, pgtest.Install)
+	}
+	t.pg, t.p = c, map[int][]*proc{}
+	for _, n := range o.pgReplicas {
+		url, err := c.NewDatabase(context.Background())
+		if err != nil {
+			return fmt.Errorf("P: %w", err)
+		}
+		for i := range n {
+			name := fmt.Sprintf("idemproxy-P%d-%d", n, i+1)
+			env := append([]string{"IDEMPROXY_STORE_URL=" + url}, o.idemproxyEnv...)
+			p, err := startIdemproxy(name, o.out, o.idemproxyBin, filepath.Join(o.out, "data-"+name), t.up.addr, env...)
+			if err != nil {
+				return err
+			}
+			t.p[n] = append(t.p[n], p)
+		}
+	}
+	return nil
+}
+
+func sum(v []int) (n int) {
+	for _, x := range v {
+		n += x
+	}
+	return n
 }
 
 // runMatrix runs the closed-loop rounds and the fixed-rate phases.

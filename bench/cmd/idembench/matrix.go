@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/idemproxy/idemproxy/bench/loadgen"
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 )
 
 // target is one row of the tables: where the load goes, which process is
@@ -17,6 +19,11 @@ type target struct {
 	proxy             *proc
 	build             func([]byte, uint64) []byte
 	wantReplays       bool // F: every 2xx must be a replay; others: none may be
+	// replicas, for P: every replica of the row (proxy is the first); the
+	// load is spread over them by connection, and their CPU and the
+	// database's count as the proxy's.
+	replicas []*proc
+	pg       *pgtest.Cluster
 }
 
 // phaseResult is one measured phase.
@@ -82,9 +89,15 @@ func (m *matrix) rows() []target {
 		{id: "F", label: "F idemproxy replay", method: "POST", proxy: t.f, build: buildReplayPost(m.replayPrefix(), uint64(m.o.replayKeys)), wantReplays: true},
 		{id: "E", label: "E idemproxy new key", method: "POST", proxy: t.e, build: newPost},
 	}
+	for _, n := range m.o.pgReplicas {
+		if ps := t.p[n]; len(ps) > 0 {
+			all = append(all, target{id: fmt.Sprintf("P%d", n), label: fmt.Sprintf("P idemproxy PostgreSQL, %d replica(s)", n),
+				method: "POST", proxy: ps[0], replicas: ps, pg: t.pg, build: newPost})
+		}
+	}
 	var out []target
 	for _, r := range all {
-		if !m.o.onlyTargets[r.id] || (r.id != "A" && r.proxy == nil) {
+		if !m.o.onlyTargets[r.id[:1]] || (r.id != "A" && r.proxy == nil) {
 			continue
 		}
 		if r.addr == "" {
@@ -157,10 +170,18 @@ func (m *matrix) phase(ctx context.Context, t target, conns int, rate float64, d
 	if rate > 0 {
 		mode = "rate"
 	}
-	var proxyPids []int
+	var proxyPids, rssPids []int
 	if t.proxy != nil {
 		proxyPids = t.proxy.pids()
 	}
+	var addrs []string
+	for i, p := range t.replicas {
+		addrs = append(addrs, p.addr)
+		if i > 0 {
+			proxyPids = append(proxyPids, p.pids()...)
+		}
+	}
+	rssPids = proxyPids
 	upPids := m.t.up.pids()
 	self := []int{os.Getpid()}
 	peakExact := resetPeak(proxyPids)
@@ -169,10 +190,14 @@ func (m *matrix) phase(ctx context.Context, t target, conns int, rate float64, d
 		return [3]float64{cpuSeconds(proxyPids), cpuSeconds(upPids), cpuSeconds(self)}
 	}
 	res, err := loadgen.Run(ctx, loadgen.Config{
-		Addr: t.addr, Conns: conns, Warmup: m.o.warmup, Duration: d, Rate: rate,
+		Addr: t.addr, Addrs: addrs, Conns: conns, Warmup: m.o.warmup, Duration: d, Rate: rate,
 		Build: t.build, FirstSeq: m.seq,
 		Window: func(open bool) {
 			if open {
+				if t.pg != nil { // the backends exist by now: the warm-up opened the pools
+					pg, _ := t.pg.Pids()
+					proxyPids = append(slices.Clone(rssPids), pg...)
+				}
 				c0 = sample()
 			} else {
 				c1 = sample()
@@ -196,7 +221,7 @@ func (m *matrix) phase(ctx context.Context, t target, conns int, rate float64, d
 		LoadAvgAtFinish: loadAvg(),
 	}
 	if len(proxyPids) > 0 {
-		pr.PeakRSSMiB = float64(statusKB(t.proxy.pids(), "VmHWM")) / 1024
+		pr.PeakRSSMiB = float64(statusKB(rssPids, "VmHWM")) / 1024
 	}
 	if res.OK > 0 {
 		per := 10000 / float64(res.OK)

@@ -140,6 +140,8 @@ func renderRatios(b *strings.Builder, o *options, cs []*cell) {
 		{"D/B", "D", "GET", 0.9, 0, "pass-through GET vs plain Go proxy GET"},
 		{"F/B", "F", "POST", 1.0, 0, "replay vs plain Go proxy POST"},
 		{"E/B", "E", "POST", 0.5, 64, "new durable key vs plain Go proxy POST"},
+		{"P1/B", "P1", "POST", 0.5, 64, "new key on PostgreSQL, 1 replica, vs plain Go proxy POST"},
+		{"P3/B", "P3", "POST", 0.5, 64, "new key on PostgreSQL, 3 replicas, vs plain Go proxy POST"},
 		{"C/B", "C", "POST", 0, 0, "nginx vs plain Go proxy (POST), for scale"},
 	}
 	b.WriteString("### Headline: throughput ratios (req/s over B's, same method, same concurrency)\n\n")
@@ -153,6 +155,9 @@ func renderRatios(b *strings.Builder, o *options, cs []*cell) {
 	}
 	b.WriteString("---|\n")
 	for _, r := range rs {
+		if r.id[0] == 'P' && !slices.ContainsFunc(cs, func(c *cell) bool { return c.id == r.id }) {
+			continue // P runs only when asked for
+		}
 		fmt.Fprintf(b, "| %s | %s |", r.name, r.what)
 		verdict := ""
 		for _, n := range o.conns {
