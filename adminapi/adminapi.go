@@ -115,7 +115,7 @@ type Record struct {
 	FirstSentAt *time.Time      `json:"first_sent_at"`
 	ExpiresAt   *time.Time      `json:"expires_at"`
 	LeaseUntil  *time.Time      `json:"lease_until,omitempty"`
-	LastError   string          `json:"last_error,omitempty"`
+	LastError   string          `json:"last_error"`
 	Body        json.RawMessage `json:"body,omitempty"`
 	BodyText    string          `json:"body_text,omitempty"`
 }
