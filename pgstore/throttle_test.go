@@ -3,10 +3,12 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/fakeclock"
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/ratelimit"
 )
@@ -180,5 +182,64 @@ func TestThrottleHeartbeat(t *testing.T) {
 	defer missed.mu.Unlock()
 	if missed.got[0] != "" {
 		t.Errorf("a pause found by a heartbeat names %q, want \"\"", missed.got[0])
+	}
+}
+
+// A Gate on the throttle of a database that stops: the first wait finds the
+// database gone (an error, not a hang), reports it, and paces with the local
+// share, the rate and burst divided by the two replicas the heartbeats
+// counted; the database is not asked again for each attempt.
+func TestThrottleGateFallsBackWhenDatabaseStops(t *testing.T) {
+	pgtest.Shared(t)
+	c, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Remove()
+	url, err := c.NewDatabase(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := fakeclock.New(time.Now())
+	gate := ratelimit.New(10, 4)
+	gate.Now, gate.Sleep = clock.Now, clock.Sleep
+	counted := make(chan int, 64)
+	s := open(t, url, 0)
+	th := throttle(t, s, ThrottleOptions{Name: "p", Heartbeat: 50 * time.Millisecond, OnReplicas: func(n int) {
+		gate.SetReplicas(n)
+		select {
+		case counted <- n:
+		default:
+		}
+	}})
+	throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Heartbeat: 50 * time.Millisecond})
+	for n := range counted {
+		if n == 2 {
+			break
+		}
+	}
+	gate.Shared = th
+	if w, err := gate.Wait(context.Background()); err != nil || w != 0 {
+		t.Fatalf("Wait with the database up = %v, %v; want 0, nil", w, err)
+	}
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	var failures []error
+	gate.OnSharedError = func(err error) { failures = append(failures, err) }
+	var waits []time.Duration
+	for range 4 {
+		w, err := gate.Wait(context.Background())
+		if err != nil {
+			t.Fatalf("Wait with the database down: %v", err)
+		}
+		waits = append(waits, w)
+	}
+	// 10 per second and burst 4 over 2 replicas: 5 per second, burst 2.
+	if want := []time.Duration{0, 0, 200 * time.Millisecond, 200 * time.Millisecond}; !slices.Equal(waits, want) {
+		t.Errorf("waits with the database down = %v, want %v", waits, want)
+	}
+	if len(failures) != 1 {
+		t.Errorf("%d failures reported, want 1 (the database is not asked again at once): %v", len(failures), failures)
 	}
 }
