@@ -20,10 +20,10 @@ type result struct {
 	resp     store.Response
 	replayed bool
 	err      error
-	// disposition of a fresh answer, as the attempt layer decided it, and
-	// the attempts it took; zero for a replay.
-	disposition retry.Disposition
-	attempts    int
+	// report of the attempt sequence behind a fresh answer or error: its
+	// disposition (retry.Policy.Dispose decided it) and attempts; zero for a
+	// replay.
+	report retry.Report
 }
 
 // superseded is obtain's error for a record whose order an operator moved to
@@ -153,7 +153,6 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte,
 // the key. Either way the next request resumes with the same key.
 func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome) result {
 	ctx := context.WithoutCancel(r.Context())
-	started := h.opt.Now()
 	call := retry.Call{Mode: retry.Protected}
 	if !before.IsZero() {
 		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt, LastBody: before.LastBody}
@@ -164,11 +163,11 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 	if lost { // the new owner answers the app's retry; this one may not write
 		return result{err: h.inProgress}
 	}
-	if o, unknown := unknownOutcome(res, started); unknown {
+	if o, unknown := unknownOutcome(res); unknown {
 		h.park(ctx, r, id, owner, o)
 		return res
 	}
-	if res.err == nil && res.disposition == retry.Final {
+	if res.err == nil && res.report.Disposition == retry.Final {
 		err := h.opt.Store.Complete(ctx, id, owner, res.resp)
 		if err == nil {
 			return res
@@ -192,23 +191,20 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 }
 
 // unknownOutcome says whether a sequence ended with the operation's outcome
-// unknown, and what to keep of it: retries spent on failures after which the
-// provider may have acted, or a 5xx that is not retried (a 524 may hide an
-// executed payment).
-func unknownOutcome(res result, started time.Time) (store.Outcome, bool) {
-	if res.err != nil { // checked first: ex escapes, an allocation every success would pay
-		var ex *retry.ExhaustedError
-		if errors.As(res.err, &ex) && ex.Unknown {
-			return store.Outcome{FirstSentAt: ex.FirstSentAt, Attempts: ex.Attempts, LastError: ex.Error(),
-				LastBody: lastBody(ex.LastBody)}, true
-		}
+// unknown (the attempt layer's disposition, retry.Unknown), and what to keep
+// of it.
+func unknownOutcome(res result) (store.Outcome, bool) {
+	rep := res.report
+	if rep.Disposition != retry.Unknown {
 		return store.Outcome{}, false
 	}
-	if res.resp.Status >= 500 {
-		return store.Outcome{FirstSentAt: started, Attempts: res.attempts,
-			LastError: "status " + strconv.Itoa(res.resp.Status) + " from upstream", LastBody: lastBody(res.resp.Body)}, true
+	o := store.Outcome{FirstSentAt: rep.FirstSentAt, Attempts: rep.Attempts, LastBody: lastBody(rep.LastBody)}
+	if res.err != nil {
+		o.LastError = res.err.Error()
+	} else {
+		o.LastError = "status " + strconv.Itoa(res.resp.Status) + " from upstream"
 	}
-	return store.Outcome{}, false
+	return o, true
 }
 
 // lastBody is what the record keeps of an ambiguous answer's body for the
@@ -286,15 +282,15 @@ func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, bo
 	call.Body = body // every attempt sends these bytes, not a copy
 	resp, rep, err := h.opt.Transport.Do(h.outbound(ctx, r, body, outgoingKey{value: key}), call)
 	if err != nil {
-		return result{err: err, attempts: rep.Attempts}
+		return result{err: err, report: rep}
 	}
 	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil { // the body is in memory already; kept for a transport that streams
-		return result{err: err, attempts: rep.Attempts}
+		return result{err: err, report: rep}
 	}
 	return result{resp: store.Response{Status: resp.StatusCode, Header: answerHeader(resp), Body: b},
-		disposition: rep.Disposition, attempts: rep.Attempts}
+		report: rep}
 }
 
 // replayedTrue is the ReplayedHeader value of every replay, shared: nothing
@@ -318,7 +314,7 @@ func writeResult(w http.ResponseWriter, res result, key string, sum *Summary) {
 		h[ReplayedHeader] = replayedTrue
 		sum.Replayed = true
 	}
-	sum.Status, sum.Attempts = res.resp.Status, res.attempts
+	sum.Status, sum.Attempts = res.resp.Status, res.report.Attempts
 	w.WriteHeader(res.resp.Status)
 	w.Write(res.resp.Body)
 }

@@ -1,6 +1,9 @@
 package retry
 
-import "net/http"
+import (
+	"net/http"
+	"time"
+)
 
 // Call is what one request's attempt sequence needs besides the request. The
 // caller knows whether the request is protected and what earlier sequences of
@@ -25,9 +28,16 @@ type Report struct {
 	// Attempts is the number of attempts the sequence sent (a status probe
 	// is not one).
 	Attempts int
-	// Disposition is the returned response's; Retry when the sequence ended
-	// with an error.
+	// Disposition is the returned response's. For a sequence that ended
+	// with an error it is Unknown when the provider may have acted on an
+	// attempt, NotSent when no attempt reached it, and Retry otherwise.
 	Disposition Disposition
+	// FirstSentAt is when the operation first reached the provider, in this
+	// sequence or the one it resumed; zero if it never did.
+	FirstSentAt time.Time
+	// LastBody is the body of the last ambiguous answer (an Unknown one), for
+	// the status probe of a later sequence; nil if none.
+	LastBody []byte
 }
 
 // Exchange runs one request's Call through a Transport as an

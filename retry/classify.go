@@ -35,22 +35,6 @@ const (
 // gets a new nonce.
 var refusedCodes = map[string]bool{"nonce_reused": true}
 
-// errorReason classifies a failed attempt: whether the request can have
-// reached the upstream, and whether the failure was a timeout.
-func errorReason(m Mode, err error) (r Reason, timeout bool) {
-	timeout = isTimeout(err)
-	switch {
-	case m == Once:
-		return ReasonNone, timeout
-	case neverSent(err):
-		return ReasonNotSent, timeout
-	case timeout:
-		return ReasonTimeout, true
-	default:
-		return ReasonNetwork, false
-	}
-}
-
 // neverSent reports a failure before any request byte left, so a resend
 // cannot duplicate anything: a failure to connect, which *http.Transport
 // returns as a *net.OpError with Op "dial" (or "proxyconnect" when the proxy

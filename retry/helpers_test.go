@@ -297,15 +297,20 @@ func readFinal(t *testing.T, resp *http.Response, err error, wantStatus, wantAtt
 func send(t *testing.T, tr *Transport, req *http.Request, mode Mode) (*http.Response, error) {
 	t.Helper()
 	resp, rep, err := tr.Do(req, Call{Mode: mode})
-	switch {
-	case err != nil && rep.Disposition != Retry:
-		t.Errorf("error %v with disposition %v, want retry", err, rep.Disposition)
-	case err == nil && resp.Header.Get(AttemptsHeader) != strconv.Itoa(rep.Attempts):
+	if err == nil && resp.Header.Get(AttemptsHeader) != strconv.Itoa(rep.Attempts) {
 		t.Errorf("report: %d attempts, response header %q", rep.Attempts, resp.Header.Get(AttemptsHeader))
 	}
-	var ex *ExhaustedError
-	if errors.As(err, &ex) && ex.Attempts != rep.Attempts {
-		t.Errorf("report: %d attempts, ExhaustedError %d", rep.Attempts, ex.Attempts)
+	if ex := (*ExhaustedError)(nil); errors.As(err, &ex) {
+		want := Retry
+		switch {
+		case ex.Unknown:
+			want = Unknown
+		case ex.NotSent:
+			want = NotSent
+		}
+		if ex.Attempts != rep.Attempts || rep.Disposition != want || !rep.FirstSentAt.Equal(ex.FirstSentAt) {
+			t.Errorf("report %+v disagrees with %#v", rep, ex)
+		}
 	}
 	return resp, err
 }

@@ -6,9 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
-	"syscall"
 	"testing"
 )
 
@@ -52,12 +50,5 @@ func TestExhaustedNotSent(t *testing.T) {
 				t.Errorf("NotSent = %v, want %v (%v)", ex.NotSent, tt.notSent, ex.Err)
 			}
 		})
-	}
-}
-
-func TestNeverSentEMFILE(t *testing.T) {
-	err := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", syscall.EMFILE)}
-	if r, _ := errorReason(Protected, err); r != ReasonNotSent {
-		t.Errorf("dial EMFILE: reason %q, want not_sent", r)
 	}
 }

@@ -108,8 +108,8 @@ type AttemptInfo struct {
 // Report is filled in every case. Do reads and closes req.Body.
 func (t *Transport) Do(req *http.Request, c Call) (*http.Response, Report, error) {
 	s, err := t.begin(req, c)
-	if err != nil {
-		return nil, Report{}, err
+	if err != nil { // nothing was sent (the caller's body could not be read)
+		return nil, Report{Disposition: t.Policy.Dispose(Answer{Mode: c.Mode, Err: err}).Disposition}, err
 	}
 	handedOff := false // a streamed body, once returned, ends the sequence when closed
 	defer func() {
@@ -124,24 +124,24 @@ func (t *Transport) Do(req *http.Request, c Call) (*http.Response, Report, error
 				return resp, s.reportAs(Final), nil
 			}
 			if err != nil {
-				return nil, s.reportAs(Retry), err
+				return nil, s.ended(), err
 			}
 		}
 		o, err := s.attempt()
 		if err != nil {
-			return nil, s.reportAs(Retry), err
+			return nil, s.ended(), err
 		}
 		wait, v, done, err := s.decide(o)
 		switch {
 		case err != nil:
-			return nil, s.reportAs(Retry), err
+			return nil, s.ended(), err
 		case done:
 			handedOff = s.stream
 			return s.response(o), s.reportAs(v.Disposition), nil
 		}
 		s.discard(o)
 		if err := s.wait(wait); err != nil {
-			return nil, s.reportAs(Retry), err
+			return nil, s.ended(), err
 		}
 	}
 }
@@ -244,6 +244,7 @@ func (s *sequence) attempt() (outcome, error) {
 	o.resp, o.body, o.err = s.send()
 	o.duration = s.t.now().Sub(o.start)
 	if errors.Is(o.err, ErrResponseTooLarge) {
+		s.sent = true // the provider answered
 		return o, fmt.Errorf("retry: %s %s: attempt %d: %w", s.req.Method, s.req.URL.Path, s.attempts, o.err)
 	}
 	if o.err != nil {
@@ -254,7 +255,6 @@ func (s *sequence) attempt() (outcome, error) {
 	} else {
 		s.noteRetryAfter(&o)
 	}
-	s.sent = s.sent || o.err == nil || !neverSent(o.err)
 	s.last = o
 	return o, nil
 }
@@ -412,7 +412,7 @@ func (s *sequence) noteRetryAfter(o *outcome) {
 func (s *sequence) decide(o outcome) (wait time.Duration, v Verdict, done bool, err error) {
 	v = s.verdict(o)
 	reason := v.Reason
-	s.noteSent(o, reason)
+	s.noteSent(o, v)
 	switch {
 	case reason == ReasonNone && o.err != nil:
 		err = s.exhausted(nil) // Once mode: a network error is not an answer
@@ -430,23 +430,33 @@ func (s *sequence) decide(o outcome) (wait time.Duration, v Verdict, done bool, 
 	return wait, v, done, err
 }
 
-// verdict is the outcome's disposition: a network error is retried for the
-// reason errorReason gives (none in Once mode), an answer as Policy.Dispose says.
+// verdict is the outcome's disposition, as Policy.Dispose decides it.
 func (s *sequence) verdict(o outcome) Verdict {
 	mode := s.mode
 	if s.stream && !s.resendable {
 		mode = Once // a body sent as it came cannot be sent again
 	}
-	if o.err != nil {
-		r, _ := errorReason(mode, o.err)
-		return Verdict{Disposition: Retry, Reason: r}
+	a := Answer{Mode: mode, Err: o.err}
+	if o.resp != nil {
+		a.Status, a.Header, a.Body = o.resp.StatusCode, o.resp.Header, o.body
 	}
-	return s.t.Policy.Dispose(Answer{Mode: mode, Status: o.resp.StatusCode, Header: o.resp.Header, Body: o.body})
+	return s.t.Policy.Dispose(a)
 }
 
 // reportAs is the sequence's Report, ending with disposition d.
 func (s *sequence) reportAs(d Disposition) Report {
-	return Report{Attempts: s.attempts, Disposition: d}
+	return Report{Attempts: s.attempts, Disposition: d, FirstSentAt: s.firstSent, LastBody: s.lastBody}
+}
+
+// ended is the Report of a sequence that ended without an answer.
+func (s *sequence) ended() Report {
+	switch {
+	case s.unknown:
+		return s.reportAs(Unknown)
+	case !s.sent:
+		return s.reportAs(NotSent)
+	}
+	return s.reportAs(Retry)
 }
 
 // waitFor is the wait before the next attempt. Waits never collapse to

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 )
 
@@ -59,15 +58,21 @@ type ProbeInfo struct {
 }
 
 // noteSent updates what the sequence knows about the operation after an
-// attempt: when it was first sent, and whether the provider may have acted.
-func (s *sequence) noteSent(o outcome, r Reason) {
-	if s.mode != Protected || r == ReasonNotSent {
+// attempt whose verdict is v: whether anything reached the provider, when the
+// operation first did, and whether the provider may have acted (Dispose's
+// Unknown).
+func (s *sequence) noteSent(o outcome, v Verdict) {
+	if v.Disposition == NotSent {
+		return
+	}
+	s.sent = true
+	if s.mode != Protected {
 		return
 	}
 	if s.firstSent.IsZero() {
 		s.firstSent = o.start
 	}
-	if mayHaveActed(o, r) {
+	if v.Disposition == Unknown {
 		s.unknown = true
 		// A timeout or a drop is no answer: the last answer is still the
 		// one before, and may name the operation for the probe.
@@ -75,23 +80,6 @@ func (s *sequence) noteSent(o outcome, r Reason) {
 			s.lastBody = o.body
 		}
 	}
-}
-
-// mayHaveActed says whether a failed attempt may have been acted on by the
-// provider: a timeout or a broken connection after sending, a 5xx such as
-// 504, or "in progress". 429 and 503 (rate limit, maintenance) and the
-// retriable business refusals (funds maturing) say it was not.
-func mayHaveActed(o outcome, r Reason) bool {
-	switch r {
-	case ReasonTimeout, ReasonNetwork:
-		return true
-	case ReasonStatus:
-		s := o.resp.StatusCode
-		return s >= 500 && s != http.StatusServiceUnavailable
-	case ReasonCode:
-		return strings.Contains(parseBody(o.body).code, "in_progress")
-	}
-	return false
 }
 
 // resolve runs before re-sending an operation whose outcome is unknown. It

@@ -199,7 +199,7 @@ func TestKeyRetentionGuard(t *testing.T) {
 			resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected, Resume: resume})
 			if c.expired {
 				var ex *ExhaustedError
-				if !errors.Is(err, ErrKeyExpired) || !errors.As(err, &ex) || !ex.Unknown || rep.Disposition != Retry {
+				if !errors.Is(err, ErrKeyExpired) || !errors.As(err, &ex) || !ex.Unknown || rep.Disposition != Unknown {
 					t.Fatalf("Do = %v, %v (disposition %v); want an unknown *ExhaustedError wrapping ErrKeyExpired", resp, err, rep.Disposition)
 				}
 				if ex.Attempts != 0 || !strings.Contains(err.Error(), "provider keeps keys 48h0m0s") {
