@@ -15,6 +15,6 @@ var _ store.Store = (*Store)(nil)
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, ttl time.Duration) (store.Store, func(time.Duration)) {
 		c := newClock()
-		return openStore(t, t.TempDir(), c, ttl), c.Add
+		return openStore(t, t.TempDir(), c, ttl), c.Advance
 	})
 }

@@ -58,11 +58,11 @@ func TestReclaimExpired(t *testing.T) {
 	if dropped, err := s.reclaimExpired(); err != nil || dropped {
 		t.Fatalf("reclaim with every record live = %v, %v; want nothing dropped", dropped, err)
 	}
-	c.Add(30 * time.Second)
+	c.Advance(30 * time.Second)
 	live := store.ID{Key: "late"}
 	mustBegin(t, s, live, fpA, "o")
 	mustComplete(t, s, live, "o")
-	c.Add(45 * time.Second) // the 3000 have expired, "late" has 15 s left
+	c.Advance(45 * time.Second) // the 3000 have expired, "late" has 15 s left
 	if dropped, err := s.reclaimExpired(); err != nil || dropped {
 		t.Fatalf("reclaim 45 s after the last write = %v, %v; want nothing dropped", dropped, err)
 	}
@@ -70,7 +70,7 @@ func TestReclaimExpired(t *testing.T) {
 		t.Fatalf("live record after a refused reclaim: %v", err)
 	}
 
-	c.Add(time.Minute) // everything has expired
+	c.Advance(time.Minute) // everything has expired
 	dropped, err := s.reclaimExpired()
 	if err != nil || !dropped {
 		t.Fatalf("reclaim with every record expired = %v, %v; want dropped", dropped, err)

@@ -15,33 +15,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/fakeclock"
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// clock is a settable clock for Options.Now. It starts at the real time,
-// because Badger itself hides entries whose TTL ran out by the real clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: time.Now().Truncate(time.Second)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+// newClock is the tests' clock for Options.Now, moved by Advance. It starts at
+// the real time, because Badger itself hides entries whose TTL ran out by the
+// real clock.
+func newClock() *fakeclock.Clock { return fakeclock.New(time.Now().Truncate(time.Second)) }
 
 // openStore opens a durable store in dir with the test's clock, closed at
 // the end of the test.
-func openStore(t testing.TB, dir string, c *clock, ttl time.Duration) *Store {
+func openStore(t testing.TB, dir string, c *fakeclock.Clock, ttl time.Duration) *Store {
 	t.Helper()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, TTL: ttl, Now: c.Now, MemTableSize: 8 << 20, MinFreeBytes: -1})
 	if err != nil {
@@ -85,7 +70,7 @@ func TestBeginCompleteGet(t *testing.T) {
 	}
 	assertRecord(t, "second Begin", rec, want)
 
-	c.Add(time.Second)
+	c.Advance(time.Second)
 	if err := s.Complete(ctx, id, "owner-1", okRes); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
@@ -216,12 +201,12 @@ func TestLeaseTakeover(t *testing.T) {
 	id := store.ID{Tenant: "acme", Key: "k1"}
 	first := mustBegin(t, s, id, fpA, "owner-1")
 
-	c.Add(9 * time.Second)
+	c.Advance(9 * time.Second)
 	if _, created, _ := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "owner-2", 10*time.Second); created {
 		t.Fatal("Begin took over a lease that had not expired")
 	}
 
-	c.Add(time.Second) // exactly at LeaseUntil: expired
+	c.Advance(time.Second) // exactly at LeaseUntil: expired
 	// Another request under the same key never takes the lease: it must get
 	// the existing record (and the proxy a 409), not be sent upstream.
 	other, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpB}, "owner-3", 10*time.Second)
@@ -249,17 +234,17 @@ func TestTTL(t *testing.T) {
 	final := store.ID{Tenant: "acme", Key: "final"}
 	inflight := store.ID{Tenant: "acme", Key: "in-flight"}
 	mustBegin(t, s, final, fpA, "owner-1")
-	c.Add(30 * time.Minute)
+	c.Advance(30 * time.Minute)
 	mustComplete(t, s, final, "owner-1") // TTL restarts at completion
 	mustBegin(t, s, inflight, fpA, "owner-2")
 
-	c.Add(59 * time.Minute)
+	c.Advance(59 * time.Minute)
 	for _, id := range []store.ID{final, inflight} {
 		if _, err := s.Get(ctx, id); err != nil {
 			t.Fatalf("Get %s before TTL: %v", id.Key, err)
 		}
 	}
-	c.Add(time.Minute)
+	c.Advance(time.Minute)
 	for _, id := range []store.ID{final, inflight} {
 		if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("Get %s after TTL = %v, want store.ErrNotFound", id.Key, err)

@@ -6,27 +6,18 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/internal/fakeclock"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/routes"
 	"github.com/idemproxy/idemproxy/upstream"
 )
 
-// clock is a settable clock shared by the proxy and its store.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Set(t time.Time)     { c.mu.Lock(); c.t = t; c.mu.Unlock() }
-func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 func mustRoutes(t *testing.T, s string) routes.Table {
 	t.Helper()
 	tab, err := routes.Parse(s)
@@ -39,7 +30,7 @@ func mustRoutes(t *testing.T, s string) routes.Table {
 // newRouteEnv is newEnv with a route table and, when clk is set, one clock for
 // the proxy and the store (fingerprint windows compare the two). A store on
 // dir survives the handler, as across a restart.
-func newRouteEnv(t *testing.T, table string, clk *clock, dir string, opts ...envOpt) *env {
+func newRouteEnv(t *testing.T, table string, clk *fakeclock.Clock, dir string, opts ...envOpt) *env {
 	t.Helper()
 	e := &env{prov: newProvider()}
 	e.up = httptest.NewServer(e.prov)
@@ -144,7 +135,7 @@ func periodStart(window time.Duration) time.Time {
 
 func TestFingerprintWindow(t *testing.T) {
 	const window = 10 * time.Minute
-	clk := &clock{}
+	clk := fakeclock.New(time.Time{})
 	boundary := periodStart(window)
 	clk.Set(boundary.Add(-time.Second))
 	e := newRouteEnv(t, "POST /cards/*/topup=fingerprint:10m", clk, t.TempDir())
@@ -183,7 +174,7 @@ func TestFingerprintWindow(t *testing.T) {
 	}
 	// The new operation's window starts at its own first request, not at a
 	// period boundary: 9 minutes later, in the next period, it still replays.
-	clk.Add(9 * time.Minute)
+	clk.Advance(9 * time.Minute)
 	if r := e.do(t, "POST", "/cards/c1/topup", topup); r.header.Get("Idempotency-Key") != key2 || r.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("9m into the second operation: key %q replayed=%q, want %q replayed", r.header.Get("Idempotency-Key"), r.header.Get("Idempotent-Replayed"), key2)
 	}
@@ -201,7 +192,7 @@ func TestFingerprintWindow(t *testing.T) {
 // attempt was abandoned (nothing stored) and the retry falls in the next period.
 func TestFingerprintWindowSurvivesRestart(t *testing.T) {
 	const window = time.Minute
-	clk := &clock{}
+	clk := fakeclock.New(time.Time{})
 	boundary := periodStart(window)
 	clk.Set(boundary.Add(-time.Second))
 	dir := t.TempDir()

@@ -36,4 +36,8 @@ func TestClock(t *testing.T) {
 	if got, want := c.Now(), start.Add(6*time.Second); !got.Equal(want) || len(c.Sleeps()) != 2 {
 		t.Errorf("a cancelled Sleep moved the clock (%v) or was recorded (%v)", got, c.Sleeps())
 	}
+	c.Set(start)
+	if got := c.Now(); !got.Equal(start) {
+		t.Errorf("after Set(start): Now = %v", got)
+	}
 }
