@@ -71,7 +71,7 @@ type config struct {
 	AttemptTimeout   time.Duration `env:"ATTEMPT_TIMEOUT" envDefault:"30s" doc:"one upstream attempt (at most 24h)"`
 	RetryStatuses    string        `env:"RETRY_STATUSES" envDefault:"429,500,502,503,504" doc:"retriable HTTP statuses"`
 	RetryCodes       string        `env:"RETRY_CODES" envDefault:"idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen" doc:"retriable business codes at error.code or code in a 4xx JSON body"`
-	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off"`
+	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off; with replicas on PostgreSQL, their total"`
 	RateBurst        int           `env:"RATE_BURST" envDefault:"1" doc:"outbound burst"`
 
 	StatusProbe          string        `env:"STATUS_PROBE" doc:"provider lookup sent before re-sending an operation whose outcome is unknown: METHOD PATH [BODY] with {idempotency_key}, {req.<dotted.path>}, {resp.<dotted.path>}, e.g. GET /payments/{resp.payment_id}; empty = none"`
