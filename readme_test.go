@@ -3,10 +3,11 @@ package main
 import (
 	"flag"
 	"fmt"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/readmetest"
 )
 
 // updateREADME rewrites the README's generated variable table:
@@ -84,20 +85,11 @@ func readmeRows(table string) map[string]varRow {
 }
 
 func TestREADMEVariables(t *testing.T) {
-	raw, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme := string(raw)
-	ops, opsAt := section(t, readme, opsBegin, opsEnd)
-	table, at := section(t, ops, varsBegin, varsEnd)
+	block := readmetest.Find(t, "README.md", opsBegin, opsEnd, varsBegin, varsEnd)
+	table := block.Text
 	want := configRows(t)
 	if *updateREADME {
-		start := opsAt + at
-		readme = readme[:start] + "\n" + variableTable(want) + readme[start+len(table):]
-		if err := os.WriteFile("README.md", []byte(readme), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		block.Rewrite(t, variableTable(want))
 		return
 	}
 	got := readmeRows(table)
@@ -117,20 +109,4 @@ func TestREADMEVariables(t *testing.T) {
 	if table != "\n"+variableTable(want) && !t.Failed() {
 		t.Errorf("README's variable table is not as generated; run: go test -run TestREADMEVariables -update-readme .")
 	}
-}
-
-// section returns what lies between the line starting with begin and end in
-// text, and where it starts.
-func section(t *testing.T, text, begin, end string) (string, int) {
-	t.Helper()
-	i := strings.Index(text, begin)
-	if i < 0 {
-		t.Fatalf("README has no %q", begin)
-	}
-	i += strings.IndexByte(text[i:], '\n')
-	j := strings.Index(text[i:], end)
-	if j < 0 {
-		t.Fatalf("README has no %q after %q", end, begin)
-	}
-	return text[i : i+j], i
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -73,16 +72,7 @@ func sharedEnv(upstream, url string, extra ...string) []string {
 // stopped, a new request gets 503 store_unavailable with nothing sent and
 // /readyz is 503; once it is back, both work again without a restart.
 func TestReplicasShareAStore(t *testing.T) {
-	pgtest.Shared(t)
-	c, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Remove()
-	url, err := c.NewDatabase(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, url := pgtest.Own(t, pgtest.Options{})
 	prov := newDedupProvider()
 	up := httptest.NewServer(prov)
 	defer up.Close()

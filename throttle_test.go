@@ -202,16 +202,7 @@ func TestSharedRateLimit(t *testing.T) {
 // at the provider: the process exits within the shutdown grace plus 5 s,
 // whatever its store, throttle and heartbeat calls are waiting for.
 func TestShutdownWithDatabaseHung(t *testing.T) {
-	pgtest.Shared(t)
-	c, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Remove()
-	url, err := c.NewDatabase(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, url := pgtest.Own(t, pgtest.Options{})
 	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
 		entered: make(chan string, 1), release: make(chan struct{})}
 	up := httptest.NewServer(prov)

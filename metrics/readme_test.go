@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/internal/readmetest"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
@@ -85,20 +85,11 @@ func metricsTable(t *testing.T, m *Metrics) string {
 func typeName(t dto.MetricType) string { return strings.ToLower(t.String()) }
 
 func TestREADMEMetrics(t *testing.T) {
-	raw, err := os.ReadFile(readmePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme := string(raw)
-	ops, opsAt := between(t, readme, opsBeginMarker, opsEndMarker)
-	table, at := between(t, ops, metricsBegin, metricsEnd)
+	block := readmetest.Find(t, readmePath, opsBeginMarker, opsEndMarker, metricsBegin, metricsEnd)
+	table := block.Text
 	want := metricsTable(t, everySeries(t))
 	if *updateREADME {
-		start := opsAt + at
-		readme = readme[:start] + "\n" + want + readme[start+len(table):]
-		if err := os.WriteFile(readmePath, []byte(readme), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		block.Rewrite(t, want)
 		return
 	}
 	for _, line := range strings.Split(want, "\n")[2:] {
@@ -115,20 +106,4 @@ func TestREADMEMetrics(t *testing.T) {
 	if table != "\n"+want && !t.Failed() {
 		t.Error("README's metrics table is not as generated; run: go test ./metrics -run TestREADMEMetrics -update-readme")
 	}
-}
-
-// between returns the text after the line holding begin and before end, and
-// where it starts.
-func between(t *testing.T, text, begin, end string) (string, int) {
-	t.Helper()
-	i := strings.Index(text, begin)
-	if i < 0 {
-		t.Fatalf("README has no %q", begin)
-	}
-	i += strings.IndexByte(text[i:], '\n')
-	j := strings.Index(text[i:], end)
-	if j < 0 {
-		t.Fatalf("README has no %q after %q", end, begin)
-	}
-	return text[i : i+j], i
 }

@@ -150,17 +150,8 @@ func TestOpenRefusedFails(t *testing.T) {
 // store works again without being reopened, and the record written before
 // is still there.
 func TestDatabaseDownAndBack(t *testing.T) {
-	pgtest.Shared(t) // skip (or fail) exactly as the other tests do
-	c, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Remove()
+	c, url := pgtest.Own(t, pgtest.Options{})
 	ctx := context.Background()
-	url, err := c.NewDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	s, err := Open(ctx, Options{URL: url, CallTimeout: 2 * time.Second, SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -206,17 +197,8 @@ func TestDatabaseDownAndBack(t *testing.T) {
 // TestOpenWhileDown: a replica started while the database is down starts,
 // answers ErrUnavailable, and creates the schema once the database is up.
 func TestOpenWhileDown(t *testing.T) {
-	pgtest.Shared(t)
-	c, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Remove()
+	c, url := pgtest.Own(t, pgtest.Options{})
 	ctx := context.Background()
-	url, err := c.NewDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := c.Stop(false); err != nil {
 		t.Fatal(err)
 	}

@@ -190,16 +190,7 @@ func TestThrottleHeartbeat(t *testing.T) {
 // share, the rate and burst divided by the two replicas the heartbeats
 // counted; the database is not asked again for each attempt.
 func TestThrottleGateFallsBackWhenDatabaseStops(t *testing.T) {
-	pgtest.Shared(t)
-	c, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Remove()
-	url, err := c.NewDatabase(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, url := pgtest.Own(t, pgtest.Options{})
 	clock := fakeclock.New(time.Now())
 	gate := ratelimit.New(10, 4)
 	gate.Now, gate.Sleep = clock.Now, clock.Sleep

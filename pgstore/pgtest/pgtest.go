@@ -319,3 +319,24 @@ func Database(t testing.TB) string {
 	}
 	return u
 }
+
+// Own starts a cluster of the test's own, which it may stop, freeze or
+// restart without disturbing the other tests, and returns it with the URL of
+// a new database on it. The cluster is removed when the test ends. Without
+// PostgreSQL the test is skipped (or failed) as Shared does.
+func Own(t testing.TB, opts Options) (*Cluster, string) {
+	t.Helper()
+	Shared(t)
+	c, err := Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Remove)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u, err := c.NewDatabase(ctx)
+	if err != nil {
+		t.Fatalf("new database: %v\n%s", err, c.Log())
+	}
+	return c, u
+}
