@@ -40,7 +40,9 @@ const (
 	// leaseSlack is how long after its time a leased token may still be
 	// spent. Tokens not spent by then are dropped, so that tokens saved
 	// while idle cannot leave together later: in any window of w, the
-	// replicas together send at most perSecond*(w+leaseSlack)+burst.
+	// replicas together send at most perSecond*(w+leaseSlack)+burst, plus
+	// the tokens of the difference between their round trips to the store
+	// (each places its tokens from the time the answer reached it).
 	leaseSlack = 100 * time.Millisecond
 	// noDeadline is the maxWait of a Take for an attempt without deadline.
 	noDeadline = time.Hour
