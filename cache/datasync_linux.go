@@ -37,3 +37,29 @@ func pathExists(path string) (bool, error) {
 	}
 	return err == nil, err
 }
+
+// preallocate gives every block of f's length real storage (fallocate), so
+// that writes through Badger's mapping of its WAL never need a block from the
+// file system: Badger creates a WAL as a sparse file and writes it through
+// mmap, and on a full file system a write fault into a hole kills the process
+// with SIGBUS instead of returning ENOSPC. done is true once there is nothing
+// left to do: allocated, or the file system cannot preallocate.
+func preallocate(f *os.File) (done bool, err error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return false, err
+	}
+	if st.Size == 0 { // created, not yet sized by Badger
+		return false, nil
+	}
+	for {
+		switch err := syscall.Fallocate(int(f.Fd()), 0, 0, st.Size); err {
+		case nil, syscall.EOPNOTSUPP, syscall.ENOSYS:
+			return true, nil
+		case syscall.EINTR:
+			continue
+		default:
+			return false, err
+		}
+	}
+}

@@ -28,3 +28,6 @@ func pathExists(path string) (bool, error) {
 	}
 	return err == nil, err
 }
+
+// preallocate does nothing here (see the Linux version).
+func preallocate(*os.File) (done bool, err error) { return true, nil }

@@ -55,9 +55,10 @@ type walSet struct {
 }
 
 type walFile struct {
-	fid  int
-	path string
-	f    *os.File // nil until the first round that syncs it
+	fid       int
+	path      string
+	f         *os.File // nil until the first round that syncs it
+	allocated bool     // preallocate is done with it
 }
 
 // walName is Badger's WAL file name for fid (memtable.go: "%05d.mem").
@@ -89,7 +90,7 @@ func (w *walSet) load() error {
 		if !ok || err != nil {
 			continue
 		}
-		w.live = append(w.live, walFile{fid, filepath.Join(w.dir, e.Name()), open[fid]})
+		w.live = append(w.live, walFile{fid: fid, path: filepath.Join(w.dir, e.Name()), f: open[fid]})
 		delete(open, fid)
 		w.next = max(w.next, fid+1)
 	}
@@ -123,7 +124,8 @@ func (w *walSet) sync() error {
 	newestGone := false
 	n := len(w.live)
 	for i := range n {
-		gone, err := w.live[i].sync()
+		// Only the newest WAL takes writes: the older ones wait for their flush.
+		gone, err := w.live[i].sync(i == n-1)
 		if err != nil {
 			kept = append(kept, w.live[i:]...) // still tracked (and closed by close)
 			clear(w.live[len(kept):n])
@@ -159,10 +161,11 @@ func (w *walSet) sync() error {
 
 // sync makes the WAL's data durable, opening it on first use; gone reports
 // that the file no longer exists (flushed to an L0 table by Badger), and
-// then it is closed.
-func (f *walFile) sync() (gone bool, err error) {
+// then it is closed. With allocate, the WAL's blocks are first allocated
+// (preallocate), once.
+func (f *walFile) sync(allocate bool) (gone bool, err error) {
 	if f.f == nil {
-		file, err := os.Open(f.path)
+		file, err := os.OpenFile(f.path, os.O_RDWR, 0) // writable, for fallocate
 		if errors.Is(err, fs.ErrNotExist) {
 			return true, nil
 		}
@@ -172,6 +175,11 @@ func (f *walFile) sync() (gone bool, err error) {
 		f.f = file
 	}
 	gone, err = unlinked(f.f, f.path)
+	if err == nil && !gone && allocate && !f.allocated {
+		// Best effort: failing means that the file system is nearly full, and
+		// then checkSpace refuses writes anyway. The next round tries again.
+		f.allocated, _ = preallocate(f.f)
+	}
 	if err == nil && !gone {
 		err = datasync(f.f)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -370,4 +371,47 @@ func TestNoSpaceStillReplays(t *testing.T) {
 	if err := s.Abandon(ctx, inflight, "o"); err != nil {
 		t.Fatalf("Abandon with a full disk: %v", err)
 	}
+}
+
+// TestWALPreallocated: the WAL Badger writes to has all its blocks, from Open
+// and after each new WAL, so that a write through Badger's mapping never
+// needs a block from a file system another writer may have filled (a SIGBUS
+// there, not an error).
+func TestWALPreallocated(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("WALs are preallocated on Linux only")
+	}
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, SyncWrites: true, MemTableSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	checkNewest := func(when string) {
+		t.Helper()
+		wals, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
+		slices.Sort(wals)
+		if len(wals) == 0 {
+			t.Fatalf("%s: no WAL in %s", when, dir)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(wals[len(wals)-1], &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Blocks*512 < st.Size {
+			t.Fatalf("%s: %s has %d of its %d bytes allocated, want all", when, wals[len(wals)-1], st.Blocks*512, st.Size)
+		}
+	}
+	checkNewest("after Open")
+	body := make([]byte, 64<<10)
+	for i := range 64 { // 4 MiB through 1 MiB memtables: several new WALs
+		id := store.ID{Key: fmt.Sprint(i)}
+		if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkNewest("after the memtable was flushed")
 }

@@ -170,7 +170,12 @@ func Open(opts Options) (*Store, error) {
 	}
 	if opts.SyncWrites && !opts.InMemory {
 		s.wals = walSet{dir: opts.Dir}
-		if err := s.wals.load(); err != nil {
+		// One round at once preallocates the WAL Badger writes to (walFile.sync).
+		err := s.wals.load()
+		if err == nil {
+			err = s.wals.sync()
+		}
+		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("cache: open: %w", err)
 		}
@@ -297,6 +302,10 @@ func openBadger(bopts badger.Options) (db *badger.DB, err error) {
 
 // Close stops the GC loop and closes Badger. Operations still running finish
 // first; later calls return store.ErrClosed. Calling Close again returns nil.
+//
+// On a file system with less free space than the reserve (MinFreeBytes),
+// with SyncWrites, Close leaves Badger open instead (see leaveOpen): the
+// process must then exit, as the directory stays locked until it does.
 func (s *Store) Close() error {
 	s.life.Lock()
 	defer s.life.Unlock()
@@ -306,6 +315,11 @@ func (s *Store) Close() error {
 	s.closed = true
 	close(s.stop)
 	s.gcDone.Wait()
+	if s.group != nil && s.minFree > 0 {
+		if free, err := freeBytes(s.dir); err != nil || free < s.minFree {
+			return s.leaveOpen(free, err)
+		}
+	}
 	err := s.db.Close()
 	s.wals.close()
 	if uerr := s.unlock(); err == nil {
@@ -347,3 +361,32 @@ const headerRoom = 64 << 10
 // cannot be stored (Complete returns store.ErrTooLarge), so callers cap what they
 // accept from the upstream below it.
 func (s *Store) MaxBodyBytes() int64 { return int64(s.maxValue) - headerRoom }
+
+// leaveOpen ends the store without closing Badger, on a disk below the
+// reserve. Badger's Close flushes the memtable into a new table written
+// through mmap, and a full file system turns that into SIGBUS: the process
+// dies mid-shutdown, and a restart policy would find it crashing again.
+//
+// Skipping the flush loses nothing. With SyncWrites every write the store
+// acknowledged was in a WAL that a sync round made durable before the
+// acknowledgement (durable.go), and the round below covers anything later.
+// The next Open replays the WALs, as it does after a SIGKILL: the state left
+// is exactly a kill's, which the crash loop test shows the store recovers
+// from. The WAL Badger writes to is preallocated, so nothing here writes into
+// a hole. Badger's files and both directory locks stay held until the
+// process exits; Badger's compactions may still run meanwhile, which is why
+// the caller must exit promptly.
+func (s *Store) leaveOpen(free uint64, statErr error) error {
+	err := s.syncFiles()
+	s.wals.close()
+	if err != nil {
+		return fmt.Errorf("cache: close: left Badger open on a full disk; final WAL sync: %w", err)
+	}
+	why := []any{"free_bytes", free, "reserve_bytes", s.minFree}
+	if statErr != nil {
+		why = []any{"err", statErr}
+	}
+	s.log.Warn("store left without flushing Badger's memtable: the disk is below its free-space reserve; "+
+		"the write-ahead log holds every write and the next start replays it", append(why, "dir", s.dir)...)
+	return nil
+}

@@ -1,0 +1,153 @@
+package main
+
+// A full disk at shutdown: the data directory's file system is filled by
+// another writer, then the binary gets SIGTERM. Badger writes through mmap
+// into sparse files, so a memtable flush into a full file system is a SIGBUS,
+// not an error. The process must still exit by itself within the grace plus
+// 5 s, and once the space is back the next start must replay every answer a
+// client was given.
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestSIGTERMOnFullDisk(t *testing.T) {
+	mnt := t.TempDir()
+	// Big enough for the store's default free-space reserve (260 MiB) plus
+	// what the orders below write, so that they are accepted.
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=300m"); err != nil {
+		t.Skipf("cannot mount a tmpfs for the data directory (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	const size = 16 << 10
+	prov := &crashProvider{size: size, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	const grace = 3 * time.Second
+	env := baseEnv(up.URL, filepath.Join(mnt, "data"), "IDEMPROXY_SHUTDOWN_GRACE="+grace.String())
+	p := launch(t, launchSpec{env: env})
+	client := &http.Client{Timeout: time.Minute} // a hang fails, it does not block the run
+
+	// Orders acknowledged while there is room: they sit in Badger's memtable
+	// and its WAL, not yet flushed to a table.
+	var all []acked
+	for i := range 40 {
+		a, ok := postOrder(t.Context(), client, p.proxy, fmt.Sprintf("before-%d", i))
+		if !ok {
+			t.Fatalf("order %d refused with the disk not full:\n%s", i, p.text())
+		}
+		a.hits = prov.hitsOf(a.key)
+		all = append(all, a)
+	}
+
+	filler := filepath.Join(mnt, "filler")
+	fill(t, filler)
+
+	// Orders while the disk is full: each gets a clear 503 store_unavailable,
+	// or is accepted (and must then replay like the others); never a hang or
+	// a crash. The store looks at the disk again within a bounded number of
+	// record bytes, so the refusals start within a few dozen orders.
+	refused := 0
+	for i := 0; i < 200 && refused < 3; i++ {
+		order := fmt.Sprintf("full-%d", i)
+		body := fmt.Sprintf(`{"order_id":%q,"amount":"1.00"}`, order)
+		resp, err := client.Post("http://"+p.proxy+"/v1/payouts", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("order %s on a full disk: %v\n%s", order, err, p.text())
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(b), `"store_unavailable"`):
+			refused++
+		case resp.StatusCode == http.StatusCreated:
+			key := resp.Header.Get("Idempotency-Key")
+			all = append(all, acked{order: order, key: key, sum: sha256.Sum256(b), hits: prov.hitsOf(key)})
+		default:
+			t.Fatalf("order %s on a full disk = %d %s; want 503 store_unavailable or 201", order, resp.StatusCode, b)
+		}
+	}
+	if refused == 0 {
+		t.Fatalf("200 orders accepted on a full disk; want 503 store_unavailable once the store looks at the disk")
+	}
+
+	start := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(grace + 5*time.Second):
+		t.Fatalf("still running %s after SIGTERM (grace %s):\n%s", time.Since(start).Round(time.Millisecond), grace, p.text())
+	}
+	took := time.Since(start)
+	// The Go runtime turns a SIGBUS in its own code into "fatal error: fault"
+	// and exit status 2; one outside Go would leave the signal in the status.
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			t.Fatalf("killed by %v during shutdown on a full disk:\n%s", ws.Signal(), p.text())
+		}
+	}
+	if strings.Contains(p.text(), "signal SIGBUS") {
+		t.Fatalf("SIGBUS during shutdown on a full disk (%v):\n%s", p.err, p.text())
+	}
+	if p.err != nil {
+		t.Errorf("exit after SIGTERM on a full disk: %v; want 0 (nothing acknowledged is lost)\n%s", p.err, p.text())
+	}
+	t.Logf("exited %s after SIGTERM (grace %s): %v; %d orders acknowledged, %d refused on the full disk",
+		took.Round(time.Millisecond), grace, p.err, len(all), refused)
+
+	// The space comes back: the store opens and every acknowledged answer
+	// replays without reaching the provider again.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	p = launch(t, launchSpec{env: env})
+	verifyReplays(t, client, p.proxy, prov, all)
+	t.Logf("restarted: all %d acknowledged answers replayed", len(all))
+}
+
+// fill writes path until its file system returns ENOSPC.
+func fill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for n := len(buf); n > 0; {
+		_, err := f.Write(buf[:n])
+		if errors.Is(err, syscall.ENOSPC) {
+			n /= 2 // the last partial chunks, down to a byte
+			continue
+		}
+		if err != nil {
+			t.Fatalf("fill %s: %v", path, err)
+		}
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(filepath.Dir(path), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Bavail != 0 {
+		t.Fatalf("%d blocks still free after filling %s", st.Bavail, path)
+	}
+}
