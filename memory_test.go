@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,8 +25,10 @@ var memoryRecords = flag.Int("memory.records", 100_000, "records BenchmarkMemory
 //	go test -run '^$' -bench Memory -benchtime 1x -memory.records 100000 .
 //
 // It reports the resident set after storing (rss-MiB: anonymous + file-backed
-// pages; anon-MiB: the part the kernel cannot drop), the peaks while storing
-// (hwm-MiB for the whole resident set, peak-anon-MiB sampled every 50 ms), the
+// pages; anon-MiB: the part the kernel cannot drop; file-MiB: mapped file
+// pages), the peaks while storing (hwm-MiB for the whole resident set;
+// peak-rss/anon/file-MiB sampled every 50 ms) and the medians of those samples
+// over the last 40% of the fill, the
 // Go heap in use and what the Go runtime holds from the OS (go-sys-MiB), then the resident set of a fresh process on the same directory
 // after replaying 10,000 of the records. MEMORY_EXTRA_ENV adds variables to the
 // binary's environment (e.g. GOMEMLIMIT=64MiB) to compare settings.
@@ -42,15 +45,15 @@ func BenchmarkMemory(b *testing.B) {
 	env := baseEnv(up.URL, b.TempDir(), strings.Fields(os.Getenv("MEMORY_EXTRA_ENV"))...)
 	p := launch(b, launchSpec{env: env})
 	b.ResetTimer()
-	stop := sampleAnon(p)
+	stop := sampleMemory(p)
 	post(b, p, *memoryRecords, 32)
-	peakAnon := stop()
+	samples := stop()
 	b.StopTimer()
 	m := memoryOf(b, p)
-	for _, k := range []string{"rss", "anon", "hwm"} {
+	for _, k := range []string{"rss", "anon", "file", "hwm"} {
 		b.ReportMetric(m[k], k+"-MiB")
 	}
-	b.ReportMetric(peakAnon, "peak-anon-MiB")
+	reportSamples(b, samples)
 	series := scrape(b, "http://"+p.admin+"/metrics")
 	b.ReportMetric(series["go_memstats_heap_inuse_bytes"]/(1<<20), "heap-MiB")
 	b.ReportMetric(series["go_memstats_sys_bytes"]/(1<<20), "go-sys-MiB")
@@ -107,27 +110,45 @@ func post(b testing.TB, p *opsProc, n, workers int) {
 	}
 }
 
-// sampleAnon samples the process's anonymous resident memory every 50 ms until
-// the returned func is called, which returns the largest sample in MiB.
-func sampleAnon(p *opsProc) (stop func() float64) {
-	quit, done := make(chan struct{}), make(chan float64)
+// sampleMemory samples the process's resident memory (/proc/PID/status) every
+// 50 ms until the returned func is called, which returns the samples.
+func sampleMemory(p *opsProc) (stop func() []map[string]float64) {
+	quit, done := make(chan struct{}), make(chan []map[string]float64)
 	go func() {
-		peak := 0.0
+		var samples []map[string]float64
 		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			if m, err := readMemory(p); err == nil { // it fails once the process exits
-				peak = max(peak, m["anon"])
+				samples = append(samples, m)
 			}
 			select {
 			case <-tick.C:
 			case <-quit:
-				done <- peak
+				done <- samples
 				return
 			}
 		}
 	}()
-	return func() float64 { close(quit); return <-done }
+	return func() []map[string]float64 { close(quit); return <-done }
+}
+
+// reportSamples reports the peak of each of rss, anon and file over samples,
+// and their medians over the last 40% (the store at 60% to 100% of its size).
+func reportSamples(b *testing.B, samples []map[string]float64) {
+	for _, k := range []string{"rss", "anon", "file"} {
+		var all []float64
+		for _, m := range samples {
+			all = append(all, m[k])
+		}
+		if len(all) == 0 {
+			return
+		}
+		b.ReportMetric(slices.Max(all), "peak-"+k+"-MiB")
+		tail := slices.Clone(all[len(all)*6/10:])
+		slices.Sort(tail)
+		b.ReportMetric(tail[len(tail)/2], "median-"+k+"-MiB")
+	}
 }
 
 // memoryOf reads the process's memory from /proc, in MiB.
