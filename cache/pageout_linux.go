@@ -15,10 +15,12 @@ import (
 // comes to no harm.
 const madvPageout = 21
 
-// pageOutTables reclaims the resident pages of the store's table files that
-// this process maps. Badger writes and reads tables through shared mmaps and
-// keeps every table mapped until compaction deletes it, so without this the
-// process's resident set grows with the store (docs/design/memory.md).
+// pageOutTables reclaims the resident pages of the store's table files and
+// memtable WALs that this process maps. Badger writes and reads tables
+// through shared mmaps and keeps every table mapped until compaction deletes
+// it, so without this the process's resident set grows with the store; each
+// WAL is a mapping of twice the memtable size that stays resident as it
+// fills (docs/design/memory.md).
 // It returns the number of mappings advised.
 func (s *Store) pageOutTables() (int, error) {
 	f, err := os.Open("/proc/self/maps")
@@ -33,7 +35,7 @@ func (s *Store) pageOutTables() (int, error) {
 		// start-end perms offset dev inode path
 		line := sc.Bytes()
 		i := bytes.IndexByte(line, '/')
-		if i < 0 || !bytes.HasPrefix(line[i:], dir) || !bytes.HasSuffix(line, []byte(".sst")) {
+		if i < 0 || !bytes.HasPrefix(line[i:], dir) || !bytes.HasSuffix(line, []byte(".sst")) && !bytes.HasSuffix(line, []byte(".mem")) {
 			continue
 		}
 		rng, _, _ := bytes.Cut(line, []byte(" "))

@@ -54,7 +54,7 @@ type Options struct {
 	// value disables it.
 	ReclaimInterval time.Duration
 	// PageOutInterval is how often the resident pages of Badger's table files
-	// are handed back to the kernel (Linux). 0 means 2 seconds; a negative
+	// and WALs are handed back to the kernel (Linux). 0 means 500 ms; a negative
 	// value disables it, and the resident set then grows with the store.
 	PageOutInterval time.Duration
 	// Logger receives Badger's warnings and errors and the GC loop's failures.
@@ -99,9 +99,11 @@ const (
 	// size, so smaller tables cap that peak.
 	baseTableSize     = 512 << 10
 	defaultGCInterval = 5 * time.Minute
-	// defaultPageOutInterval bounds how much of the tables written in the
-	// meantime stays resident: a few MiB per second at full write rate.
-	defaultPageOutInterval = 2 * time.Second
+	// defaultPageOutInterval bounds how much of the tables written or read
+	// in the meantime stays resident. A large compaction moves over 100 MiB
+	// a second through mapped tables; a pass costs a read of
+	// /proc/self/maps and one madvise per table (docs/design/memory.md).
+	defaultPageOutInterval = 500 * time.Millisecond
 	// numMemtables is how many full memtables may wait for flushing.
 	numMemtables = 1
 	// maxValueSize is Badger's largest ValueThreshold (1 MiB).

@@ -612,8 +612,9 @@ func writeFile(t *testing.T, path string, data []byte) {
 	}
 }
 
-// TestPageOutTables: the store finds its table files among the process's
-// mappings and hands their pages back; every record still reads back.
+// TestPageOutTables: the store finds its table files and WALs among the
+// process's mappings and hands their pages back; every record still reads
+// back, and writes go on.
 func TestPageOutTables(t *testing.T) {
 	s, err := Open(Options{Dir: t.TempDir(), MemTableSize: 1 << 20, PageOutInterval: -1, MinFreeBytes: -1})
 	if err != nil {
@@ -643,7 +644,16 @@ func TestPageOutTables(t *testing.T) {
 	if advised == 0 {
 		t.Fatalf("%d tables on disk, none found mapped", len(tables))
 	}
-	for i := range n {
+	// The active WAL was paged out too: writing on into it faults its pages
+	// back in.
+	for i := n; i < n+200; i++ {
+		id := store.ID{Key: fmt.Sprint(i)}
+		mustBegin(t, s, id, fpA, "o")
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n + 200 {
 		rec, err := s.Get(ctx, store.ID{Key: fmt.Sprint(i)})
 		if err != nil || !bytes.Equal(rec.Response.Body, body) {
 			t.Fatalf("record %d after page-out: %v", i, err)
