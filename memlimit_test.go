@@ -58,4 +58,8 @@ func TestSetMemoryLimit(t *testing.T) {
 	if got := debug.SetMemoryLimit(-1); got != 128<<20 {
 		t.Fatalf("limit %d, want half of the container's 256 MiB", got)
 	}
+	setMemoryLimit(nil, []string{filepath.Join(t.TempDir(), "none")}, log)
+	if got := debug.SetMemoryLimit(-1); got != defaultGoMemoryLimit {
+		t.Fatalf("outside a container: limit %d, want the default %d", got, defaultGoMemoryLimit)
+	}
 }
