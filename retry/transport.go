@@ -113,7 +113,7 @@ func (t *Transport) Do(req *http.Request, c Call) (*http.Response, Report, error
 	}
 	handedOff := false // a streamed body, once returned, ends the sequence when closed
 	defer func() {
-		if !handedOff {
+		if !handedOff && s.cancel != nil {
 			s.cancel()
 		}
 	}()
@@ -157,9 +157,9 @@ type sequence struct {
 	// the caller's GetBody), and the answer's is returned unread.
 	stream     bool
 	resendable bool
-	ctx        context.Context // req's context, bounded by the budget (not for a stream: it would cut the answer)
+	ctx        context.Context // req's context, bounded by the budget (not for a stream: it would cut the answer); see budgetContext
 	cancel     context.CancelFunc
-	deadline   time.Time // ctx's deadline; zero when none
+	deadline   time.Time // the budget's deadline (or req's, if earlier); zero when none
 	attempts   int
 	sent       bool // an attempt may have reached the upstream
 	last       outcome
@@ -201,12 +201,15 @@ func (t *Transport) begin(req *http.Request, c Call) (*sequence, error) {
 		return nil, fmt.Errorf("retry: %s %s: %w: %w", req.Method, req.URL.Path, ErrRequestBody, err)
 	}
 	s.body = body
+	// The budget's context is made only if a wait needs it (budgetContext):
+	// an attempt's own context carries the budget's deadline too, so a
+	// sequence that sends once and is answered builds one context, not two.
 	if b := t.Policy.Budget; b > 0 {
-		s.ctx, s.cancel = context.WithDeadline(req.Context(), t.now().Add(b))
-	} else {
-		s.ctx, s.cancel = context.WithCancel(req.Context())
+		s.deadline = t.now().Add(b)
 	}
-	s.deadline, _ = s.ctx.Deadline()
+	if d, ok := req.Context().Deadline(); ok && (s.deadline.IsZero() || d.Before(s.deadline)) {
+		s.deadline = d
+	}
 	if r := c.Resume; r != nil {
 		s.unknown, s.firstSent, s.lastBody = true, r.FirstSentAt, r.LastBody
 	}
@@ -263,7 +266,7 @@ func (s *sequence) passGate() (time.Duration, error) {
 	if s.t.Gate == nil {
 		return 0, nil
 	}
-	return s.t.Gate.Wait(s.ctx)
+	return s.t.Gate.Wait(s.budgetContext())
 }
 
 // send makes one attempt and reads the whole response body within the
@@ -342,11 +345,37 @@ func (s *sequence) discard(o outcome) {
 	}
 }
 
+// attemptContext bounds one attempt (or probe) of a protected sequence by
+// the attempt timeout and the budget's deadline, whichever comes first. It
+// derives from req's context directly, not from budgetContext, which a
+// sequence without waits never makes.
 func (s *sequence) attemptContext() (context.Context, context.CancelFunc) {
+	deadline := s.deadline
 	if d := s.t.Policy.AttemptTimeout; d > 0 {
-		return context.WithTimeout(s.ctx, d)
+		// The real clock, as context.WithTimeout reads it: a context's
+		// deadline is real time whatever Transport.Now says.
+		if at := time.Now().Add(d); deadline.IsZero() || at.Before(deadline) {
+			deadline = at
+		}
 	}
-	return context.WithCancel(s.ctx)
+	if deadline.IsZero() {
+		return context.WithCancel(s.req.Context())
+	}
+	return context.WithDeadline(s.req.Context(), deadline)
+}
+
+// budgetContext is req's context bounded by the budget's deadline, for the
+// Gate and the waits between attempts; made on first use (a stream's is made
+// by begin, without the deadline, which would cut its answer).
+func (s *sequence) budgetContext() context.Context {
+	if s.ctx == nil {
+		if s.deadline.IsZero() {
+			s.ctx, s.cancel = context.WithCancel(s.req.Context())
+		} else {
+			s.ctx, s.cancel = context.WithDeadline(s.req.Context(), s.deadline)
+		}
+	}
+	return s.ctx
 }
 
 // newRequest clones the caller's request for one attempt: same method, URL
@@ -491,7 +520,7 @@ func (s *sequence) wait(d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	if err := s.t.sleep(s.ctx, d); err != nil {
+	if err := s.t.sleep(s.budgetContext(), d); err != nil {
 		return s.stopped(err)
 	}
 	return nil
