@@ -174,6 +174,13 @@ func (g *Gate) Close() {
 	}
 }
 
+// Free says whether Wait would return at once without waiting: the Gate is
+// open, no pause holds attempts and no rate limit paces them. A caller that
+// would build a context only for Wait checks it first.
+func (g *Gate) Free() bool {
+	return !g.isClosed() && g.limiter == nil && !g.PausedUntil().After(g.now())
+}
+
 func (g *Gate) isClosed() bool {
 	select {
 	case <-g.closed:

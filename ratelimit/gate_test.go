@@ -309,3 +309,27 @@ func TestGateClose(t *testing.T) {
 	}
 	g.Close() // twice is fine
 }
+
+// Free is true exactly when Wait would return at once: not with a rate
+// limit, a pause in effect or a closed gate.
+func TestGateFree(t *testing.T) {
+	g, c := newTestGate(0, 1)
+	if !g.Free() {
+		t.Error("a gate without rate limit or pause is not free")
+	}
+	g.PauseUntil(c.Now().Add(time.Second))
+	if g.Free() {
+		t.Error("free during a pause")
+	}
+	c.Advance(time.Second)
+	if !g.Free() {
+		t.Error("not free once the pause is over")
+	}
+	if limited, _ := newTestGate(5, 1); limited.Free() {
+		t.Error("a rate-limited gate is free")
+	}
+	g.Close()
+	if g.Free() {
+		t.Error("a closed gate is free")
+	}
+}

@@ -263,7 +263,7 @@ func (s *sequence) attempt() (outcome, error) {
 }
 
 func (s *sequence) passGate() (time.Duration, error) {
-	if s.t.Gate == nil {
+	if s.t.Gate == nil || s.t.Gate.Free() { // no wait: no budget context needed for it
 		return 0, nil
 	}
 	return s.t.Gate.Wait(s.budgetContext())
