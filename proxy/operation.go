@@ -7,7 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/idemproxy/idemproxy/retry"
@@ -235,40 +235,63 @@ func (h *Handler) park(ctx context.Context, r *http.Request, id store.ID, owner 
 // If the lease is lost (another replica took the key over after this one
 // stalled), op's context is cancelled so that no further attempt is sent, and
 // lost is true: the new owner runs the operation, with the same key.
+//
+// Renewals run on a timer (time.AfterFunc), not a goroutine and a ticker
+// per operation: most operations end long before their first renewal.
 func (h *Handler) leased(ctx context.Context, id store.ID, owner string, op func(context.Context) result) (res result, lost bool) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan struct{})
-	renewed := make(chan struct{})
-	var lostLease atomic.Bool
-	go func() {
-		defer close(renewed)
-		t := time.NewTicker(h.opt.Lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			rctx, rcancel := context.WithTimeout(ctx, h.opt.Lease/3)
-			err := h.opt.Store.Renew(rctx, id, owner, h.opt.Lease)
-			rcancel()
-			if errors.Is(err, store.ErrNotOwner) {
-				h.opt.Logger.Warn("lease lost to another owner; stopping this operation's attempts", "key", id.Key)
-				lostLease.Store(true)
-				cancel()
-				return
-			}
-			if err != nil {
-				h.opt.Logger.Warn("renewing the lease failed; retrying", "key", id.Key, "err", err)
-			}
-		}
-	}()
+	l := &leaseRenewal{h: h, ctx: ctx, cancel: cancel, id: id, owner: owner, next: time.Now().Add(h.opt.Lease / 3)}
+	l.mu.Lock()
+	l.timer = time.AfterFunc(h.opt.Lease/3, l.renew)
+	l.mu.Unlock()
 	res = op(ctx)
-	close(done)
-	<-renewed
-	return res, lostLease.Load()
+	l.mu.Lock() // waits for a renewal in progress
+	l.stopped = true
+	l.timer.Stop()
+	lost = l.lost
+	l.mu.Unlock()
+	return res, lost
+}
+
+// leaseRenewal renews one operation's lease until stopped.
+type leaseRenewal struct {
+	h      *Handler
+	ctx    context.Context
+	cancel context.CancelFunc
+	id     store.ID
+	owner  string
+
+	mu      sync.Mutex // held while a renewal runs
+	timer   *time.Timer
+	next    time.Time // when the current renewal was due: renewals keep a third of the lease apart, as a ticker would
+	stopped bool
+	lost    bool
+}
+
+func (l *leaseRenewal) renew() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return
+	}
+	h, period := l.h, l.h.opt.Lease/3
+	rctx, rcancel := context.WithTimeout(l.ctx, period)
+	err := h.opt.Store.Renew(rctx, l.id, l.owner, h.opt.Lease)
+	rcancel()
+	if errors.Is(err, store.ErrNotOwner) {
+		h.opt.Logger.Warn("lease lost to another owner; stopping this operation's attempts", "key", l.id.Key)
+		l.lost = true
+		l.cancel()
+		return
+	}
+	if err != nil {
+		h.opt.Logger.Warn("renewing the lease failed; retrying", "key", l.id.Key, "err", err)
+	}
+	// The next renewal is due a third of the lease after this one was due,
+	// however long this one took (at once if that has passed).
+	l.next = l.next.Add(period)
+	l.timer.Reset(max(time.Until(l.next), 0))
 }
 
 // roundTrip runs call's attempt sequence (retry.Transport.Do) and returns
