@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/heldbody"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -307,9 +308,12 @@ func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, bo
 	if err != nil {
 		return result{err: err, report: rep}
 	}
-	b, err := io.ReadAll(resp.Body)
+	b, held := heldbody.Unread(resp.Body) // the attempt layer's bytes, not a copy
+	if !held {
+		b, err = io.ReadAll(resp.Body)
+	}
 	resp.Body.Close()
-	if err != nil { // the body is in memory already; kept for a transport that streams
+	if err != nil {
 		return result{err: err, report: rep}
 	}
 	return result{resp: store.Response{Status: resp.StatusCode, Header: answerHeader(resp), Body: b},

@@ -1,7 +1,6 @@
 package retry
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -592,7 +591,7 @@ func (s *sequence) response(o outcome) *http.Response {
 		body := resp.Body.(*cancelOnClose)
 		body.cancel = s.cancel // closing the answer ends the whole sequence
 	} else {
-		resp.Body = io.NopCloser(bytes.NewReader(o.body))
+		resp.Body = heldbody.New(o.body) // a caller may take the bytes (heldbody.Unread) instead of copying them
 		if s.req.Method != http.MethodHead {
 			resp.ContentLength = int64(len(o.body))
 		}
