@@ -13,8 +13,9 @@ import (
 // provider with one-time nonces answers 409 nonce_reused) and unseen by the
 // retry loop. docs/design/oneshot.md has the analysis.
 //
-// OneShot sends a shallow copy with GetBody nil. A request with a body keeps
-// it: a body without GetBody is never replayed. An empty body is framed as
+// OneShot sends a shallow copy with GetBody nil (the request itself when it
+// has a body and no GetBody already: nothing to change). A request with a
+// body keeps it: a body without GetBody is never replayed. An empty body is framed as
 // its method expects, and still not replayable:
 //   - GET, HEAD, OPTIONS and TRACE (replayable by method whenever the body is
 //     nil) get an empty reader of a type net/http does not know: it probes
@@ -36,6 +37,9 @@ type OneShot struct {
 // RoundTrip sends req once through Next without letting Next replay it.
 // The returned response's Request is req.
 func (o OneShot) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.GetBody == nil && req.Body != nil && req.Body != http.NoBody {
+		return o.next().RoundTrip(req) // nothing to change (the retry loop's attempts): no copy
+	}
 	out := req.WithContext(req.Context()) // shallow copy: RoundTrip must not modify req
 	out.GetBody = nil
 	if req.Body == nil || req.Body == http.NoBody {

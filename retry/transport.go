@@ -402,7 +402,8 @@ func (s *sequence) getBody() (io.ReadCloser, error) {
 }
 
 func readLimited(r io.Reader, limit int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	lr := io.LimitedReader{R: r, N: limit + 1} // on the stack, unlike io.LimitReader's
+	b, err := io.ReadAll(&lr)
 	if err != nil {
 		return nil, err
 	}
@@ -599,10 +600,23 @@ func (s *sequence) response(o outcome) *http.Response {
 	if resp.Header == nil {
 		resp.Header = make(http.Header)
 	}
-	resp.Header.Set(AttemptsHeader, strconv.Itoa(s.attempts))
+	if s.attempts < len(attemptCounts) {
+		resp.Header[AttemptsHeader] = attemptCounts[s.attempts] // shared: no one writes into a header's values in place
+	} else {
+		resp.Header.Set(AttemptsHeader, strconv.Itoa(s.attempts))
+	}
 	resp.Request = s.req
 	return resp
 }
+
+// attemptCounts are the AttemptsHeader values of the usual sequences.
+var attemptCounts = func() [][]string {
+	v := make([][]string, 16)
+	for i := range v {
+		v[i] = []string{strconv.Itoa(i)}
+	}
+	return v
+}()
 
 func (t *Transport) next() http.RoundTripper {
 	if t.Next != nil {
