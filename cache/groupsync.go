@@ -13,8 +13,8 @@ import "sync"
 // round and the others follow it. A leader runs exactly one round, so no
 // caller's answer is held up by rounds it does not need (docs/design/durability.md).
 //
-// A round is one small allocation (its condition variable shares mu); a
-// caller allocates nothing of its own.
+// Rounds are reused once their last caller has left (their condition
+// variable shares mu), so a caller allocates nothing.
 type groupSync struct {
 	sync   func() error // syncs everything written so far
 	joined func()       // if set, called after a caller joined a round (tests)
@@ -22,14 +22,16 @@ type groupSync struct {
 	mu      sync.Mutex
 	next    *syncRound // round the next callers join; nil = none open
 	running bool       // a round is syncing
+	free    *syncRound // a finished round nobody waits on, for reuse
 }
 
 type syncRound struct {
-	cond sync.Cond // on groupSync.mu; signalled when the turn comes, broadcast when done
-	turn bool      // the round may start; the first caller to see it leads
-	led  bool      // a caller took the turn
-	done bool      // err is set
-	err  error
+	cond    sync.Cond // on groupSync.mu; signalled when the turn comes, broadcast when done
+	turn    bool      // the round may start; the first caller to see it leads
+	led     bool      // a caller took the turn
+	done    bool      // err is set
+	err     error
+	callers int // callers that joined and have not yet left
 }
 
 // wait blocks until a sync that started after the call has finished, and
@@ -38,14 +40,20 @@ func (g *groupSync) wait() error {
 	g.mu.Lock()
 	r := g.next
 	if r == nil {
-		r = &syncRound{}
-		r.cond.L = &g.mu
+		r = g.free
+		if r != nil {
+			g.free = nil
+		} else {
+			r = &syncRound{}
+			r.cond.L = &g.mu
+		}
 		g.next = r
 		if !g.running {
 			g.running = true
 			r.turn = true
 		}
 	}
+	r.callers++
 	if g.joined != nil {
 		g.mu.Unlock()
 		g.joined()
@@ -54,18 +62,25 @@ func (g *groupSync) wait() error {
 	for !r.done && (!r.turn || r.led) {
 		r.cond.Wait()
 	}
-	if r.done {
-		g.mu.Unlock()
-		return r.err
+	if !r.done {
+		r.led = true
+		g.lead(r) // releases mu while syncing
 	}
-	r.led = true
-	g.lead(r) // unlocks mu
-	return r.err
+	err := r.err
+	if r.callers--; r.callers == 0 {
+		// Done and out of g.next (lead took it out before syncing): nobody
+		// can reach it any more.
+		*r = syncRound{cond: sync.Cond{L: &g.mu}}
+		g.free = r
+	}
+	g.mu.Unlock()
+	return err
 }
 
 // lead runs round r, then hands the turn to the round that filled up
 // meanwhile, if any. Taking r out of g.next under mu is what closes it:
-// later callers open a new round. Called with mu held; returns without.
+// later callers open a new round. Called with mu held, which it releases
+// while syncing; returns with mu held.
 func (g *groupSync) lead(r *syncRound) {
 	g.next = nil
 	g.mu.Unlock()
@@ -79,5 +94,4 @@ func (g *groupSync) lead(r *syncRound) {
 	}
 	r.err, r.done = err, true
 	r.cond.Broadcast()
-	g.mu.Unlock()
 }

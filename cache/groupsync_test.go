@@ -146,3 +146,21 @@ func TestGroupSyncLoneWriteLeadsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupSyncReusesRounds: a finished round is reused once its last
+// caller has left, so waiting allocates nothing.
+func TestGroupSyncReusesRounds(t *testing.T) {
+	var rounds int
+	g := &groupSync{sync: func() error { rounds++; return nil }}
+	n := testing.AllocsPerRun(100, func() {
+		if err := g.wait(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 0 && !raceEnabled {
+		t.Errorf("%v allocations per wait, want 0", n)
+	}
+	if rounds != 101 { // AllocsPerRun runs the function once more to warm up
+		t.Errorf("%d rounds for 101 lone waits, want one each", rounds)
+	}
+}
