@@ -67,26 +67,16 @@ type observer struct {
 	m   *metrics.Metrics
 }
 
-// exchangeKey carries the request's *statusWriter from wrap to done.
-type exchangeKey struct{}
-
-// wrap counts the request in flight and records the status the client is sent:
-// the proxy's summary has none for streamed (unprotected) requests.
+// wrap counts the request in flight.
 func (o *observer) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer o.m.RequestStarted()()
-		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, sw)))
+		next.ServeHTTP(w, r)
 	})
 }
 
 // done is proxy.Options.OnDone.
 func (o *observer) done(s proxy.Summary) {
-	if sw, ok := s.Context().Value(exchangeKey{}).(*statusWriter); ok {
-		if s.Status == 0 {
-			s.Status = sw.status
-		}
-	}
 	o.m.Request(s)
 	level := slog.LevelInfo
 	if s.Outcome == proxy.OutcomeUnavailable || s.Outcome == proxy.OutcomeStoreError {
@@ -156,38 +146,6 @@ func (o *observer) probe(p retry.ProbeInfo) {
 }
 
 func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// statusWriter records the status sent to the client. It keeps Flush working
-// (streamed answers) and lets http.ResponseController reach the writer below.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 { // 1xx are not the answer
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Flush implements http.Flusher.
-func (w *statusWriter) Flush() {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	http.NewResponseController(w.ResponseWriter).Flush()
-}
-
-// Unwrap is for http.ResponseController.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // newLogger returns the process's JSON logger at level (validated by
 // loadConfig). As a last line of defence, any attribute or message that

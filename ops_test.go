@@ -435,7 +435,7 @@ func checkRequestLog(t *testing.T, p *opsProc) {
 		{"conflict", 409, 0, false},
 		{"forwarded", 201, 2, false},
 		{"forwarded", 201, 2, false},
-		{"forwarded", 200, 1, false}, // streamed: status from the wrapper, attempts from the attempt layer
+		{"forwarded", 200, 1, false}, // streamed: status and attempts recorded by the proxy
 		{"rejected", 422, 0, false},
 	}
 	for i, w := range want {

@@ -273,8 +273,9 @@ func modeFor(method string) retry.Mode {
 // forward passes an unprotected request through, streaming the answer.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, key outgoingKey, sum *Summary) {
 	ex := &retry.Exchange{Transport: h.opt.Transport, Call: retry.Call{Mode: m}}
-	h.reverseProxy(key, ex).ServeHTTP(w, r)
-	sum.Attempts = ex.Report.Attempts
+	sw := &statusWriter{ResponseWriter: w}
+	h.reverseProxy(key, ex).ServeHTTP(sw, r)
+	sum.Status, sum.Attempts = sw.status, ex.Report.Attempts
 }
 
 // upstreamError is the ReverseProxy's error handler (unprotected requests,
@@ -287,14 +288,13 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 }
 
 func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, rule routes.Rule, sum *Summary) {
+	// Trailers the client did not declare reach r.Trailer only as the body
+	// ends. They are ignored (declared ones were refused by checkShape):
+	// nothing reads a key or a signature from them, and none goes upstream
+	// (rewrite).
 	body, err := readBody(r.Body, r.ContentLength)
 	if err != nil { // nothing was sent: not an unknown outcome
-		err = fmt.Errorf("%w: %w", retry.ErrRequestBody, err)
-	} else if len(r.Trailer) > 0 { // undeclared trailers, seen only now
-		err = ErrTrailers
-	}
-	if err != nil {
-		h.fail(w, sum, err)
+		h.fail(w, sum, fmt.Errorf("%w: %w", retry.ErrRequestBody, err))
 		return
 	}
 	// The escaped path is what goes upstream: /cards/a%2Fb and /cards/a/b are

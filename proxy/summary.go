@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"net/http"
 	"time"
 )
@@ -35,24 +34,11 @@ type Summary struct {
 	Replayed     bool
 	Start        time.Time
 	Duration     time.Duration
-
-	ctx context.Context // the request's context; see Context
 }
 
 // newSummary starts the summary of r at now.
 func newSummary(r *http.Request, now time.Time) *Summary {
-	return &Summary{Method: r.Method, Path: r.URL.Path, Start: now, ctx: r.Context()}
-}
-
-// Context returns the context of the request the summary describes, so that an
-// OnDone callback can reach per-request state a middleware put there (the status
-// of a streamed answer, for one). It is context.Background() for a Summary not made
-// by the Handler.
-func (s Summary) Context() context.Context {
-	if s.ctx == nil {
-		return context.Background()
-	}
-	return s.ctx
+	return &Summary{Method: r.Method, Path: r.URL.Path, Start: now}
 }
 
 // fail answers err and records it on the summary.
