@@ -4,10 +4,12 @@ package main
 // another writer, then the binary gets SIGTERM. Badger writes through mmap
 // into sparse files, so a memtable flush into a full file system is a SIGBUS,
 // not an error. The process must still exit by itself within the grace plus
-// 5 s, and once the space is back the next start must replay every answer a
-// client was given.
+// 5 s, a start while the disk is still full must fail with a clear error
+// rather than crash, and once the space is back the next start must replay
+// every answer a client was given.
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -113,6 +115,20 @@ func TestSIGTERMOnFullDisk(t *testing.T) {
 	}
 	t.Logf("exited %s after SIGTERM (grace %s): %v; %d orders acknowledged, %d refused on the full disk",
 		took.Round(time.Millisecond), grace, p.err, len(all), refused)
+
+	// A start while the disk is still full must not crash either: Badger
+	// would flush the WAL it replays into a new table. It exits with a clear
+	// error instead, and the records wait for the space.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || strings.Contains(string(out), "SIGBUS") ||
+		!strings.Contains(string(out), "free space, then start again") {
+		t.Fatalf("start on the full disk: %v; want exit status 1 asking to free space\n%s", err, out)
+	}
+	t.Logf("start on the full disk: %v: %s", err, strings.TrimSpace(string(out)))
 
 	// The space comes back: the store opens and every acknowledged answer
 	// replays without reaching the provider again.

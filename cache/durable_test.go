@@ -415,3 +415,54 @@ func TestWALPreallocated(t *testing.T) {
 	}
 	checkNewest("after the memtable was flushed")
 }
+
+// TestHeadroomBounded: between two looks at the disk the store accepts at
+// most an eighth of a memtable of records, and a tick makes the next write
+// look again, so a disk another writer filled is seen before a memtable flush
+// (which would fault) and after a quiet spell.
+func TestHeadroomBounded(t *testing.T) {
+	const memTable = 1 << 20
+	s, err := Open(Options{Dir: t.TempDir(), SyncWrites: true, MemTableSize: memTable, MinFreeBytes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	free, err := freeBytes(s.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if (free-1)/spareShare <= memTable/8 {
+		t.Skipf("only %d bytes free: the cap would not show", free)
+	}
+	mustBegin(t, s, store.ID{Key: "a"}, fpA, "o")
+	if h := s.headroom.Load(); h <= 0 || h > memTable/8 {
+		t.Fatalf("headroom after a look at %d free bytes = %d, want within (0, %d]", free, h, memTable/8)
+	}
+	s.spaceTick()
+	if h := s.headroom.Load(); h != 0 {
+		t.Fatalf("headroom after a tick = %d, want 0", h)
+	}
+}
+
+// TestReplaySpace: a directory whose WALs Badger could not flush for lack of
+// space is refused with store.ErrNoSpace, not opened into a SIGBUS.
+func TestReplaySpace(t *testing.T) {
+	dir := t.TempDir()
+	free, err := freeBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := int64(min(free, math.MaxInt64/8)) // one flush alone would not fit
+	if err := checkReplaySpace(dir, huge); err != nil {
+		t.Fatalf("no WAL to replay: %v, want nil", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "00001.mem"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkReplaySpace(dir, huge); !errors.Is(err, store.ErrNoSpace) {
+		t.Fatalf("a WAL to replay without the space to flush it: %v, want store.ErrNoSpace", err)
+	}
+	if err := checkReplaySpace(dir, 1<<20); err != nil && free > 8<<20 {
+		t.Fatalf("a WAL to replay with %d bytes free: %v, want nil", free, err)
+	}
+}

@@ -351,6 +351,11 @@ func translate(err error) error {
 // 1/spareShare of the spare space above the reserve, counted in record bytes.
 // The share covers Badger's write amplification (WAL, flush, compactions);
 // near the reserve the headroom shrinks and every write looks again.
+//
+// Another writer can fill the disk meanwhile, so the headroom is also capped
+// at an eighth of a memtable (a memtable flush, which would fault on a full
+// disk, comes only after several looks) and dropped every second
+// (spaceTick): a write after a quiet spell looks at the disk as it is now.
 func (s *Store) checkSpace(n int64) error {
 	if s.minFree == 0 || s.headroom.Add(-n) > 0 {
 		return nil
@@ -362,12 +367,21 @@ func (s *Store) checkSpace(n int64) error {
 	if free < s.minFree {
 		return fmt.Errorf("%w: %d bytes free in %s, reserve is %d", store.ErrNoSpace, free, s.dir, s.minFree)
 	}
-	s.headroom.Store(int64((free - s.minFree) / spareShare))
+	s.headroom.Store(min(int64((free-s.minFree)/spareShare), s.maxHeadroom))
 	return nil
 }
 
-// spareShare: see checkSpace.
-const spareShare = 64
+// spareShare and spaceInterval: see checkSpace.
+const (
+	spareShare    = 64
+	spaceInterval = time.Second
+)
+
+// spaceTick drops the headroom, so that the next write looks at the disk.
+func (s *Store) spaceTick() bool {
+	s.headroom.Store(0)
+	return true
+}
 
 // checkArgs rejects an empty key or owner token.
 func checkArgs(op string, id store.ID, owner string) error {

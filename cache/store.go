@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,15 +129,16 @@ func valueThreshold(memTableSize int64) int64 {
 // Store is the Badger-backed record store. It is safe for concurrent use.
 // Open creates it; Close releases the directory.
 type Store struct {
-	db       *badger.DB
-	dir      string
-	ttl      time.Duration
-	now      func() time.Time
-	log      *slog.Logger
-	minFree  uint64       // 0 = no free-space check
-	headroom atomic.Int64 // record bytes writable before free space is looked at again
-	maxValue int          // values must be shorter (valueThreshold)
-	unlock   func() error
+	db          *badger.DB
+	dir         string
+	ttl         time.Duration
+	now         func() time.Time
+	log         *slog.Logger
+	minFree     uint64       // 0 = no free-space check
+	headroom    atomic.Int64 // record bytes writable before free space is looked at again
+	maxHeadroom int64        // cap of headroom (checkSpace)
+	maxValue    int          // values must be shorter (valueThreshold)
+	unlock      func() error
 
 	group    *groupSync    // nil unless SyncWrites on disk
 	syncedTs atomic.Uint64 // every commit at or below it is on disk
@@ -165,7 +167,8 @@ func Open(opts Options) (*Store, error) {
 		log:  opts.Logger,
 		stop: make(chan struct{}),
 
-		maxValue: int(valueThreshold(opts.MemTableSize)),
+		maxValue:    int(valueThreshold(opts.MemTableSize)),
+		maxHeadroom: opts.MemTableSize / 8,
 	}
 	if err := s.open(opts); err != nil {
 		return nil, err
@@ -194,6 +197,9 @@ func Open(opts Options) (*Store, error) {
 	}
 	if opts.PageOutInterval > 0 && !opts.InMemory {
 		s.every(opts.PageOutInterval, s.pageOutTick)
+	}
+	if s.minFree > 0 {
+		s.every(spaceInterval, s.spaceTick)
 	}
 	return s, nil
 }
@@ -248,6 +254,12 @@ func (s *Store) open(opts Options) error {
 	if err := checkTables(opts.Dir, bopts); err != nil {
 		unlock()
 		return fmt.Errorf("cache: open %s: %w", opts.Dir, err)
+	}
+	if opts.MinFreeBytes > 0 {
+		if err := checkReplaySpace(opts.Dir, opts.MemTableSize); err != nil {
+			unlock()
+			return fmt.Errorf("cache: open %s: %w", opts.Dir, err)
+		}
 	}
 	db, err := openBadger(bopts)
 	if err != nil {
@@ -390,5 +402,29 @@ func (s *Store) leaveOpen(free uint64, statErr error) error {
 	}
 	s.log.Warn("store left without flushing Badger's memtable: the disk is below its free-space reserve; "+
 		"the write-ahead log holds every write and the next start replays it", append(why, "dir", s.dir)...)
+	return nil
+}
+
+// checkReplaySpace refuses to open a directory whose WALs Badger could not
+// flush for lack of space. Badger replays the WALs a kill (or leaveOpen) left
+// and writes them to L0 tables at once, through memory maps: on a full disk
+// that is SIGBUS during Open, and a restart policy would crash again and
+// again. Each flush needs at most its WAL's size (twice the memtable), and
+// the new WAL as much again. A clear error instead names the cause; nothing
+// is lost meanwhile, and the store opens once there is space.
+func checkReplaySpace(dir string, memTableSize int64) error {
+	wals, err := filepath.Glob(filepath.Join(dir, "*.mem"))
+	if err != nil || len(wals) == 0 {
+		return err
+	}
+	need := uint64(len(wals)+1) * 2 * uint64(memTableSize)
+	free, err := freeBytes(dir)
+	if err != nil {
+		return err
+	}
+	if free < need {
+		return fmt.Errorf("%w: %d bytes free, and replaying the %d write-ahead logs of the last run needs up to %d; "+
+			"free space, then start again (the stored records are kept)", store.ErrNoSpace, free, len(wals), need)
+	}
 	return nil
 }
