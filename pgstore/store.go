@@ -242,8 +242,9 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 const (
 	// live is the condition of a record that has not expired.
 	live = `(expires_at IS NULL OR expires_at > now())`
-	// expiry is the expires_at of a write: $ttl microseconds from now, or never.
-	expiry = `CASE WHEN @ttl::bigint = 0 THEN NULL ELSE now() + @ttl * interval '1 microsecond' END`
+	// expiry is the expires_at of a write: $4 (the TTL) microseconds from
+	// now, or never.
+	expiry = `CASE WHEN $4::bigint = 0 THEN NULL ELSE now() + $4 * interval '1 microsecond' END`
 	// columns are what readRecord scans.
 	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded,
 		method, path, upstream_key, expires_at, last_body`
@@ -251,12 +252,16 @@ const (
 
 // claim is Begin's one statement: insert, or take over an expired record or
 // the same request's record whose lease ran out or whose outcome is unknown.
-// An expired record counts as missing: everything is reset.
+// An expired record counts as missing: everything is reset. Parameters are
+// positional here and in the other writes of a request (pgx rewrites a
+// statement with named ones on every call): $1 tenant, $2 key, $3
+// fingerprint, $4 TTL (expiry), $5 owner, $6 lease, $7 method, $8 path, $9
+// upstream key.
 const claim = `
 INSERT INTO idemproxy_records AS r (tenant, key, state, fingerprint, owner, fence, lease_until, created_at, expires_at,
 	method, path, upstream_key)
-VALUES (@tenant, @key, 1, @fp, @owner, 1, now() + @lease * interval '1 microsecond', now(), ` + expiry + `,
-	@method, @path, @upstream_key)
+VALUES ($1, $2, 1, $3, $5, 1, now() + $6 * interval '1 microsecond', now(), ` + expiry + `,
+	$7, $8, $9)
 ON CONFLICT (tenant, key) DO UPDATE SET
 	state = 1, owner = excluded.owner, lease_until = excluded.lease_until, expires_at = excluded.expires_at,
 	fingerprint = excluded.fingerprint, status = 0, header = NULL, body = NULL,
@@ -283,10 +288,8 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 		// The read and the claim are separate statements: a record that is
 		// deleted or expires between them is claimed on the next round.
 		for range 10 {
-			args := pgx.NamedArgs{"tenant": []byte(id.Tenant), "key": []byte(id.Key), "fp": req.Fingerprint, "owner": owner,
-				"lease": micros(lease), "ttl": micros(s.opt.TTL),
-				"method": req.Method, "path": req.Path, "upstream_key": req.UpstreamKey}
-			r, err := readRecord(s.pool.QueryRow(ctx, claim, args))
+			r, err := readRecord(s.pool.QueryRow(ctx, claim, []byte(id.Tenant), []byte(id.Key), req.Fingerprint,
+				micros(s.opt.TTL), owner, micros(lease), req.Method, req.Path, req.UpstreamKey))
 			if err == nil {
 				rec, created = r, true
 				return nil
@@ -324,8 +327,9 @@ func (s *Store) get(ctx context.Context, id store.ID) (store.Record, error) {
 		[]byte(id.Tenant), []byte(id.Key)))
 }
 
-// owned is the condition of owner's live in-flight record.
-const owned = `tenant = @tenant AND key = @key AND owner = @owner AND state = 1 AND ` + live
+// owned is the condition of owner's live in-flight record: $1 is the
+// tenant, $2 the key, $3 the owner (see ownerWrite).
+const owned = `tenant = $1 AND key = $2 AND owner = $3 AND state = 1 AND ` + live
 
 // Complete implements store.Store.Complete.
 func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
@@ -337,13 +341,13 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 		return fmt.Errorf("pgstore: complete: %w: %d bytes, limit %d", store.ErrTooLarge, n, s.opt.MaxRecordBytes)
 	}
 	return s.ownerWrite(ctx, "complete", id, owner, `UPDATE idemproxy_records SET state = 2, lease_until = NULL,
-		status = @status, header = @header, body = @body, last_body = NULL, expires_at = `+expiry+` WHERE `+owned,
-		pgx.NamedArgs{"status": resp.Status, "header": header, "body": nonNil(resp.Body)})
+		status = $5, header = $6, body = $7, last_body = NULL, expires_at = `+expiry+` WHERE `+owned,
+		micros(s.opt.TTL), resp.Status, header, nonNil(resp.Body))
 }
 
 // Abandon implements store.Store.Abandon.
 func (s *Store) Abandon(ctx context.Context, id store.ID, owner string) error {
-	return s.ownerWrite(ctx, "abandon", id, owner, `DELETE FROM idemproxy_records WHERE `+owned, pgx.NamedArgs{})
+	return s.ownerWrite(ctx, "abandon", id, owner, `DELETE FROM idemproxy_records WHERE `+owned)
 }
 
 // Renew implements store.Store.Renew.
@@ -352,8 +356,8 @@ func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time
 		return fmt.Errorf("pgstore: renew: lease %v is not positive", lease)
 	}
 	return s.ownerWrite(ctx, "renew", id, owner, `UPDATE idemproxy_records SET
-		lease_until = now() + @lease * interval '1 microsecond', expires_at = `+expiry+` WHERE `+owned,
-		pgx.NamedArgs{"lease": micros(lease)})
+		lease_until = now() + $5 * interval '1 microsecond', expires_at = `+expiry+` WHERE `+owned,
+		micros(s.opt.TTL), micros(lease))
 }
 
 // Park implements store.Store.Park.
@@ -367,18 +371,19 @@ func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Out
 		lastBody = o.LastBody
 	}
 	return s.ownerWrite(ctx, "park", id, owner, `UPDATE idemproxy_records SET state = 3, lease_until = NULL,
-		first_sent_at = CASE WHEN first_sent_at IS NULL THEN @sent::timestamptz ELSE least(first_sent_at, @sent::timestamptz) END,
-		attempts = attempts + @attempts, last_error = @last_error, last_body = coalesce(@last_body, last_body),
+		first_sent_at = CASE WHEN first_sent_at IS NULL THEN $5::timestamptz ELSE least(first_sent_at, $5::timestamptz) END,
+		attempts = attempts + $6, last_error = $7, last_body = coalesce($8, last_body),
 		expires_at = `+expiry+` WHERE `+owned,
-		pgx.NamedArgs{"sent": sent, "attempts": o.Attempts, "last_error": o.LastError, "last_body": lastBody})
+		micros(s.opt.TTL), sent, o.Attempts, o.LastError, lastBody)
 }
 
-// ownerWrite runs a write on owner's in-flight record; no row means
+// ownerWrite runs a write on owner's in-flight record (sql's condition is
+// owned; $4 on are more, the TTL first if it sets the expiry); no row means
 // store.ErrNotOwner.
-func (s *Store) ownerWrite(ctx context.Context, op string, id store.ID, owner, sql string, args pgx.NamedArgs) error {
-	args["tenant"], args["key"], args["owner"], args["ttl"] = []byte(id.Tenant), []byte(id.Key), owner, micros(s.opt.TTL)
+func (s *Store) ownerWrite(ctx context.Context, op string, id store.ID, owner, sql string, more ...any) error {
+	args := append([]any{[]byte(id.Tenant), []byte(id.Key), owner}, more...)
 	return s.call(ctx, op, &id, func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, sql, args)
+		tag, err := s.pool.Exec(ctx, sql, args...)
 		if err != nil {
 			return err
 		}
