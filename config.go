@@ -27,21 +27,23 @@ const envPrefix = "IDEMPROXY_"
 // config is the whole process configuration, read once from the environment by
 // loadConfig. The `doc` tags feed the README's table (see TestREADMEVariables).
 type config struct {
-	UpstreamURL  string        `env:"UPSTREAM_URL,required,notEmpty" doc:"provider base URL (required)"`
-	ListenAddr   string        `env:"LISTEN_ADDR" envDefault:":8080" doc:"where legacy apps connect"`
-	AdminAddr    string        `env:"ADMIN_ADDR" envDefault:":9090" doc:"health, readiness, metrics; must differ from LISTEN_ADDR"`
-	DataDir      string        `env:"DATA_DIR" envDefault:"./data" doc:"Badger directory (/data in the container); unused with STORE_URL"`
-	StoreURL     string        `env:"STORE_URL" doc:"postgres:// or postgresql:// URL of a database that replicas share; empty = the embedded Badger store in DATA_DIR, one process (secret)"`
-	StoreURLFile string        `env:"STORE_URL_FILE,file" doc:"path of a file holding STORE_URL"`
-	StoreLease   time.Duration `env:"STORE_LEASE" envDefault:"20s" doc:"with STORE_URL: how long a replica owns a key it is running, renewed every third of it; a dead replica's keys are resumed by another after it"`
-	RecordTTL    time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept; must exceed RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s (in-flight records expire with it too)"`
-	MaxBodyBytes int64         `env:"MAX_BODY_BYTES" envDefault:"1048576" doc:"request body cap (413 above it); at most 64 MiB"`
-	InflightWait time.Duration `env:"INFLIGHT_WAIT" envDefault:"10s" doc:"how long a repeat waits for the same key in flight before 409 idempotency_in_progress"`
-	Protected    string        `env:"PROTECTED_METHODS" envDefault:"POST" doc:"comma list of methods that get keys and records"`
-	KeySources   string        `env:"KEY_SOURCES" envDefault:"json:order_id" doc:"comma list of json:<dotted.path>, form:<field>, header:<Name>, query:<name>"`
-	MissingKey   string        `env:"MISSING_KEY" envDefault:"reject" doc:"reject, generate or passthrough"`
-	Preset       string        `env:"PRESET" doc:"payouts, payments or cards: the signing, retry, route and in-progress settings that provider needs; variables set explicitly win"`
-	Routes       string        `env:"ROUTES" doc:"per-endpoint rules separated by ;, each METHOD PATH=POLICY; POLICY is unprotected, key:<sources>, fingerprint:<window> or reject; * matches one path segment; first match wins; unmatched requests follow PROTECTED_METHODS and KEY_SOURCES"`
+	UpstreamURL      string        `env:"UPSTREAM_URL,required,notEmpty" doc:"provider base URL (required)"`
+	ListenAddr       string        `env:"LISTEN_ADDR" envDefault:":8080" doc:"where legacy apps connect"`
+	AdminAddr        string        `env:"ADMIN_ADDR" envDefault:":9090" doc:"health, readiness, metrics; must differ from LISTEN_ADDR"`
+	DataDir          string        `env:"DATA_DIR" envDefault:"./data" doc:"Badger directory (/data in the container); unused with STORE_URL"`
+	StoreURL         string        `env:"STORE_URL" doc:"postgres:// or postgresql:// URL of a database that replicas share; empty = the embedded Badger store in DATA_DIR, one process (secret)"`
+	StoreURLFile     string        `env:"STORE_URL_FILE,file" doc:"path of a file holding STORE_URL"`
+	StoreLease       time.Duration `env:"STORE_LEASE" envDefault:"20s" doc:"with STORE_URL: how long a replica owns a key it is running, renewed every third of it; a dead replica's keys are resumed by another after it"`
+	RecordTTL        time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept; must exceed RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s (in-flight records expire with it too)"`
+	MaxBodyBytes     int64         `env:"MAX_BODY_BYTES" envDefault:"1048576" doc:"request body cap (413 above it); at most 64 MiB"`
+	MaxInflight      int64         `env:"MAX_INFLIGHT" envDefault:"0" doc:"requests served at once, from arrival to answer; past it 503 overloaded with Retry-After, nothing sent, key left free (repeats of stored orders are still replayed); 0 = derived from ulimit -n, at most 1024 (see Sizing limits)"`
+	MaxInflightBytes int64         `env:"MAX_INFLIGHT_BYTES" envDefault:"0" doc:"request body bytes held at once, reserved from Content-Length before reading (chunked bodies as they arrive); past it 503 overloaded as above; 0 = a quarter of the Go memory limit (an eighth of the container's), else 64 MiB; at least MAX_BODY_BYTES"`
+	InflightWait     time.Duration `env:"INFLIGHT_WAIT" envDefault:"10s" doc:"how long a repeat waits for the same key in flight before 409 idempotency_in_progress"`
+	Protected        string        `env:"PROTECTED_METHODS" envDefault:"POST" doc:"comma list of methods that get keys and records"`
+	KeySources       string        `env:"KEY_SOURCES" envDefault:"json:order_id" doc:"comma list of json:<dotted.path>, form:<field>, header:<Name>, query:<name>"`
+	MissingKey       string        `env:"MISSING_KEY" envDefault:"reject" doc:"reject, generate or passthrough"`
+	Preset           string        `env:"PRESET" doc:"payouts, payments or cards: the signing, retry, route and in-progress settings that provider needs; variables set explicitly win"`
+	Routes           string        `env:"ROUTES" doc:"per-endpoint rules separated by ;, each METHOD PATH=POLICY; POLICY is unprotected, key:<sources>, fingerprint:<window> or reject; * matches one path segment; first match wins; unmatched requests follow PROTECTED_METHODS and KEY_SOURCES"`
 
 	InProgressStatus int    `env:"INPROGRESS_STATUS" envDefault:"409" doc:"status of idemproxy's answer while a key is in flight past INFLIGHT_WAIT, always with Retry-After (503 for apps that retry only 5xx)"`
 	InProgressCode   string `env:"INPROGRESS_CODE" envDefault:"idempotency_in_progress" doc:"error code of that answer (the payouts provider's is idempotency.in_progress)"`
@@ -355,6 +357,9 @@ func (c *config) checkNumbers() error {
 		{"MAX_BODY_BYTES", c.MaxBodyBytes > 0 && c.MaxBodyBytes <= maxBodyLimit, "a positive number of bytes up to 64 MiB (67108864)"},
 		// In-flight records expire with the TTL too: a TTL shorter than the
 		// lease would let a second sequence start while the first still runs.
+		{"MAX_INFLIGHT", c.MaxInflight >= 0, "0 (derived) or a positive number of requests"},
+		// A body at the cap must fit in the byte bound, or it is refused for ever.
+		{"MAX_INFLIGHT_BYTES", c.MaxInflightBytes == 0 || c.MaxInflightBytes >= c.MaxBodyBytes, "0 (derived) or at least MAX_BODY_BYTES"},
 		{"RECORD_TTL", c.RecordTTL > c.lease(), fmt.Sprintf("longer than the in-flight lease, RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s = %s", c.lease())},
 		{"INFLIGHT_WAIT", c.InflightWait > 0, "a positive duration"},
 		{"STORE_LEASE", c.StoreLease >= time.Second && c.StoreLease < c.RecordTTL, "from 1s to less than RECORD_TTL"},

@@ -23,6 +23,8 @@ func TestConfigBounds(t *testing.T) {
 		{"budget that overflows the lease", []string{"IDEMPROXY_RETRY_BUDGET=2562047h", "IDEMPROXY_ATTEMPT_TIMEOUT=1h", "IDEMPROXY_RECORD_TTL=1m"}, []string{"IDEMPROXY_RETRY_BUDGET", "24h"}},
 		{"attempt timeout that overflows the lease", []string{"IDEMPROXY_ATTEMPT_TIMEOUT=2562047h", "IDEMPROXY_RECORD_TTL=1m"}, []string{"IDEMPROXY_ATTEMPT_TIMEOUT"}},
 		{"absurd body cap", []string{"IDEMPROXY_MAX_BODY_BYTES=1099511627776"}, []string{"IDEMPROXY_MAX_BODY_BYTES", "64 MiB"}},
+		{"byte bound below the body cap", []string{"IDEMPROXY_MAX_BODY_BYTES=1048576", "IDEMPROXY_MAX_INFLIGHT_BYTES=1000000"}, []string{"IDEMPROXY_MAX_INFLIGHT_BYTES", "MAX_BODY_BYTES"}},
+		{"negative request bound", []string{"IDEMPROXY_MAX_INFLIGHT=-1"}, []string{"IDEMPROXY_MAX_INFLIGHT"}},
 		{"same listen and admin address", []string{"IDEMPROXY_LISTEN_ADDR=:8080", "IDEMPROXY_ADMIN_ADDR=:8080"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
 		{"same port, wildcard and loopback", []string{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:9090", "IDEMPROXY_ADMIN_ADDR=:9090"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
 	}

@@ -92,11 +92,15 @@ type listeners struct{ Proxy, Admin net.Addr }
 // called once the listeners are open (end-to-end tests use ":0").
 func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready func(listeners)) (err error) {
 	m := metrics.New(version)
+	lim := processLimits(cfg) // before the store opens its files
 	st, lease, err := openStore(ctx, cfg, set, m, log)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, closeStore(st, log)) }()
+	log.Info("limits", "max_inflight", lim.maxInflight, "max_inflight_bytes", lim.maxInflightBytes,
+		"max_body_bytes", cfg.MaxBodyBytes, "open_files_limit", lim.nofile,
+		"client_connections", lim.clientConns, "upstream_connections", lim.upstreamConns)
 	log.Info("protection", "preset", cfg.Preset, "routes", set.routes.String(),
 		"inprogress_status", cfg.InProgressStatus, "inprogress_code", cfg.InProgressCode)
 	obs := &observer{log: log, m: m}
@@ -117,6 +121,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		OnAttempt:        obs.attempt,
 		OnProbe:          obs.probe,
 		KeyRetention:     cfg.ProviderKeyRetention,
+		MaxConns:         lim.upstreamConns,
 	}
 	if set.probe != nil {
 		chain.Prober = &probe.Lookup{Template: set.probe, Base: set.upstream}
@@ -136,6 +141,8 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		MissingKey:       set.missingKey,
 		Routes:           set.routes,
 		MaxBodyBytes:     cfg.MaxBodyBytes,
+		MaxInflight:      lim.maxInflight,
+		MaxInflightBytes: lim.maxInflightBytes,
 		InflightWait:     cfg.InflightWait,
 		InProgressStatus: cfg.InProgressStatus,
 		InProgressCode:   cfg.InProgressCode,

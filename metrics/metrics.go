@@ -48,6 +48,7 @@ type Metrics struct {
 	requests         *prometheus.CounterVec
 	requestSeconds   *prometheus.HistogramVec
 	requestsInFlight prometheus.Gauge
+	overloaded       *prometheus.CounterVec
 
 	attempts       *prometheus.CounterVec
 	retries        *prometheus.CounterVec
@@ -96,6 +97,9 @@ func (m *Metrics) newRequestMetrics() {
 		"End-to-end time from receiving a client request to its answer, by outcome.",
 		requestBuckets, "outcome")
 	m.requestsInFlight = m.gauge("requests_in_flight", "Client requests being served now.")
+	m.overloaded = m.counterVec("overload_refusals_total",
+		"Requests refused 503 overloaded, nothing sent, by the bound that refused them (requests: IDEMPROXY_MAX_INFLIGHT, bytes: IDEMPROXY_MAX_INFLIGHT_BYTES).",
+		"limit")
 }
 
 func (m *Metrics) newUpstreamMetrics() {
@@ -199,6 +203,9 @@ func (m *Metrics) Request(s proxy.Summary) {
 	}
 	m.requests.WithLabelValues(methodLabel(s.Method), outcome).Inc()
 	m.requestSeconds.WithLabelValues(outcome).Observe(s.Duration.Seconds())
+	if s.Outcome == proxy.OutcomeOverloaded {
+		m.overloaded.WithLabelValues(s.Limit).Inc()
+	}
 }
 
 // RequestStarted counts a client request in flight until the returned func is

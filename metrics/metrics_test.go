@@ -129,6 +129,22 @@ func TestRequestCountsByMethodAndOutcome(t *testing.T) {
 	}
 }
 
+func TestOverloadRefusalsByLimit(t *testing.T) {
+	m := New("test")
+	m.Request(proxy.Summary{Method: "POST", Outcome: proxy.OutcomeOverloaded, Limit: proxy.LimitRequests})
+	m.Request(proxy.Summary{Method: "POST", Outcome: proxy.OutcomeOverloaded, Limit: proxy.LimitBytes})
+	m.Request(proxy.Summary{Method: "GET", Outcome: proxy.OutcomeOverloaded, Limit: proxy.LimitRequests})
+	m.Request(proxy.Summary{Method: "POST", Outcome: proxy.OutcomeForwarded})
+	for limit, want := range map[string]float64{"requests": 2, "bytes": 1} {
+		if got := value(t, m, "idemproxy_overload_refusals_total", "limit", limit); got != want {
+			t.Errorf("overload_refusals_total{limit=%q} = %v, want %v", limit, got, want)
+		}
+	}
+	if got := value(t, m, "idemproxy_requests_total", "method", "POST", "outcome", "overloaded"); got != 2 {
+		t.Errorf("requests_total{POST,overloaded} = %v, want 2", got)
+	}
+}
+
 func TestRequestsInFlight(t *testing.T) {
 	m := New("test")
 	done1 := m.RequestStarted()

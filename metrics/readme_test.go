@@ -36,6 +36,7 @@ func everySeries(t *testing.T) *Metrics {
 	t.Helper()
 	m := New("readme")
 	m.Request(proxy.Summary{Method: "POST", Outcome: proxy.OutcomeForwarded})
+	m.Request(proxy.Summary{Method: "POST", Outcome: proxy.OutcomeOverloaded, Limit: proxy.LimitBytes})
 	m.RequestStarted()()
 	m.Attempt(retry.AttemptInfo{Mode: retry.Protected, Attempt: 1, Status: 429, Reason: retry.ReasonStatus, Paused: time.Second})
 	m.Attempt(retry.AttemptInfo{Mode: retry.Protected, Attempt: 2, Status: 201, Last: true})

@@ -36,8 +36,14 @@ func (superseded) Error() string { return "the order was renewed to its next key
 // obtain returns the answer for key id: a replay of a stored final response, the
 // result of a new upstream operation this request starts, or the result of one in
 // flight that it waits for. Only one operation per key runs at a time.
-func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Summary) (result, error) {
+//
+// Without a request slot (t, past MaxInflight) only a stored final answer is
+// replayed; anything else is refused overloaded before the key is claimed.
+func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Summary, t *ticket) (result, error) {
 	ctx := r.Context()
+	if !t.slot {
+		return h.replayOnly(ctx, id, fp, sum)
+	}
 	deadline := h.opt.Now().Add(h.opt.InflightWait)
 	owner := newOwner()
 	req := store.Request{Fingerprint: fp, Method: r.Method, Path: r.URL.EscapedPath(), UpstreamKey: sum.UpstreamKey}
@@ -61,7 +67,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 		}
 		if created {
 			sum.Outcome = OutcomeForwarded
-			return h.start(r, id, owner, body, rec.Outcome), nil
+			return h.start(r, id, owner, body, rec.Outcome, t), nil
 		}
 		if rec.State == store.Final && rec.Superseded {
 			return result{}, superseded{rec}
@@ -79,6 +85,18 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 			return result{}, err
 		}
 	}
+}
+
+// replayOnly answers a request past MaxInflight: the stored final answer
+// of its key if there is one for this request, else ErrOverloaded. It reads
+// the record and writes nothing, so the key stays free.
+func (h *Handler) replayOnly(ctx context.Context, id store.ID, fp []byte, sum *Summary) (result, error) {
+	rec, err := h.opt.Store.Get(ctx, id)
+	if err == nil && rec.State == store.Final && !rec.Superseded && bytes.Equal(rec.Fingerprint, fp) {
+		sum.Outcome = OutcomeReplayed
+		return result{resp: rec.Response, replayed: true}, nil
+	}
+	return result{}, ErrOverloaded
 }
 
 // awaitOwn answers a request for a key this process is running: a conflict
@@ -131,12 +149,14 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 //
 // before is what earlier sequences of this key left: non-zero when the record
 // was parked with its outcome unknown, so the first attempt is a re-send.
-func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome) result {
+func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome, t *ticket) result {
 	done := h.flights.open(id)
 	out := make(chan result, 1)
 	h.ops.Add(1)
+	t.hold() // the operation holds its slot and body bytes until it ends
 	go func() {
 		defer h.ops.Done()
+		defer t.release()
 		defer h.flights.close(id, done)
 		out <- h.run(r, id, owner, body, before)
 	}()

@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -97,6 +96,16 @@ type Options struct {
 	Routes routes.Table
 	// MaxBodyBytes caps request bodies (413 above). Zero means 1 MiB.
 	MaxBodyBytes int64
+	// MaxInflight bounds the requests served at once, from arrival to answer
+	// (an operation whose client left, until it ends). Past it a request is
+	// answered 503 overloaded with Retry-After, nothing sent and no record
+	// written; a repeat of a stored order is still replayed. Zero: no bound.
+	MaxInflight int64
+	// MaxInflightBytes bounds the request body bytes held at once: reserved
+	// from Content-Length before the body is read, or as a chunked body
+	// arrives, and held until the operation ends. Past it: 503 overloaded,
+	// as above. It should be at least MaxBodyBytes. Zero: no bound.
+	MaxInflightBytes int64
 	// InflightWait bounds how long a repeat waits for the same key in flight
 	// before 409 idempotency_in_progress. Zero means 10 s.
 	InflightWait time.Duration
@@ -134,6 +143,7 @@ type Handler struct {
 	ops        sync.WaitGroup
 	flights    flights
 	windows    windowLocks
+	adm        *admission
 }
 
 // New checks opts and builds a Handler.
@@ -173,6 +183,7 @@ func New(opts Options) (*Handler, error) {
 		h.protected[strings.ToUpper(m)] = true
 	}
 	h.flights.m = map[store.ID]chan struct{}{}
+	h.adm = newAdmission(opts.MaxInflight, opts.MaxInflightBytes)
 	h.rp = &httputil.ReverseProxy{
 		// Rewrite, not Director: hop-by-hop headers are removed after Director
 		// runs, which could strip headers set there (Go issue 50580). The
@@ -220,12 +231,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
+	t := h.adm.admit()
+	defer t.release()
 	rule := h.rule(r)
 	switch rule.Policy {
 	case routes.Reject:
 		sum.Outcome = OutcomeRejected
 		h.fail(w, sum, ErrRouteRejected)
 	case routes.Unprotected:
+		if !t.slot {
+			h.fail(w, sum, ErrOverloaded)
+			return
+		}
 		sum.Outcome = OutcomeForwarded
 		key, err := h.unprotectedKey(r, tenant)
 		if err != nil {
@@ -234,7 +251,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.forward(w, r, modeFor(r.Method), key, sum)
 	default:
-		h.serveProtected(w, r, tenant, rule, sum)
+		// Past MaxInflight a protected request is still read: if it repeats
+		// a stored order its answer is replayed (obtain), which sends
+		// nothing upstream and costs a store read.
+		h.serveProtected(w, r, tenant, rule, sum, t)
 	}
 }
 
@@ -287,12 +307,16 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	writeError(w, err, "")
 }
 
-func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, rule routes.Rule, sum *Summary) {
+func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, rule routes.Rule, sum *Summary, t *ticket) {
 	// Trailers the client did not declare reach r.Trailer only as the body
 	// ends. They are ignored (declared ones were refused by checkShape):
 	// nothing reads a key or a signature from them, and none goes upstream
 	// (rewrite).
-	body, err := readBody(r.Body, r.ContentLength)
+	body, err := readHeld(r.Body, r.ContentLength, t)
+	if errors.Is(err, errBodyBytes) {
+		h.fail(w, sum, ErrOverloadedBytes)
+		return
+	}
 	if err != nil { // nothing was sent: not an unknown outcome
 		h.fail(w, sum, fmt.Errorf("%w: %w", retry.ErrRequestBody, err))
 		return
@@ -311,6 +335,10 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		return
 	}
 	if key == "" { // Passthrough policy
+		if !t.slot {
+			h.fail(w, sum, ErrOverloaded)
+			return
+		}
 		sum.Outcome = OutcomeForwarded
 		r.Body = heldbody.New(body)
 		h.forward(w, r, retry.Once, outgoingKey{}, sum)
@@ -319,7 +347,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	sum.Key, sum.UpstreamKey = key, h.upstreamKey(tenant, key)
 	w.Header().Set(KeyHeader, key)
 	id := store.ID{Tenant: tenant, Key: key}
-	res, err := h.obtain(r, id, fp[:], body, sum)
+	res, err := h.obtain(r, id, fp[:], body, sum, t)
 	for gen := 2; err != nil && gen <= maxGenerations; gen++ {
 		var sup superseded
 		if !errors.As(err, &sup) {
@@ -336,7 +364,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		}
 		id.Key, sum.Key, sum.UpstreamKey = next, next, h.upstreamKey(tenant, next)
 		w.Header().Set(KeyHeader, next)
-		res, err = h.obtain(r, id, fp[:], body, sum)
+		res, err = h.obtain(r, id, fp[:], body, sum, t)
 	}
 	if err == nil {
 		err = res.err
@@ -346,20 +374,6 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		return
 	}
 	writeResult(w, res, id.Key, sum)
-}
-
-// readBody reads a request body into the one slice every layer and attempt
-// then shares (heldbody). A declared length (already within MaxBodyBytes) is
-// read into one allocation of that size; a chunked body grows as it comes.
-func readBody(r io.Reader, declared int64) ([]byte, error) {
-	if declared <= 0 {
-		return io.ReadAll(r)
-	}
-	b := make([]byte, declared)
-	if _, err := io.ReadFull(r, b); err != nil { // the server ends the body at the declared length
-		return nil, err
-	}
-	return b, nil
 }
 
 // resolveKey returns the key for a protected request: the client's own, else the

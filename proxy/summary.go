@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"net/http"
 	"time"
 )
@@ -20,6 +21,9 @@ const (
 	// OutcomeClientGone: the client left before its answer; an operation it
 	// started still finishes and is stored for its retry (docs/contract.md).
 	OutcomeClientGone Outcome = "client_gone"
+	// OutcomeOverloaded: refused past Options.MaxInflight or MaxInflightBytes;
+	// nothing was sent and the key is free.
+	OutcomeOverloaded Outcome = "overloaded"
 )
 
 // Summary describes one finished request, for logs and metrics. It never holds
@@ -32,8 +36,11 @@ type Summary struct {
 	Status       int
 	Attempts     int
 	Replayed     bool
-	Start        time.Time
-	Duration     time.Duration
+	// Limit names the bound that refused an OutcomeOverloaded request:
+	// LimitRequests or LimitBytes.
+	Limit    string
+	Start    time.Time
+	Duration time.Duration
 }
 
 // newSummary starts the summary of r at now.
@@ -56,6 +63,11 @@ func (h *Handler) fail(w http.ResponseWriter, sum *Summary, err error) {
 		sum.Outcome = OutcomeInProgress
 	case ErrClientGone.Code:
 		sum.Outcome = OutcomeClientGone
+	case ErrOverloaded.Code:
+		sum.Outcome, sum.Limit = OutcomeOverloaded, LimitRequests
+		if errors.Is(err, ErrOverloadedBytes) {
+			sum.Limit = LimitBytes
+		}
 	default:
 		sum.Outcome = OutcomeRejected
 	}

@@ -44,8 +44,13 @@ type Config struct {
 	Prober       retry.Prober
 	KeyRetention time.Duration
 	OnProbe      func(retry.ProbeInfo)
-	// Wire writes attempts to the network. Nil means NewWire().
+	// Wire writes attempts to the network. Nil means NewWire() with
+	// MaxConns.
 	Wire http.RoundTripper
+	// MaxConns bounds the connections to the provider open at once (each a
+	// file descriptor); an attempt past it waits for one within its
+	// timeout. Zero: no bound. Unused with Wire.
+	MaxConns int
 }
 
 // New builds the chain. Its error, from a signing configuration that cannot
@@ -53,7 +58,9 @@ type Config struct {
 func New(c Config) (*retry.Transport, error) {
 	wire := c.Wire
 	if wire == nil {
-		wire = NewWire()
+		w := NewWire()
+		w.MaxConnsPerHost = c.MaxConns
+		wire = w
 	}
 	signer, err := resign.New(c.Sign, retry.OneShot{Next: wire})
 	if err != nil {

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"math"
+	"testing"
+)
+
+func TestDeriveLimits(t *testing.T) {
+	const mib = 1 << 20
+	base := config{MaxBodyBytes: mib}
+	set := base
+	set.MaxInflight, set.MaxInflightBytes = 50, 8*mib
+	tests := []struct {
+		name       string
+		cfg        config
+		nofile     uint64
+		storeFiles int
+		goLimit    int64
+		want       resourceLimits
+	}{
+		// 256 MiB container: Go limit 128 MiB, a quarter for bodies.
+		{"container, ulimit 1024", base, 1024, 10, 128 * mib, resourceLimits{maxInflight: 379, maxInflightBytes: 32 * mib, clientConns: 379, upstreamConns: 379, nofile: 1024}},
+		{"no limits known", base, 0, 0, math.MaxInt64, resourceLimits{maxInflight: 1024, maxInflightBytes: 64 * mib}},
+		{"many descriptors", base, 1 << 20, 0, math.MaxInt64, resourceLimits{maxInflight: 1024, maxInflightBytes: 64 * mib, clientConns: 393216, upstreamConns: 393216, nofile: 1 << 20}},
+		{"tiny Go limit: still one body at the cap", base, 0, 0, 2 * mib, resourceLimits{maxInflight: 1024, maxInflightBytes: mib}},
+		{"almost no descriptors", base, 100, 0, math.MaxInt64, resourceLimits{maxInflight: 16, maxInflightBytes: 64 * mib, clientConns: 16, upstreamConns: 16, nofile: 100}},
+		{"set explicitly", set, 1024, 0, 128 * mib, resourceLimits{maxInflight: 50, maxInflightBytes: 8 * mib, clientConns: 384, upstreamConns: 384, nofile: 1024}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := deriveLimits(tt.cfg, tt.nofile, tt.storeFiles, tt.goLimit); got != tt.want {
+				t.Errorf("got %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
