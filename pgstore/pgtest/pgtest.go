@@ -74,6 +74,9 @@ type Options struct {
 	Fsync bool
 	// MaxConnections is the server's max_connections; 0 means 200.
 	MaxConnections int
+	// Settings are more postgresql.conf lines ("name = value"), written
+	// after the ones above, so that they override them.
+	Settings []string
 }
 
 // Start creates and starts a cluster. The caller must Stop it and Remove it.
@@ -128,6 +131,9 @@ func (c *Cluster) init(opts Options) error {
 	}
 	conf := fmt.Sprintf("listen_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nfsync = %s\nfull_page_writes = %s\nmax_connections = %d\nshared_buffers = 64MB\nlog_min_messages = warning\n",
 		c.dir, fsync, fsync, max(opts.MaxConnections, 200))
+	for _, line := range opts.Settings {
+		conf += line + "\n"
+	}
 	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return err

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
+)
+
+// TestPostgresNewKeyStatements counts, in the server's statement log, what
+// the real binary asks of PostgreSQL for protected requests with new keys:
+// two statements each, the claim and the final answer, with no transaction
+// around them, no read and no throttle statement. The only other statements
+// allowed are the replica's heartbeat, which runs on its own clock.
+func TestPostgresNewKeyStatements(t *testing.T) {
+	c, url := pgtest.Own(t, pgtest.Options{Settings: []string{"log_statement = 'all'", "log_line_prefix = '@@ '"}})
+	prov := newDedupProvider()
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := launch(t, launchSpec{env: sharedEnv(up.URL, url)})
+	post := func(i int) {
+		t.Helper()
+		r := send(t, "POST", "http://"+p.proxy+"/v1/payments", fmt.Sprintf(`{"order_id":"cost-%d","amount":"1.00"}`, i))
+		if r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("new key %d: %d %q replayed=%q, want a fresh 201", i, r.status, r.body, r.header.Get("Idempotent-Replayed"))
+		}
+	}
+	post(0) // prepares the statements on a connection
+	from := len(c.Log())
+	const n = 10
+	for i := 1; i <= n; i++ {
+		post(i)
+	}
+	records, others := 0, []string{}
+	for _, entry := range strings.Split(c.Log()[from:], "\n@@ ") {
+		if !strings.Contains(entry, "LOG:  execute ") && !strings.Contains(entry, "LOG:  statement: ") {
+			continue
+		}
+		switch {
+		case strings.Contains(entry, "idemproxy_records"):
+			records++
+		case !strings.Contains(entry, "idemproxy_replicas"): // the heartbeat
+			others = append(others, entry)
+		}
+	}
+	t.Logf("%d new keys: %d statements on records, %d others", n, records, len(others))
+	if records != 2*n || len(others) > 0 {
+		t.Fatalf("%d new keys: %d statements on records (want %d) and %d others (want none):\n%s",
+			n, records, 2*n, len(others), strings.Join(others, "\n"))
+	}
+}
