@@ -6,6 +6,7 @@ package main
 // idempotency_in_progress for the length of a lease.
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -135,4 +136,121 @@ func fdCode(body string) string {
 	}
 	code, _, _ := strings.Cut(rest, `"`)
 	return code
+}
+
+// TestFileDescriptorLimitIdleClients: many apps keep idle keep-alive
+// connections open, as connection pools do, while new orders arrive. The
+// connection bound derived from ulimit -n closes idle connections for new
+// clients instead of leaving them waiting for an idle timeout, and orders
+// past the in-flight bound are refused 503 overloaded, nothing sent; each
+// succeeds on its next try.
+func TestFileDescriptorLimitIdleClients(t *testing.T) {
+	up := newGatedUpstream("new-")
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	released := false
+	defer func() {
+		if !released {
+			close(up.release)
+		}
+	}()
+	p := launch(t, launchSpec{bin: "/bin/sh", args: []string{"-c", "ulimit -n 256 && exec " + binPath},
+		env: baseEnv(srv.URL, t.TempDir(), "IDEMPROXY_RETRY_BASE_DELAY=50ms", "IDEMPROXY_RETRY_BUDGET=10s")})
+	limits := p.waitLine(t, `"msg":"limits"`)
+	t.Logf("limits: %s", limits)
+
+	// 150 clients, each with its own keep-alive connection left idle after
+	// one answered order.
+	const idleClients, n = 150, 100
+	idle := make([]*http.Client, idleClients)
+	for i := range idle {
+		idle[i] = &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+		if st, body := postJSON(idle[i], p.proxy, fmt.Sprintf("idle-%d", i)); st != http.StatusCreated {
+			t.Fatalf("idle client %d: %d %s", i, st, body)
+		}
+	}
+
+	// New clients, with keep-alive too, while the idle ones hold their
+	// connections; the upstream holds the orders it gets.
+	statuses := make([]int, n)
+	bodies := make([]string, n)
+	var answered atomic.Int64
+	var wg sync.WaitGroup
+	clients := make([]*http.Client, n)
+	for i := range n {
+		clients[i] = &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+		wg.Go(func() {
+			defer answered.Add(1)
+			statuses[i], bodies[i] = postJSON(clients[i], p.proxy, fmt.Sprintf("new-%d", i))
+		})
+	}
+	for answered.Load()+up.held.Load() < n {
+		select {
+		case <-p.done:
+			t.Fatalf("idemproxy exited: %v\n%s", p.err, p.text())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	close(up.release)
+	released = true
+	wg.Wait()
+
+	var refused int
+	for i := range n {
+		if statuses[i] == http.StatusCreated {
+			continue
+		}
+		refused++
+		if statuses[i] != http.StatusServiceUnavailable || fdCode(bodies[i]) != "overloaded" {
+			t.Errorf("order %d: %d %s; want 201, or 503 overloaded", i, statuses[i], bodies[i])
+		}
+		if st, body := postJSON(clients[i], p.proxy, fmt.Sprintf("new-%d", i)); st != http.StatusCreated {
+			t.Errorf("order %d: next try after %d = %d %s; want 201", i, statuses[i], st, body)
+		}
+	}
+	t.Logf("%d of %d new orders refused overloaded next to %d idle clients, each succeeded on its next try", refused, n, idleClients)
+	if refused == 0 {
+		t.Error("no order was refused: the in-flight bound was not reached")
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	for i := range n {
+		if c := up.orders[fmt.Sprintf("new-%d", i)]; c != 1 {
+			t.Errorf("order new-%d reached the provider %d times, want once (refusals send nothing)", i, c)
+		}
+	}
+}
+
+// gatedUpstream answers every order at once, except the first request of
+// each order whose id has the prefix, which it holds until release is
+// closed. It counts requests per order id.
+type gatedUpstream struct {
+	prefix  string
+	release chan struct{}
+	held    atomic.Int64
+	mu      sync.Mutex
+	orders  map[string]int
+}
+
+func newGatedUpstream(prefix string) *gatedUpstream {
+	return &gatedUpstream{prefix: prefix, release: make(chan struct{}), orders: map[string]int{}}
+}
+
+func (u *gatedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var o struct {
+		OrderID string `json:"order_id"`
+	}
+	json.NewDecoder(r.Body).Decode(&o)
+	io.Copy(io.Discard, r.Body)
+	u.mu.Lock()
+	u.orders[o.OrderID]++
+	first := u.orders[o.OrderID] == 1
+	u.mu.Unlock()
+	if first && strings.HasPrefix(o.OrderID, u.prefix) {
+		u.held.Add(1)
+		<-u.release
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order_id":%q,"status":"succeeded"}`, o.OrderID)
 }

@@ -41,8 +41,10 @@ type resourceLimits struct {
 // File descriptors: a quarter of nofile (at least minFDReserve) plus the
 // store's files is kept for other uses; the rest is shared equally between
 // client connections and provider connections, since every request in
-// flight may hold one of each. The request bound is at most the client
-// connections: past them a request could not even arrive.
+// flight may hold one of each. The request bound is at most three quarters
+// of the client connections: the rest carry the 503 overloaded answers and
+// idle keep-alive connections, so that past the bound a request is refused
+// clearly instead of waiting for a connection.
 func deriveLimits(cfg config, nofile uint64, storeFiles int, goLimit int64) resourceLimits {
 	l := resourceLimits{maxInflight: cfg.MaxInflight, maxInflightBytes: cfg.MaxInflightBytes, nofile: nofile}
 	if nofile > 0 && nofile < math.MaxInt32 {
@@ -57,7 +59,7 @@ func deriveLimits(cfg config, nofile uint64, storeFiles int, goLimit int64) reso
 	if l.maxInflight == 0 {
 		l.maxInflight = defaultMaxInflight
 		if l.clientConns > 0 {
-			l.maxInflight = min(l.maxInflight, int64(l.clientConns))
+			l.maxInflight = min(l.maxInflight, int64(l.clientConns)*3/4)
 		}
 	}
 	if l.maxInflightBytes == 0 {

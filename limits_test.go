@@ -19,11 +19,11 @@ func TestDeriveLimits(t *testing.T) {
 		want       resourceLimits
 	}{
 		// 256 MiB container: Go limit 128 MiB, a quarter for bodies.
-		{"container, ulimit 1024", base, 1024, 10, 128 * mib, resourceLimits{maxInflight: 379, maxInflightBytes: 32 * mib, clientConns: 379, upstreamConns: 379, nofile: 1024}},
+		{"container, ulimit 1024", base, 1024, 10, 128 * mib, resourceLimits{maxInflight: 284, maxInflightBytes: 32 * mib, clientConns: 379, upstreamConns: 379, nofile: 1024}},
 		{"no limits known", base, 0, 0, math.MaxInt64, resourceLimits{maxInflight: 1024, maxInflightBytes: 64 * mib}},
 		{"many descriptors", base, 1 << 20, 0, math.MaxInt64, resourceLimits{maxInflight: 1024, maxInflightBytes: 64 * mib, clientConns: 393216, upstreamConns: 393216, nofile: 1 << 20}},
 		{"tiny Go limit: still one body at the cap", base, 0, 0, 2 * mib, resourceLimits{maxInflight: 1024, maxInflightBytes: mib}},
-		{"almost no descriptors", base, 100, 0, math.MaxInt64, resourceLimits{maxInflight: 16, maxInflightBytes: 64 * mib, clientConns: 16, upstreamConns: 16, nofile: 100}},
+		{"almost no descriptors", base, 100, 0, math.MaxInt64, resourceLimits{maxInflight: 12, maxInflightBytes: 64 * mib, clientConns: 16, upstreamConns: 16, nofile: 100}},
 		{"set explicitly", set, 1024, 0, 128 * mib, resourceLimits{maxInflight: 50, maxInflightBytes: 8 * mib, clientConns: 384, upstreamConns: 384, nofile: 1024}},
 	}
 	for _, tt := range tests {

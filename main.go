@@ -156,7 +156,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	adm := newAdmin(instrumented, m.Handler())
 	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, OrderKey: handler.OrderKey, Logger: log}))
-	return serve(ctx, cfg, app{proxy: obs.wrap(handler), drain: handler.Drain, stopWaits: gate.Close, admin: adm}, log, ready)
+	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, stopWaits: gate.Close, admin: adm}, log, ready)
 }
 
 // app is what serve runs: the proxy handler (wrapped for logs and metrics), the
@@ -172,7 +172,9 @@ type app struct {
 
 // serve runs the proxy and admin listeners until ctx ends, then drains (see
 // shutdown); the caller closes the store after.
-func serve(ctx context.Context, cfg config, a app, log *slog.Logger, ready func(listeners)) error {
+//
+// conns bounds the client connections (0: no bound, see connLimiter).
+func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, ready func(listeners)) error {
 	pl, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.ListenAddr, err)
@@ -191,6 +193,11 @@ func serve(ctx context.Context, cfg config, a app, log *slog.Logger, ready func(
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	as := &http.Server{Handler: a.admin, ReadHeaderTimeout: 5 * time.Second}
+	if conns > 0 {
+		cl := newConnLimiter(pl, conns)
+		ps.ConnState = cl.ConnState
+		pl = cl
+	}
 	errc := make(chan error, 2)
 	go func() { errc <- ps.Serve(&loggedListener{Listener: pl, log: log}) }()
 	go func() { errc <- as.Serve(al) }()

@@ -176,3 +176,109 @@ func readMemory(p *opsProc) (map[string]float64, error) {
 	}
 	return out, nil
 }
+
+// containerMemory is the container memory limit the README recommends.
+const containerMemory = 256 << 20
+
+// TestMemoryUnderOverload runs the real binary as a 256 MiB container would
+// (GOMEMLIMIT half of it, which memlimit.go sets from the cgroup limit) and
+// sends 400 concurrent orders of about 1 MiB to a provider that holds them:
+// the resident set must stay under the container limit, and the orders past
+// the in-flight bounds must get 503 overloaded with Retry-After, with nothing
+// sent upstream and their keys free for the next try.
+func TestMemoryUnderOverload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sends 400 MiB over loopback")
+	}
+	const (
+		n        = 400
+		bodySize = 1<<20 - 512 // under the default IDEMPROXY_MAX_BODY_BYTES
+	)
+	up := newGatedUpstream("mem-")
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	released := false
+	defer func() {
+		if !released {
+			close(up.release)
+		}
+	}()
+	p := launch(t, launchSpec{env: baseEnv(srv.URL, t.TempDir(), "GOMEMLIMIT="+strconv.Itoa(containerMemory/2))})
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}, Timeout: 2 * time.Minute}
+	pad := strings.Repeat("x", bodySize-64)
+	order := func(i int) string { return fmt.Sprintf(`{"order_id":"mem-%d","amount":"1.00","note":%q}`, i, pad) }
+	type answer struct {
+		status     int
+		code       string
+		retryAfter string
+	}
+	answers := make([]answer, n)
+	var answered atomic.Int64
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			defer answered.Add(1)
+			resp, err := client.Post("http://"+p.proxy+"/v1/payments", "application/json", strings.NewReader(order(i)))
+			if err != nil {
+				answers[i] = answer{code: err.Error()}
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			answers[i] = answer{resp.StatusCode, fdCode(string(b)), resp.Header.Get("Retry-After")}
+		})
+	}
+	// Every order is either held at the provider or answered: the peak is
+	// now, with the most bodies held.
+	for answered.Load()+up.held.Load() < n {
+		select {
+		case <-p.done:
+			t.Fatalf("idemproxy exited: %v\n%s", p.err, p.text())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	peak := memoryOf(t, p)
+	close(up.release)
+	released = true
+	wg.Wait()
+
+	held := int(up.held.Load())
+	var refused []int
+	for i, a := range answers {
+		switch {
+		case a.status == http.StatusCreated:
+		case a.status == http.StatusServiceUnavailable && a.code == "overloaded" && a.retryAfter != "":
+			refused = append(refused, i)
+		default:
+			t.Errorf("order %d: %d %q Retry-After %q; want 201, or 503 overloaded with Retry-After", i, a.status, a.code, a.retryAfter)
+		}
+	}
+	t.Logf("peak RSS %.0f MiB (anon %.0f MiB) under a %d MiB container; %d orders held at the provider, %d refused overloaded",
+		peak["hwm"], peak["anon"], containerMemory>>20, held, len(refused))
+	if peak["hwm"] >= containerMemory>>20 {
+		t.Errorf("peak RSS %.0f MiB, over the %d MiB container limit", peak["hwm"], containerMemory>>20)
+	}
+	if len(refused) == 0 || held == 0 {
+		t.Fatalf("%d held, %d refused: the bound was not reached or nothing passed", held, len(refused))
+	}
+	up.mu.Lock()
+	for _, i := range refused {
+		if c := up.orders[fmt.Sprintf("mem-%d", i)]; c != 0 {
+			t.Errorf("refused order %d reached the provider %d times", i, c)
+		}
+	}
+	up.mu.Unlock()
+	// The refused keys are free: their next try executes.
+	for _, i := range refused[:min(len(refused), 20)] {
+		resp, err := client.Post("http://"+p.proxy+"/v1/payments", "application/json", strings.NewReader(order(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Errorf("refused order %d, next try: %d, want 201", i, resp.StatusCode)
+		}
+	}
+}

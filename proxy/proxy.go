@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -231,6 +232,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
+	defer drainRefused(r, sum) // after the ticket is released (defers run last first)
 	t := h.adm.admit()
 	defer t.release()
 	rule := h.rule(r)
@@ -255,6 +257,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// a stored order its answer is replayed (obtain), which sends
 		// nothing upstream and costs a store read.
 		h.serveProtected(w, r, tenant, rule, sum, t)
+	}
+}
+
+// drainRefused reads and drops the body of a request refused overloaded
+// before its body was read. Closing a connection with a body still arriving
+// resets it, and most clients then report the reset instead of the 503 and
+// its Retry-After. Draining holds no memory and no bound; a client that
+// asked for 100-continue was not sent it and sends no body.
+func drainRefused(r *http.Request, sum *Summary) {
+	if sum.Outcome == OutcomeOverloaded && !strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+		io.Copy(io.Discard, r.Body) // r.Body stops at MaxBodyBytes
 	}
 }
 
