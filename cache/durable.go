@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // The store opens Badger with SyncWrites=false and makes writes durable
@@ -44,9 +45,10 @@ func (s *Store) syncFiles() error {
 // walSet tracks Badger's memtable WAL files (NNNNN.mem) without listing the
 // directory each round: Badger numbers new WALs one above the last, so a
 // round looks only for the next number. Each WAL stays open from the round
-// that found it until the round that sees it deleted, so a round opens
-// nothing. Used by the group-sync leader only (and Close).
+// that found it until the round (or dropFlushed) that sees it deleted, so a
+// round opens nothing. Used by the group-sync leader, dropFlushed and Close.
 type walSet struct {
+	mu       sync.Mutex // held by sync, dropFlushed and close
 	dir      string
 	live     []walFile // ascending fid; not yet seen deleted
 	next     int       // the fid the next new WAL will have
@@ -105,6 +107,12 @@ func (w *walSet) load() error {
 
 // sync syncs every live WAL, picking up new ones and dropping flushed ones.
 func (w *walSet) sync() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.syncLocked()
+}
+
+func (w *walSet) syncLocked() error {
 	for {
 		if w.nextPath == "" {
 			w.nextPath = filepath.Join(w.dir, walName(w.next))
@@ -148,7 +156,7 @@ func (w *walSet) sync() error {
 		if err := w.load(); err != nil {
 			return err
 		}
-		return w.sync()
+		return w.syncLocked()
 	}
 	if w.dirDirty {
 		if err := fsyncDir(w.dir); err != nil {
@@ -193,8 +201,28 @@ func (f *walFile) sync(allocate bool) (gone bool, err error) {
 	return gone, nil
 }
 
+// dropFlushed closes the WALs Badger has deleted since the last round, so
+// that an idle store, where no round runs, does not hold their (allocated)
+// blocks. The next round forgets them.
+func (w *walSet) dropFlushed() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range w.live {
+		f := &w.live[i]
+		if f.f == nil {
+			continue
+		}
+		if gone, err := unlinked(f.f, f.path); err == nil && gone {
+			f.f.Close()
+			f.f = nil
+		}
+	}
+}
+
 // close closes the open WALs (the store is closing).
 func (w *walSet) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	for i := range w.live {
 		if f := w.live[i].f; f != nil {
 			f.Close()

@@ -466,3 +466,52 @@ func TestReplaySpace(t *testing.T) {
 		t.Fatalf("a WAL to replay with %d bytes free: %v, want nil", free, err)
 	}
 }
+
+// TestFlushedWALsClosedWhileIdle: a WAL Badger deletes after its flush while
+// no sync round runs (an idle store dropping its expired records) is closed
+// by dropFlushed, so its blocks go back to the file system; a later write
+// still syncs.
+func TestFlushedWALsClosedWhileIdle(t *testing.T) {
+	defer func(d time.Duration) { walCheckInterval = d }(walCheckInterval)
+	walCheckInterval = time.Hour // dropFlushed is called below, not by the store's loop
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, SyncWrites: true, MinFreeBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 10 {
+		mustBegin(t, s, store.ID{Key: fmt.Sprint(i)}, fpA, "o")
+	}
+	deletedOpen := func() []string {
+		fds, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, fd := range fds {
+			target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
+			if err == nil && strings.HasPrefix(target, dir) && strings.HasSuffix(target, ".mem (deleted)") {
+				out = append(out, target)
+			}
+		}
+		return out
+	}
+	// What reclaimExpired does on an idle store: Badger flushes the
+	// memtable and deletes the WAL the last round opened.
+	if err := s.db.DropPrefix([]byte(recordPrefix)); err != nil {
+		t.Fatal(err)
+	}
+	if len(deletedOpen()) == 0 {
+		t.Fatal("no deleted WAL held open after DropPrefix: nothing to test")
+	}
+	s.wals.dropFlushed()
+	if held := deletedOpen(); len(held) > 0 {
+		t.Fatalf("deleted WALs still open after dropFlushed: %v", held)
+	}
+	id := store.ID{Key: "after"}
+	mustBegin(t, s, id, fpA, "o")
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+}

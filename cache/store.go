@@ -111,6 +111,11 @@ const (
 	maxValueSize = 1 << 20
 )
 
+// walCheckInterval is how often WALs that Badger deleted while no sync round
+// ran (an idle store) are closed, giving their blocks back. A variable for
+// tests.
+var walCheckInterval = 10 * time.Second
+
 // defaultMinFree is twice the most an L0→L1 compaction writes before it
 // deletes its inputs: every L0 table (up to NumLevelZeroTablesStall = 15, one
 // memtable each) plus all of L1 (BaseLevelSize = 10 MiB), Badger's defaults.
@@ -185,6 +190,7 @@ func Open(opts Options) (*Store, error) {
 			return nil, fmt.Errorf("cache: open: %w", err)
 		}
 		s.group = &groupSync{sync: s.syncFiles}
+		s.every(walCheckInterval, func() bool { s.wals.dropFlushed(); return true })
 	}
 	if opts.GCInterval > 0 && !opts.InMemory {
 		s.every(opts.GCInterval, s.gcTick)
