@@ -110,6 +110,20 @@ func (c *connLimiter) ConnState(conn net.Conn, s http.ConnState) {
 	}
 }
 
+// Open returns the connections open now.
+func (c *connLimiter) Open() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int64(c.open)
+}
+
+// ClosedIdle returns how many idle connections were closed at the bound.
+func (c *connLimiter) ClosedIdle() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int64(c.evicted)
+}
+
 // limitedConn gives its slot back once, when closed.
 type limitedConn struct {
 	net.Conn

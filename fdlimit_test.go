@@ -208,7 +208,15 @@ func TestFileDescriptorLimitIdleClients(t *testing.T) {
 			t.Errorf("order %d: next try after %d = %d %s; want 201", i, statuses[i], st, body)
 		}
 	}
-	t.Logf("%d of %d new orders refused overloaded next to %d idle clients, each succeeded on its next try", refused, n, idleClients)
+	m := scrape(t, "http://"+p.admin+"/metrics")
+	t.Logf("%d of %d new orders refused overloaded next to %d idle clients, each succeeded on its next try; %v idle connections closed at the bound of %v",
+		refused, n, idleClients, m["idemproxy_client_connections_closed_idle_total"], m["idemproxy_client_connections_limit"])
+	if m["idemproxy_client_connections_closed_idle_total"] == 0 {
+		t.Error("no idle connection was closed at the bound: the idle clients did not fill it")
+	}
+	if m[`idemproxy_overload_refusals_total{limit="requests"}`] != float64(refused) {
+		t.Errorf("idemproxy_overload_refusals_total{limit=\"requests\"} = %v, want %d", m[`idemproxy_overload_refusals_total{limit="requests"}`], refused)
+	}
 	if refused == 0 {
 		t.Error("no order was refused: the in-flight bound was not reached")
 	}

@@ -156,7 +156,8 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	adm := newAdmin(instrumented, m.Handler())
 	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, OrderKey: handler.OrderKey, Logger: log}))
-	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, stopWaits: gate.Close, admin: adm}, log, ready)
+	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, stopWaits: gate.Close, admin: adm,
+		connMetrics: m.ClientConnections}, log, ready)
 }
 
 // app is what serve runs: the proxy handler (wrapped for logs and metrics), the
@@ -168,6 +169,9 @@ type app struct {
 	// a provider's pause): they were never sent and get a 503 at once.
 	stopWaits func()
 	admin     *admin
+	// connMetrics, if set, exports the client connection bound (limit,
+	// open, closed idle).
+	connMetrics func(limit int, open, closedIdle func() int64)
 }
 
 // serve runs the proxy and admin listeners until ctx ends, then drains (see
@@ -197,6 +201,9 @@ func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, 
 		cl := newConnLimiter(pl, conns)
 		ps.ConnState = cl.ConnState
 		pl = cl
+		if a.connMetrics != nil {
+			a.connMetrics(conns, cl.Open, cl.ClosedIdle)
+		}
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- ps.Serve(&loggedListener{Listener: pl, log: log}) }()

@@ -253,6 +253,18 @@ func (m *Metrics) StoreSize(size func() (lsm, vlog int64)) {
 	}
 }
 
+// ClientConnections exports the client connection bound: limit, the
+// connections open now (open) and those closed while idle to admit a new
+// client at the bound (closedIdle, a running total).
+func (m *Metrics) ClientConnections(limit int, open, closedIdle func() int64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "client_connections",
+		Help: "Client connections open now on the proxy port."}, func() float64 { return float64(open()) }))
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "client_connections_limit",
+		Help: "Client connections allowed at once, derived from ulimit -n (see README, Sizing limits)."}, func() float64 { return float64(limit) }))
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "client_connections_closed_idle_total",
+		Help: "Idle keep-alive client connections closed at the connection limit to admit a new client."}, func() float64 { return float64(closedIdle()) }))
+}
+
 // methodLabel bounds the method label: any other method becomes "other".
 func methodLabel(method string) string {
 	switch method {
