@@ -14,8 +14,8 @@ import (
 // written, so the same request with the same key may be sent again after
 // Retry-After.
 var (
-	ErrOverloaded      = &Error{http.StatusServiceUnavailable, "overloaded", "too many requests in flight; nothing was sent upstream: retry with the same Idempotency-Key after Retry-After"}
-	ErrOverloadedBytes = &Error{http.StatusServiceUnavailable, "overloaded", "too many request body bytes in flight; nothing was sent upstream: retry with the same Idempotency-Key after Retry-After"}
+	ErrOverloaded      = &Error{http.StatusServiceUnavailable, CodeOverloaded, "too many requests in flight; nothing was sent upstream: retry with the same Idempotency-Key after Retry-After"}
+	ErrOverloadedBytes = &Error{http.StatusServiceUnavailable, CodeOverloaded, "too many request body bytes in flight; nothing was sent upstream: retry with the same Idempotency-Key after Retry-After"}
 )
 
 // Limits named in Summary.Limit for an overloaded request.

@@ -22,33 +22,53 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
+// The contract's error codes (docs/contract.md), each written once: every
+// answer idemproxy gives itself carries one of these, or the in-progress code
+// configured in its place (Options.InProgressCode).
+const (
+	CodeKeyMissing          = "idempotency_key_missing"
+	CodeKeyInvalid          = "idempotency_key_invalid"
+	CodeKeyExpired          = "idempotency_key_expired"
+	CodeConflict            = "idempotency_conflict"
+	CodeInProgress          = "idempotency_in_progress"
+	CodeBodyTooLarge        = "body_too_large"
+	CodeStoreUnavailable    = "store_unavailable"
+	CodeUpstreamUnavailable = "upstream_unavailable"
+	CodeOverloaded          = "overloaded"
+	CodeBadRequest          = "bad_request"
+	CodeMethodNotAllowed    = "method_not_allowed"
+	CodeUpgradeNotSupported = "upgrade_not_supported"
+	CodeUnauthorized        = "unauthorized"
+	CodeClientClosed        = "client_closed_request"
+)
+
 // The errors of docs/contract.md's table, plus the request-shape errors the table leaves open.
 var (
-	ErrKeyMissing  = &Error{http.StatusUnprocessableEntity, "idempotency_key_missing", "protected request has no Idempotency-Key and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) is present"}
-	ErrKeyInvalid  = &Error{http.StatusBadRequest, "idempotency_key_invalid", "Idempotency-Key must be 1-255 printable ASCII characters (bare or an RFC 8941 string)"}
-	ErrConflict    = &Error{http.StatusConflict, "idempotency_conflict", "Idempotency-Key was already used for a different request"}
-	ErrInProgress  = &Error{http.StatusConflict, "idempotency_in_progress", "a request with this Idempotency-Key is still in flight; retry later with the same key"}
-	ErrBodyTooLong = &Error{http.StatusRequestEntityTooLarge, "body_too_large", "request body exceeds the configured limit"}
-	ErrStore       = &Error{http.StatusServiceUnavailable, "store_unavailable", "the idempotency record store cannot be written; nothing was sent upstream"}
+	ErrKeyMissing  = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) is present"}
+	ErrKeyInvalid  = &Error{http.StatusBadRequest, CodeKeyInvalid, "Idempotency-Key must be 1-255 printable ASCII characters (bare or an RFC 8941 string)"}
+	ErrConflict    = &Error{http.StatusConflict, CodeConflict, "Idempotency-Key was already used for a different request"}
+	ErrInProgress  = &Error{http.StatusConflict, CodeInProgress, "a request with this Idempotency-Key is still in flight; retry later with the same key"}
+	ErrBodyTooLong = &Error{http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "request body exceeds the configured limit"}
+	ErrStore       = &Error{http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency record store cannot be written; nothing was sent upstream"}
 	// ErrStoreAfterSend is store_unavailable after the upstream answered: the
 	// operation may have been executed, so the app must retry with the same key.
-	ErrStoreAfterSend = &Error{http.StatusServiceUnavailable, "store_unavailable", "the upstream answered but the answer could not be stored; the operation may have been executed: retry with the same Idempotency-Key"}
-	ErrBadRequest     = &Error{http.StatusBadRequest, "bad_request", "request cannot be proxied"}
-	ErrMethod         = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT, TRACE and TRACK are not proxied"}
-	ErrMethodCase     = &Error{http.StatusBadRequest, "bad_request", "the method must be in upper case (POST, not post)"}
-	ErrMethodOverride = &Error{http.StatusBadRequest, "bad_request", "method override headers (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override) are not forwarded; send the method itself"}
-	ErrTrailers       = &Error{http.StatusBadRequest, "bad_request", "request trailers are not forwarded; send every header before the body"}
-	ErrDotSegment     = &Error{http.StatusBadRequest, "bad_request", "the path has a dot-segment (. or .., plain or percent-encoded); send the resolved path"}
+	ErrStoreAfterSend = &Error{http.StatusServiceUnavailable, CodeStoreUnavailable, "the upstream answered but the answer could not be stored; the operation may have been executed: retry with the same Idempotency-Key"}
+	ErrBadRequest     = &Error{http.StatusBadRequest, CodeBadRequest, "request cannot be proxied"}
+	ErrMethod         = &Error{http.StatusMethodNotAllowed, CodeMethodNotAllowed, "CONNECT, TRACE and TRACK are not proxied"}
+	ErrMethodCase     = &Error{http.StatusBadRequest, CodeBadRequest, "the method must be in upper case (POST, not post)"}
+	ErrMethodOverride = &Error{http.StatusBadRequest, CodeBadRequest, "method override headers (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override) are not forwarded; send the method itself"}
+	ErrTrailers       = &Error{http.StatusBadRequest, CodeBadRequest, "request trailers are not forwarded; send every header before the body"}
+	ErrDotSegment     = &Error{http.StatusBadRequest, CodeBadRequest, "the path has a dot-segment (. or .., plain or percent-encoded); send the resolved path"}
 	// ErrBodyUnread: the client's body did not arrive in full (too slow, or
 	// the connection broke); nothing was sent.
-	ErrBodyUnread = &Error{http.StatusBadRequest, "bad_request", "request body could not be read in full; nothing was sent upstream"}
+	ErrBodyUnread = &Error{http.StatusBadRequest, CodeBadRequest, "request body could not be read in full; nothing was sent upstream"}
 	// ErrRouteRejected answers a request an IDEMPROXY_ROUTES reject rule matches.
-	ErrRouteRejected = &Error{http.StatusMethodNotAllowed, "method_not_allowed", "this method and path are refused by the proxy's route table; nothing was sent"}
-	ErrUpgrade       = &Error{http.StatusBadRequest, "upgrade_not_supported", "protocol upgrades are not proxied"}
-	ErrClientGone    = &Error{499, "client_closed_request", "client closed the request"}
+	ErrRouteRejected = &Error{http.StatusMethodNotAllowed, CodeMethodNotAllowed, "this method and path are refused by the proxy's route table; nothing was sent"}
+	ErrUpgrade       = &Error{http.StatusBadRequest, CodeUpgradeNotSupported, "protocol upgrades are not proxied"}
+	ErrClientGone    = &Error{499, CodeClientClosed, "client closed the request"}
 	// ErrKeyExpired: the outcome is unknown and the provider may have
 	// forgotten the key, so a resend could execute the operation twice.
-	ErrKeyExpired = &Error{http.StatusConflict, "idempotency_key_expired", "the outcome of this operation is unknown and it was first sent longer ago than the provider keeps idempotency keys; nothing was sent: an operator must resolve it"}
+	ErrKeyExpired = &Error{http.StatusConflict, CodeKeyExpired, "the outcome of this operation is unknown and it was first sent longer ago than the provider keeps idempotency keys; nothing was sent: an operator must resolve it"}
 )
 
 // busy is the answer while a key is in flight past the wait: ErrInProgress, or
@@ -89,10 +109,34 @@ type errorBody struct {
 	} `json:"error"`
 }
 
-// classify maps any error on the request path to what the client is told. It is the
-// only place where errors become HTTP statuses and the contract's codes.
-func classify(err error) (status int, code, msg string, attempts int) {
+// apiError is what becomes of an error on the request path: what the client is
+// told (Status, Code, Message, Attempts) and what the request's Summary says
+// (Outcome, Limit).
+type apiError struct {
+	Status   int
+	Code     string
+	Message  string
+	Attempts int // upstream attempts made, for upstream_unavailable
+	Outcome  Outcome
+	Limit    string // for OutcomeOverloaded: LimitRequests or LimitBytes
+}
+
+// answer is the apiError of e, whose outcome is o.
+func answer(e *Error, o Outcome) apiError {
+	return apiError{Status: e.Status, Code: e.Code, Message: e.Message, Outcome: o}
+}
+
+// upstreamUnavailable is the apiError of a sequence that gave no final answer.
+func upstreamUnavailable(status int, msg string, attempts int) apiError {
+	return apiError{Status: status, Code: CodeUpstreamUnavailable, Message: msg, Attempts: attempts, Outcome: OutcomeUnavailable}
+}
+
+// classify maps any error on the request path to what the client is told and to
+// the request's outcome. It is the only place where errors become HTTP statuses,
+// the contract's codes and outcomes.
+func classify(err error) apiError {
 	var (
+		b   busy
 		pe  *Error
 		ex  *retry.ExhaustedError
 		mbe *http.MaxBytesError
@@ -100,56 +144,86 @@ func classify(err error) (status int, code, msg string, attempts int) {
 	)
 	switch {
 	case errors.Is(err, context.Canceled):
-		return ErrClientGone.Status, ErrClientGone.Code, ErrClientGone.Message, 0
+		return answer(ErrClientGone, OutcomeClientGone)
+	case errors.As(err, &b):
+		return answer(b.e, OutcomeInProgress)
 	case errors.As(err, &pe):
-		return pe.Status, pe.Code, pe.Message, 0
+		return classifyOwn(pe)
 	case errors.As(err, &mbe):
-		return ErrBodyTooLong.Status, ErrBodyTooLong.Code, ErrBodyTooLong.Message, 0
+		return answer(ErrBodyTooLong, OutcomeRejected)
 	case errors.Is(err, idemkey.ErrInvalidKey):
-		return ErrKeyInvalid.Status, ErrKeyInvalid.Code, ErrKeyInvalid.Message, 0
+		return answer(ErrKeyInvalid, OutcomeRejected)
 	case errors.As(err, &se):
-		return ErrStore.Status, ErrStore.Code, ErrStore.Message, 0
+		return answer(ErrStore, OutcomeStoreError)
 	case errors.Is(err, retry.ErrKeyExpired):
-		return ErrKeyExpired.Status, ErrKeyExpired.Code, ErrKeyExpired.Message, 0
+		return answer(ErrKeyExpired, OutcomeRejected)
 	case errors.Is(err, retry.ErrRequestBody):
-		return ErrBodyUnread.Status, ErrBodyUnread.Code, ErrBodyUnread.Message, 0
+		return answer(ErrBodyUnread, OutcomeRejected)
 	case errors.As(err, &ex) && ex.NotSent && errors.Is(err, ratelimit.ErrClosed):
-		return http.StatusServiceUnavailable, "upstream_unavailable", "idemproxy is shutting down; nothing was sent", 0
+		return upstreamUnavailable(http.StatusServiceUnavailable, "idemproxy is shutting down; nothing was sent", 0)
 	case errors.As(err, &ex) && ex.NotSent:
-		return http.StatusBadGateway, "upstream_unavailable", "upstream could not be reached; nothing was sent", ex.Attempts
+		return upstreamUnavailable(http.StatusBadGateway, "upstream could not be reached; nothing was sent", ex.Attempts)
 	case errors.As(err, &ex):
-		status = http.StatusBadGateway
+		status := http.StatusBadGateway
 		if ex.Timeout {
 			status = http.StatusGatewayTimeout
 		}
-		return status, "upstream_unavailable", "upstream did not give a final answer; the outcome may be unknown", ex.Attempts
+		return upstreamUnavailable(status, "upstream did not give a final answer; the outcome may be unknown", ex.Attempts)
 	default:
-		return http.StatusBadGateway, "upstream_unavailable", "upstream request failed; the outcome may be unknown", 0
+		return upstreamUnavailable(http.StatusBadGateway, "upstream request failed; the outcome may be unknown", 0)
 	}
+}
+
+// classifyOwn is classify for the errors idemproxy answers with itself: a
+// refusal unless the error says otherwise.
+func classifyOwn(e *Error) apiError {
+	switch e {
+	case ErrConflict:
+		return answer(e, OutcomeConflict)
+	case ErrInProgress:
+		return answer(e, OutcomeInProgress)
+	case ErrStore, ErrStoreAfterSend:
+		return answer(e, OutcomeStoreError)
+	case ErrClientGone:
+		return answer(e, OutcomeClientGone)
+	case ErrOverloaded:
+		a := answer(e, OutcomeOverloaded)
+		a.Limit = LimitRequests
+		return a
+	case ErrOverloadedBytes:
+		a := answer(e, OutcomeOverloaded)
+		a.Limit = LimitBytes
+		return a
+	}
+	return answer(e, OutcomeRejected)
 }
 
 // writeError answers err in the contract's JSON shape. key is the idempotency key in use
 // ("" when none was established yet).
 func writeError(w http.ResponseWriter, err error, key string) {
-	status, code, msg, attempts := classify(err)
+	writeClassified(w, err, classify(err), key)
+}
+
+// writeClassified answers err, whose class is a (classify).
+func writeClassified(w http.ResponseWriter, err error, a apiError, key string) {
 	var body errorBody
-	body.Error.Code, body.Error.Message = code, msg
-	if code == "upstream_unavailable" || err == ErrStoreAfterSend {
-		body.Error.Key, body.Error.Attempts = key, attempts
+	body.Error.Code, body.Error.Message = a.Code, a.Message
+	if a.Outcome == OutcomeUnavailable || err == ErrStoreAfterSend {
+		body.Error.Key, body.Error.Attempts = key, a.Attempts
 	}
-	if code == "upstream_unavailable" && key != "" { // an unprotected request has no key to retry with
+	if a.Outcome == OutcomeUnavailable && key != "" { // an unprotected request has no key to retry with
 		body.Error.Message += ": retry with the same Idempotency-Key"
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
-	if attempts > 0 {
-		h.Set(AttemptsHeader, strconv.Itoa(attempts))
+	if a.Attempts > 0 {
+		h.Set(AttemptsHeader, strconv.Itoa(a.Attempts))
 	}
-	if errors.As(err, new(busy)) || status == http.StatusServiceUnavailable {
+	if a.Outcome == OutcomeInProgress || a.Status == http.StatusServiceUnavailable {
 		h.Set("Retry-After", "1")
 	}
 	b, _ := json.Marshal(body)
-	w.WriteHeader(status)
+	w.WriteHeader(a.Status)
 	w.Write(append(b, '\n'))
 }

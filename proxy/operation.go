@@ -36,22 +36,23 @@ func (superseded) Error() string { return "the order was renewed to its next key
 // obtain returns the answer for key id: a replay of a stored final response, the
 // result of a new upstream operation this request starts, or the result of one in
 // flight that it waits for. Only one operation per key runs at a time.
+// upstreamKey is the key sent upstream, kept in the record for operators.
 //
 // Without a request slot (t, past MaxInflight) only a stored final answer is
 // replayed; anything else is refused overloaded before the key is claimed.
-func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Summary, t *ticket) (result, error) {
+func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, body []byte, t *ticket) (result, error) {
 	ctx := r.Context()
 	if !t.slot {
-		return h.replayOnly(ctx, id, fp, sum)
+		return h.replayOnly(ctx, id, fp)
 	}
 	deadline := h.opt.Now().Add(h.opt.InflightWait)
 	owner := newOwner()
-	req := store.Request{Fingerprint: fp, Method: r.Method, Path: r.URL.EscapedPath(), UpstreamKey: sum.UpstreamKey}
+	req := store.Request{Fingerprint: fp, Method: r.Method, Path: r.URL.EscapedPath(), UpstreamKey: upstreamKey}
 	for {
 		if h.flights.wait(id) != nil {
 			// This process runs the key: whatever the clocks say about its
 			// lease (a VM resume, an NTP step), never take it over.
-			if err := h.awaitOwn(ctx, id, fp, deadline, sum); err != nil {
+			if err := h.awaitOwn(ctx, id, fp, deadline); err != nil {
 				return result{}, err
 			}
 			continue
@@ -66,22 +67,18 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 			return result{}, storeError{err}
 		}
 		if created {
-			sum.Outcome = OutcomeForwarded
 			return h.start(r, id, owner, body, rec.Outcome, t), nil
 		}
 		if rec.State == store.Final && rec.Superseded {
 			return result{}, superseded{rec}
 		}
 		if !bytes.Equal(rec.Fingerprint, fp) {
-			sum.Outcome = OutcomeConflict
 			return result{}, ErrConflict
 		}
 		if rec.State == store.Final {
-			sum.Outcome = OutcomeReplayed
 			return result{resp: rec.Response, replayed: true}, nil
 		}
 		if err := h.awaitOther(ctx, id, deadline); err != nil {
-			sum.Outcome = OutcomeInProgress
 			return result{}, err
 		}
 	}
@@ -90,10 +87,9 @@ func (h *Handler) obtain(r *http.Request, id store.ID, fp, body []byte, sum *Sum
 // replayOnly answers a request past MaxInflight: the stored final answer
 // of its key if there is one for this request, else ErrOverloaded. It reads
 // the record and writes nothing, so the key stays free.
-func (h *Handler) replayOnly(ctx context.Context, id store.ID, fp []byte, sum *Summary) (result, error) {
+func (h *Handler) replayOnly(ctx context.Context, id store.ID, fp []byte) (result, error) {
 	rec, err := h.opt.Store.Get(ctx, id)
 	if err == nil && rec.State == store.Final && !rec.Superseded && bytes.Equal(rec.Fingerprint, fp) {
-		sum.Outcome = OutcomeReplayed
 		return result{resp: rec.Response, replayed: true}, nil
 	}
 	return result{}, ErrOverloaded
@@ -101,13 +97,11 @@ func (h *Handler) replayOnly(ctx context.Context, id store.ID, fp []byte, sum *S
 
 // awaitOwn answers a request for a key this process is running: a conflict
 // at once for another body (as Begin would), else a wait for the operation.
-func (h *Handler) awaitOwn(ctx context.Context, id store.ID, fp []byte, deadline time.Time, sum *Summary) error {
+func (h *Handler) awaitOwn(ctx context.Context, id store.ID, fp []byte, deadline time.Time) error {
 	if rec, err := h.opt.Store.Get(ctx, id); err == nil && !bytes.Equal(rec.Fingerprint, fp) {
-		sum.Outcome = OutcomeConflict
 		return ErrConflict
 	}
 	if err := h.awaitOther(ctx, id, deadline); err != nil {
-		sum.Outcome = OutcomeInProgress
 		return err
 	}
 	return nil
@@ -359,9 +353,8 @@ func writeResult(w http.ResponseWriter, res result, key string, sum *Summary) {
 	}
 	if res.replayed {
 		h[ReplayedHeader] = replayedTrue
-		sum.Replayed = true
 	}
-	sum.Status, sum.Attempts = res.resp.Status, res.report.Attempts
+	sum.settle(res, nil)
 	w.WriteHeader(res.resp.Status)
 	w.Write(res.resp.Body)
 }

@@ -238,14 +238,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rule := h.rule(r)
 	switch rule.Policy {
 	case routes.Reject:
-		sum.Outcome = OutcomeRejected
 		h.fail(w, sum, ErrRouteRejected)
 	case routes.Unprotected:
 		if !t.slot {
 			h.fail(w, sum, ErrOverloaded)
 			return
 		}
-		sum.Outcome = OutcomeForwarded
 		key, err := h.unprotectedKey(r, tenant)
 		if err != nil {
 			h.fail(w, sum, err)
@@ -308,7 +306,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, 
 	ex := &retry.Exchange{Transport: h.opt.Transport, Call: retry.Call{Mode: m}}
 	sw := &statusWriter{ResponseWriter: w}
 	h.reverseProxy(key, ex).ServeHTTP(sw, r)
-	sum.Status, sum.Attempts = sw.status, ex.Report.Attempts
+	sum.settle(result{resp: store.Response{Status: sw.status}, report: ex.Report}, nil)
 }
 
 // upstreamError is the ReverseProxy's error handler (unprotected requests,
@@ -352,7 +350,6 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 			h.fail(w, sum, ErrOverloaded)
 			return
 		}
-		sum.Outcome = OutcomeForwarded
 		r.Body = heldbody.New(body)
 		h.forward(w, r, retry.Once, outgoingKey{}, sum)
 		return
@@ -360,7 +357,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	sum.Key, sum.UpstreamKey = key, h.upstreamKey(tenant, key)
 	w.Header().Set(KeyHeader, key)
 	id := store.ID{Tenant: tenant, Key: key}
-	res, err := h.obtain(r, id, fp[:], body, sum, t)
+	res, err := h.obtain(r, id, sum.UpstreamKey, fp[:], body, t)
 	for gen := 2; err != nil && gen <= maxGenerations; gen++ {
 		var sup superseded
 		if !errors.As(err, &sup) {
@@ -371,13 +368,12 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		kr.Generation = gen
 		next, _, derived := idemkey.Derive(rule.Sources, kr)
 		if _, sent, _ := idemkey.FromHeader(r.Header); sent || rule.Policy != routes.Key || !derived {
-			sum.Outcome = OutcomeReplayed
 			res, err = result{resp: sup.rec.Response, replayed: true}, nil
 			break
 		}
 		id.Key, sum.Key, sum.UpstreamKey = next, next, h.upstreamKey(tenant, next)
 		w.Header().Set(KeyHeader, next)
-		res, err = h.obtain(r, id, fp[:], body, sum, t)
+		res, err = h.obtain(r, id, sum.UpstreamKey, fp[:], body, t)
 	}
 	if err == nil {
 		err = res.err

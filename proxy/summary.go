@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"errors"
 	"net/http"
 	"time"
 )
@@ -16,14 +15,14 @@ const (
 	OutcomeConflict    Outcome = "conflict"
 	OutcomeInProgress  Outcome = "in_progress"
 	OutcomeRejected    Outcome = "rejected"
-	OutcomeUnavailable Outcome = "upstream_unavailable"
-	OutcomeStoreError  Outcome = "store_unavailable"
+	OutcomeUnavailable Outcome = CodeUpstreamUnavailable
+	OutcomeStoreError  Outcome = CodeStoreUnavailable
 	// OutcomeClientGone: the client left before its answer; an operation it
 	// started still finishes and is stored for its retry (docs/contract.md).
 	OutcomeClientGone Outcome = "client_gone"
 	// OutcomeOverloaded: refused past Options.MaxInflight or MaxInflightBytes;
 	// nothing was sent and the key is free.
-	OutcomeOverloaded Outcome = "overloaded"
+	OutcomeOverloaded Outcome = CodeOverloaded
 )
 
 // Summary describes one finished request, for logs and metrics. It never holds
@@ -50,28 +49,26 @@ func newSummary(r *http.Request, now time.Time) *Summary {
 
 // fail answers err and records it on the summary.
 func (h *Handler) fail(w http.ResponseWriter, sum *Summary, err error) {
-	status, code, _, attempts := classify(err)
-	sum.Status, sum.Attempts = status, attempts
-	switch code {
-	case "upstream_unavailable":
-		sum.Outcome = OutcomeUnavailable
-	case ErrStore.Code:
-		sum.Outcome = OutcomeStoreError
-	case ErrConflict.Code:
-		sum.Outcome = OutcomeConflict
-	case ErrInProgress.Code, h.inProgress.e.Code:
-		sum.Outcome = OutcomeInProgress
-	case ErrClientGone.Code:
-		sum.Outcome = OutcomeClientGone
-	case ErrOverloaded.Code:
-		sum.Outcome, sum.Limit = OutcomeOverloaded, LimitRequests
-		if errors.Is(err, ErrOverloadedBytes) {
-			sum.Limit = LimitBytes
-		}
+	a := classify(err)
+	sum.settle(result{}, &a)
+	writeClassified(w, err, a, sum.Key)
+}
+
+// settle records what became of the request: refused or failed with a (the
+// class of its error, from classify) when a is not nil, else answered with
+// res, replayed or fresh (a streamed answer included). It is the one place
+// that decides a request's Outcome.
+func (s *Summary) settle(res result, a *apiError) {
+	switch {
+	case a != nil:
+		s.Outcome, s.Status, s.Attempts, s.Limit = a.Outcome, a.Status, a.Attempts, a.Limit
+		return
+	case res.replayed:
+		s.Outcome, s.Replayed = OutcomeReplayed, true
 	default:
-		sum.Outcome = OutcomeRejected
+		s.Outcome = OutcomeForwarded
 	}
-	writeError(w, err, sum.Key)
+	s.Status, s.Attempts = res.resp.Status, res.report.Attempts
 }
 
 func (h *Handler) done(sum *Summary) {

@@ -49,7 +49,7 @@ func ParseClientTokens(header, list string) (*ClientTokens, error) {
 }
 
 // ErrUnauthorized is the contract's 401: client authentication is on and failed.
-var ErrUnauthorized = &Error{http.StatusUnauthorized, "unauthorized", "missing or unknown client token"}
+var ErrUnauthorized = &Error{http.StatusUnauthorized, CodeUnauthorized, "missing or unknown client token"}
 
 // Header is the request header that carries the token; idemproxy removes it
 // before anything goes upstream.
