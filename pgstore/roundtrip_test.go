@@ -143,7 +143,8 @@ func show(m map[byte]int) string {
 // BenchmarkNewKey is a protected request's store work on a new key: its claim
 // and its final answer, from 16 goroutines per CPU, on a cluster of its own
 // with fsync on, as a durable server runs. server-cpu-µs/op is the server's
-// CPU per new key; -cpuprofile shows the client side's. More
+// CPU per new key, wal-syncs/op its WAL flushes per new key (two commits:
+// below 2 is group commit at work); -cpuprofile shows the client side's. More
 // postgresql.conf lines, comma-separated, may come in IDEMPROXY_BENCH_PG
 // (e.g. commit_delay = 100).
 func BenchmarkNewKey(b *testing.B) {
@@ -162,6 +163,15 @@ func BenchmarkNewKey(b *testing.B) {
 	resp := store.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 300)}
 	var next sync.Mutex
 	i := 0
+	syncs := func() (n int64) {
+		// Idle backends report their WAL statistics within a second.
+		time.Sleep(1500 * time.Millisecond)
+		if err := s.pool.QueryRow(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+	syncsBefore := syncs()
 	before := serverCPU(c)
 	b.SetParallelism(16)
 	b.ReportAllocs()
@@ -181,6 +191,7 @@ func BenchmarkNewKey(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64((serverCPU(c)-before).Microseconds())/float64(b.N), "server-cpu-µs/op")
+	b.ReportMetric(float64(syncs()-syncsBefore)/float64(b.N), "wal-syncs/op")
 }
 
 // serverCPU is the CPU time the cluster's processes have used so far, read

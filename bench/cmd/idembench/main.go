@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -59,11 +60,12 @@ type options struct {
 	upstreamBin, plainBin string
 	idemproxyBin          string
 	pgReplicas            []int
+	pgConf                []string
 }
 
 func parseFlags() (*options, error) {
 	o := &options{}
-	var conns, env, pgReplicas string
+	var conns, env, pgReplicas, pgConf string
 	flag.StringVar(&o.bin, "bin", "", "directory holding the built idemproxy, upstream and plainproxy binaries (required)")
 	flag.StringVar(&o.out, "out", "", "results directory (required; logs, data directories, results.json, results.md)")
 	flag.StringVar(&o.nginx, "nginx", "nginx", "nginx binary; empty or missing skips target C")
@@ -87,6 +89,7 @@ func parseFlags() (*options, error) {
 	flag.StringVar(&env, "idemproxy-env", "", "extra NAME=value settings for every idemproxy, comma-separated (e.g. IDEMPROXY_SIGN_SECRET=x)")
 	flag.StringVar(&o.targets, "targets", "ABCDEF", "targets of the closed-loop and fixed-rate phases (P: PostgreSQL, not in the default)")
 	flag.StringVar(&pgReplicas, "pg-replicas", "1,3", "P: replica counts, each a row (all replicas of a row share one database)")
+	flag.StringVar(&pgConf, "pg-conf", "", "P: more postgresql.conf lines for the cluster, comma-separated (e.g. 'commit_delay = 200')")
 	flag.Parse()
 	if o.bin == "" || o.out == "" {
 		return nil, errors.New("-bin and -out are required")
@@ -114,6 +117,9 @@ func parseFlags() (*options, error) {
 	}
 	if env != "" {
 		o.idemproxyEnv = strings.Split(env, ",")
+	}
+	if pgConf != "" {
+		o.pgConf = strings.Split(pgConf, ",")
 	}
 	o.onlyTargets = map[string]bool{}
 	for _, t := range o.targets {
@@ -163,6 +169,7 @@ func run(ctx context.Context, o *options) error {
 		"conns": o.conns, "warmup": o.warmup.String(), "duration": o.duration.String(), "rounds": o.rounds,
 		"rate": o.rate, "rate_conns": o.rateConns, "rate_duration": o.rateDuration.String(),
 		"replay_keys": o.replayKeys, "records": o.records, "idemproxy_env": o.idemproxyEnv, "pg_replicas": o.pgReplicas,
+		"pg_conf": append(slices.Clone(pgServer), o.pgConf...),
 	}
 	fmt.Printf("idembench: results in %s\n%s\n", o.out, rep.Machine)
 	up, err := start("upstream", o.out, o.upstreamBin, nil, nil, true)
@@ -241,11 +248,23 @@ func startTargets(o *options, up *proc, rep *report) (*targets, error) {
 	return t, err
 }
 
-// startPostgres starts a throwaway PostgreSQL cluster with fsync on (records
-// are durable, as E's are) and, for each replica count, that many idemproxy
-// processes sharing a database of their own.
+// pgServer is how P's cluster is set up beyond pgtest's defaults: as a
+// production server would be, with memory for the WAL and the pages written,
+// and no checkpoint forced by the WAL's volume during a run. fsync and
+// synchronous_commit stay on: records are durable, as E's are.
+var pgServer = []string{
+	"shared_buffers = 256MB",
+	"wal_buffers = 16MB",
+	"max_wal_size = 4GB",
+	"checkpoint_timeout = 15min",
+}
+
+// startPostgres starts a throwaway PostgreSQL cluster with fsync on (see
+// pgServer) and, for each replica count, that many idemproxy processes
+// sharing a database of their own.
 func startPostgres(o *options, t *targets) error {
-	c, err := pgtest.Start(pgtest.Options{Fsync: true, MaxConnections: 100 + 40*sum(o.pgReplicas)})
+	c, err := pgtest.Start(pgtest.Options{Fsync: true, MaxConnections: 100 + 40*sum(o.pgReplicas),
+		Settings: append(slices.Clone(pgServer), o.pgConf...)})
 	if err != nil {
 		return fmt.Errorf("P: PostgreSQL: %w (%s)", err, pgtest.Install)
 	}
