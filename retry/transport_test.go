@@ -253,7 +253,9 @@ func TestTransportExhausted(t *testing.T) {
 			p.MaxAttempts, p.AttemptTimeout = 3, 50*ms
 		}, 3, true, 0, 2, context.DeadlineExceeded},
 		{"last failure decides the flag", append(always(hang, 1), respond(502, ``)), func(_ *harness, p *Policy) {
-			p.MaxAttempts, p.AttemptTimeout = 2, 50*ms
+			// A real second: the 502 attempt must answer within it, and
+			// 50 ms was too short on a loaded machine.
+			p.MaxAttempts, p.AttemptTimeout = 2, time.Second
 		}, 2, false, 502, 1, nil},
 		{"budget ends the sequence", always(respond(503, ``), 10), func(h *harness, p *Policy) {
 			// Waits of ~25 min in a 1 h budget: attempts at 0, ~25, ~50 min; the
