@@ -10,6 +10,7 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -274,7 +275,7 @@ ON CONFLICT (tenant, key) DO UPDATE SET
 	last_error    = CASE WHEN r.expires_at <= now() THEN ''    ELSE r.last_error    END
 WHERE r.expires_at <= now()
 	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now())
-RETURNING ` + columns
+RETURNING fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body`
 
 // Begin implements store.Store.Begin with one INSERT … ON CONFLICT DO UPDATE;
 // when it claims nothing, a read returns the record that stopped it.
@@ -288,8 +289,8 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 		// The read and the claim are separate statements: a record that is
 		// deleted or expires between them is claimed on the next round.
 		for range 10 {
-			r, err := readRecord(s.pool.QueryRow(ctx, claim, []byte(id.Tenant), []byte(id.Key), req.Fingerprint,
-				micros(s.opt.TTL), owner, micros(lease), req.Method, req.Path, req.UpstreamKey))
+			r, err := readClaimed(s.pool.QueryRow(ctx, claim, []byte(id.Tenant), []byte(id.Key), req.Fingerprint,
+				micros(s.opt.TTL), owner, micros(lease), req.Method, req.Path, req.UpstreamKey), id, req, owner)
 			if err == nil {
 				rec, created = r, true
 				return nil
@@ -407,6 +408,37 @@ func (s *Store) Ping(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// readClaimed scans the row claim returns: only what the claim did not set
+// from its arguments (a claimed record has no response, and a final or
+// superseded one is never claimed). No row is store.ErrNotFound.
+func readClaimed(row pgx.Row, id store.ID, req store.Request, owner string) (store.Record, error) {
+	r := store.Record{ID: id, State: store.InFlight, Fingerprint: bytes.Clone(req.Fingerprint), Owner: owner,
+		Method: req.Method, Path: req.Path, UpstreamKey: req.UpstreamKey}
+	var lease, sent, expires *time.Time
+	err := row.Scan(&r.Fence, &lease, &r.CreatedAt, &expires, &sent,
+		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Record{}, store.ErrNotFound
+	}
+	if err != nil {
+		return store.Record{}, err
+	}
+	r.CreatedAt = r.CreatedAt.UTC()
+	if lease != nil {
+		r.LeaseUntil = lease.UTC()
+	}
+	if sent != nil {
+		r.Outcome.FirstSentAt = sent.UTC()
+	}
+	if expires != nil {
+		r.ExpiresAt = expires.UTC()
+	}
+	if len(r.Outcome.LastBody) == 0 {
+		r.Outcome.LastBody = nil
+	}
+	return r, nil
 }
 
 // readRecord scans one row of columns; no row is store.ErrNotFound.

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -15,9 +16,12 @@ import (
 
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/pgstore"
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/resign"
 	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/upstream"
 )
 
@@ -53,6 +57,11 @@ func BenchmarkPath(b *testing.B) {
 	b.Run("reverseproxy/POST-parallel64", func(b *testing.B) { runParallel(b, plainProxy(target), newPost) })
 	b.Run("idemproxy/POST-new-durable-parallel64", func(b *testing.B) {
 		runParallel(b, idemproxy(b, target, true, nil), newPost)
+	})
+	// Target P's path: the same on a PostgreSQL cluster of its own (fsync
+	// on), with the statements' round trips on loopback.
+	b.Run("idemproxy/POST-new-postgres-parallel64", func(b *testing.B) {
+		runParallel(b, idemproxyOn(b, target, postgres(b), nil), newPost)
 	})
 	b.Run("idemproxy/POST-replay", func(b *testing.B) {
 		h := idemproxy(b, target, true, nil)
@@ -178,11 +187,38 @@ func plainProxy(target *url.URL) http.Handler {
 // directory; sign nil means the default (no signing secret).
 func idemproxy(b testing.TB, target *url.URL, durable bool, sign *resign.Config) http.Handler {
 	b.Helper()
-	store, err := cache.Open(cache.Options{Dir: b.TempDir(), SyncWrites: durable, TTL: 72 * time.Hour})
+	st, err := cache.Open(cache.Options{Dir: b.TempDir(), SyncWrites: durable, TTL: 72 * time.Hour})
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { store.Close() })
+	b.Cleanup(func() { st.Close() })
+	return idemproxyOn(b, target, st, sign)
+}
+
+// postgres opens a PostgreSQL store on a throwaway cluster with fsync on, as
+// target P's; without PostgreSQL the benchmark is skipped.
+func postgres(b testing.TB) store.Store {
+	b.Helper()
+	c, err := pgtest.Start(pgtest.Options{Fsync: true})
+	if err != nil {
+		b.Skipf("PostgreSQL: %v (%s)", err, pgtest.Install)
+	}
+	b.Cleanup(c.Remove)
+	url, err := c.NewDatabase(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := pgstore.Open(context.Background(), pgstore.Options{URL: url, TTL: 72 * time.Hour, SweepInterval: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	return st
+}
+
+// idemproxyOn builds the handler as main.go's run does, on st.
+func idemproxyOn(b testing.TB, target *url.URL, st store.Store, sign *resign.Config) http.Handler {
+	b.Helper()
 	if sign == nil {
 		sign = &resign.Config{}
 	}
@@ -192,7 +228,7 @@ func idemproxy(b testing.TB, target *url.URL, durable bool, sign *resign.Config)
 		Policy: retry.Policy{MaxAttempts: 5, BaseDelay: 500 * time.Millisecond, MaxDelay: time.Minute,
 			Budget: 2 * time.Minute, AttemptTimeout: 30 * time.Second, Statuses: statuses,
 			Codes: retry.ParseCodes("idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen")},
-		MaxResponseBytes: store.MaxBodyBytes(),
+		MaxResponseBytes: st.MaxBodyBytes(),
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -201,7 +237,7 @@ func idemproxy(b testing.TB, target *url.URL, durable bool, sign *resign.Config)
 	h, err := proxy.New(proxy.Options{
 		Upstream:   target,
 		Transport:  attempts,
-		Store:      store,
+		Store:      st,
 		KeySources: sources,
 		Lease:      3 * time.Minute,
 	})
