@@ -23,6 +23,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/idemproxy/idemproxy/idemkey"
 )
 
 // ErrSyntax is wrapped by every error Parse returns.
@@ -295,7 +297,7 @@ type Lookup struct {
 func (l *Lookup) Lookup(ctx context.Context, req *http.Request, body, last []byte) (*http.Request, error) {
 	kh := l.KeyHeader
 	if kh == "" {
-		kh = "Idempotency-Key"
+		kh = idemkey.HeaderName
 	}
 	p, err := l.Template.Build(Values{Key: req.Header.Get(kh), Request: body, Response: last})
 	if err != nil {

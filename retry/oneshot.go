@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	"github.com/idemproxy/idemproxy/idemkey"
 )
 
 // OneShot is the RoundTripper right above *http.Transport: it makes every
@@ -82,7 +84,7 @@ func frameEmpty(out *http.Request) {
 
 // replayLicences are the canonical header keys that make net/http treat a
 // request with a nil body as replayable.
-var replayLicences = []string{"Idempotency-Key", "X-Idempotency-Key"}
+var replayLicences = []string{idemkey.HeaderName, "X-Idempotency-Key"}
 
 func (o OneShot) next() http.RoundTripper {
 	if o.Next != nil {
