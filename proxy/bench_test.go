@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -118,14 +119,23 @@ func (w *benchWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (w *benchWriter) WriteHeader(code int)        { w.status = code }
 
 func serveOnce(b testing.TB, h http.Handler, r *http.Request, wantReplay bool) {
+	if err := serveCheck(h, r, wantReplay); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// serveCheck is serveOnce for goroutines other than the test's, which must
+// not call t.Fatal: it returns what is wrong with the answer.
+func serveCheck(h http.Handler, r *http.Request, wantReplay bool) error {
 	w := &benchWriter{h: http.Header{}, status: http.StatusOK}
 	h.ServeHTTP(w, r)
 	if w.status != http.StatusOK {
-		b.Fatalf("%s %s: status %d", r.Method, r.URL.Path, w.status)
+		return fmt.Errorf("%s %s: status %d", r.Method, r.URL.Path, w.status)
 	}
 	if got := w.h.Get(proxy.ReplayedHeader) == "true"; got != wantReplay && r.Method == http.MethodPost {
-		b.Fatalf("replayed = %v, want %v", got, wantReplay)
+		return fmt.Errorf("replayed = %v, want %v", got, wantReplay)
 	}
+	return nil
 }
 
 func runHandler(b *testing.B, h http.Handler, next func() *http.Request) {

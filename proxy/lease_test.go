@@ -20,8 +20,7 @@ func TestLeaseRenewedWhileAttemptsRun(t *testing.T) {
 	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.Lease = lease })
 	e.prov.hold = make(chan struct{})
 	e.prov.entered = make(chan string, 1)
-	first := make(chan answer, 1)
-	go func() { first <- e.do(t, "POST", "/v1/payments", order) }()
+	first := e.goSend("POST", "/v1/payments", order)
 	id := store.ID{Tenant: proxy.DefaultTenant, Key: <-e.prov.entered}
 	start, err := e.store.Get(context.Background(), id)
 	if err != nil {
@@ -35,8 +34,8 @@ func TestLeaseRenewedWhileAttemptsRun(t *testing.T) {
 		t.Fatalf("past the first lease's end: %+v, %v; want the same owner under a renewed lease", rec, err)
 	}
 	close(e.prov.hold)
-	if a := <-first; a.status != http.StatusCreated {
-		t.Fatalf("answer %d %s, want 201", a.status, a.body)
+	if a := <-first; a.err != nil || a.status != http.StatusCreated {
+		t.Fatalf("answer %d %s %v, want 201", a.status, a.body, a.err)
 	}
 }
 
@@ -50,8 +49,7 @@ func TestLostLeaseStopsTheOperation(t *testing.T) {
 	e.prov.hold = make(chan struct{})
 	defer close(e.prov.hold)
 	e.prov.entered = make(chan string, 1)
-	first := make(chan answer, 1)
-	go func() { first <- e.do(t, "POST", "/v1/payments", order) }()
+	first := e.goSend("POST", "/v1/payments", order)
 	id := store.ID{Tenant: proxy.DefaultTenant, Key: <-e.prov.entered}
 	rec, err := e.store.Get(context.Background(), id)
 	if err != nil {
@@ -61,7 +59,7 @@ func TestLostLeaseStopsTheOperation(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := <-first
-	if a.status != http.StatusConflict || errorCode(t, a) != "idempotency_in_progress" {
-		t.Fatalf("answer after the lease was lost: %d %s, want 409 idempotency_in_progress", a.status, a.body)
+	if a.err != nil || a.status != http.StatusConflict || errorCode(t, a.answer) != "idempotency_in_progress" {
+		t.Fatalf("answer after the lease was lost: %d %s %v, want 409 idempotency_in_progress", a.status, a.body, a.err)
 	}
 }

@@ -209,6 +209,23 @@ func (e *env) send(method, path, body string, hdr ...string) (answer, error) {
 	return answer{resp.StatusCode, resp.Header, b}, nil
 }
 
+// sent is the answer to a request sent from another goroutine, or its error.
+type sent struct {
+	answer
+	err error
+}
+
+// goSend sends a request from a new goroutine, which must not call t.Fatal:
+// the answer or error arrives on the channel for the test goroutine to check.
+func (e *env) goSend(method, path, body string, hdr ...string) <-chan sent {
+	c := make(chan sent, 1)
+	go func() {
+		a, err := e.send(method, path, body, hdr...)
+		c <- sent{a, err}
+	}()
+	return c
+}
+
 func errorCode(t *testing.T, a answer) string {
 	t.Helper()
 	var v struct {

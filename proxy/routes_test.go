@@ -222,13 +222,14 @@ func TestInProgressDialect(t *testing.T) {
 	})
 	e.prov.hold = make(chan struct{})
 	e.prov.entered = make(chan string, 1)
-	first := make(chan answer, 1)
-	go func() { first <- e.do(t, "POST", "/v1/payout", order) }()
+	first := e.goSend("POST", "/v1/payout", order)
 	<-e.prov.entered
 	a := e.do(t, "POST", "/v1/payout", order)
 	if a.status != http.StatusServiceUnavailable || errorCode(t, a) != "idempotency.in_progress" || a.header.Get("Retry-After") != "1" {
 		t.Errorf("got %d %s Retry-After=%q, want 503 idempotency.in_progress with Retry-After: 1", a.status, a.body, a.header.Get("Retry-After"))
 	}
 	close(e.prov.hold)
-	<-first
+	if f := <-first; f.err != nil {
+		t.Error(f.err)
+	}
 }
