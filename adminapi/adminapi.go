@@ -70,7 +70,7 @@ func New(opt Options) *Handler {
 	h.mux.HandleFunc("GET /admin/v1/orders", h.getOrder)
 	h.mux.HandleFunc("POST /admin/v1/orders/renew", h.renewOrder)
 	h.mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", "no such admin call")
+		writeError(w, http.StatusNotFound, codeNotFound, "no such admin call")
 	})
 	return h
 }
@@ -79,7 +79,7 @@ func New(opt Options) *Handler {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.authorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
-		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		writeError(w, http.StatusUnauthorized, codeUnauthorized, "missing or wrong bearer token")
 		return
 	}
 	h.mux.ServeHTTP(w, r)
@@ -162,10 +162,10 @@ func (h *Handler) getRecord(w http.ResponseWriter, r *http.Request) {
 	rec, err := h.opt.Store.Get(r.Context(), id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		writeError(w, http.StatusNotFound, "not_found", "no record for this key and client")
+		writeError(w, http.StatusNotFound, codeNotFound, "no record for this key and client")
 		return
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the record store cannot be read")
+		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be read")
 		return
 	}
 	writeJSON(w, http.StatusOK, view(id, rec, r.URL.Query().Get("body") == "1"))
@@ -182,7 +182,7 @@ func (h *Handler) client(r *http.Request) string {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "internal", "cannot encode the answer")
+		writeError(w, http.StatusInternalServerError, codeInternal, "cannot encode the answer")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -190,6 +190,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	w.Write(append(b, '\n'))
 }
+
+// The admin API's error codes, each written once. Those it shares with the
+// proxy's answers (bad_request, store_unavailable, unauthorized) mean the same.
+const (
+	codeBadRequest       = "bad_request"
+	codeStoreUnavailable = "store_unavailable"
+	codeUnauthorized     = "unauthorized"
+	codeNotFound         = "not_found"
+	codeRenewRefused     = "renew_refused"
+	codeInternal         = "internal"
+)
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {
 	var body struct {

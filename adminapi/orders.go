@@ -27,14 +27,14 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f, ok := listable[q.Get("state")]
 	if !ok {
-		writeError(w, http.StatusBadRequest, "bad_request", "state must be in_flight, unknown or needs_review")
+		writeError(w, http.StatusBadRequest, codeBadRequest, "state must be in_flight, unknown or needs_review")
 		return
 	}
 	limit := 100
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxLimit {
-			writeError(w, http.StatusBadRequest, "bad_request", "limit must be 1 to 1000")
+			writeError(w, http.StatusBadRequest, codeBadRequest, "limit must be 1 to 1000")
 			return
 		}
 		limit = n
@@ -42,10 +42,10 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	recs, next, err := h.opt.Store.List(r.Context(), f, q.Get("cursor"), limit)
 	switch {
 	case errors.Is(err, store.ErrBadCursor):
-		writeError(w, http.StatusBadRequest, "bad_request", "cursor is not one this API gave")
+		writeError(w, http.StatusBadRequest, codeBadRequest, "cursor is not one this API gave")
 		return
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the record store cannot be read")
+		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be read")
 		return
 	}
 	out := struct {
@@ -113,7 +113,7 @@ func (h *Handler) getOrder(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	o, ok := h.orderFrom(r, orderQuery{Method: q.Get("method"), Path: q.Get("path"), Value: q.Get("value"), Client: q.Get("client")})
 	if !ok {
-		writeError(w, http.StatusBadRequest, "bad_request", "method, path and value are required")
+		writeError(w, http.StatusBadRequest, codeBadRequest, "method, path and value are required")
 		return
 	}
 	id, gen, rec, err := h.current(r, o)
@@ -131,10 +131,10 @@ func (h *Handler) getOrder(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) orderError(w http.ResponseWriter, err error) {
 	if errors.Is(err, errStore) {
-		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the record store cannot be read")
+		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be read")
 		return
 	}
-	writeError(w, http.StatusBadRequest, "bad_request", "no key can be derived for this method and path: "+err.Error())
+	writeError(w, http.StatusBadRequest, codeBadRequest, "no key can be derived for this method and path: "+err.Error())
 }
 
 // renewOrder is POST /admin/v1/orders/renew {method, path, value, client}:
@@ -145,12 +145,12 @@ func (h *Handler) orderError(w http.ResponseWriter, err error) {
 func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 	var in orderQuery
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&in); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_request", "body must be JSON {method, path, value, client}")
+		writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON {method, path, value, client}")
 		return
 	}
 	o, ok := h.orderFrom(r, in)
 	if !ok {
-		writeError(w, http.StatusBadRequest, "bad_request", "method, path and value are required")
+		writeError(w, http.StatusBadRequest, codeBadRequest, "method, path and value are required")
 		return
 	}
 	id, gen, rec, err := h.current(r, o)
@@ -159,15 +159,15 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if reason := refusal(rec); reason != "" {
-		writeError(w, http.StatusConflict, "renew_refused", reason)
+		writeError(w, http.StatusConflict, codeRenewRefused, reason)
 		return
 	}
 	if _, err := h.opt.Store.Supersede(r.Context(), id); err != nil {
 		if errors.Is(err, store.ErrNotFinal) || errors.Is(err, store.ErrNotFound) {
-			writeError(w, http.StatusConflict, "renew_refused", "the order's record changed; look it up again")
+			writeError(w, http.StatusConflict, codeRenewRefused, "the order's record changed; look it up again")
 			return
 		}
-		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the record store cannot be written")
+		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be written")
 		return
 	}
 	next, err := h.opt.OrderKey(o.Method, o.Path, o.Value, o.Client, gen+1)
