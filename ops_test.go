@@ -177,9 +177,19 @@ type reply struct {
 
 func send(t testing.TB, method, url, body string, header ...string) reply {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	r, err := trySend(method, url, body, header...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return r
+}
+
+// trySend is send for goroutines other than the test's, which must not call
+// t.Fatal.
+func trySend(method, url, body string, header ...string) (reply, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
@@ -189,11 +199,29 @@ func send(t testing.TB, method, url, body string, header ...string) reply {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
+		return reply{}, fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return reply{resp.StatusCode, resp.Header, string(b)}
+	return reply{resp.StatusCode, resp.Header, string(b)}, nil
+}
+
+// sentReply is the reply to a request sent from another goroutine, or its
+// error.
+type sentReply struct {
+	reply
+	err error
+}
+
+// goSend sends a request from a new goroutine; the reply or error arrives on
+// the channel for the test goroutine to check.
+func goSend(method, url, body string, header ...string) <-chan sentReply {
+	c := make(chan sentReply, 1)
+	go func() {
+		r, err := trySend(method, url, body, header...)
+		c <- sentReply{r, err}
+	}()
+	return c
 }
 
 func getStatus(t *testing.T, url string) int {

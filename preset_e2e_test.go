@@ -95,16 +95,15 @@ func TestPresetPayoutsInProgressDialect(t *testing.T) {
 		"IDEMPROXY_INFLIGHT_WAIT=100ms")})
 	base := "http://" + p.proxy
 	payout := `{"amount":"25","currency":"USDT","order_id":"po-busy"}`
-	first := make(chan reply, 1)
-	go func() { first <- send(t, "POST", base+"/v1/payout", payout) }()
+	first := goSend("POST", base+"/v1/payout", payout)
 	<-entered
 	a := send(t, "POST", base+"/v1/payout", payout)
 	if a.status != http.StatusConflict || errorCodeOf(t, a.body) != "idempotency.in_progress" || a.header.Get("Retry-After") == "" {
 		t.Errorf("while in flight: %d %s Retry-After=%q, want the provider's 409 idempotency.in_progress", a.status, a.body, a.header.Get("Retry-After"))
 	}
 	close(release)
-	if f := <-first; f.status != http.StatusOK {
-		t.Errorf("first: %d %s", f.status, f.body)
+	if f := <-first; f.err != nil || f.status != http.StatusOK {
+		t.Errorf("first: %d %s %v", f.status, f.body, f.err)
 	}
 }
 
@@ -116,8 +115,7 @@ func TestInProgressAnswerForAppsThatRetryOnly5xx(t *testing.T) {
 		"IDEMPROXY_INPROGRESS_STATUS=503", "IDEMPROXY_INPROGRESS_CODE=busy")})
 	base := "http://" + p.proxy
 	body := `{"order_id":"pay-busy","amount":"10"}`
-	first := make(chan reply, 1)
-	go func() { first <- send(t, "POST", base+"/payments", body) }()
+	first := goSend("POST", base+"/payments", body)
 	<-entered
 	a := send(t, "POST", base+"/payments", body)
 	if a.status != http.StatusServiceUnavailable || errorCodeOf(t, a.body) != "busy" || a.header.Get("Retry-After") == "" {
@@ -125,6 +123,9 @@ func TestInProgressAnswerForAppsThatRetryOnly5xx(t *testing.T) {
 	}
 	close(release)
 	f := <-first
+	if f.err != nil {
+		t.Fatal(f.err)
+	}
 	if r := send(t, "POST", base+"/payments", body); r.status != http.StatusCreated || r.body != f.body || r.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("the app's retry: %d %s, want the first answer replayed", r.status, r.body)
 	}

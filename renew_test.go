@@ -58,7 +58,18 @@ func startCards(t *testing.T) *cardsSetup {
 
 func (c *cardsSetup) post(t *testing.T, order, amount string) reply {
 	t.Helper()
-	return send(t, "POST", "http://"+c.p.proxy+"/cards", `{"order_id":"`+order+`","amount":"`+amount+`","tariff_id":"t1"}`)
+	return send(t, "POST", c.cardsURL(), cardOrder(order, amount))
+}
+
+// goPost is post from a new goroutine (goSend).
+func (c *cardsSetup) goPost(order, amount string) <-chan sentReply {
+	return goSend("POST", c.cardsURL(), cardOrder(order, amount))
+}
+
+func (c *cardsSetup) cardsURL() string { return "http://" + c.p.proxy + "/cards" }
+
+func cardOrder(order, amount string) string {
+	return `{"order_id":"` + order + `","amount":"` + amount + `","tariff_id":"t1"}`
 }
 
 func (c *cardsSetup) admin(t *testing.T, method, path, body string) reply {
@@ -97,8 +108,7 @@ func TestRenewRefusedUnlessFailed(t *testing.T) {
 	if r := c.post(t, "F-review", sandbox.AmountNeedsReview); !strings.Contains(r.body, `"needs_review"`) {
 		t.Fatalf("POST F-review = %d %s, want needs_review", r.status, r.body)
 	}
-	heldDone := make(chan reply, 1)
-	go func() { heldDone <- c.post(t, "F-held", "10") }()
+	heldDone := c.goPost("F-held", "10")
 	<-c.held
 
 	for order, why := range map[string]string{"F-ok": "success", "F-unknown": "unknown", "F-review": "needs review", "F-held": "in flight"} {
@@ -123,7 +133,9 @@ func TestRenewRefusedUnlessFailed(t *testing.T) {
 		}
 	}
 	c.release <- struct{}{}
-	<-heldDone
+	if r := <-heldDone; r.err != nil {
+		t.Error(r.err)
+	}
 
 	// needs_review is final: a repeat replays, the provider never sees it again.
 	if r := c.post(t, "F-review", sandbox.AmountNeedsReview); r.header.Get("Idempotent-Replayed") != "true" {
