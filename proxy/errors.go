@@ -223,6 +223,13 @@ func writeClassified(w http.ResponseWriter, err error, a apiError, key string) {
 	if a.Outcome == OutcomeInProgress || a.Status == http.StatusServiceUnavailable {
 		h.Set("Retry-After", "1")
 	}
+	if a.Outcome == OutcomeOverloaded {
+		// Past the bound the connection is closed after the answer (its body
+		// drained first, drainRefused): a client that reused it for its next
+		// try could race the server's close and see a reset instead of an
+		// answer, and a refused client should not keep a descriptor.
+		h.Set("Connection", "close")
+	}
 	b, _ := json.Marshal(body)
 	w.WriteHeader(a.Status)
 	w.Write(append(b, '\n'))
