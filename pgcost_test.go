@@ -33,7 +33,7 @@ func TestPostgresNewKeyStatements(t *testing.T) {
 	for i := 1; i <= n; i++ {
 		post(i)
 	}
-	records, others := 0, []string{}
+	records, listens, others := 0, 0, []string{}
 	for _, entry := range strings.Split(c.Log()[from:], "\n@@ ") {
 		if !strings.Contains(entry, "LOG:  execute ") && !strings.Contains(entry, "LOG:  statement: ") {
 			continue
@@ -41,9 +41,19 @@ func TestPostgresNewKeyStatements(t *testing.T) {
 		switch {
 		case strings.Contains(entry, "idemproxy_records"):
 			records++
-		case !strings.Contains(entry, "idemproxy_replicas"): // the heartbeat
+		case strings.Contains(entry, "idemproxy_replicas"): // the heartbeat
+		case strings.Contains(entry, "LISTEN idemproxy_throttle"),
+			strings.Contains(entry, "SELECT") && strings.Contains(entry, "paused_until"):
+			// The pause listener's start (LISTEN, then one read of the
+			// pause), on its own connection: late on a loaded machine, but
+			// once per connection, not per request.
+			listens++
+		default:
 			others = append(others, entry)
 		}
+	}
+	if listens > 2 {
+		t.Errorf("%d new keys: %d pause listener statements, want at most one start (2)", n, listens)
 	}
 	t.Logf("%d new keys: %d statements on records, %d others", n, records, len(others))
 	if records != 2*n || len(others) > 0 {
