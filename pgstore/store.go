@@ -425,6 +425,13 @@ func readClaimed(row pgx.Row, id store.ID, req store.Request, owner string) (sto
 	if err != nil {
 		return store.Record{}, err
 	}
+	settleTimes(&r, lease, sent, expires)
+	return r, nil
+}
+
+// settleTimes puts a scanned row's times into r in UTC (NULL stays the zero
+// time) and an empty last body as nil, as both stores give them.
+func settleTimes(r *store.Record, lease, sent, expires *time.Time) {
 	r.CreatedAt = r.CreatedAt.UTC()
 	if lease != nil {
 		r.LeaseUntil = lease.UTC()
@@ -438,7 +445,6 @@ func readClaimed(row pgx.Row, id store.ID, req store.Request, owner string) (sto
 	if len(r.Outcome.LastBody) == 0 {
 		r.Outcome.LastBody = nil
 	}
-	return r, nil
 }
 
 // readRecord scans one row of columns; no row is store.ErrNotFound.
@@ -458,19 +464,7 @@ func readRecord(row pgx.Row) (store.Record, error) {
 	}
 	r.State = store.State(state)
 	r.ID = store.ID{Tenant: string(tenant), Key: string(key)}
-	r.CreatedAt = r.CreatedAt.UTC()
-	if lease != nil {
-		r.LeaseUntil = lease.UTC()
-	}
-	if sent != nil {
-		r.Outcome.FirstSentAt = sent.UTC()
-	}
-	if expires != nil {
-		r.ExpiresAt = expires.UTC()
-	}
-	if len(r.Outcome.LastBody) == 0 {
-		r.Outcome.LastBody = nil
-	}
+	settleTimes(&r, lease, sent, expires)
 	r.Response.Header = http.Header{}
 	if len(header) > 0 {
 		if err := json.Unmarshal(header, &r.Response.Header); err != nil {
