@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/idemproxy/idemproxy/internal/heldbody"
 )
 
 // ErrOverloaded answers a request past Options.MaxInflight or
@@ -107,25 +109,13 @@ func readHeld(r io.Reader, declared int64, t *ticket) ([]byte, error) {
 		}
 		return b, nil
 	}
-	b := make([]byte, 0, 512)
-	if !t.reserve(int64(cap(b))) {
+	const first = 512
+	if !t.reserve(first) {
 		return nil, errBodyBytes
 	}
-	for {
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if errors.Is(err, io.EOF) {
-			return b, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(b) == cap(b) {
-			grown := append(b, 0)[:len(b)]
-			if !t.reserve(int64(cap(grown) - cap(b))) {
-				return nil, errBodyBytes
-			}
-			b = grown
-		}
+	b, err := heldbody.ReadAll(r, first, t.reserve)
+	if errors.Is(err, heldbody.ErrRefused) {
+		return nil, errBodyBytes
 	}
+	return b, err
 }

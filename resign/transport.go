@@ -496,20 +496,7 @@ func readAll(r io.Reader, declared int64) ([]byte, error) {
 	if declared > 0 && declared < maxPrealloc {
 		size = int(declared) + 1 // +1: room for the read that returns io.EOF
 	}
-	b := make([]byte, 0, size)
-	for {
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if errors.Is(err, io.EOF) {
-			return b, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-	}
+	return heldbody.ReadAll(r, size, nil)
 }
 
 // closeBody closes req.Body if there is one.

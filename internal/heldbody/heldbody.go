@@ -11,6 +11,7 @@ package heldbody
 
 import (
 	"bytes"
+	"errors"
 	"io"
 )
 
@@ -44,4 +45,31 @@ func Unread(r io.Reader) ([]byte, bool) {
 		return nil, false
 	}
 	return h.b, true
+}
+
+// ErrRefused is ReadAll's error when grow refused more room.
+var ErrRefused = errors.New("heldbody: no room to grow the body")
+
+// ReadAll is io.ReadAll into a buffer of capacity size at first. If grow is
+// not nil it is asked for each growth's added capacity first, and a refusal
+// ends the read with ErrRefused: a body bound can count bytes as they come.
+func ReadAll(r io.Reader, size int, grow func(extra int64) bool) ([]byte, error) {
+	b := make([]byte, 0, max(size, 1))
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if errors.Is(err, io.EOF) {
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(b) == cap(b) {
+			grown := append(b, 0)[:len(b)]
+			if grow != nil && !grow(int64(cap(grown)-cap(b))) {
+				return nil, ErrRefused
+			}
+			b = grown
+		}
+	}
 }

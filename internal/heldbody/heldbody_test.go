@@ -2,6 +2,7 @@ package heldbody_test
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -28,5 +29,27 @@ func TestUnread(t *testing.T) {
 		if _, ok := heldbody.Unread(r); ok {
 			t.Errorf("Unread(%T) gave bytes; only a *Body does", r)
 		}
+	}
+}
+
+func TestReadAll(t *testing.T) {
+	body := strings.Repeat("x", 5000)
+	b, err := heldbody.ReadAll(strings.NewReader(body), 16, nil)
+	if err != nil || string(b) != body {
+		t.Fatalf("ReadAll without grow: %d bytes, %v; want all %d", len(b), err, len(body))
+	}
+	var granted int64
+	b, err = heldbody.ReadAll(strings.NewReader(body), 16, func(extra int64) bool {
+		if granted+extra > 1000 {
+			return false
+		}
+		granted += extra
+		return true
+	})
+	if !errors.Is(err, heldbody.ErrRefused) || b != nil {
+		t.Fatalf("ReadAll past what grow grants: %d bytes, %v; want heldbody.ErrRefused", len(b), err)
+	}
+	if granted == 0 || granted > 1000 {
+		t.Fatalf("granted %d bytes, want some, at most 1000", granted)
 	}
 }
