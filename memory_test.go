@@ -29,7 +29,8 @@ var memoryRecords = flag.Int("memory.records", 100_000, "records BenchmarkMemory
 // pages), the peaks while storing (hwm-MiB for the whole resident set;
 // peak-rss/anon/file-MiB sampled every 50 ms) and the medians of those samples
 // over the last 40% of the fill, the
-// Go heap in use and what the Go runtime holds from the OS (go-sys-MiB), then the resident set of a fresh process on the same directory
+// Go heap in use and what the Go runtime holds from the OS (go-sys-MiB), the
+// store's page-out passes per second of the fill (pageouts/s), then the resident set of a fresh process on the same directory
 // after replaying 10,000 of the records. MEMORY_EXTRA_ENV adds variables to the
 // binary's environment (e.g. GOMEMLIMIT=64MiB) to compare settings.
 func BenchmarkMemory(b *testing.B) {
@@ -46,7 +47,9 @@ func BenchmarkMemory(b *testing.B) {
 	p := launch(b, launchSpec{env: env})
 	b.ResetTimer()
 	stop := sampleMemory(p)
+	start := time.Now()
 	post(b, p, *memoryRecords, 32)
+	fill := time.Since(start)
 	samples := stop()
 	b.StopTimer()
 	m := memoryOf(b, p)
@@ -58,6 +61,7 @@ func BenchmarkMemory(b *testing.B) {
 	b.ReportMetric(series["go_memstats_heap_inuse_bytes"]/(1<<20), "heap-MiB")
 	b.ReportMetric(series["go_memstats_sys_bytes"]/(1<<20), "go-sys-MiB")
 	b.ReportMetric(series["idemproxy_records_stored_total"], "records")
+	b.ReportMetric(series["idemproxy_store_pageouts_total"]/fill.Seconds(), "pageouts/s")
 	if err := p.terminate(b); err != nil {
 		b.Fatal(err)
 	}

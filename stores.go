@@ -33,6 +33,7 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 		return nil, 0, fmt.Errorf("open data directory %s: %w", cfg.DataDir, err)
 	}
 	m.StoreSize(s.Size)
+	m.StorePageOuts(s.PageOuts)
 	if err := releaseInFlight(s, m, log); err != nil {
 		s.Close()
 		return nil, 0, err

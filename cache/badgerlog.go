@@ -76,14 +76,3 @@ func (s *Store) runGC() {
 		return
 	}
 }
-
-// pageOutTick reclaims the table files' resident pages; it stops the loop
-// for good if the kernel does not support it.
-func (s *Store) pageOutTick() bool {
-	if _, err := s.pageOutTables(); err != nil {
-		s.log.LogAttrs(context.Background(), slog.LevelWarn, "paging out table files failed; resident memory will grow with the store",
-			slog.String("component", "cache"), slog.String("error", err.Error()))
-		return false
-	}
-	return true
-}

@@ -3,6 +3,7 @@ package cache
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -52,4 +53,31 @@ func (s *Store) pageOutTables() (int, error) {
 		n++ // ENOMEM: unmapped since the read; nothing to do
 	}
 	return n, sc.Err()
+}
+
+// fileResident returns the process's file-backed resident bytes: the third
+// field of /proc/self/statm ("shared", RssFile + RssShmem, in pages). One
+// small read the kernel answers from counters, unlike a walk of
+// /proc/self/maps, so it can run often (proc(5)).
+func fileResident() (int64, error) {
+	var buf [128]byte
+	f, err := os.Open("/proc/self/statm")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n, err := f.Read(buf[:])
+	if err != nil {
+		return 0, err
+	}
+	// size resident shared text lib data dt
+	fields := bytes.Fields(buf[:n])
+	if len(fields) < 3 {
+		return 0, fmt.Errorf("cache: /proc/self/statm: %q", buf[:n])
+	}
+	pages, err := strconv.ParseInt(string(fields[2]), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("cache: /proc/self/statm: %w", err)
+	}
+	return pages * int64(os.Getpagesize()), nil
 }

@@ -8,3 +8,8 @@ import "errors"
 func (s *Store) pageOutTables() (int, error) {
 	return 0, errors.ErrUnsupported
 }
+
+// fileResident is Linux only.
+func fileResident() (int64, error) {
+	return 0, errors.ErrUnsupported
+}

@@ -54,10 +54,16 @@ type Options struct {
 	// 0 means a tenth of TTL, between 10 seconds and 5 minutes; a negative
 	// value disables it.
 	ReclaimInterval time.Duration
-	// PageOutInterval is how often the resident pages of Badger's table files
-	// and WALs are handed back to the kernel (Linux). 0 means 500 ms; a negative
-	// value disables it, and the resident set then grows with the store.
+	// PageOutInterval is the longest time between two hand-backs of the
+	// resident pages of Badger's table files and WALs to the kernel (Linux).
+	// 0 means 500 ms; a negative value disables page-out altogether, and the
+	// resident set then grows with the store.
 	PageOutInterval time.Duration
+	// PageOutGrowth starts a hand-back before PageOutInterval when the
+	// process's file-backed resident size has grown by this many bytes since
+	// the last one (checked every 50 ms). 0 means 16 MiB; a negative value
+	// leaves only the period.
+	PageOutGrowth int64
 	// Logger receives Badger's warnings and errors and the GC loop's failures.
 	// nil discards them.
 	Logger *slog.Logger
@@ -105,6 +111,10 @@ const (
 	// a second through mapped tables; a pass costs a read of
 	// /proc/self/maps and one madvise per table (docs/design/memory.md).
 	defaultPageOutInterval = 500 * time.Millisecond
+	// defaultPageOutGrowth starts a pass as soon as this much more of the
+	// files is resident: a compaction can map over 100 MiB of tables within
+	// one period (docs/design/memory.md).
+	defaultPageOutGrowth = 16 << 20
 	// numMemtables is how many full memtables may wait for flushing.
 	numMemtables = 1
 	// maxValueSize is Badger's largest ValueThreshold (1 MiB).
@@ -152,6 +162,9 @@ type Store struct {
 	lastPut     atomic.Int64  // store-clock UnixNano of the last record written; Open counts as one
 	puts        atomic.Uint64 // records written since Open
 	reclaimedAt uint64        // puts when reclaimExpired last dropped the records (its loop only)
+
+	pageOut  pageOutTrigger // the page-out loop's only
+	pageOuts atomic.Uint64  // page-out passes since Open
 
 	life   sync.RWMutex // read-held by every operation, write-held by Close
 	closed bool
@@ -202,7 +215,12 @@ func Open(opts Options) (*Store, error) {
 		s.every(opts.ReclaimInterval, s.reclaimTick)
 	}
 	if opts.PageOutInterval > 0 && !opts.InMemory {
-		s.every(opts.PageOutInterval, s.pageOutTick)
+		s.pageOut = newPageOutTrigger(opts.PageOutInterval, opts.PageOutGrowth, time.Now())
+		check := opts.PageOutInterval
+		if opts.PageOutGrowth > 0 {
+			check = min(check, pageOutCheck)
+		}
+		s.every(check, s.pageOutTick)
 	}
 	if s.minFree > 0 {
 		s.every(spaceInterval, s.spaceTick)
@@ -225,6 +243,9 @@ func withDefaults(opts Options) Options {
 	}
 	if opts.PageOutInterval == 0 {
 		opts.PageOutInterval = defaultPageOutInterval
+	}
+	if opts.PageOutGrowth == 0 {
+		opts.PageOutGrowth = defaultPageOutGrowth
 	}
 	if opts.MemTableSize <= 0 {
 		opts.MemTableSize = defaultMemTableSize

@@ -253,6 +253,14 @@ func (m *Metrics) StoreSize(size func() (lsm, vlog int64)) {
 	}
 }
 
+// StorePageOuts exports passes (for example (*cache.Store).PageOuts) as
+// idemproxy_store_pageouts_total, read at every scrape.
+func (m *Metrics) StorePageOuts(passes func() uint64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "store_pageouts_total",
+		Help: "Times the store handed the resident pages of its table files back to the kernel (docs/design/memory.md)."},
+		func() float64 { return float64(passes()) }))
+}
+
 // ClientConnections exports the client connection bound: limit, the
 // connections open now (open) and those closed while idle to admit a new
 // client at the bound (closedIdle, a running total).

@@ -44,6 +44,7 @@ func everySeries(t *testing.T) *Metrics {
 	m.Probe(retry.ProbeInfo{Result: retry.ProbeFound})
 	m.UnknownOperations(func(context.Context) (int, time.Time, error) { return 0, time.Time{}, nil }, time.Now)
 	m.StoreSize(func() (int64, int64) { return 0, 0 })
+	m.StorePageOuts(func() uint64 { return 0 })
 	m.ClientConnections(1, func() int64 { return 0 }, func() int64 { return 0 })
 	db, err := cache.Open(cache.Options{InMemory: true})
 	if err != nil {

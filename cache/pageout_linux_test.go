@@ -1,0 +1,138 @@
+package cache
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// TestPageOutTrigger: a pass is due after the period, or as soon as the
+// file-backed resident size has grown by the threshold over its lowest since
+// the last pass.
+func TestPageOutTrigger(t *testing.T) {
+	const mib = 1 << 20
+	t0 := time.Unix(1_000_000, 0)
+	for _, c := range []struct {
+		name      string
+		growth    int64
+		residents []int64 // checked 50 ms apart after a pass that left 10 MiB
+		want      bool    // whether the last check is due
+	}{
+		{"no growth", 16 * mib, []int64{10 * mib, 12 * mib}, false},
+		{"growth below", 16 * mib, []int64{20 * mib, 25 * mib}, false},
+		{"growth reached", 16 * mib, []int64{20 * mib, 26 * mib}, true},
+		{"growth over the lowest since the pass", 16 * mib, []int64{4 * mib, 20 * mib}, true},
+		{"growth off", -1, []int64{100 * mib, 900 * mib}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tr := newPageOutTrigger(time.Second, c.growth, t0)
+			tr.ran(t0, 10*mib)
+			var due bool
+			for i, r := range c.residents {
+				due = tr.due(t0.Add(time.Duration(i+1)*pageOutCheck), r)
+			}
+			if due != c.want {
+				t.Errorf("due = %v, want %v", due, c.want)
+			}
+			if !tr.due(t0.Add(time.Second), 0) {
+				t.Error("not due after the period")
+			}
+		})
+	}
+}
+
+// TestPageOutOnGrowth: with a period of an hour, a table file mapped and
+// read by the process (32 MiB resident) is paged out by the growth trigger.
+func TestPageOutOnGrowth(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, PageOutInterval: time.Hour, PageOutGrowth: 8 << 20, MinFreeBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.pageOutTables(); errors.Is(err, syscall.EINVAL) {
+		t.Skip("kernel without MADV_PAGEOUT")
+	}
+	before := s.PageOuts()
+
+	// A table file of Badger's naming in the store's directory, on disk
+	// (clean pages), mapped shared as Badger maps its tables.
+	const size = 32 << 20
+	path := filepath.Join(dir, "999999.sst")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte(strings.Repeat("t", size))); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(data)
+	addr := uintptr(unsafe.Pointer(&data[0]))
+	var sum byte
+	for i := 0; i < size; i += os.Getpagesize() {
+		sum += data[i]
+	}
+	if sum == 0 && data[0] != 't' {
+		t.Fatal("read nothing")
+	}
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rss := mappingRSS(t, addr)
+		if rss < size/8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("mapped table still has %d KiB resident after 30 s; %d page-out passes", rss>>10, s.PageOuts()-before)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if s.PageOuts() == before {
+		t.Error("pages gone with no page-out pass")
+	}
+}
+
+// mappingRSS is the Rss of the mapping of this process that starts at addr
+// (/proc/self/smaps).
+func mappingRSS(t *testing.T, addr uintptr) int64 {
+	t.Helper()
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	prefix := fmt.Sprintf("%x-", addr)
+	found := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, prefix) {
+			found = true
+		}
+		if kb, ok := strings.CutPrefix(line, "Rss:"); found && ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(kb, "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n << 10
+		}
+	}
+	t.Fatalf("no mapping at %x in /proc/self/smaps (%v)", addr, sc.Err())
+	return 0
+}
