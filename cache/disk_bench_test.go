@@ -4,6 +4,7 @@ package cache
 
 import (
 	"crypto/rand"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
+var diskTTL = flag.Duration("disk.ttl", 10*time.Second, "record TTL of BenchmarkDiskSteadyState")
+
 // BenchmarkDiskSteadyState writes records at a constant rate for three TTLs
 // and reports the data directory's allocated size after one TTL and after
 // three (under constant load it should plateau: ratio-3ttl ≤ 1.5), then stops
@@ -22,10 +25,10 @@ import (
 // expired records back (idle-MiB) and how long after the last expiry that
 // took. It runs once whatever b.N is (about 4 TTLs of wall time):
 //
-//	go test -run '^$' -bench DiskSteadyState -benchtime 1x ./cache/
+//	go test -run '^$' -bench DiskSteadyState -benchtime 1x ./cache/ -disk.ttl 20s
 func BenchmarkDiskSteadyState(b *testing.B) {
+	ttl := *diskTTL
 	const (
-		ttl   = 10 * time.Second
 		rate  = 1000 // records per second
 		bodyN = 1000 // bytes of incompressible body per record
 	)
