@@ -10,6 +10,11 @@
 #   bench/run.sh pg         new-key POSTs on PostgreSQL (P: 1 and 3 replicas on one
 #                           throwaway cluster, fsync on) next to A, B and E (Badger);
 #                           needs the PostgreSQL server binaries (Debian: postgresql)
+#   bench/run.sh container-memory
+#                           the image built from this tree in a 256 MiB container,
+#                           1,000,000 records stored through its port (needs Docker;
+#                           GO_IMAGE/RUNTIME_IMAGE select base images, e.g. the
+#                           stand-ins of scripts/local-bases.sh)
 #
 # Extra arguments after the mode go to idembench (e.g. -rounds 3, -rate 500,
 # -idemproxy-env IDEMPROXY_SIGN_SECRET=x). Results: bench/results/<time>/.
@@ -48,6 +53,18 @@ if [ "$mode" = micro ]; then
 	exit 0
 fi
 
+if [ "$mode" = container-memory ]; then
+	# bench/cmd/containermem runs the container (--network host, loopback only).
+	docker build -q ${GO_IMAGE:+--build-arg GO_IMAGE="$GO_IMAGE"} \
+		${RUNTIME_IMAGE:+--build-arg RUNTIME_IMAGE="$RUNTIME_IMAGE"} \
+		--build-arg VERSION="$(git describe --tags --always 2>/dev/null || echo dev)" -t idemproxy:bench . >/dev/null
+	go build -o "$bin/" ./bench/cmd/upstream ./bench/cmd/containermem
+	"$bin/containermem" -image idemproxy:bench -upstream-bin "$bin/upstream" -out "$out" "$@" | tee "$out/results.md"
+	rm -rf "$bin"
+	echo "results: $out/results.md"
+	exit 0
+fi
+
 [ "$mode" = pg ] || ensure_nginx # C is not in the pg mode
 go build -o "$bin/idemproxy" .
 go build -o "$bin/" ./bench/cmd/upstream ./bench/cmd/plainproxy ./bench/cmd/idembench
@@ -60,7 +77,7 @@ pg) args=(-targets ABEP) ;;
 quick) args=(-rounds 1 -warmup 500ms -duration 2s -rate-duration 2s -settle 200ms -replay-keys 2000
 	-memory -records 20000 -mem-ttl 30s -mem-gc-interval 0) ;;
 *)
-	echo "unknown mode $mode (full, quick, matrix, memory, micro, pg)" >&2
+	echo "unknown mode $mode (full, quick, matrix, memory, micro, pg, container-memory)" >&2
 	exit 2
 	;;
 esac
