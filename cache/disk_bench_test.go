@@ -3,12 +3,14 @@
 package cache
 
 import (
+	"cmp"
 	"crypto/rand"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -23,7 +25,10 @@ var diskTTL = flag.Duration("disk.ttl", 10*time.Second, "record TTL of Benchmark
 // three (under constant load it should plateau: ratio-3ttl ≤ 1.5), then stops
 // writing and reports the size once the store has given the space of the
 // expired records back (idle-MiB) and how long after the last expiry that
-// took. It runs once whatever b.N is (about 4 TTLs of wall time):
+// took. It also logs the size every tenth of a TTL and reports the lowest
+// and highest of those during the third TTL (low/high-3rd-ttl-MiB), since
+// compactions make the size a saw-tooth and size-3ttl-MiB is one point of
+// it. It runs once whatever b.N is (about 4 TTLs of wall time):
 //
 //	go test -run '^$' -bench DiskSteadyState -benchtime 1x ./cache/ -disk.ttl 20s
 func BenchmarkDiskSteadyState(b *testing.B) {
@@ -47,6 +52,9 @@ func BenchmarkDiskSteadyState(b *testing.B) {
 	defer tick.Stop()
 	var n int
 	var at1, at3 int64
+	var series []string   // size every tenth of a TTL, logged: the saw-tooth of compactions
+	var low3, high3 int64 // range of those sizes during the third TTL
+	nextSample := ttl / 10
 	for elapsed := time.Duration(0); elapsed < 3*ttl; elapsed = time.Since(start) {
 		<-tick.C
 		for target := int(time.Since(start).Seconds() * rate); n < target; n++ {
@@ -61,8 +69,19 @@ func BenchmarkDiskSteadyState(b *testing.B) {
 		if at1 == 0 && elapsed >= ttl {
 			at1 = allocatedBytes(b, dir)
 		}
+		if elapsed >= nextSample {
+			size := allocatedBytes(b, dir)
+			series = append(series, fmt.Sprintf("%.0fs %.1f", elapsed.Seconds(), mebi(size)))
+			if elapsed >= 2*ttl {
+				low3, high3 = min(cmp.Or(low3, size), size), max(high3, size)
+			}
+			nextSample += ttl / 10
+		}
 	}
 	at3 = allocatedBytes(b, dir)
+	b.Logf("MiB allocated while writing: %s", strings.Join(series, ", "))
+	b.ReportMetric(mebi(low3), "low-3rd-ttl-MiB")
+	b.ReportMetric(mebi(high3), "high-3rd-ttl-MiB")
 	lastWrite := time.Now()
 	b.ReportMetric(mebi(at1), "size-1ttl-MiB")
 	b.ReportMetric(mebi(at3), "size-3ttl-MiB")
