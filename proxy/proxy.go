@@ -192,9 +192,9 @@ func New(opts Options) (*Handler, error) {
 		// Rewrite and Transport are set per request (reverseProxy).
 		ErrorHandler: h.upstreamError,
 		ErrorLog:     slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
-		// Responses are passed on as they come. (Protected requests do not
-		// use it: see roundTrip.)
-		FlushInterval: -1,
+		// Responses are passed on as they come: forward's statusWriter
+		// flushes every write. (Protected requests do not use it: see
+		// roundTrip.)
 		// Without a pool every request allocates a fresh 32 KiB copy buffer.
 		BufferPool: bufferPool{},
 	}

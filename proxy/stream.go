@@ -3,8 +3,16 @@ package proxy
 import "net/http"
 
 // statusWriter records the status a streamed answer is sent with, for the
-// request's Summary. It keeps Flush working and lets http.ResponseController
-// reach the writer below.
+// request's Summary, and flushes after every write, so that each piece of an
+// unprotected answer is passed on as it comes (docs/contract.md). It keeps
+// Flush working and lets http.ResponseController reach the writer below.
+//
+// ReverseProxy's FlushInterval -1 would flush each write too, but it also
+// flushes the header alone from a timer goroutine before the first body
+// byte: a goroutine and a second write to the socket for every answer,
+// about a tenth of a pass-through GET's CPU (BENCHMARKS.md, Profiles of D,
+// E and F). ReverseProxy still does that for the answers that need it, an
+// event stream or a body of unknown length.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
@@ -21,7 +29,11 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	if err == nil {
+		http.NewResponseController(w.ResponseWriter).Flush()
+	}
+	return n, err
 }
 
 // Flush implements http.Flusher.
