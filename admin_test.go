@@ -268,3 +268,35 @@ func (b *syncBuffer) Bytes() []byte {
 	defer b.mu.Unlock()
 	return append([]byte(nil), b.buf.Bytes()...)
 }
+
+// TestRequestLineIsLoggersLine: observer.done hands its record to the handler
+// itself; the line must be the one Logger.LogAttrs writes, time aside.
+func TestRequestLineIsLoggersLine(t *testing.T) {
+	for _, s := range []proxy.Summary{
+		{Method: "POST", Path: "/v1/payments", Key: "k-1", UpstreamKey: "k-1", Outcome: proxy.OutcomeReplayed,
+			Status: 200, Attempts: 1, Replayed: true, Duration: 1234567},
+		{Method: "GET", Path: "/v1/x", Outcome: proxy.OutcomeUnavailable, Status: 502, Attempts: 5}, // a warning
+	} {
+		var got, want bytes.Buffer
+		(&observer{log: newLogger(&got, "info", nil), m: metrics.New("test")}).done(s)
+		level := slog.LevelInfo
+		if s.Outcome == proxy.OutcomeUnavailable {
+			level = slog.LevelWarn
+		}
+		newLogger(&want, "info", nil).LogAttrs(context.Background(), level, "request",
+			slog.String("method", s.Method), slog.String("path", s.Path), slog.String("key", s.Key),
+			slog.String("upstream_key", s.UpstreamKey), slog.String("outcome", string(s.Outcome)),
+			slog.Int("status", s.Status), slog.Int("attempts", s.Attempts), slog.Bool("replayed", s.Replayed),
+			slog.Float64("duration_ms", millis(s.Duration)))
+		// Both lines start with {"time":"<RFC 3339>", and differ only there.
+		g, w := got.String(), want.String()
+		if g[strings.Index(g, `","level"`):] != w[strings.Index(w, `","level"`):] {
+			t.Errorf("request line\n%s\nwant\n%s", g, w)
+		}
+	}
+	var quiet bytes.Buffer
+	(&observer{log: newLogger(&quiet, "warn", nil), m: metrics.New("test")}).done(proxy.Summary{Outcome: proxy.OutcomeForwarded})
+	if quiet.Len() != 0 {
+		t.Errorf("info line written at level warn: %s", quiet.String())
+	}
+}
