@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -22,12 +24,14 @@ import (
 // wire relays connections to a PostgreSQL server and counts the messages
 // clients send by type (the frontend protocol's first byte): 'S' (Sync) and
 // 'Q' (simple Query) each end a round trip; 'P' (Parse) is a statement
-// prepared.
+// prepared. While held, no client message goes on to the server.
 type wire struct {
 	l      net.Listener
 	target string
 	mu     sync.Mutex
 	sent   map[byte]int
+	held   bool
+	free   *sync.Cond // on mu, broadcast when held ends
 }
 
 func relay(t *testing.T, target string) *wire {
@@ -37,6 +41,7 @@ func relay(t *testing.T, target string) *wire {
 		t.Fatal(err)
 	}
 	w := &wire{l: l, target: target, sent: map[byte]int{}}
+	w.free = sync.NewCond(&w.mu)
 	t.Cleanup(func() { l.Close() })
 	go w.accept()
 	return w
@@ -74,12 +79,30 @@ func (w *wire) count(r io.Reader) {
 			return
 		}
 		w.mu.Lock()
+		for w.held {
+			w.free.Wait()
+		}
 		w.sent[head[0]]++
 		w.mu.Unlock()
 		if _, err := io.CopyN(io.Discard, r, int64(binary.BigEndian.Uint32(head[1:]))-4); err != nil {
 			return
 		}
 	}
+}
+
+// hold stops client messages short of the server (the one being read when
+// the hold starts stops after its header) until release.
+func (w *wire) hold() {
+	w.mu.Lock()
+	w.held = true
+	w.mu.Unlock()
+}
+
+func (w *wire) release() {
+	w.mu.Lock()
+	w.held = false
+	w.free.Broadcast()
+	w.mu.Unlock()
 }
 
 // take returns the counts since the last take and resets them.
@@ -91,10 +114,11 @@ func (w *wire) take() map[byte]int {
 	return m
 }
 
-// TestNewKeyRoundTrips counts what a new key costs on the wire: its claim
-// (Begin) and its final answer (Complete) are one round trip each, with no
-// transaction around them, no extra read and, once warm, no statement
-// prepared again.
+// TestNewKeyRoundTrips counts what a new key costs on the wire when requests
+// come one at a time (concurrent ones share statements: see
+// TestConcurrentNewKeysShareStatements): its claim (Begin) and its final
+// answer (Complete) are one round trip each, with no transaction around
+// them, no extra read and, once warm, no statement prepared again.
 func TestNewKeyRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	u, err := url.Parse(pgtest.Database(t))
@@ -212,4 +236,246 @@ func serverCPU(c *pgtest.Cluster) time.Duration {
 		}
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+// settle waits until g holds inflight callers in its running round and
+// queued in the rounds after it.
+func settle[I, O any](t *testing.T, g *group[I, O], inflight, queued int) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		i, q := g.waiting()
+		if i == inflight && q == queued {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group holds %d running and %d waiting; want %d and %d", i, q, inflight, queued)
+		}
+	}
+}
+
+// TestConcurrentNewKeysShareStatements holds the first claim on the wire
+// while 63 more new keys arrive, then does the same with their final
+// answers: the 64 keys take at most two statements for their claims and
+// two for their final answers, and each caller gets its own row's result.
+func TestConcurrentNewKeysShareStatements(t *testing.T) {
+	ctx := context.Background()
+	u, err := url.Parse(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := relay(t, u.Host)
+	u.Host = w.l.Addr().String()
+	s := open(t, u.String(), time.Hour)
+	id := func(i int) store.ID { return store.ID{Tenant: "t", Key: "key-" + strconv.Itoa(i)} }
+	owner := func(i int) string { return "owner-" + strconv.Itoa(i) }
+	req := func(i int) store.Request {
+		return store.Request{Fingerprint: []byte("fp-" + strconv.Itoa(i)), Method: "POST", Path: "/v1/charges", UpstreamKey: "up-" + strconv.Itoa(i)}
+	}
+	resp := func(i int) store.Response {
+		return store.Response{Status: 200 + i, Header: http.Header{"X-Key": {strconv.Itoa(i)}}, Body: []byte(`{"id":"ch_` + strconv.Itoa(i) + `"}`)}
+	}
+	// Warm: both statements prepared on the connections the groups use.
+	if _, _, err := s.Begin(ctx, id(-1), req(-1), owner(-1), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, id(-1), owner(-1), resp(-1)); err != nil {
+		t.Fatal(err)
+	}
+	const n = batchRows
+	all := func(g interface{ waiting() (int, int) }, do func(i int) error) int {
+		t.Helper()
+		w.take()
+		w.hold()
+		errs := make(chan error, n)
+		for i := range n {
+			go func() { errs <- do(i) }()
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+			if i, q := g.waiting(); i+q == n {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the callers never all reached the store")
+			}
+		}
+		w.release()
+		for range n {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		return w.take()['E'] // Execute: one per statement run
+	}
+	claimed := all(s.claims, func(i int) error {
+		rec, created, err := s.Begin(ctx, id(i), req(i), owner(i), time.Minute)
+		if err == nil && (!created || rec.ID != id(i) || rec.Owner != owner(i) || rec.Fence != 1 ||
+			string(rec.Fingerprint) != string(req(i).Fingerprint) || rec.UpstreamKey != req(i).UpstreamKey) {
+			err = fmt.Errorf("Begin(%s) = %+v, created %v; want its own new record", id(i).Key, rec, created)
+		}
+		return err
+	})
+	completed := all(s.completes, func(i int) error { return s.Complete(ctx, id(i), owner(i), resp(i)) })
+	t.Logf("%d concurrent new keys: %d claim statements, %d final answer statements", n, claimed, completed)
+	if claimed > 2 || completed > 2 {
+		t.Errorf("%d concurrent new keys took %d claim and %d final answer statements; want at most 2 each", n, claimed, completed)
+	}
+	for i := range n {
+		rec, err := s.Get(ctx, id(i))
+		if err != nil || rec.State != store.Final || rec.Response.Status != resp(i).Status ||
+			string(rec.Response.Body) != string(resp(i).Body) || rec.Response.Header.Get("X-Key") != strconv.Itoa(i) {
+			t.Errorf("Get(%s) = %+v, %v; want its own final answer", id(i).Key, rec, err)
+		}
+	}
+}
+
+// TestBatchWithDuplicateKeys sends the same key twice, with the same
+// request and with another, among other keys while a claim is held on the
+// wire: one statement cannot write a row twice, so the second of each goes
+// to a later round, and it gets the answer it would get alone (the first's
+// record, in flight). Of two final answers on one key, only the owner's is
+// written.
+func TestBatchWithDuplicateKeys(t *testing.T) {
+	ctx := context.Background()
+	u, err := url.Parse(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := relay(t, u.Host)
+	u.Host = w.l.Addr().String()
+	s := open(t, u.String(), time.Hour)
+	type call struct {
+		key, fp, owner string
+	}
+	calls := []call{{"held", "fp", "o0"}, {"same", "fp", "o1"}, {"same", "fp", "o2"}, {"other", "fp", "o3"},
+		{"conflict", "fp-a", "o4"}, {"conflict", "fp-b", "o5"}}
+	type result struct {
+		rec     store.Record
+		created bool
+		err     error
+	}
+	results := make([]chan result, len(calls))
+	begin := func(i int) {
+		c := calls[i]
+		results[i] = make(chan result, 1)
+		go func() {
+			rec, created, err := s.Begin(ctx, store.ID{Tenant: "t", Key: c.key}, store.Request{Fingerprint: []byte(c.fp)}, c.owner, time.Minute)
+			results[i] <- result{rec, created, err}
+		}()
+	}
+	w.hold()
+	begin(0)
+	settle(t, s.claims, 1, 0)
+	for i := 1; i < len(calls); i++ {
+		begin(i)
+	}
+	settle(t, s.claims, 1, len(calls)-1)
+	s.claims.mu.Lock()
+	rounds := len(s.claims.queue)
+	s.claims.mu.Unlock()
+	if n := rounds; n != 2 {
+		t.Errorf("%d rounds wait; want 2 (the second of each key in the later one)", n)
+	}
+	w.release()
+	winner := map[string]string{}
+	for i, c := range calls {
+		r := <-results[i]
+		if r.err != nil {
+			t.Fatalf("Begin(%s, %s): %v", c.key, c.owner, r.err)
+		}
+		if r.rec.State != store.InFlight {
+			t.Errorf("Begin(%s, %s) = state %v; want in flight", c.key, c.owner, r.rec.State)
+		}
+		if r.created {
+			if winner[c.key] != "" {
+				t.Errorf("%s claimed by %s and by %s", c.key, winner[c.key], c.owner)
+			}
+			winner[c.key] = c.owner
+		}
+	}
+	for _, c := range calls {
+		if winner[c.key] == "" {
+			t.Errorf("nobody claimed %s", c.key)
+		}
+	}
+	// The losers got the winner's record: a replay to wait for, or a
+	// conflict for the caller to report.
+	for _, key := range []string{"same", "conflict"} {
+		rec, err := s.Get(ctx, store.ID{Tenant: "t", Key: key})
+		if err != nil || rec.Owner != winner[key] || rec.Fence != 1 {
+			t.Errorf("Get(%s) = %+v, %v; want %s's record, fence 1", key, rec, err, winner[key])
+		}
+	}
+	// Both callers of "same" answer at once: only the owner's is written.
+	loser := map[string]string{"o1": "o2", "o2": "o1"}[winner["same"]]
+	w.hold()
+	errs := make(chan error, 3)
+	go func() { errs <- s.Complete(ctx, store.ID{Tenant: "t", Key: "held"}, "o0", store.Response{Status: 200}) }()
+	settle(t, s.completes, 1, 0)
+	for _, o := range []string{winner["same"], loser} {
+		go func() {
+			err := s.Complete(ctx, store.ID{Tenant: "t", Key: "same"}, o, store.Response{Status: 201, Body: []byte(o)})
+			if o == loser && errors.Is(err, store.ErrNotOwner) {
+				err = nil
+			} else if o == loser {
+				err = fmt.Errorf("the loser's Complete = %v; want ErrNotOwner", err)
+			}
+			errs <- err
+		}()
+	}
+	settle(t, s.completes, 1, 2)
+	w.release()
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	rec, err := s.Get(ctx, store.ID{Tenant: "t", Key: "same"})
+	if err != nil || rec.State != store.Final || string(rec.Response.Body) != winner["same"] {
+		t.Errorf("Get(same) = %+v, %v; want the owner %s's final answer", rec, err, winner["same"])
+	}
+}
+
+// TestCallerLeavesBatch: a caller whose context ends returns at once, while
+// its round's statement is on the wire or before it starts; a claim whose
+// caller left before its round started is not written.
+func TestCallerLeavesBatch(t *testing.T) {
+	u, err := url.Parse(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := relay(t, u.Host)
+	u.Host = w.l.Addr().String()
+	s := open(t, u.String(), time.Hour)
+	begin := func(ctx context.Context, key string) <-chan error {
+		errs := make(chan error, 1)
+		go func() {
+			_, _, err := s.Begin(ctx, store.ID{Tenant: "t", Key: key}, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute)
+			errs <- err
+		}()
+		return errs
+	}
+	w.hold()
+	sent, leave := context.WithCancel(context.Background())
+	inflight := begin(sent, "sent")
+	settle(t, s.claims, 1, 0)
+	waiting, leaveQueue := context.WithCancel(context.Background())
+	queued := begin(waiting, "queued")
+	settle(t, s.claims, 1, 1)
+	leaveQueue()
+	if err := <-queued; !errors.Is(err, context.Canceled) {
+		t.Errorf("Begin left while queued = %v; want context.Canceled", err)
+	}
+	settle(t, s.claims, 1, 0)
+	leave()
+	if err := <-inflight; !errors.Is(err, context.Canceled) {
+		t.Errorf("Begin left while on the wire = %v; want context.Canceled", err)
+	}
+	w.release()
+	settle(t, s.claims, 0, 0)
+	if _, err := s.Get(context.Background(), store.ID{Tenant: "t", Key: "queued"}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get(queued) = %v; want ErrNotFound: its caller left before its round", err)
+	}
+	if _, created, err := s.Begin(context.Background(), store.ID{Tenant: "t", Key: "queued"}, store.Request{Fingerprint: []byte("fp")}, "o2", time.Minute); err != nil || !created {
+		t.Errorf("Begin(queued) again = created %v, %v; want a new record", created, err)
+	}
 }

@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +65,10 @@ type Store struct {
 	stop   chan struct{}
 	loops  sync.WaitGroup
 	once   sync.Once
+
+	// Claims and final answers of concurrent requests share statements.
+	claims    *group[claimArgs, store.Record]
+	completes *group[completeArgs, struct{}]
 }
 
 var _ store.Store = (*Store)(nil)
@@ -89,6 +95,8 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("pgstore: %w", redact(err))
 	}
 	s := &Store{pool: pool, opt: opt, stop: make(chan struct{})}
+	s.claims = &group[claimArgs, store.Record]{run: s.claimBatch, timeout: opt.CallTimeout}
+	s.completes = &group[completeArgs, struct{}]{run: s.completeBatch, timeout: opt.CallTimeout}
 	err = s.migrate(ctx)
 	switch {
 	case err == nil:
@@ -244,25 +252,30 @@ const (
 	// live is the condition of a record that has not expired.
 	live = `(expires_at IS NULL OR expires_at > now())`
 	// expiry is the expires_at of a write: $4 (the TTL) microseconds from
-	// now, or never.
-	expiry = `CASE WHEN $4::bigint = 0 THEN NULL ELSE now() + $4 * interval '1 microsecond' END`
+	// now, or never; batchExpiry is the same with the TTL in $1.
+	expiry      = `CASE WHEN $4::bigint = 0 THEN NULL ELSE now() + $4 * interval '1 microsecond' END`
+	batchExpiry = `CASE WHEN $1::bigint = 0 THEN NULL ELSE now() + $1 * interval '1 microsecond' END`
 	// columns are what readRecord scans.
 	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded,
 		method, path, upstream_key, expires_at, last_body`
 )
 
-// claim is Begin's one statement: insert, or take over an expired record or
-// the same request's record whose lease ran out or whose outcome is unknown.
-// An expired record counts as missing: everything is reset. Parameters are
-// positional here and in the other writes of a request (pgx rewrites a
-// statement with named ones on every call): $1 tenant, $2 key, $3
-// fingerprint, $4 TTL (expiry), $5 owner, $6 lease, $7 method, $8 path, $9
-// upstream key.
-const claim = `
+// claims is Begin's one statement, for a batch of keys (see group): insert,
+// or take over an expired record or the same request's record whose lease
+// ran out or whose outcome is unknown. An expired record counts as missing:
+// everything is reset. Each row's conditions are the row's own, so a batch
+// claims exactly what one statement per key would. $1 is the TTL (expiry);
+// the arrays are one element per key: $2 tenant, $3 key, $4 fingerprint, $5
+// owner, $6 lease in microseconds, $7 method, $8 path, $9 upstream key.
+// Parameters are positional here and in the other writes of a request (pgx
+// rewrites a statement with named ones on every call).
+const claims = `
 INSERT INTO idemproxy_records AS r (tenant, key, state, fingerprint, owner, fence, lease_until, created_at, expires_at,
 	method, path, upstream_key)
-VALUES ($1, $2, 1, $3, $5, 1, now() + $6 * interval '1 microsecond', now(), ` + expiry + `,
-	$7, $8, $9)
+SELECT v.tenant, v.key, 1, v.fingerprint, v.owner, 1, now() + v.lease * interval '1 microsecond', now(), ` + batchExpiry + `,
+	v.method, v.path, v.upstream_key
+FROM unnest($2::bytea[], $3::bytea[], $4::bytea[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[])
+	AS v(tenant, key, fingerprint, owner, lease, method, path, upstream_key)
 ON CONFLICT (tenant, key) DO UPDATE SET
 	state = 1, owner = excluded.owner, lease_until = excluded.lease_until, expires_at = excluded.expires_at,
 	fingerprint = excluded.fingerprint, status = 0, header = NULL, body = NULL,
@@ -275,10 +288,18 @@ ON CONFLICT (tenant, key) DO UPDATE SET
 	last_error    = CASE WHEN r.expires_at <= now() THEN ''    ELSE r.last_error    END
 WHERE r.expires_at <= now()
 	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now())
-RETURNING fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body`
+RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body`
 
-// Begin implements store.Store.Begin with one INSERT … ON CONFLICT DO UPDATE;
-// when it claims nothing, a read returns the record that stopped it.
+// claimArgs is one key's part of a batch of claims.
+type claimArgs struct {
+	req   store.Request
+	owner string
+	lease time.Duration
+}
+
+// Begin implements store.Store.Begin with one INSERT … ON CONFLICT DO UPDATE,
+// shared with concurrent calls (see claims); when it claims nothing, a read
+// returns the record that stopped it.
 func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner string, lease time.Duration) (store.Record, bool, error) {
 	if owner == "" || lease <= 0 {
 		return store.Record{}, false, fmt.Errorf("pgstore: begin: empty owner or lease %v not positive", lease)
@@ -289,14 +310,13 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 		// The read and the claim are separate statements: a record that is
 		// deleted or expires between them is claimed on the next round.
 		for range 10 {
-			r, err := readClaimed(s.pool.QueryRow(ctx, claim, []byte(id.Tenant), []byte(id.Key), req.Fingerprint,
-				micros(s.opt.TTL), owner, micros(lease), req.Method, req.Path, req.UpstreamKey), id, req, owner)
-			if err == nil {
+			r, claimed, err := s.claims.do(ctx, id, claimArgs{req: req, owner: owner, lease: lease}, 0)
+			if err != nil {
+				return err
+			}
+			if claimed {
 				rec, created = r, true
 				return nil
-			}
-			if !errors.Is(err, store.ErrNotFound) {
-				return err
 			}
 			r, err = s.get(ctx, id)
 			if err == nil {
@@ -310,6 +330,71 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 		return errors.New("the record kept changing under ten claims")
 	})
 	return rec, created, err
+}
+
+// claimBatch sends one claims statement for jobs and hands each job the
+// record its row says it claimed.
+func (s *Store) claimBatch(ctx context.Context, jobs []*job[claimArgs, store.Record]) error {
+	sortJobs(jobs)
+	n := len(jobs)
+	tenants, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
+	owners, methods, paths, ups := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	leases := make([]int64, n)
+	for i, j := range jobs {
+		tenants[i], keys[i], fps[i] = []byte(j.id.Tenant), []byte(j.id.Key), j.in.req.Fingerprint
+		owners[i], leases[i] = j.in.owner, micros(j.in.lease)
+		methods[i], paths[i], ups[i] = j.in.req.Method, j.in.req.Path, j.in.req.UpstreamKey
+	}
+	rows, err := s.pool.Query(ctx, claims, micros(s.opt.TTL), tenants, keys, fps, owners, leases, methods, paths, ups)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var tenant, key []byte
+		var r store.Record
+		var lease, sent, expires *time.Time
+		err := rows.Scan(&tenant, &key, &r.Fence, &lease, &r.CreatedAt, &expires, &sent,
+			&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody)
+		if err != nil {
+			return err
+		}
+		j := findJob(jobs, tenant, key)
+		if j == nil {
+			return errors.New("the claim returned a key it was not asked for")
+		}
+		// Only what the claim did not set from its arguments came back (a
+		// claimed record has no response, and a final or superseded one is
+		// never claimed).
+		r.ID, r.State, r.Owner = j.id, store.InFlight, j.in.owner
+		r.Fingerprint = bytes.Clone(j.in.req.Fingerprint)
+		r.Method, r.Path, r.UpstreamKey = j.in.req.Method, j.in.req.Path, j.in.req.UpstreamKey
+		settleTimes(&r, lease, sent, expires)
+		j.out, j.found = r, true
+	}
+	return rows.Err()
+}
+
+// sortJobs orders a batch by tenant and key, the order of the table's
+// primary key (bytea compares as Go strings do), so that batches lock
+// shared rows in one order.
+func sortJobs[I, O any](jobs []*job[I, O]) {
+	slices.SortFunc(jobs, func(a, b *job[I, O]) int {
+		if c := strings.Compare(a.id.Tenant, b.id.Tenant); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id.Key, b.id.Key)
+	})
+}
+
+// findJob is the job of a returned row's tenant and key, or nil.
+func findJob[I, O any](jobs []*job[I, O], tenant, key []byte) *job[I, O] {
+	for _, j := range jobs {
+		if j.id.Tenant == string(tenant) && j.id.Key == string(key) {
+			return j
+		}
+	}
+	return nil
 }
 
 // Get implements store.Store.Get.
@@ -332,18 +417,77 @@ func (s *Store) get(ctx context.Context, id store.ID) (store.Record, error) {
 // tenant, $2 the key, $3 the owner (see ownerWrite).
 const owned = `tenant = $1 AND key = $2 AND owner = $3 AND state = 1 AND ` + live
 
-// Complete implements store.Store.Complete.
+// completes is Complete's one statement, for a batch of keys (see group):
+// each row becomes final only if it is still its caller's live in-flight
+// record, as owned says for one. $1 is the TTL (expiry); the arrays are one
+// element per key: $2 tenant, $3 key, $4 owner, $5 status, $6 header, $7
+// body. It returns the keys it wrote.
+const completes = `
+UPDATE idemproxy_records AS t SET state = 2, lease_until = NULL,
+	status = v.status, header = v.header, body = v.body, last_body = NULL, expires_at = ` + batchExpiry + `
+FROM unnest($2::bytea[], $3::bytea[], $4::text[], $5::integer[], $6::bytea[], $7::bytea[])
+	AS v(tenant, key, owner, status, header, body)
+WHERE t.tenant = v.tenant AND t.key = v.key AND t.owner = v.owner AND t.state = 1
+	AND (t.expires_at IS NULL OR t.expires_at > now())
+RETURNING t.tenant, t.key`
+
+// completeArgs is one key's part of a batch of final answers.
+type completeArgs struct {
+	owner  string
+	status int32
+	header []byte
+	body   []byte
+}
+
+// Complete implements store.Store.Complete with one UPDATE, shared with
+// concurrent calls (see completes).
 func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
 	header, err := json.Marshal(resp.Header)
 	if err != nil {
 		return fmt.Errorf("pgstore: complete: header: %w", err)
 	}
-	if n := int64(len(header) + len(resp.Body)); n > s.opt.MaxRecordBytes {
+	n := int64(len(header) + len(resp.Body))
+	if n > s.opt.MaxRecordBytes {
 		return fmt.Errorf("pgstore: complete: %w: %d bytes, limit %d", store.ErrTooLarge, n, s.opt.MaxRecordBytes)
 	}
-	return s.ownerWrite(ctx, "complete", id, owner, `UPDATE idemproxy_records SET state = 2, lease_until = NULL,
-		status = $5, header = $6, body = $7, last_body = NULL, expires_at = `+expiry+` WHERE `+owned,
-		micros(s.opt.TTL), resp.Status, header, nonNil(resp.Body))
+	in := completeArgs{owner: owner, status: int32(resp.Status), header: header, body: nonNil(resp.Body)}
+	return s.call(ctx, "complete", &id, func(ctx context.Context) error {
+		_, written, err := s.completes.do(ctx, id, in, int(n))
+		if err == nil && !written {
+			return store.ErrNotOwner
+		}
+		return err
+	})
+}
+
+// completeBatch sends one completes statement for jobs and marks the jobs
+// whose rows it wrote.
+func (s *Store) completeBatch(ctx context.Context, jobs []*job[completeArgs, struct{}]) error {
+	sortJobs(jobs)
+	n := len(jobs)
+	tenants, keys, headers, bodies := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
+	owners, statuses := make([]string, n), make([]int32, n)
+	for i, j := range jobs {
+		tenants[i], keys[i], owners[i] = []byte(j.id.Tenant), []byte(j.id.Key), j.in.owner
+		statuses[i], headers[i], bodies[i] = j.in.status, j.in.header, j.in.body
+	}
+	rows, err := s.pool.Query(ctx, completes, micros(s.opt.TTL), tenants, keys, owners, statuses, headers, bodies)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var tenant, key []byte
+		if err := rows.Scan(&tenant, &key); err != nil {
+			return err
+		}
+		j := findJob(jobs, tenant, key)
+		if j == nil {
+			return errors.New("the final answer returned a key it was not asked for")
+		}
+		j.found = true
+	}
+	return rows.Err()
 }
 
 // Abandon implements store.Store.Abandon.
@@ -408,25 +552,6 @@ func (s *Store) Ping(ctx context.Context) error {
 		}
 		return nil
 	})
-}
-
-// readClaimed scans the row claim returns: only what the claim did not set
-// from its arguments (a claimed record has no response, and a final or
-// superseded one is never claimed). No row is store.ErrNotFound.
-func readClaimed(row pgx.Row, id store.ID, req store.Request, owner string) (store.Record, error) {
-	r := store.Record{ID: id, State: store.InFlight, Fingerprint: bytes.Clone(req.Fingerprint), Owner: owner,
-		Method: req.Method, Path: req.Path, UpstreamKey: req.UpstreamKey}
-	var lease, sent, expires *time.Time
-	err := row.Scan(&r.Fence, &lease, &r.CreatedAt, &expires, &sent,
-		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return store.Record{}, store.ErrNotFound
-	}
-	if err != nil {
-		return store.Record{}, err
-	}
-	settleTimes(&r, lease, sent, expires)
-	return r, nil
 }
 
 // settleTimes puts a scanned row's times into r in UTC (NULL stays the zero

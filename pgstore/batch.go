@@ -1,0 +1,180 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// Limits of one batch: rows, and the bytes of what the rows carry (stored
+// answers), so that a statement stays small next to the database's limits.
+const (
+	batchRows  = 64
+	batchBytes = 4 << 20
+)
+
+// group sends one kind of write for many concurrent callers as one statement
+// per round (leader/follower, like group commit): the first caller with
+// nothing running is sent at once, with no timer; callers that arrive while a
+// round's statement runs join the next round, which starts when that one
+// ends. A lone caller's write is therefore one statement, as it would be
+// unbatched (docs/design/postgres-writes.md).
+//
+// A round holds each ID at most once: a caller whose ID is already in a
+// waiting round joins a later one, since one statement cannot write a row
+// twice. Rounds run one at a time, in order.
+//
+// A caller whose context ends before its round starts is left out of the
+// statement; once the round has started, its write may or may not be done,
+// as when a context ends during any statement. The statement itself is bound
+// by the timeout, not by any one caller's context, and its error is every
+// caller's.
+type group[I, O any] struct {
+	// run sends the statement for jobs, which hold distinct IDs, and sets
+	// found and out of each job whose row the statement returned.
+	run     func(ctx context.Context, jobs []*job[I, O]) error
+	timeout time.Duration
+
+	mu       sync.Mutex
+	queue    []*round[I, O] // rounds waiting to run, oldest first
+	running  bool           // a goroutine runs the queue
+	inflight int            // callers in the running round (tests)
+}
+
+type job[I, O any] struct {
+	id    store.ID
+	in    I
+	size  int
+	left  bool // the caller gave up before its round started (under group.mu)
+	found bool // the statement returned the job's row
+	out   O
+}
+
+type round[I, O any] struct {
+	jobs  []*job[I, O]
+	bytes int
+	done  chan struct{} // closed when err and the jobs' results are set
+	err   error
+}
+
+// do adds a write to the next round that can take it and waits for the
+// round's statement or for ctx. found says whether the statement returned
+// the write's row.
+func (g *group[I, O]) do(ctx context.Context, id store.ID, in I, size int) (out O, found bool, err error) {
+	j := &job[I, O]{id: id, in: in, size: size}
+	g.mu.Lock()
+	r := g.join(j)
+	if !g.running {
+		g.running = true
+		go g.loop()
+	}
+	g.mu.Unlock()
+	select {
+	case <-r.done:
+		return j.out, j.found, r.err
+	case <-ctx.Done():
+		g.mu.Lock()
+		j.left = true
+		g.mu.Unlock()
+		return out, false, ctx.Err()
+	}
+}
+
+// join puts j in the first waiting round that has room and does not hold
+// its ID, or in a new round at the end. Called with mu held.
+func (g *group[I, O]) join(j *job[I, O]) *round[I, O] {
+	for _, r := range g.queue {
+		if r.takes(j) {
+			r.add(j)
+			return r
+		}
+	}
+	r := &round[I, O]{done: make(chan struct{})}
+	r.add(j)
+	g.queue = append(g.queue, r)
+	return r
+}
+
+func (r *round[I, O]) takes(j *job[I, O]) bool {
+	if len(r.jobs) >= batchRows || r.bytes+j.size > batchBytes {
+		return false
+	}
+	for _, o := range r.jobs {
+		if o.id == j.id {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *round[I, O]) add(j *job[I, O]) {
+	r.jobs = append(r.jobs, j)
+	r.bytes += j.size
+}
+
+// loop runs the waiting rounds one after the other until none is left.
+func (g *group[I, O]) loop() {
+	for {
+		g.mu.Lock()
+		if len(g.queue) == 0 {
+			g.running, g.inflight = false, 0
+			g.mu.Unlock()
+			return
+		}
+		r := g.queue[0]
+		g.queue[0] = nil
+		g.queue = g.queue[1:]
+		jobs := make([]*job[I, O], 0, len(r.jobs))
+		for _, j := range r.jobs {
+			if !j.left {
+				jobs = append(jobs, j)
+			}
+		}
+		g.inflight = len(jobs)
+		g.mu.Unlock()
+		if len(jobs) > 0 {
+			r.err = g.send(jobs)
+		}
+		close(r.done)
+	}
+}
+
+// send runs one statement for jobs within the timeout. A statement that
+// PostgreSQL aborted as a deadlock wrote nothing and is sent again: two
+// batches on shared rows (from two replicas, or a claim and a final answer)
+// may lock them in different orders.
+func (g *group[I, O]) send(jobs []*job[I, O]) error {
+	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
+	defer cancel()
+	for try := 1; ; try++ {
+		for _, j := range jobs {
+			var none O
+			j.found, j.out = false, none
+		}
+		err := g.run(ctx, jobs)
+		var pe *pgconn.PgError
+		if try == 3 || !errors.As(err, &pe) || pe.Code != "40P01" {
+			return err
+		}
+	}
+}
+
+// waiting is how many callers are in the running round and in the rounds
+// waiting after it (tests).
+func (g *group[I, O]) waiting() (inflight, queued int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, r := range g.queue {
+		for _, j := range r.jobs {
+			if !j.left {
+				queued++
+			}
+		}
+	}
+	return g.inflight, queued
+}
