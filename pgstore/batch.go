@@ -3,8 +3,10 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -83,6 +85,26 @@ func (g *group[I, O]) do(ctx context.Context, id store.ID, in I, size int) (out 
 		g.mu.Unlock()
 		return out, false, ctx.Err()
 	}
+}
+
+// alone sends a write in a statement of its own, bound by the caller's
+// context: for a write whose arguments the database may refuse (see
+// plainText), so that its error stays its own and fails no other caller.
+func (g *group[I, O]) alone(ctx context.Context, id store.ID, in I, _ int) (out O, found bool, err error) {
+	j := &job[I, O]{id: id, in: in}
+	err = g.run(ctx, []*job[I, O]{j})
+	return j.out, j.found, err
+}
+
+// plainText says whether PostgreSQL takes every string as text: valid UTF-8
+// without NUL bytes. A write with other text is sent alone.
+func plainText(ss ...string) bool {
+	for _, s := range ss {
+		if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // join puts j in the first waiting round that has room and does not hold

@@ -479,3 +479,43 @@ func TestCallerLeavesBatch(t *testing.T) {
 		t.Errorf("Begin(queued) again = created %v, %v; want a new record", created, err)
 	}
 }
+
+// TestRefusedTextGoesAlone: text the database refuses (here an upstream key
+// that is not UTF-8) fails its own claim only, not the claims that share a
+// round.
+func TestRefusedTextGoesAlone(t *testing.T) {
+	ctx := context.Background()
+	u, err := url.Parse(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := relay(t, u.Host)
+	u.Host = w.l.Addr().String()
+	s := open(t, u.String(), time.Hour)
+	begin := func(key, upstreamKey string) <-chan error {
+		errs := make(chan error, 1)
+		go func() {
+			_, created, err := s.Begin(ctx, store.ID{Tenant: "t", Key: key}, store.Request{Fingerprint: []byte("fp"), UpstreamKey: upstreamKey}, "o", time.Minute)
+			if err == nil && !created {
+				err = fmt.Errorf("Begin(%s) created nothing", key)
+			}
+			errs <- err
+		}()
+		return errs
+	}
+	w.hold()
+	held := begin("held", "up")
+	settle(t, s.claims, 1, 0)
+	good := []<-chan error{begin("a", "up-a"), begin("b", "up-b")}
+	bad := begin("bad", "\xff")
+	settle(t, s.claims, 1, 2)
+	w.release()
+	for _, errs := range append(good, held) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if err := <-bad; err == nil {
+		t.Error("Begin with an upstream key that is not UTF-8 succeeded; want the database's refusal")
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -306,11 +307,15 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 	}
 	var rec store.Record
 	var created bool
+	claim := s.claims.do
+	if !plainText(owner, req.Method, req.Path, req.UpstreamKey) {
+		claim = s.claims.alone
+	}
 	err := s.call(ctx, "begin", &id, func(ctx context.Context) error {
 		// The read and the claim are separate statements: a record that is
 		// deleted or expires between them is claimed on the next round.
 		for range 10 {
-			r, claimed, err := s.claims.do(ctx, id, claimArgs{req: req, owner: owner, lease: lease}, 0)
+			r, claimed, err := claim(ctx, id, claimArgs{req: req, owner: owner, lease: lease}, 0)
 			if err != nil {
 				return err
 			}
@@ -450,9 +455,16 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 	if n > s.opt.MaxRecordBytes {
 		return fmt.Errorf("pgstore: complete: %w: %d bytes, limit %d", store.ErrTooLarge, n, s.opt.MaxRecordBytes)
 	}
+	if resp.Status < 0 || resp.Status > math.MaxInt32 {
+		return fmt.Errorf("pgstore: complete: status %d out of range", resp.Status)
+	}
 	in := completeArgs{owner: owner, status: int32(resp.Status), header: header, body: nonNil(resp.Body)}
+	complete := s.completes.do
+	if !plainText(owner) {
+		complete = s.completes.alone
+	}
 	return s.call(ctx, "complete", &id, func(ctx context.Context) error {
-		_, written, err := s.completes.do(ctx, id, in, int(n))
+		_, written, err := complete(ctx, id, in, int(n))
 		if err == nil && !written {
 			return store.ErrNotOwner
 		}
