@@ -10,26 +10,35 @@ import (
 // it ends, instead of polling the store.
 type flights struct {
 	mu sync.Mutex
-	m  map[store.ID]chan struct{} // keyed by the ID itself: no key string built per lookup
+	m  map[store.ID]*flight // keyed by the ID itself: no key string built per lookup
 }
 
-// open registers an operation for id and returns the channel closed when it ends.
-func (f *flights) open(id store.ID) chan struct{} {
-	ch := make(chan struct{})
+// flight is one operation this process runs for a key: its result, set
+// before done is closed, and the renewal of its lease. One allocation holds
+// what the operation needs besides its goroutine and done.
+type flight struct {
+	done  chan struct{}
+	res   result // read by the request that started the operation, once done is closed
+	lease leaseRenewal
+}
+
+// open registers an operation for id.
+func (f *flights) open(id store.ID) *flight {
+	fl := &flight{done: make(chan struct{})}
 	f.mu.Lock()
-	f.m[id] = ch
+	f.m[id] = fl
 	f.mu.Unlock()
-	return ch
+	return fl
 }
 
-// close ends the operation registered as ch.
-func (f *flights) close(id store.ID, ch chan struct{}) {
+// close ends the operation fl.
+func (f *flights) close(id store.ID, fl *flight) {
 	f.mu.Lock()
-	if f.m[id] == ch {
+	if f.m[id] == fl {
 		delete(f.m, id)
 	}
 	f.mu.Unlock()
-	close(ch)
+	close(fl.done)
 }
 
 // wait returns a channel closed when id's local operation ends; nil (never ready)
@@ -37,5 +46,8 @@ func (f *flights) close(id store.ID, ch chan struct{}) {
 func (f *flights) wait(id store.ID) <-chan struct{} {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.m[id]
+	if fl := f.m[id]; fl != nil {
+		return fl.done
+	}
+	return nil
 }

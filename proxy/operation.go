@@ -144,19 +144,18 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 // before is what earlier sequences of this key left: non-zero when the record
 // was parked with its outcome unknown, so the first attempt is a re-send.
 func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome, t *ticket) result {
-	done := h.flights.open(id)
-	out := make(chan result, 1)
+	f := h.flights.open(id)
 	h.ops.Add(1)
 	t.hold() // the operation holds its slot and body bytes until it ends
 	go func() {
 		defer h.ops.Done()
 		defer t.release()
-		defer h.flights.close(id, done)
-		out <- h.run(r, id, owner, body, before)
+		defer h.flights.close(id, f) // after f.res is set
+		f.res = h.run(r, id, owner, body, before, &f.lease)
 	}()
 	select {
-	case res := <-out:
-		return res
+	case <-f.done:
+		return f.res
 	case <-r.Context().Done():
 		return result{err: r.Context().Err()}
 	}
@@ -166,13 +165,13 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte,
 // completed in the store before anyone sees it; a sequence after which the
 // provider may have acted parks the record as unknown; anything else releases
 // the key. Either way the next request resumes with the same key.
-func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome) result {
+func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome, l *leaseRenewal) result {
 	ctx := context.WithoutCancel(r.Context())
 	call := retry.Call{Mode: retry.Protected}
 	if !before.IsZero() {
 		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt, LastBody: before.LastBody}
 	}
-	res, lost := h.leased(ctx, id, owner, func(ctx context.Context) result {
+	res, lost := h.leased(ctx, l, id, owner, func(ctx context.Context) result {
 		return h.roundTrip(ctx, r, h.upstreamKey(id.Tenant, id.Key), body, call)
 	})
 	if lost { // the new owner answers the app's retry; this one may not write
@@ -252,11 +251,13 @@ func (h *Handler) park(ctx context.Context, r *http.Request, id store.ID, owner 
 // lost is true: the new owner runs the operation, with the same key.
 //
 // Renewals run on a timer (time.AfterFunc), not a goroutine and a ticker
-// per operation: most operations end long before their first renewal.
-func (h *Handler) leased(ctx context.Context, id store.ID, owner string, op func(context.Context) result) (res result, lost bool) {
+// per operation: most operations end long before their first renewal. l
+// holds the renewal's state; it lives in the operation's flight, which is
+// allocated anyway.
+func (h *Handler) leased(ctx context.Context, l *leaseRenewal, id store.ID, owner string, op func(context.Context) result) (res result, lost bool) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	l := &leaseRenewal{h: h, ctx: ctx, cancel: cancel, id: id, owner: owner, next: time.Now().Add(h.opt.Lease / 3)}
+	*l = leaseRenewal{h: h, ctx: ctx, cancel: cancel, id: id, owner: owner, next: time.Now().Add(h.opt.Lease / 3)}
 	l.mu.Lock()
 	l.timer = time.AfterFunc(h.opt.Lease/3, l.renew)
 	l.mu.Unlock()

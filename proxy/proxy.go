@@ -183,7 +183,7 @@ func New(opts Options) (*Handler, error) {
 	for _, m := range opts.Protected {
 		h.protected[strings.ToUpper(m)] = true
 	}
-	h.flights.m = map[store.ID]chan struct{}{}
+	h.flights.m = map[store.ID]*flight{}
 	h.adm = newAdmission(opts.MaxInflight, opts.MaxInflightBytes)
 	h.rp = &httputil.ReverseProxy{
 		// Rewrite, not Director: hop-by-hop headers are removed after Director

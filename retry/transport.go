@@ -106,8 +106,9 @@ type AttemptInfo struct {
 // the caller's context error, wrapped, when the caller's context ends. The
 // Report is filled in every case. Do reads and closes req.Body.
 func (t *Transport) Do(req *http.Request, c Call) (*http.Response, Report, error) {
-	s, err := t.begin(req, c)
-	if err != nil { // nothing was sent (the caller's body could not be read)
+	// On Do's stack: nothing keeps the sequence past the return.
+	s := &sequence{t: t, req: req, mode: c.Mode}
+	if err := s.begin(c); err != nil { // nothing was sent (the caller's body could not be read)
 		return nil, Report{Disposition: t.Policy.Dispose(Answer{Mode: c.Mode, Err: err}).Disposition}, err
 	}
 	handedOff := false // a streamed body, once returned, ends the sequence when closed
@@ -184,8 +185,8 @@ type outcome struct {
 
 // begin buffers the body so that every attempt sends identical bytes, and
 // bounds the sequence by the budget.
-func (t *Transport) begin(req *http.Request, c Call) (*sequence, error) {
-	s := &sequence{t: t, req: req, mode: c.Mode}
+func (s *sequence) begin(c Call) error {
+	t, req := s.t, s.req
 	if s.mode != Protected {
 		s.stream = true
 		s.resendable = req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
@@ -193,11 +194,11 @@ func (t *Transport) begin(req *http.Request, c Call) (*sequence, error) {
 		if b := t.Policy.Budget; b > 0 {
 			s.deadline = t.now().Add(b) // bounds the waits, not the answer
 		}
-		return s, nil
+		return nil
 	}
 	body, err := readBody(req, c.Body)
 	if err != nil {
-		return nil, fmt.Errorf("retry: %s %s: %w: %w", req.Method, req.URL.Path, ErrRequestBody, err)
+		return fmt.Errorf("retry: %s %s: %w: %w", req.Method, req.URL.Path, ErrRequestBody, err)
 	}
 	s.body = body
 	// The budget's context is made only if a wait needs it (budgetContext):
@@ -212,7 +213,7 @@ func (t *Transport) begin(req *http.Request, c Call) (*sequence, error) {
 	if r := c.Resume; r != nil {
 		s.unknown, s.firstSent, s.lastBody = true, r.FirstSentAt, r.LastBody
 	}
-	return s, nil
+	return nil
 }
 
 // readBody returns the body bytes every attempt sends: held, the caller's
@@ -282,7 +283,7 @@ func (s *sequence) send() (*http.Response, []byte, error) {
 		return nil, nil, err
 	}
 	defer resp.Body.Close()
-	body, err := readLimited(resp.Body, s.t.maxResponseBytes())
+	body, err := readLimited(resp.Body, resp.ContentLength, s.t.maxResponseBytes())
 	if err != nil {
 		// A body cut short is an answer lost on the way: outcome unknown.
 		return nil, nil, err
@@ -401,17 +402,38 @@ func (s *sequence) getBody() (io.ReadCloser, error) {
 	return heldbody.New(s.body), nil // the signer and the wire read s.body itself
 }
 
-func readLimited(r io.Reader, limit int64) ([]byte, error) {
-	lr := io.LimitedReader{R: r, N: limit + 1} // on the stack, unlike io.LimitReader's
-	b, err := io.ReadAll(&lr)
-	if err != nil {
-		return nil, err
+// readLimited reads r to its end, or fails once more than limit bytes came.
+// size, the length the answer declares (-1 if unknown), sizes the first
+// buffer, so that a body of the declared length is read into one buffer. It
+// is io.ReadAll over an io.LimitedReader without the reader, which would
+// escape to the heap through the io.Reader interface.
+func readLimited(r io.Reader, size, limit int64) ([]byte, error) {
+	first := int64(512) // io.ReadAll's
+	if size >= 0 {
+		first = min(size, limit, maxSizeHint) + 1 // +1: room for the read that finds the end
 	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%w (over %d bytes)", ErrResponseTooLarge, limit)
+	b := make([]byte, 0, first)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			return nil, fmt.Errorf("%w (over %d bytes)", ErrResponseTooLarge, limit)
+		}
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
-	return b, nil
 }
+
+// maxSizeHint bounds the buffer readLimited makes before any byte came: a
+// declared length is the upstream's word, not yet bytes.
+const maxSizeHint = 64 << 10
 
 // noteRetryAfter records the response's Retry-After, capped by MaxDelay, and
 // for 429/503 pauses ALL outbound attempts until it ends (docs/retries.md;

@@ -130,7 +130,7 @@ func (s *sequence) probe() (*http.Response, ProbeResult) {
 		return nil, info.Result
 	}
 	defer resp.Body.Close()
-	body, err := readLimited(resp.Body, s.t.maxResponseBytes())
+	body, err := readLimited(resp.Body, resp.ContentLength, s.t.maxResponseBytes())
 	info.Status = resp.StatusCode
 	switch {
 	case err != nil:
