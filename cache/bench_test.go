@@ -56,7 +56,7 @@ func runBeginComplete(b *testing.B, s *Store) {
 	var syncs atomic.Int64
 	if s.group != nil {
 		inner := s.group.sync
-		s.group.sync = func() error { syncs.Add(1); return inner() }
+		s.group.sync = func(ts uint64) error { syncs.Add(1); return inner(ts) }
 	}
 	procs := runtime.GOMAXPROCS(0)
 	b.SetParallelism((benchWriters + procs - 1) / procs)

@@ -119,7 +119,7 @@ func TestWriteFailsWhenSyncFails(t *testing.T) {
 	id := store.ID{Key: "k"}
 	mustBegin(t, s, id, fpA, "o")
 	eio := errors.New("fsync: input/output error")
-	s.group.sync = func() error { return eio }
+	s.group.sync = func(uint64) error { return eio }
 
 	calls := map[string]error{
 		"cache: begin": func() error {
@@ -161,7 +161,7 @@ func TestReadsWaitForSync(t *testing.T) {
 	// Pretend the commit is not synced yet: Get must sync before answering.
 	s.syncedTs.Store(0)
 	eio := errors.New("fsync: input/output error")
-	s.group.sync = func() error { return eio }
+	s.group.sync = func(uint64) error { return eio }
 	if _, err := s.Get(ctx, id); !errors.Is(err, eio) {
 		t.Fatalf("Get of an unsynced record = %v, want the sync error", err)
 	}

@@ -5,7 +5,9 @@ import "sync"
 // groupSync shares one sync among every caller that asks while another sync
 // is running (group commit, leader/follower). A caller's write must be
 // complete before it calls wait; wait returns the result of a sync that
-// STARTED after the call, so that sync covers the write.
+// STARTED after the call, so that sync covers the write. Each caller passes
+// a timestamp whose commits, and all below it, were written before its call;
+// a round hands sync the largest of its callers'.
 //
 // The first caller with no sync running leads at once: a lone write never
 // waits for a timer or for anyone else. Callers arriving while a sync runs
@@ -16,8 +18,8 @@ import "sync"
 // Rounds are reused once their last caller has left (their condition
 // variable shares mu), so a caller allocates nothing.
 type groupSync struct {
-	sync   func() error // syncs everything written so far
-	joined func()       // if set, called after a caller joined a round (tests)
+	sync   func(ts uint64) error // syncs everything written so far; ts as wait says
+	joined func()                // if set, called after a caller joined a round (tests)
 
 	mu      sync.Mutex
 	next    *syncRound // round the next callers join; nil = none open
@@ -31,12 +33,13 @@ type syncRound struct {
 	led     bool      // a caller took the turn
 	done    bool      // err is set
 	err     error
-	callers int // callers that joined and have not yet left
+	callers int    // callers that joined and have not yet left
+	ts      uint64 // the largest timestamp its callers passed
 }
 
 // wait blocks until a sync that started after the call has finished, and
-// returns its error.
-func (g *groupSync) wait() error {
+// returns its error. Every commit at or below ts was written before the call.
+func (g *groupSync) wait(ts uint64) error {
 	g.mu.Lock()
 	r := g.next
 	if r == nil {
@@ -54,6 +57,7 @@ func (g *groupSync) wait() error {
 		}
 	}
 	r.callers++
+	r.ts = max(r.ts, ts)
 	if g.joined != nil {
 		g.mu.Unlock()
 		g.joined()
@@ -83,8 +87,9 @@ func (g *groupSync) wait() error {
 // while syncing; returns with mu held.
 func (g *groupSync) lead(r *syncRound) {
 	g.next = nil
+	ts := r.ts // final: nobody joins r once it is out of g.next
 	g.mu.Unlock()
-	err := g.sync()
+	err := g.sync(ts)
 	g.mu.Lock()
 	if n := g.next; n != nil {
 		n.turn = true

@@ -16,7 +16,7 @@ func TestGroupSyncSharesRounds(t *testing.T) {
 	release := make(chan struct{})
 	joined := make(chan struct{}, waiters+1)
 	g := &groupSync{
-		sync: func() error {
+		sync: func(uint64) error {
 			if rounds.Add(1) == 1 {
 				close(entered)
 				<-release
@@ -27,11 +27,11 @@ func TestGroupSyncSharesRounds(t *testing.T) {
 	}
 
 	var wg sync.WaitGroup
-	wg.Go(func() { g.wait() }) // leads round 1 and blocks in it
+	wg.Go(func() { g.wait(0) }) // leads round 1 and blocks in it
 	<-entered
 	<-joined
 	for range waiters {
-		wg.Go(func() { g.wait() })
+		wg.Go(func() { g.wait(0) })
 	}
 	for range waiters {
 		<-joined
@@ -44,11 +44,14 @@ func TestGroupSyncSharesRounds(t *testing.T) {
 }
 
 // TestGroupSyncCoversEarlierWrites: wait returns only after a sync that
-// started after the caller's write.
+// started after the caller's write, and that sync was given a timestamp at
+// least the caller's.
 func TestGroupSyncCoversEarlierWrites(t *testing.T) {
 	var written, synced atomic.Int64
-	g := &groupSync{sync: func() error {
+	var published atomic.Uint64 // the largest ts a round was given; rounds run one at a time
+	g := &groupSync{sync: func(ts uint64) error {
 		synced.Store(written.Load())
+		published.Store(max(published.Load(), ts))
 		return nil
 	}}
 	var wg sync.WaitGroup
@@ -57,12 +60,16 @@ func TestGroupSyncCoversEarlierWrites(t *testing.T) {
 		wg.Go(func() {
 			for range 50 {
 				w := written.Add(1)
-				if err := g.wait(); err != nil {
+				if err := g.wait(uint64(w)); err != nil {
 					errs <- err
 					return
 				}
 				if s := synced.Load(); s < w {
 					errs <- errors.New("wait returned before a sync covered the write")
+					return
+				}
+				if p := published.Load(); p < uint64(w) {
+					errs <- errors.New("the round that covered the write was given a timestamp below the caller's")
 					return
 				}
 			}
@@ -78,17 +85,17 @@ func TestGroupSyncCoversEarlierWrites(t *testing.T) {
 func TestGroupSyncError(t *testing.T) {
 	boom := errors.New("fsync: input/output error")
 	fail := true
-	g := &groupSync{sync: func() error {
+	g := &groupSync{sync: func(uint64) error {
 		if fail {
 			return boom
 		}
 		return nil
 	}}
-	if err := g.wait(); !errors.Is(err, boom) {
+	if err := g.wait(0); !errors.Is(err, boom) {
 		t.Fatalf("wait = %v, want the sync error", err)
 	}
 	fail = false
-	if err := g.wait(); err != nil {
+	if err := g.wait(0); err != nil {
 		t.Fatalf("wait after recovery = %v", err)
 	}
 }
@@ -104,7 +111,7 @@ func TestGroupSyncLeaderRunsOneRound(t *testing.T) {
 	firstReturned := make(chan struct{})
 	joined := make(chan struct{}, 4)
 	g := &groupSync{
-		sync: func() error {
+		sync: func(uint64) error {
 			switch rounds.Add(1) {
 			case 1:
 				close(entered)
@@ -118,12 +125,12 @@ func TestGroupSyncLeaderRunsOneRound(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		g.wait()
+		g.wait(0)
 		close(firstReturned)
 	})
 	<-entered
 	<-joined
-	wg.Go(func() { g.wait() })
+	wg.Go(func() { g.wait(0) })
 	<-joined
 	close(release)
 	wg.Wait()
@@ -136,9 +143,9 @@ func TestGroupSyncLeaderRunsOneRound(t *testing.T) {
 // the caller's own goroutine, every time.
 func TestGroupSyncLoneWriteLeadsAtOnce(t *testing.T) {
 	var rounds int
-	g := &groupSync{sync: func() error { rounds++; return nil }}
+	g := &groupSync{sync: func(uint64) error { rounds++; return nil }}
 	for i := range 3 {
-		if err := g.wait(); err != nil {
+		if err := g.wait(0); err != nil {
 			t.Fatal(err)
 		}
 		if rounds != i+1 {
@@ -151,9 +158,9 @@ func TestGroupSyncLoneWriteLeadsAtOnce(t *testing.T) {
 // caller has left, so waiting allocates nothing.
 func TestGroupSyncReusesRounds(t *testing.T) {
 	var rounds int
-	g := &groupSync{sync: func() error { rounds++; return nil }}
+	g := &groupSync{sync: func(uint64) error { rounds++; return nil }}
 	n := testing.AllocsPerRun(100, func() {
-		if err := g.wait(); err != nil {
+		if err := g.wait(0); err != nil {
 			t.Fatal(err)
 		}
 	})

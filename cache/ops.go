@@ -81,7 +81,7 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 // that just failed would likely fail again); if the undo is lost in a crash,
 // the in-flight claim is released at the next start anyway.
 func (s *Store) undoBegin(key []byte, owner string, prev store.Record, existed bool) {
-	_, err := s.try(func(txn *badger.Txn, now time.Time) (bool, error) {
+	_, _, err := s.try(func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, _, err := s.read(txn, key, now)
 		if err != nil || cur.State != store.InFlight || cur.Owner != owner {
 			return false, err
@@ -249,14 +249,14 @@ func (s *Store) update(ctx context.Context, op string, fn func(*badger.Txn, time
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		wrote, err := s.try(fn)
+		wrote, ts, err := s.try(fn)
 		if errors.Is(err, badger.ErrConflict) {
 			continue
 		}
 		if err != nil || !wrote || s.group == nil {
 			return err
 		}
-		if err := s.group.wait(); err != nil {
+		if err := s.group.wait(ts); err != nil {
 			return fmt.Errorf("%w: %w", errNotSynced, err)
 		}
 		return nil
@@ -264,15 +264,16 @@ func (s *Store) update(ctx context.Context, op string, fn func(*badger.Txn, time
 	return fmt.Errorf("%s still conflicting after %d retries", op, maxConflictRetries)
 }
 
-// try runs fn once and commits; wrote is fn's report that it wrote.
-func (s *Store) try(fn func(*badger.Txn, time.Time) (bool, error)) (wrote bool, err error) {
+// try runs fn once and commits; wrote is fn's report that it wrote, ts the
+// commit's durableTs.
+func (s *Store) try(fn func(*badger.Txn, time.Time) (bool, error)) (wrote bool, ts uint64, err error) {
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
 	wrote, err = fn(txn, s.now().UTC()) // UTC, as decodeRecord returns times
 	if err == nil {
 		err = txn.Commit()
 	}
-	return wrote, translate(err)
+	return wrote, durableTs(txn), translate(err)
 }
 
 // read returns the live record at key and its commit version. An entry whose

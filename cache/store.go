@@ -418,7 +418,7 @@ func (s *Store) MaxBodyBytes() int64 { return int64(s.maxValue) - headerRoom }
 // process exits; Badger's compactions may still run meanwhile, which is why
 // the caller must exit promptly.
 func (s *Store) leaveOpen(free uint64, statErr error) error {
-	err := s.syncFiles()
+	err := s.syncFiles(0) // nothing is read after this round
 	s.wals.close()
 	if err != nil {
 		return fmt.Errorf("cache: close: left Badger open on a full disk; final WAL sync: %w", err)

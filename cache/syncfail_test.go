@@ -19,7 +19,7 @@ func TestBeginSyncFailureLeavesKeyFree(t *testing.T) {
 	c := newClock()
 	s := openStore(t, dir, c, 0)
 	real := s.group.sync
-	fail := func() error { return syscall.EMFILE }
+	fail := func(uint64) error { return syscall.EMFILE }
 
 	id := store.ID{Key: "fresh"}
 	s.group.sync = fail
