@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/idemproxy/idemproxy/idemkey"
-	"github.com/idemproxy/idemproxy/internal/heldbody"
 	"github.com/idemproxy/idemproxy/retry"
 )
 
@@ -61,7 +60,9 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, key outgoingKey) {
 
 // outbound builds the upstream request of a protected operation, as
 // httputil.ReverseProxy with h.rewrite builds it for the forward path: a copy
-// of r bound to ctx, with body as its body, without hop-by-hop headers (those
+// of r bound to ctx, with the length of body (which the caller hands the
+// attempt layer as retry.Call.Body: each attempt gets its own reader over
+// it, so this request carries none), without hop-by-hop headers (those
 // its Connection header names included) and client-sent forwarding headers,
 // with unparsable query parameters dropped, then rewritten (rewrite: URL, key,
 // credential, trailers) and without Go's default User-Agent.
@@ -74,9 +75,6 @@ func (h *Handler) outbound(ctx context.Context, r *http.Request, body []byte, ke
 		out.Header = make(http.Header)
 	}
 	out.Body, out.GetBody, out.ContentLength, out.TransferEncoding = nil, nil, int64(len(body)), nil
-	if len(body) > 0 {
-		out.Body = heldbody.New(body)
-	}
 	out.Close = false
 	removeHopByHop(out.Header)
 	if tokenListHas(r.Header["Te"], "trailers") {
