@@ -231,7 +231,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, sum, ErrBodyTooLong)
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
+	if r.ContentLength < 0 {
+		// A declared length was checked above, and the server ends such a
+		// body at it: only a body of unknown length needs the bound.
+		r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
+	}
 	defer drainRefused(r, sum) // after the ticket is released (defers run last first)
 	t := h.adm.admit()
 	defer t.release()
