@@ -171,7 +171,8 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 	if !before.IsZero() {
 		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt, LastBody: before.LastBody}
 	}
-	res, lost := h.leased(ctx, l, id, owner, func(ctx context.Context) result {
+	res, lost := h.leased(ctx, l, id, owner, func(stop *retry.Stop) result {
+		call.Stop = stop
 		return h.roundTrip(ctx, r, h.upstreamKey(id.Tenant, id.Key), body, call)
 	})
 	if lost { // the new owner answers the app's retry; this one may not write
@@ -247,21 +248,22 @@ func (h *Handler) park(ctx context.Context, r *http.Request, id store.ID, owner 
 
 // leased runs op while renewing owner's lease on id every third of the lease.
 // If the lease is lost (another replica took the key over after this one
-// stalled), op's context is cancelled so that no further attempt is sent, and
-// lost is true: the new owner runs the operation, with the same key.
+// stalled), op's attempt sequence is stopped (retry.Stop, which op passes as
+// retry.Call.Stop) so that no further attempt is sent, and lost is true: the
+// new owner runs the operation, with the same key. A retry.Stop, not a
+// cancellable context: it costs nothing unless the lease is lost, where a
+// context would cost every attempt's context a registration with it.
 //
 // Renewals run on a timer (time.AfterFunc), not a goroutine and a ticker
 // per operation: most operations end long before their first renewal. l
 // holds the renewal's state; it lives in the operation's flight, which is
 // allocated anyway.
-func (h *Handler) leased(ctx context.Context, l *leaseRenewal, id store.ID, owner string, op func(context.Context) result) (res result, lost bool) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	*l = leaseRenewal{h: h, ctx: ctx, cancel: cancel, id: id, owner: owner, next: time.Now().Add(h.opt.Lease / 3)}
+func (h *Handler) leased(ctx context.Context, l *leaseRenewal, id store.ID, owner string, op func(*retry.Stop) result) (res result, lost bool) {
+	*l = leaseRenewal{h: h, ctx: ctx, id: id, owner: owner, next: time.Now().Add(h.opt.Lease / 3)}
 	l.mu.Lock()
 	l.timer = time.AfterFunc(h.opt.Lease/3, l.renew)
 	l.mu.Unlock()
-	res = op(ctx)
+	res = op(&l.stop)
 	l.mu.Lock() // waits for a renewal in progress
 	l.stopped = true
 	l.timer.Stop()
@@ -272,11 +274,11 @@ func (h *Handler) leased(ctx context.Context, l *leaseRenewal, id store.ID, owne
 
 // leaseRenewal renews one operation's lease until stopped.
 type leaseRenewal struct {
-	h      *Handler
-	ctx    context.Context
-	cancel context.CancelFunc
-	id     store.ID
-	owner  string
+	h     *Handler
+	ctx   context.Context // for the renewals
+	stop  retry.Stop      // the operation's attempt sequence
+	id    store.ID
+	owner string
 
 	mu      sync.Mutex // held while a renewal runs
 	timer   *time.Timer
@@ -298,7 +300,7 @@ func (l *leaseRenewal) renew() {
 	if errors.Is(err, store.ErrNotOwner) {
 		h.opt.Logger.Warn("lease lost to another owner; stopping this operation's attempts", "key", l.id.Key)
 		l.lost = true
-		l.cancel()
+		l.stop.Stop()
 		return
 	}
 	if err != nil {

@@ -21,6 +21,9 @@ type Call struct {
 	// closed. A large body at high concurrency would otherwise be held twice
 	// for the whole sequence. The bytes must not change until Do returns.
 	Body []byte
+	// Stop, if not nil, lets another goroutine end a protected sequence
+	// (see [Stop]).
+	Stop *Stop
 }
 
 // Report is what an attempt sequence tells its caller besides the response.

@@ -107,7 +107,7 @@ type AttemptInfo struct {
 // Report is filled in every case. Do reads and closes req.Body.
 func (t *Transport) Do(req *http.Request, c Call) (*http.Response, Report, error) {
 	// On Do's stack: nothing keeps the sequence past the return.
-	s := &sequence{t: t, req: req, mode: c.Mode}
+	s := &sequence{t: t, req: req, mode: c.Mode, stop: c.Stop}
 	if err := s.begin(c); err != nil { // nothing was sent (the caller's body could not be read)
 		return nil, Report{Disposition: t.Policy.Dispose(Answer{Mode: c.Mode, Err: err}).Disposition}, err
 	}
@@ -152,6 +152,7 @@ type sequence struct {
 	req  *http.Request
 	body []byte // the request body, read once, sent by every attempt
 	mode Mode
+	stop *Stop // Call.Stop; nil for none
 	// stream: an unprotected request, whose bodies are not held: the
 	// request's is sent as it comes, again only when resendable (none, or
 	// the caller's GetBody), and the answer's is returned unread.
@@ -233,7 +234,7 @@ func readBody(req *http.Request, held []byte) ([]byte, error) {
 // sequence is over: the caller left, the Gate could not let the attempt out
 // within the budget, or the response was too large to hold.
 func (s *sequence) attempt() (outcome, error) {
-	if err := s.req.Context().Err(); err != nil {
+	if err := s.callerErr(); err != nil {
 		return outcome{}, s.callerGone(err)
 	}
 	var o outcome
@@ -251,7 +252,7 @@ func (s *sequence) attempt() (outcome, error) {
 		return o, fmt.Errorf("retry: %s %s: attempt %d: %w", s.req.Method, s.req.URL.Path, s.attempts, o.err)
 	}
 	if o.err != nil {
-		if err := s.req.Context().Err(); err != nil {
+		if err := s.callerErr(); err != nil {
 			return o, s.callerGone(err)
 		}
 		o.err, o.timeout = redact(o.err), isTimeout(o.err)
@@ -277,7 +278,7 @@ func (s *sequence) send() (*http.Response, []byte, error) {
 		return resp, nil, err
 	}
 	ctx, cancel := s.attemptContext()
-	defer cancel()
+	defer s.endAttempt(cancel)
 	resp, err := s.t.next().RoundTrip(s.newRequest(ctx))
 	if err != nil {
 		return nil, nil, err
@@ -348,7 +349,8 @@ func (s *sequence) discard(o outcome) {
 // attemptContext bounds one attempt (or probe) of a protected sequence by
 // the attempt timeout and the budget's deadline, whichever comes first. It
 // derives from req's context directly, not from budgetContext, which a
-// sequence without waits never makes.
+// sequence without waits never makes. Call.Stop cancels it until
+// endAttempt.
 func (s *sequence) attemptContext() (context.Context, context.CancelFunc) {
 	deadline := s.deadline
 	if d := s.t.Policy.AttemptTimeout; d > 0 {
@@ -358,10 +360,31 @@ func (s *sequence) attemptContext() (context.Context, context.CancelFunc) {
 			deadline = at
 		}
 	}
+	var ctx context.Context
+	var cancel context.CancelFunc
 	if deadline.IsZero() {
-		return context.WithCancel(s.req.Context())
+		ctx, cancel = context.WithCancel(s.req.Context())
+	} else {
+		ctx, cancel = context.WithDeadline(s.req.Context(), deadline)
 	}
-	return context.WithDeadline(s.req.Context(), deadline)
+	s.stop.setAttempt(cancel)
+	return ctx, cancel
+}
+
+// endAttempt cancels an attempt's (or probe's) context, which Call.Stop
+// then no longer needs to.
+func (s *sequence) endAttempt(cancel context.CancelFunc) {
+	s.stop.setAttempt(nil)
+	cancel()
+}
+
+// callerErr says why the sequence must end now, from outside: the caller's
+// context ended, or Call.Stop was called. Nil while neither happened.
+func (s *sequence) callerErr() error {
+	if err := s.req.Context().Err(); err != nil {
+		return err
+	}
+	return s.stop.err()
 }
 
 // budgetContext is req's context bounded by the budget's deadline, for the
@@ -374,6 +397,7 @@ func (s *sequence) budgetContext() context.Context {
 		} else {
 			s.ctx, s.cancel = context.WithDeadline(s.req.Context(), s.deadline)
 		}
+		s.stop.setBudget(s.cancel)
 	}
 	return s.ctx
 }
@@ -549,9 +573,10 @@ func (s *sequence) wait(d time.Duration) error {
 }
 
 // stopped turns an interrupted wait into the sequence's error: the caller's
-// context error if the caller left, else exhaustion (the budget ended).
+// context error if the caller left (or ErrStopped), else exhaustion (the
+// budget ended).
 func (s *sequence) stopped(err error) error {
-	if cerr := s.req.Context().Err(); cerr != nil {
+	if cerr := s.callerErr(); cerr != nil {
 		return s.callerGone(cerr)
 	}
 	return s.exhausted(err)

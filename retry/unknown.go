@@ -114,7 +114,7 @@ func (s *sequence) probe() (*http.Response, ProbeResult) {
 		}
 	}()
 	ctx, cancel := s.attemptContext()
-	defer cancel()
+	defer s.endAttempt(cancel)
 	preq, err := s.t.Prober.Lookup(ctx, s.req, s.body, s.lastBody)
 	if err != nil {
 		info.Result, info.Err = ProbeUnfilled, err
