@@ -88,7 +88,8 @@ func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error
 		return store.Record{}, err
 	}
 	defer s.life.RUnlock()
-	key := recordKey(id)
+	key, kb := getKey(id)
+	defer keyBufs.Put(kb)
 	var rec store.Record
 	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, _, err := s.read(txn, key, now)

@@ -39,7 +39,8 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 	var rec, prev store.Record
 	var created, existed bool
 	var version uint64
-	key := recordKey(id)
+	key, kb := getKey(id)
+	defer keyBufs.Put(kb) // after undoBegin
 	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, ver, err := s.read(txn, key, now)
 		existed = err == nil
@@ -163,7 +164,8 @@ func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner s
 		return err
 	}
 	defer s.life.RUnlock()
-	key := recordKey(id)
+	key, kb := getKey(id)
+	defer keyBufs.Put(kb)
 	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, _, err := s.read(txn, key, now)
 		if errors.Is(err, store.ErrNotFound) {
@@ -200,8 +202,10 @@ func (s *Store) Get(ctx context.Context, id store.ID) (store.Record, error) {
 	var rec store.Record
 	var version uint64
 	var err error
+	key, kb := getKey(id)
+	defer keyBufs.Put(kb)
 	err = s.db.View(func(txn *badger.Txn) error {
-		rec, version, err = s.read(txn, recordKey(id), s.now())
+		rec, version, err = s.read(txn, key, s.now())
 		return err
 	})
 	if err == nil {

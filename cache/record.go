@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 	"unsafe"
 )
@@ -36,20 +37,36 @@ const (
 	keyLen       = len(recordPrefix) + tenantLen + sha256.Size
 )
 
-// recordKey returns the Badger key for id.
-func recordKey(id store.ID) []byte {
+// recordKey returns the Badger key for id in a new slice.
+func recordKey(id store.ID) []byte { return appendRecordKey(make([]byte, 0, keyLen), id) }
+
+// appendRecordKey appends the Badger key for id to dst.
+func appendRecordKey(dst []byte, id store.ID) []byte {
 	t := sha256.Sum256([]byte(id.Tenant))
 	// The hash input, uvarint(len(tenant)) | tenant | key, is built on the
-	// stack when it fits: one allocation per key, the key itself.
+	// stack when it fits.
 	var buf [256]byte
 	in := binary.AppendUvarint(buf[:0], uint64(len(id.Tenant)))
 	in = append(in, id.Tenant...)
 	in = append(in, id.Key...)
 	sum := sha256.Sum256(in)
-	k := make([]byte, 0, keyLen)
-	k = append(k, recordPrefix...)
-	k = append(k, t[:tenantLen]...)
-	return append(k, sum[:]...)
+	dst = append(dst, recordPrefix...)
+	dst = append(dst, t[:tenantLen]...)
+	return append(dst, sum[:]...)
+}
+
+// keyBufs holds the record keys of operations in progress. A key can be
+// reused once the transactions given it ended: Badger keeps the key (and
+// value) passed to a transaction only until the transaction ends (Txn.Set's
+// contract), and copies what it stores. An operation takes a buffer with
+// getKey and puts it back when its last transaction ended.
+var keyBufs = sync.Pool{New: func() any { return new([keyLen]byte) }}
+
+// getKey returns id's key in a buffer from keyBufs, to be put back with
+// keyBufs.Put(kb) once no transaction uses key any more.
+func getKey(id store.ID) (key []byte, kb *[keyLen]byte) {
+	kb = keyBufs.Get().(*[keyLen]byte)
+	return appendRecordKey(kb[:0], id), kb
 }
 
 // appendRecord appends the version-4 encoding of r to dst:
