@@ -88,8 +88,8 @@ func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error
 		return store.Record{}, err
 	}
 	defer s.life.RUnlock()
-	key, kb := getKey(id)
-	defer keyBufs.Put(kb)
+	key, b := getKey(id)
+	defer opBufs.Put(b)
 	var rec store.Record
 	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, _, err := s.read(txn, key, now)
@@ -103,7 +103,7 @@ func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error
 		if cur.ID == (store.ID{}) {
 			cur.ID = id // written by a build that did not keep it
 		}
-		err = s.put(txn, key, &cur, now)
+		err = s.put(txn, key, &b.val, &cur, now)
 		rec = cur
 		return true, err
 	})

@@ -39,8 +39,8 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 	var rec, prev store.Record
 	var created, existed bool
 	var version uint64
-	key, kb := getKey(id)
-	defer keyBufs.Put(kb) // after undoBegin
+	key, b := getKey(id)
+	defer opBufs.Put(b) // after undoBegin
 	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, ver, err := s.read(txn, key, now)
 		existed = err == nil
@@ -59,14 +59,14 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 		cur.ID = id
 		cur.Method, cur.Path, cur.UpstreamKey = req.Method, req.Path, req.UpstreamKey
 		cur.Fence++
-		err = s.put(txn, key, &cur, now)
+		err = s.put(txn, key, &b.val, &cur, now)
 		rec, created = cur, true
 		return true, err
 	})
 	if errors.Is(err, errNotSynced) && created {
 		// The claim is committed but its sync failed: the caller answers 503
 		// and sends nothing, so the key must not stay claimed for a lease.
-		s.undoBegin(key, owner, prev, existed)
+		s.undoBegin(key, &b.val, owner, prev, existed)
 	}
 	if err == nil && !created {
 		err = s.waitDurable(version)
@@ -81,7 +81,7 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 // the record taken over, or nothing. It does not wait for a sync (the one
 // that just failed would likely fail again); if the undo is lost in a crash,
 // the in-flight claim is released at the next start anyway.
-func (s *Store) undoBegin(key []byte, owner string, prev store.Record, existed bool) {
+func (s *Store) undoBegin(key []byte, buf *[]byte, owner string, prev store.Record, existed bool) {
 	_, _, err := s.try(func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, _, err := s.read(txn, key, now)
 		if err != nil || cur.State != store.InFlight || cur.Owner != owner {
@@ -90,7 +90,7 @@ func (s *Store) undoBegin(key []byte, owner string, prev store.Record, existed b
 		if !existed {
 			return true, txn.Delete(key)
 		}
-		return true, s.put(txn, key, &prev, now)
+		return true, s.put(txn, key, buf, &prev, now)
 	})
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		s.log.Error("cache: undoing a claim whose sync failed", "err", err)
@@ -114,12 +114,12 @@ func resumable(cur store.Record, fp []byte, now time.Time) bool {
 // limit (1 MiB with the default MemTableSize).
 func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
 	const op = "complete"
-	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, cur store.Record, now time.Time) error {
+	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, buf *[]byte, cur store.Record, now time.Time) error {
 		cur.State = store.Final
 		cur.LeaseUntil = time.Time{}
 		cur.Response = resp
 		cur.Outcome.LastBody = nil
-		return s.put(txn, key, &cur, now)
+		return s.put(txn, key, buf, &cur, now)
 	})
 }
 
@@ -128,7 +128,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 // in-flight record.
 func (s *Store) Abandon(ctx context.Context, id store.ID, owner string) error {
 	const op = "abandon"
-	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, _ store.Record, _ time.Time) error {
+	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, _ *[]byte, _ store.Record, _ time.Time) error {
 		return txn.Delete(key)
 	})
 }
@@ -139,24 +139,24 @@ func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time
 	if lease <= 0 {
 		return fmt.Errorf("cache: %s: lease %v is not positive", op, lease)
 	}
-	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, cur store.Record, now time.Time) error {
+	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, buf *[]byte, cur store.Record, now time.Time) error {
 		cur.LeaseUntil = now.Add(lease)
-		return s.put(txn, key, &cur, now)
+		return s.put(txn, key, buf, &cur, now)
 	})
 }
 
 // Park implements store.Store.Park.
 func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error {
-	return s.ownerUpdate(ctx, "park", id, owner, func(txn *badger.Txn, key []byte, cur store.Record, now time.Time) error {
+	return s.ownerUpdate(ctx, "park", id, owner, func(txn *badger.Txn, key []byte, buf *[]byte, cur store.Record, now time.Time) error {
 		cur.State, cur.LeaseUntil = store.Unknown, time.Time{}
 		cur.Outcome = cur.Outcome.Merge(o)
-		return s.put(txn, key, &cur, now)
+		return s.put(txn, key, buf, &cur, now)
 	})
 }
 
 // ownerUpdate runs write on id's record if owner holds it in flight.
 func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner string,
-	write func(txn *badger.Txn, key []byte, cur store.Record, now time.Time) error) error {
+	write func(txn *badger.Txn, key []byte, buf *[]byte, cur store.Record, now time.Time) error) error {
 	if err := checkArgs(op, id, owner); err != nil {
 		return err
 	}
@@ -164,8 +164,8 @@ func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner s
 		return err
 	}
 	defer s.life.RUnlock()
-	key, kb := getKey(id)
-	defer keyBufs.Put(kb)
+	key, b := getKey(id)
+	defer opBufs.Put(b)
 	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
 		cur, _, err := s.read(txn, key, now)
 		if errors.Is(err, store.ErrNotFound) {
@@ -177,7 +177,7 @@ func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner s
 		if cur.State != store.InFlight || cur.Owner != owner {
 			return false, fmt.Errorf("%w: record is %s", store.ErrNotOwner, cur.State)
 		}
-		return true, write(txn, key, cur, now)
+		return true, write(txn, key, &b.val, cur, now)
 	})
 	if err != nil {
 		return fmt.Errorf("cache: %s: %w", op, err)
@@ -202,8 +202,8 @@ func (s *Store) Get(ctx context.Context, id store.ID) (store.Record, error) {
 	var rec store.Record
 	var version uint64
 	var err error
-	key, kb := getKey(id)
-	defer keyBufs.Put(kb)
+	key, b := getKey(id)
+	defer opBufs.Put(b)
 	err = s.db.View(func(txn *badger.Txn) error {
 		rec, version, err = s.read(txn, key, s.now())
 		return err
@@ -317,8 +317,17 @@ func expiresAt(exp uint64) time.Time {
 // ExpiresAt is what Entry.WithTTL sets, but taken from the store's clock.
 // Only puts check free space: reads, replays and deletes still work on a
 // nearly full disk.
-func (s *Store) put(txn *badger.Txn, key []byte, rec *store.Record, now time.Time) error {
-	val := appendRecord(nil, rec)
+//
+// rec is encoded into *buf, an operation's buffer (opBuf.val) that no other
+// write of txn uses, which keeps it if it grew within maxPooledValue; with
+// a nil buf, into a new slice.
+func (s *Store) put(txn *badger.Txn, key []byte, buf *[]byte, rec *store.Record, now time.Time) error {
+	var val []byte
+	if buf == nil {
+		val = appendRecord(nil, rec)
+	} else if val = appendRecord((*buf)[:0], rec); cap(val) <= maxPooledValue {
+		*buf = val
+	}
 	if len(val) >= s.maxValue {
 		return fmt.Errorf("%w: %d bytes encoded, limit %d", store.ErrTooLarge, len(val), s.maxValue-1)
 	}

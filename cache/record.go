@@ -55,18 +55,26 @@ func appendRecordKey(dst []byte, id store.ID) []byte {
 	return append(dst, sum[:]...)
 }
 
-// keyBufs holds the record keys of operations in progress. A key can be
-// reused once the transactions given it ended: Badger keeps the key (and
-// value) passed to a transaction only until the transaction ends (Txn.Set's
-// contract), and copies what it stores. An operation takes a buffer with
-// getKey and puts it back when its last transaction ended.
-var keyBufs = sync.Pool{New: func() any { return new([keyLen]byte) }}
+// opBuf holds the bytes one operation hands Badger: its record's key and
+// the encoding of the record it writes (put). Badger keeps the key and value
+// passed to a transaction only until the transaction ends (Txn.Set's
+// contract), and copies what it stores, so an operation reuses them in each
+// of its transactions, and puts them back in opBufs once its last one ended.
+type opBuf struct {
+	key [keyLen]byte
+	val []byte // up to maxPooledValue: a large answer's bytes are left to the GC
+}
 
-// getKey returns id's key in a buffer from keyBufs, to be put back with
-// keyBufs.Put(kb) once no transaction uses key any more.
-func getKey(id store.ID) (key []byte, kb *[keyLen]byte) {
-	kb = keyBufs.Get().(*[keyLen]byte)
-	return appendRecordKey(kb[:0], id), kb
+var opBufs = sync.Pool{New: func() any { return new(opBuf) }}
+
+// maxPooledValue bounds the encoding buffer an opBuf keeps.
+const maxPooledValue = 16 << 10
+
+// getKey returns id's key in an opBuf, to be put back with opBufs.Put(b)
+// once no transaction uses the key or b.val any more.
+func getKey(id store.ID) (key []byte, b *opBuf) {
+	b = opBufs.Get().(*opBuf)
+	return appendRecordKey(b.key[:0], id), b
 }
 
 // appendRecord appends the version-4 encoding of r to dst:

@@ -106,7 +106,7 @@ func (s *Store) releaseOne(txn *badger.Txn, k []byte, item *badger.Item, now tim
 		return txn.Delete(k)
 	}
 	rec.State, rec.LeaseUntil = store.Unknown, time.Time{}
-	if err := s.put(txn, k, &rec, now); errors.Is(err, store.ErrNoSpace) {
+	if err := s.put(txn, k, nil, &rec, now); errors.Is(err, store.ErrNoSpace) {
 		return txn.Delete(k) // a start must not fail on a nearly full disk
 	} else if err != nil {
 		return err
