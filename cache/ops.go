@@ -46,7 +46,7 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 		existed = err == nil
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			cur = store.Record{Fingerprint: bytes.Clone(req.Fingerprint), CreatedAt: now}
+			cur = store.Record{Fingerprint: req.Fingerprint, CreatedAt: now} // shared, as store.Request allows
 		case err != nil:
 			return false, err
 		case resumable(cur, req.Fingerprint, now):
