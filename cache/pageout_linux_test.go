@@ -136,3 +136,13 @@ func mappingRSS(t *testing.T, addr uintptr) int64 {
 	t.Fatalf("no mapping at %x in /proc/self/smaps (%v)", addr, sc.Err())
 	return 0
 }
+
+// BenchmarkFileResident is the cost of one growth check (the page-out loop
+// makes 20 a second).
+func BenchmarkFileResident(b *testing.B) {
+	for b.Loop() {
+		if _, err := fileResident(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
