@@ -122,6 +122,14 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	res := &result{Image: o.image, Memory: o.memory, Records: o.records, Conns: o.conns}
+	// Read now: the request log rotates the container's log during the fill.
+	logs, _ := exec.Command("docker", "logs", name).CombinedOutput()
+	for line := range strings.Lines(string(logs)) {
+		if strings.Contains(line, "Go memory limit") {
+			res.MemoryLimitLog = strings.TrimSpace(line)
+			break
+		}
+	}
 	fmt.Printf("containermem: %s (pid %d, cgroup %s), storing %d records over %d connections\n", name, pid, cg.dir, o.records, o.conns)
 
 	var n atomic.Int64
@@ -152,13 +160,6 @@ func run(ctx context.Context, o options) error {
 	res.OOMKilled = inspect(name, "{{.State.OOMKilled}}") == "true"
 	res.RestartCount, _ = strconv.Atoi(inspect(name, "{{.RestartCount}}"))
 	res.Status = inspect(name, "{{.State.Status}}")
-	logs, _ := exec.Command("docker", "logs", name).CombinedOutput()
-	for line := range strings.Lines(string(logs)) {
-		if strings.Contains(line, "Go memory limit") {
-			res.MemoryLimitLog = strings.TrimSpace(line)
-			break
-		}
-	}
 	raw, _ := json.MarshalIndent(res, "", " ")
 	if err := os.WriteFile(filepath.Join(o.out, "results.json"), raw, 0o644); err != nil {
 		return err
