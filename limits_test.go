@@ -18,8 +18,8 @@ func TestDeriveLimits(t *testing.T) {
 		goLimit    int64
 		want       resourceLimits
 	}{
-		// 256 MiB container: Go limit 128 MiB, a quarter for bodies.
-		{"container, ulimit 1024", base, 1024, 10, 128 * mib, resourceLimits{maxInflight: 284, maxInflightBytes: 32 * mib, clientConns: 379, upstreamConns: 379, nofile: 1024}},
+		// 256 MiB container: Go limit 40% of it (102.4 MiB), a quarter for bodies.
+		{"container, ulimit 1024", base, 1024, 10, 107374182, resourceLimits{maxInflight: 284, maxInflightBytes: 26843545, clientConns: 379, upstreamConns: 379, nofile: 1024}},
 		{"no limits known", base, 0, 0, math.MaxInt64, resourceLimits{maxInflight: 1024, maxInflightBytes: 64 * mib}},
 		{"many descriptors", base, 1 << 20, 0, math.MaxInt64, resourceLimits{maxInflight: 1024, maxInflightBytes: 64 * mib, clientConns: 393216, upstreamConns: 393216, nofile: 1 << 20}},
 		{"tiny Go limit: still one body at the cap", base, 0, 0, 2 * mib, resourceLimits{maxInflight: 1024, maxInflightBytes: mib}},

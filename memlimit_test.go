@@ -55,8 +55,9 @@ func TestSetMemoryLimit(t *testing.T) {
 		t.Fatalf("with GOMEMLIMIT set the limit changed to %d", got)
 	}
 	setMemoryLimit(nil, []string{f}, log)
-	if got := debug.SetMemoryLimit(-1); got != 128<<20 {
-		t.Fatalf("limit %d, want half of the container's 256 MiB", got)
+	// 40% of 256 MiB, rounded down to the byte: 102.4 MiB.
+	if got := debug.SetMemoryLimit(-1); got != 107374182 {
+		t.Fatalf("limit %d, want 107374182, 40%% of the container's 256 MiB", got)
 	}
 	setMemoryLimit(nil, []string{filepath.Join(t.TempDir(), "none")}, log)
 	if got := debug.SetMemoryLimit(-1); got != defaultGoMemoryLimit {

@@ -185,7 +185,7 @@ func readMemory(p *opsProc) (map[string]float64, error) {
 const containerMemory = 256 << 20
 
 // TestMemoryUnderOverload runs the real binary as a 256 MiB container would
-// (GOMEMLIMIT half of it, which memlimit.go sets from the cgroup limit) and
+// (GOMEMLIMIT goMemoryShare of it, as memlimit.go sets from the cgroup limit) and
 // sends 400 concurrent orders of about 1 MiB to a provider that holds them:
 // the resident set must stay under the container limit, and the orders past
 // the in-flight bounds must get 503 overloaded with Retry-After, with nothing
@@ -207,7 +207,7 @@ func TestMemoryUnderOverload(t *testing.T) {
 			close(up.release)
 		}
 	}()
-	p := launch(t, launchSpec{env: baseEnv(srv.URL, t.TempDir(), "GOMEMLIMIT="+strconv.Itoa(containerMemory/2))})
+	p := launch(t, launchSpec{env: baseEnv(srv.URL, t.TempDir(), "GOMEMLIMIT="+strconv.FormatInt(containerGoLimit(containerMemory), 10))})
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}, Timeout: 2 * time.Minute}
 	pad := strings.Repeat("x", bodySize-64)
