@@ -20,16 +20,28 @@ const (
 	batchBytes = 4 << 20
 )
 
+// batchInFlight is how many statements of one kind a replica runs at once.
+// With one, a request arriving just after a statement was sent waits for it
+// to end before its own goes, once for its claim and once for its final
+// answer, which added most of the latency at a steady, moderate rate. With
+// two, it waits only when two statements are already running, which happens
+// under load, when waiting buys the sharing; each running statement still
+// holds a pooled connection (docs/design/postgres-writes.md).
+const batchInFlight = 2
+
 // group sends one kind of write for many concurrent callers as one statement
-// per round (leader/follower, like group commit): the first caller with
-// nothing running is sent at once, with no timer; callers that arrive while a
-// round's statement runs join the next round, which starts when that one
-// ends. A lone caller's write is therefore one statement, as it would be
-// unbatched (docs/design/postgres-writes.md).
+// per round (leader/follower, like group commit): a caller arriving while
+// fewer than slots statements run is sent at once, with no timer; callers
+// that arrive while slots statements run join the waiting round, which is
+// sent as soon as one of them ends. A lone caller's write is therefore one
+// statement, as it would be unbatched (docs/design/postgres-writes.md).
 //
 // A round holds each ID at most once: a caller whose ID is already in a
 // waiting round joins a later one, since one statement cannot write a row
-// twice. Rounds run one at a time, in order.
+// twice. An ID may be in a running statement and in another one sent
+// meanwhile: PostgreSQL's row locks order two statements on one row, as they
+// do for two replicas, and each row's conditions are read after the other
+// statement has committed.
 //
 // A caller whose context ends before its round starts is left out of the
 // statement; once the round has started, its write may or may not be done,
@@ -41,11 +53,12 @@ type group[I, O any] struct {
 	// found and out of each job whose row the statement returned.
 	run     func(ctx context.Context, jobs []*job[I, O]) error
 	timeout time.Duration
+	slots   int // statements run at once; 0 means batchInFlight
 
 	mu       sync.Mutex
 	queue    []*round[I, O] // rounds waiting to run, oldest first
-	running  bool           // a goroutine runs the queue
-	inflight int            // callers in the running round (tests)
+	running  int            // goroutines running the queue, each one statement at a time
+	inflight int            // callers in the running statements (tests)
 }
 
 type job[I, O any] struct {
@@ -71,8 +84,8 @@ func (g *group[I, O]) do(ctx context.Context, id store.ID, in I, size int) (out 
 	j := &job[I, O]{id: id, in: in, size: size}
 	g.mu.Lock()
 	r := g.join(j)
-	if !g.running {
-		g.running = true
+	if g.running < g.max() {
+		g.running++
 		go g.loop()
 	}
 	g.mu.Unlock()
@@ -139,15 +152,18 @@ func (r *round[I, O]) add(j *job[I, O]) {
 	r.bytes += j.size
 }
 
-// loop runs the waiting rounds one after the other until none is left.
+func (g *group[I, O]) max() int {
+	if g.slots > 0 {
+		return g.slots
+	}
+	return batchInFlight
+}
+
+// loop runs waiting rounds, one after the other, until none is left. Up to
+// max loops run at once, each sending the oldest round not yet taken.
 func (g *group[I, O]) loop() {
-	for {
-		g.mu.Lock()
-		if len(g.queue) == 0 {
-			g.running, g.inflight = false, 0
-			g.mu.Unlock()
-			return
-		}
+	g.mu.Lock()
+	for len(g.queue) > 0 {
 		r := g.queue[0]
 		g.queue[0] = nil
 		g.queue = g.queue[1:]
@@ -157,13 +173,17 @@ func (g *group[I, O]) loop() {
 				jobs = append(jobs, j)
 			}
 		}
-		g.inflight = len(jobs)
+		g.inflight += len(jobs)
 		g.mu.Unlock()
 		if len(jobs) > 0 {
 			r.err = g.send(jobs)
 		}
 		close(r.done)
+		g.mu.Lock()
+		g.inflight -= len(jobs)
 	}
+	g.running--
+	g.mu.Unlock()
 }
 
 // send runs one statement for jobs within the timeout. A statement that
@@ -186,8 +206,8 @@ func (g *group[I, O]) send(jobs []*job[I, O]) error {
 	}
 }
 
-// waiting is how many callers are in the running round and in the rounds
-// waiting after it (tests).
+// waiting is how many callers are in the running statements and in the
+// rounds waiting to be sent (tests).
 func (g *group[I, O]) waiting() (inflight, queued int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

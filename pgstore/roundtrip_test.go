@@ -31,6 +31,7 @@ type wire struct {
 	mu     sync.Mutex
 	sent   map[byte]int
 	held   bool
+	stuck  int        // messages stopped by the hold
 	free   *sync.Cond // on mu, broadcast when held ends
 }
 
@@ -79,8 +80,12 @@ func (w *wire) count(r io.Reader) {
 			return
 		}
 		w.mu.Lock()
-		for w.held {
-			w.free.Wait()
+		if w.held {
+			w.stuck++
+			for w.held {
+				w.free.Wait()
+			}
+			w.stuck--
 		}
 		w.sent[head[0]]++
 		w.mu.Unlock()
@@ -103,6 +108,13 @@ func (w *wire) release() {
 	w.held = false
 	w.free.Broadcast()
 	w.mu.Unlock()
+}
+
+// stopped is how many connections have a message stopped by the hold.
+func (w *wire) stopped() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stuck
 }
 
 // take returns the counts since the last take and resets them.
@@ -171,7 +183,17 @@ func show(m map[byte]int) string {
 // below 2 is group commit at work); -cpuprofile shows the client side's. More
 // postgresql.conf lines, comma-separated, may come in IDEMPROXY_BENCH_PG
 // (e.g. commit_delay = 100).
+//
+// It runs once with one statement of each kind in flight at a time and once
+// with batchInFlight, each on a cluster of its own, so that one run compares
+// them.
 func BenchmarkNewKey(b *testing.B) {
+	for _, k := range []int{1, batchInFlight} {
+		b.Run("inflight-"+strconv.Itoa(k), func(b *testing.B) { benchmarkNewKey(b, k) })
+	}
+}
+
+func benchmarkNewKey(b *testing.B, inflight int) {
 	ctx := context.Background()
 	var settings []string
 	if v := os.Getenv("IDEMPROXY_BENCH_PG"); v != "" {
@@ -183,6 +205,7 @@ func BenchmarkNewKey(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
+	s.claims.slots, s.completes.slots = inflight, inflight
 	req := store.Request{Fingerprint: make([]byte, 32), Method: "POST", Path: "/v1/charges", UpstreamKey: "0123456789abcdef0123456789abcdef"}
 	resp := store.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 300)}
 	var next sync.Mutex
@@ -238,8 +261,8 @@ func serverCPU(c *pgtest.Cluster) time.Duration {
 	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
 
-// settle waits until g holds inflight callers in its running round and
-// queued in the rounds after it.
+// settle waits until g holds inflight callers in its running statements
+// and queued in the rounds waiting to be sent.
 func settle[I, O any](t *testing.T, g *group[I, O], inflight, queued int) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
@@ -253,10 +276,23 @@ func settle[I, O any](t *testing.T, g *group[I, O], inflight, queued int) {
 	}
 }
 
-// TestConcurrentNewKeysShareStatements holds the first claim on the wire
-// while 63 more new keys arrive, then does the same with their final
-// answers: the 64 keys take at most two statements for their claims and
-// two for their final answers, and each caller gets its own row's result.
+// occupy starts one caller after the other with start(0) to start(n-1) and
+// waits for each to be sent before the next: with the wire held and n at
+// most batchInFlight, each runs a statement of its own and all n are held.
+func occupy[I, O any](t *testing.T, g *group[I, O], n int, start func(i int)) {
+	t.Helper()
+	for i := range n {
+		start(i)
+		settle(t, g, i+1, 0)
+	}
+}
+
+// TestConcurrentNewKeysShareStatements holds the first batchInFlight claims
+// on the wire, each sent alone, while the other new keys of 64 arrive at
+// once, then does the same with their final answers: the keys that arrive
+// while every slot is taken share one statement, so the 64 keys take
+// exactly batchInFlight+1 statements for their claims and as many for their
+// final answers, and each caller gets its own row's result.
 func TestConcurrentNewKeysShareStatements(t *testing.T) {
 	ctx := context.Background()
 	u, err := url.Parse(pgtest.Database(t))
@@ -287,7 +323,18 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 		w.take()
 		w.hold()
 		errs := make(chan error, n)
-		for i := range n {
+		for i := range batchInFlight {
+			go func() { errs <- do(i) }()
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+				if i2, q := g.waiting(); i2 == i+1 && q == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("caller %d was never sent alone", i)
+				}
+			}
+		}
+		for i := batchInFlight; i < n; i++ {
 			go func() { errs <- do(i) }()
 		}
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
@@ -316,8 +363,8 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 	})
 	completed := all(s.completes, func(i int) error { return s.Complete(ctx, id(i), owner(i), resp(i)) })
 	t.Logf("%d concurrent new keys: %d claim statements, %d final answer statements", n, claimed, completed)
-	if claimed > 2 || completed > 2 {
-		t.Errorf("%d concurrent new keys took %d claim and %d final answer statements; want at most 2 each", n, claimed, completed)
+	if want := batchInFlight + 1; claimed != want || completed != want {
+		t.Errorf("%d concurrent new keys took %d claim and %d final answer statements; want %d each", n, claimed, completed, want)
 	}
 	for i := range n {
 		rec, err := s.Get(ctx, id(i))
@@ -329,8 +376,8 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 }
 
 // TestBatchWithDuplicateKeys sends the same key twice, with the same
-// request and with another, among other keys while a claim is held on the
-// wire: one statement cannot write a row twice, so the second of each goes
+// request and with another, among other keys while batchInFlight claims are
+// held on the wire: one statement cannot write a row twice, so the second of each goes
 // to a later round, and it gets the answer it would get alone (the first's
 // record, in flight). Of two final answers on one key, only the owner's is
 // written.
@@ -346,8 +393,12 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 	type call struct {
 		key, fp, owner string
 	}
-	calls := []call{{"held", "fp", "o0"}, {"same", "fp", "o1"}, {"same", "fp", "o2"}, {"other", "fp", "o3"},
-		{"conflict", "fp-a", "o4"}, {"conflict", "fp-b", "o5"}}
+	var calls []call
+	for i := range batchInFlight {
+		calls = append(calls, call{"held-" + strconv.Itoa(i), "fp", "o0"})
+	}
+	calls = append(calls, call{"same", "fp", "o1"}, call{"same", "fp", "o2"}, call{"other", "fp", "o3"},
+		call{"conflict", "fp-a", "o4"}, call{"conflict", "fp-b", "o5"})
 	type result struct {
 		rec     store.Record
 		created bool
@@ -363,12 +414,11 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 		}()
 	}
 	w.hold()
-	begin(0)
-	settle(t, s.claims, 1, 0)
-	for i := 1; i < len(calls); i++ {
+	occupy(t, s.claims, batchInFlight, begin)
+	for i := batchInFlight; i < len(calls); i++ {
 		begin(i)
 	}
-	settle(t, s.claims, 1, len(calls)-1)
+	settle(t, s.claims, batchInFlight, len(calls)-batchInFlight)
 	s.claims.mu.Lock()
 	rounds := len(s.claims.queue)
 	s.claims.mu.Unlock()
@@ -408,9 +458,12 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 	// Both callers of "same" answer at once: only the owner's is written.
 	loser := map[string]string{"o1": "o2", "o2": "o1"}[winner["same"]]
 	w.hold()
-	errs := make(chan error, 3)
-	go func() { errs <- s.Complete(ctx, store.ID{Tenant: "t", Key: "held"}, "o0", store.Response{Status: 200}) }()
-	settle(t, s.completes, 1, 0)
+	errs := make(chan error, batchInFlight+2)
+	occupy(t, s.completes, batchInFlight, func(i int) {
+		go func() {
+			errs <- s.Complete(ctx, store.ID{Tenant: "t", Key: "held-" + strconv.Itoa(i)}, "o0", store.Response{Status: 200})
+		}()
+	})
 	for _, o := range []string{winner["same"], loser} {
 		go func() {
 			err := s.Complete(ctx, store.ID{Tenant: "t", Key: "same"}, o, store.Response{Status: 201, Body: []byte(o)})
@@ -422,9 +475,9 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 			errs <- err
 		}()
 	}
-	settle(t, s.completes, 1, 2)
+	settle(t, s.completes, batchInFlight, 2)
 	w.release()
-	for range 3 {
+	for range batchInFlight + 2 {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}
@@ -458,19 +511,29 @@ func TestCallerLeavesBatch(t *testing.T) {
 	sent, leave := context.WithCancel(context.Background())
 	inflight := begin(sent, "sent")
 	settle(t, s.claims, 1, 0)
+	var others []<-chan error // the other statements that fill the slots
+	for i := 1; i < batchInFlight; i++ {
+		others = append(others, begin(context.Background(), "other-"+strconv.Itoa(i)))
+		settle(t, s.claims, i+1, 0)
+	}
 	waiting, leaveQueue := context.WithCancel(context.Background())
 	queued := begin(waiting, "queued")
-	settle(t, s.claims, 1, 1)
+	settle(t, s.claims, batchInFlight, 1)
 	leaveQueue()
 	if err := <-queued; !errors.Is(err, context.Canceled) {
 		t.Errorf("Begin left while queued = %v; want context.Canceled", err)
 	}
-	settle(t, s.claims, 1, 0)
+	settle(t, s.claims, batchInFlight, 0)
 	leave()
 	if err := <-inflight; !errors.Is(err, context.Canceled) {
 		t.Errorf("Begin left while on the wire = %v; want context.Canceled", err)
 	}
 	w.release()
+	for _, errs := range others {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
 	settle(t, s.claims, 0, 0)
 	if _, err := s.Get(context.Background(), store.ID{Tenant: "t", Key: "queued"}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Get(queued) = %v; want ErrNotFound: its caller left before its round", err)
@@ -504,13 +567,13 @@ func TestRefusedTextGoesAlone(t *testing.T) {
 		return errs
 	}
 	w.hold()
-	held := begin("held", "up")
-	settle(t, s.claims, 1, 0)
+	var held []<-chan error
+	occupy(t, s.claims, batchInFlight, func(i int) { held = append(held, begin("held-"+strconv.Itoa(i), "up")) })
 	good := []<-chan error{begin("a", "up-a"), begin("b", "up-b")}
 	bad := begin("bad", "\xff")
-	settle(t, s.claims, 1, 2)
+	settle(t, s.claims, batchInFlight, 2)
 	w.release()
-	for _, errs := range append(good, held) {
+	for _, errs := range append(good, held...) {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}
@@ -518,4 +581,56 @@ func TestRefusedTextGoesAlone(t *testing.T) {
 	if err := <-bad; err == nil {
 		t.Error("Begin with an upstream key that is not UTF-8 succeeded; want the database's refusal")
 	}
+}
+
+// TestStatementsInFlight: batchInFlight claims, each sent alone, are on the
+// wire at once, each on a connection of its own; the next claim waits in
+// the group, unsent, until one of them ends.
+func TestStatementsInFlight(t *testing.T) {
+	ctx := context.Background()
+	u, err := url.Parse(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := relay(t, u.Host)
+	u.Host = w.l.Addr().String()
+	s := open(t, u.String(), time.Hour)
+	begin := func(key string) <-chan error {
+		errs := make(chan error, 1)
+		go func() {
+			_, created, err := s.Begin(ctx, store.ID{Tenant: "t", Key: key}, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute)
+			if err == nil && !created {
+				err = fmt.Errorf("Begin(%s) created nothing", key)
+			}
+			errs <- err
+		}()
+		return errs
+	}
+	w.take()
+	w.hold()
+	var calls []<-chan error
+	occupy(t, s.claims, batchInFlight, func(i int) { calls = append(calls, begin("held-"+strconv.Itoa(i))) })
+	for deadline := time.Now().Add(30 * time.Second); w.stopped() != batchInFlight; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections hold a message; want %d, one per statement", w.stopped(), batchInFlight)
+		}
+	}
+	calls = append(calls, begin("next"))
+	settle(t, s.claims, batchInFlight, 1)
+	s.claims.mu.Lock()
+	running := s.claims.running
+	s.claims.mu.Unlock()
+	if running != batchInFlight || w.stopped() != batchInFlight {
+		t.Errorf("%d statements running, %d on the wire, with a caller waiting; want %d", running, w.stopped(), batchInFlight)
+	}
+	w.release()
+	for _, errs := range calls {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if n := w.take()['E']; n != batchInFlight+1 {
+		t.Errorf("%d claims took %d statements; want %d, one each", batchInFlight+1, n, batchInFlight+1)
+	}
+	settle(t, s.claims, 0, 0)
 }
