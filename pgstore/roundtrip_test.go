@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -633,4 +634,58 @@ func TestStatementsInFlight(t *testing.T) {
 		t.Errorf("%d claims took %d statements; want %d, one each", batchInFlight+1, n, batchInFlight+1)
 	}
 	settle(t, s.claims, 0, 0)
+}
+
+// BenchmarkNewKeyAtRate sends new keys (claim, then final answer) at a
+// fixed 1,000 a second from 16 goroutines, as the latency goal's load does,
+// and reports the store's p50 and p99 per new key, with one statement of
+// each kind in flight at a time and with batchInFlight. Run it with
+// -benchtime 3000x (three seconds each).
+func BenchmarkNewKeyAtRate(b *testing.B) {
+	for _, k := range []int{1, batchInFlight} {
+		b.Run("inflight-"+strconv.Itoa(k), func(b *testing.B) { benchmarkNewKeyAtRate(b, k) })
+	}
+}
+
+func benchmarkNewKeyAtRate(b *testing.B, inflight int) {
+	ctx := context.Background()
+	_, url := pgtest.Own(b, pgtest.Options{Fsync: true})
+	s, err := Open(ctx, Options{URL: url, TTL: time.Hour, SweepInterval: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	s.claims.slots, s.completes.slots = inflight, inflight
+	req := store.Request{Fingerprint: make([]byte, 32), Method: "POST", Path: "/v1/charges", UpstreamKey: "0123456789abcdef0123456789abcdef"}
+	resp := store.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 300)}
+	const conns, rate = 16, 1000
+	took := make([]time.Duration, b.N)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := c; i < b.N; i += conns {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / rate)))
+				id := store.ID{Tenant: "default", Key: "rate-" + strconv.Itoa(i)}
+				t0 := time.Now()
+				if _, created, err := s.Begin(ctx, id, req, "owner", time.Minute); err != nil || !created {
+					b.Errorf("Begin = created %v, %v", created, err)
+					return
+				}
+				if err := s.Complete(ctx, id, "owner", resp); err != nil {
+					b.Error(err)
+					return
+				}
+				took[i] = time.Since(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-µs")
 }
