@@ -23,10 +23,11 @@ const (
 // batchInFlight is how many statements of one kind a replica runs at once.
 // With one, a request arriving just after a statement was sent waits for it
 // to end before its own goes, once for its claim and once for its final
-// answer, which added most of the latency at a steady, moderate rate. With
-// two, it waits only when two statements are already running, which happens
-// under load, when waiting buys the sharing; each running statement still
-// holds a pooled connection (docs/design/postgres-writes.md).
+// answer, which was the likely cause of the latency added at a steady,
+// moderate rate. With two, it waits only when two are already running, as
+// under load, where waiting buys the sharing. More would mean fewer rows per
+// statement and more server CPU per key; each running statement holds a
+// pooled connection. Measurements: docs/design/postgres-writes.md.
 const batchInFlight = 2
 
 // group sends one kind of write for many concurrent callers as one statement
