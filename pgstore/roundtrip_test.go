@@ -61,18 +61,23 @@ func (w *wire) accept() {
 			continue
 		}
 		go func() { io.Copy(c, s); c.Close() }()
-		go func() { w.count(io.TeeReader(c, s)); s.Close() }()
+		go func() { w.count(c, s); s.Close() }()
 	}
 }
 
-// count reads a client's side of a connection: the untyped startup message,
-// then typed messages until the connection ends.
-func (w *wire) count(r io.Reader) {
+// count relays a client's side of a connection to the server: the untyped
+// startup message, then typed messages until the connection ends. A message
+// is counted before any of it goes on, so that the server's answer to it
+// cannot come back to the client before it is counted.
+func (w *wire) count(r io.Reader, server io.Writer) {
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
 		return
 	}
-	if _, err := io.CopyN(io.Discard, r, int64(binary.BigEndian.Uint32(n[:]))-4); err != nil {
+	if _, err := server.Write(n[:]); err != nil {
+		return
+	}
+	if _, err := io.CopyN(server, r, int64(binary.BigEndian.Uint32(n[:]))-4); err != nil {
 		return
 	}
 	var head [5]byte
@@ -90,14 +95,16 @@ func (w *wire) count(r io.Reader) {
 		}
 		w.sent[head[0]]++
 		w.mu.Unlock()
-		if _, err := io.CopyN(io.Discard, r, int64(binary.BigEndian.Uint32(head[1:]))-4); err != nil {
+		if _, err := server.Write(head[:]); err != nil {
+			return
+		}
+		if _, err := io.CopyN(server, r, int64(binary.BigEndian.Uint32(head[1:]))-4); err != nil {
 			return
 		}
 	}
 }
 
-// hold stops client messages short of the server (the one being read when
-// the hold starts stops after its header) until release.
+// hold stops client messages short of the server until release.
 func (w *wire) hold() {
 	w.mu.Lock()
 	w.held = true
