@@ -22,13 +22,14 @@ const (
 
 // batchInFlight is how many statements of one kind a replica runs at once.
 // With one, a request arriving just after a statement was sent waits for it
-// to end before its own goes, once for its claim and once for its final
-// answer, which was the likely cause of the latency added at a steady,
-// moderate rate. With two, it waits only when two are already running, as
-// under load, where waiting buys the sharing. More would mean fewer rows per
-// statement and more server CPU per key; each running statement holds a
-// pooled connection. Measurements: docs/design/postgres-writes.md.
-const batchInFlight = 2
+// to end before its own goes (once for its claim, once for its final
+// answer); with two, it waits only when two are running. Measured, two cost
+// more server CPU per key and lowered neither the latency at a steady rate
+// nor raised throughput: with fsync on, PostgreSQL flushes one commit's WAL
+// at a time, so the second statement waits inside the server instead
+// (docs/design/postgres-writes.md). The group works with any value; each
+// running statement holds a pooled connection.
+const batchInFlight = 1
 
 // group sends one kind of write for many concurrent callers as one statement
 // per round (leader/follower, like group commit): a caller arriving while
