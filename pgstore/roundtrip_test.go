@@ -36,6 +36,19 @@ type wire struct {
 	free   *sync.Cond // on mu, broadcast when held ends
 }
 
+// relayed opens a store on a fresh database through a relay that counts
+// what the store sends.
+func relayed(t *testing.T) (*Store, *wire) {
+	t.Helper()
+	u, err := url.Parse(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := relay(t, u.Host)
+	u.Host = w.l.Addr().String()
+	return open(t, u.String(), time.Hour), w
+}
+
 func relay(t *testing.T, target string) *wire {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -141,13 +154,7 @@ func (w *wire) take() map[byte]int {
 // them, no extra read and, once warm, no statement prepared again.
 func TestNewKeyRoundTrips(t *testing.T) {
 	ctx := context.Background()
-	u, err := url.Parse(pgtest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := relay(t, u.Host)
-	u.Host = w.l.Addr().String()
-	s := open(t, u.String(), time.Hour)
+	s, w := relayed(t)
 	req := store.Request{Fingerprint: []byte("fp"), Method: "POST", Path: "/v1/charges", UpstreamKey: "k"}
 	resp := store.Response{Status: 200, Body: []byte(`{"id":"ch_1"}`)}
 	op := func(i int) {
@@ -303,13 +310,7 @@ func occupy[I, O any](t *testing.T, g *group[I, O], n int, start func(i int)) {
 // final answers, and each caller gets its own row's result.
 func TestConcurrentNewKeysShareStatements(t *testing.T) {
 	ctx := context.Background()
-	u, err := url.Parse(pgtest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := relay(t, u.Host)
-	u.Host = w.l.Addr().String()
-	s := open(t, u.String(), time.Hour)
+	s, w := relayed(t)
 	id := func(i int) store.ID { return store.ID{Tenant: "t", Key: "key-" + strconv.Itoa(i)} }
 	owner := func(i int) string { return "owner-" + strconv.Itoa(i) }
 	req := func(i int) store.Request {
@@ -391,13 +392,7 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 // written.
 func TestBatchWithDuplicateKeys(t *testing.T) {
 	ctx := context.Background()
-	u, err := url.Parse(pgtest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := relay(t, u.Host)
-	u.Host = w.l.Addr().String()
-	s := open(t, u.String(), time.Hour)
+	s, w := relayed(t)
 	type call struct {
 		key, fp, owner string
 	}
@@ -500,13 +495,7 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 // its round's statement is on the wire or before it starts; a claim whose
 // caller left before its round started is not written.
 func TestCallerLeavesBatch(t *testing.T) {
-	u, err := url.Parse(pgtest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := relay(t, u.Host)
-	u.Host = w.l.Addr().String()
-	s := open(t, u.String(), time.Hour)
+	s, w := relayed(t)
 	begin := func(ctx context.Context, key string) <-chan error {
 		errs := make(chan error, 1)
 		go func() {
@@ -556,13 +545,7 @@ func TestCallerLeavesBatch(t *testing.T) {
 // round.
 func TestRefusedTextGoesAlone(t *testing.T) {
 	ctx := context.Background()
-	u, err := url.Parse(pgtest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := relay(t, u.Host)
-	u.Host = w.l.Addr().String()
-	s := open(t, u.String(), time.Hour)
+	s, w := relayed(t)
 	begin := func(key, upstreamKey string) <-chan error {
 		errs := make(chan error, 1)
 		go func() {
@@ -596,13 +579,7 @@ func TestRefusedTextGoesAlone(t *testing.T) {
 // the group, unsent, until one of them ends.
 func TestStatementsInFlight(t *testing.T) {
 	ctx := context.Background()
-	u, err := url.Parse(pgtest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := relay(t, u.Host)
-	u.Host = w.l.Addr().String()
-	s := open(t, u.String(), time.Hour)
+	s, w := relayed(t)
 	begin := func(key string) <-chan error {
 		errs := make(chan error, 1)
 		go func() {
