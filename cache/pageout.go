@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"time"
@@ -40,16 +41,32 @@ func (t *pageOutTrigger) ran(now time.Time, resident int64) {
 	t.last, t.low = now, resident
 }
 
-// pageOutTick runs a page-out pass if one is due; it stops the loop for
-// good if the kernel does not support it.
+// pageOutTick runs a page-out pass if one is due. It stops the loop for
+// good only if the kernel cannot page out; any other failure (no file
+// descriptor left for /proc at the open-files limit, say) is logged at most
+// once a minute and the next tick tries again, since a store that stopped
+// paging out would grow its resident set with the store.
 func (s *Store) pageOutTick() bool {
-	if _, err := s.pageOutIfDue(time.Now()); err != nil {
-		s.log.LogAttrs(context.Background(), slog.LevelWarn, "paging out table files failed; resident memory will grow with the store",
+	_, err := s.pageOutIfDue(time.Now())
+	if err == nil {
+		return true
+	}
+	if pageOutStops(err) {
+		s.log.LogAttrs(context.Background(), slog.LevelWarn, "paging out table files is not supported here; resident memory will grow with the store",
 			slog.String("component", "cache"), slog.String("error", err.Error()))
 		return false
 	}
+	if now := time.Now(); now.Sub(s.pageOutWarned) >= time.Minute {
+		s.pageOutWarned = now
+		s.log.LogAttrs(context.Background(), slog.LevelWarn, "paging out table files failed; trying again",
+			slog.String("component", "cache"), slog.String("error", err.Error()))
+	}
 	return true
 }
+
+// pageOutStops reports whether a page-out failure ends the loop: only when
+// the kernel cannot do it (no MADV_PAGEOUT, or not Linux).
+func pageOutStops(err error) bool { return errors.Is(err, errors.ErrUnsupported) }
 
 // pageOutIfDue reads the file-backed resident size and, if s.pageOut says
 // so at now, reclaims the table files' resident pages. It reports whether

@@ -3,6 +3,7 @@ package cache
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -48,7 +49,7 @@ func (s *Store) pageOutTables() (int, error) {
 		}
 		_, _, errno := syscall.Syscall(syscall.SYS_MADVISE, uintptr(start), uintptr(end-start), madvPageout)
 		if errno == syscall.EINVAL {
-			return n, errno // kernel older than 5.4
+			return n, errors.ErrUnsupported // kernel older than 5.4
 		}
 		n++ // ENOMEM: unmapped since the read; nothing to do
 	}

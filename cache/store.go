@@ -163,8 +163,9 @@ type Store struct {
 	puts        atomic.Uint64 // records written since Open
 	reclaimedAt uint64        // puts when reclaimExpired last dropped the records (its loop only)
 
-	pageOut  pageOutTrigger // the page-out loop's only
-	pageOuts atomic.Uint64  // page-out passes since Open
+	pageOut       pageOutTrigger // the page-out loop's only
+	pageOutWarned time.Time      // the page-out loop's: when it last logged a failure
+	pageOuts      atomic.Uint64  // page-out passes since Open
 
 	life   sync.RWMutex // read-held by every operation, write-held by Close
 	closed bool

@@ -636,7 +636,7 @@ func TestPageOutTables(t *testing.T) {
 	}
 	advised, err := s.pageOutTables()
 	if errors.Is(err, errors.ErrUnsupported) {
-		t.Skip("not Linux")
+		t.Skip("no MADV_PAGEOUT here (not Linux, or a kernel before 5.4)")
 	}
 	if err != nil {
 		t.Fatal(err)
