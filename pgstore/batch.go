@@ -3,6 +3,8 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -192,7 +194,16 @@ func (g *group[I, O]) loop() {
 // PostgreSQL aborted as a deadlock wrote nothing and is sent again: two
 // batches on shared rows (from two replicas, or a claim and a final answer)
 // may lock them in different orders.
-func (g *group[I, O]) send(jobs []*job[I, O]) error {
+//
+// A panic in the statement's code becomes the error of every caller in it,
+// with its stack: the statement runs on the group's goroutine, outside the
+// HTTP server's recovery, and its callers must not wait for ever.
+func (g *group[I, O]) send(jobs []*job[I, O]) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("pgstore: batch statement panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 	defer cancel()
 	for try := 1; ; try++ {
