@@ -208,21 +208,29 @@ func BenchmarkNewKey(b *testing.B) {
 	}
 }
 
+// benchStore opens a store with inflight statements of each kind at once on
+// a cluster of its own with fsync on, and gives the request and answer of a
+// typical new key.
+func benchStore(b *testing.B, inflight int, settings []string) (*pgtest.Cluster, *Store, store.Request, store.Response) {
+	c, url := pgtest.Own(b, pgtest.Options{Fsync: true, Settings: settings})
+	s, err := Open(context.Background(), Options{URL: url, TTL: time.Hour, SweepInterval: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	s.claims.slots, s.completes.slots = inflight, inflight
+	req := store.Request{Fingerprint: make([]byte, 32), Method: "POST", Path: "/v1/charges", UpstreamKey: "0123456789abcdef0123456789abcdef"}
+	resp := store.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 300)}
+	return c, s, req, resp
+}
+
 func benchmarkNewKey(b *testing.B, inflight int) {
 	ctx := context.Background()
 	var settings []string
 	if v := os.Getenv("IDEMPROXY_BENCH_PG"); v != "" {
 		settings = strings.Split(v, ",")
 	}
-	c, url := pgtest.Own(b, pgtest.Options{Fsync: true, Settings: settings})
-	s, err := Open(ctx, Options{URL: url, TTL: time.Hour, SweepInterval: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	s.claims.slots, s.completes.slots = inflight, inflight
-	req := store.Request{Fingerprint: make([]byte, 32), Method: "POST", Path: "/v1/charges", UpstreamKey: "0123456789abcdef0123456789abcdef"}
-	resp := store.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 300)}
+	c, s, req, resp := benchStore(b, inflight, settings)
 	var next sync.Mutex
 	i := 0
 	syncs := func() (n int64) {
@@ -633,15 +641,7 @@ func BenchmarkNewKeyAtRate(b *testing.B) {
 
 func benchmarkNewKeyAtRate(b *testing.B, inflight int) {
 	ctx := context.Background()
-	_, url := pgtest.Own(b, pgtest.Options{Fsync: true})
-	s, err := Open(ctx, Options{URL: url, TTL: time.Hour, SweepInterval: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	s.claims.slots, s.completes.slots = inflight, inflight
-	req := store.Request{Fingerprint: make([]byte, 32), Method: "POST", Path: "/v1/charges", UpstreamKey: "0123456789abcdef0123456789abcdef"}
-	resp := store.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 300)}
+	_, s, req, resp := benchStore(b, inflight, nil)
 	const conns, rate = 16, 1000
 	took := make([]time.Duration, b.N)
 	var wg sync.WaitGroup
