@@ -148,12 +148,7 @@ func TestFileDescriptorLimitIdleClients(t *testing.T) {
 	up := newGatedUpstream("new-")
 	srv := httptest.NewServer(up)
 	defer srv.Close()
-	released := false
-	defer func() {
-		if !released {
-			close(up.release)
-		}
-	}()
+	defer up.Release() // before srv.Close, which waits for held requests
 	p := launch(t, launchSpec{bin: "/bin/sh", args: []string{"-c", "ulimit -n 256 && exec " + binPath},
 		env: baseEnv(srv.URL, t.TempDir(), "IDEMPROXY_RETRY_BASE_DELAY=50ms", "IDEMPROXY_RETRY_BUDGET=10s")})
 	limits := p.waitLine(t, `"msg":"limits"`)
@@ -191,8 +186,7 @@ func TestFileDescriptorLimitIdleClients(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	close(up.release)
-	released = true
+	up.Release()
 	wg.Wait()
 
 	var refused int
@@ -235,6 +229,7 @@ func TestFileDescriptorLimitIdleClients(t *testing.T) {
 type gatedUpstream struct {
 	prefix  string
 	release chan struct{}
+	once    sync.Once
 	held    atomic.Int64
 	mu      sync.Mutex
 	orders  map[string]int
@@ -243,6 +238,10 @@ type gatedUpstream struct {
 func newGatedUpstream(prefix string) *gatedUpstream {
 	return &gatedUpstream{prefix: prefix, release: make(chan struct{}), orders: map[string]int{}}
 }
+
+// Release lets every held request and every later one through; it may be
+// called more than once.
+func (u *gatedUpstream) Release() { u.once.Do(func() { close(u.release) }) }
 
 func (u *gatedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var o struct {

@@ -201,12 +201,7 @@ func TestMemoryUnderOverload(t *testing.T) {
 	up := newGatedUpstream("mem-")
 	srv := httptest.NewServer(up)
 	defer srv.Close()
-	released := false
-	defer func() {
-		if !released {
-			close(up.release)
-		}
-	}()
+	defer up.Release() // before srv.Close, which waits for held requests
 	p := launch(t, launchSpec{env: baseEnv(srv.URL, t.TempDir(), "GOMEMLIMIT="+strconv.FormatInt(containerGoLimit(containerMemory), 10))})
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}, Timeout: 2 * time.Minute}
@@ -249,8 +244,7 @@ func TestMemoryUnderOverload(t *testing.T) {
 		}
 	}
 	peak := memoryOf(t, p)
-	close(up.release)
-	released = true
+	up.Release()
 	wg.Wait()
 
 	held := int(up.held.Load())
