@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/bench/loadgen"
+	"github.com/idemproxy/idemproxy/bench/workload"
 )
 
 type options struct {
@@ -141,7 +142,7 @@ func run(ctx context.Context, o options) error {
 	})
 	prefix := fmt.Sprintf("c-%d-", time.Now().UnixNano())
 	fill, err := loadgen.Run(ctx, loadgen.Config{Addr: listen, Conns: o.conns, Total: int64(o.records),
-		Build: func(dst []byte, seq uint64) []byte { return appendPost(dst, prefix, seq) }, Responses: &n})
+		Build: func(dst []byte, seq uint64) []byte { return workload.AppendPost(dst, prefix, seq) }, Responses: &n})
 	res.Samples = stop()
 	if err != nil {
 		return err
@@ -149,7 +150,7 @@ func run(ctx context.Context, o options) error {
 	res.FillSeconds, res.FillRPS, res.Failed = fill.Elapsed.Seconds(), fill.RPS(), fill.Failed()
 	stride := uint64(max(o.records/1000, 1))
 	check, err := loadgen.Run(ctx, loadgen.Config{Addr: listen, Conns: 8, Total: 1000,
-		Build: func(dst []byte, seq uint64) []byte { return appendPost(dst, prefix, seq*stride) }})
+		Build: func(dst []byte, seq uint64) []byte { return workload.AppendPost(dst, prefix, seq*stride) }})
 	if err != nil {
 		return err
 	}
@@ -377,26 +378,4 @@ func waitReady(ctx context.Context, url string) error {
 		}
 	}
 	return fmt.Errorf("%s not ready after a minute", url)
-}
-
-// The request: the same new-key POST as the harness's E (bench/cmd/idembench,
-// workload.go), whose order_id idemproxy derives the key from.
-const (
-	postHead = "POST /v1/payments HTTP/1.1\r\n" +
-		"Host: 127.0.0.1\r\nUser-Agent: containermem\r\nAccept: application/json\r\n" +
-		"Content-Type: application/json\r\nContent-Length: "
-	bodyHead = `{"order_id":"`
-	bodyTail = `","amount":1000,"currency":"RUB","description":"idembench payment","customer":{"id":"cus_0001","email":"buyer@example.com"}}`
-)
-
-func appendPost(dst []byte, prefix string, id uint64) []byte {
-	var num [20]byte
-	digits := strconv.AppendUint(num[:0], id, 10)
-	dst = append(dst, postHead...)
-	dst = strconv.AppendInt(dst, int64(len(bodyHead)+len(prefix)+len(digits)+len(bodyTail)), 10)
-	dst = append(dst, "\r\n\r\n"...)
-	dst = append(dst, bodyHead...)
-	dst = append(dst, prefix...)
-	dst = append(dst, digits...)
-	return append(dst, bodyTail...)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/bench/loadgen"
+	"github.com/idemproxy/idemproxy/bench/workload"
 )
 
 // memoryResult is the memory run: a fresh idemproxy stores Records
@@ -215,7 +216,7 @@ func checkReplays(ctx context.Context, p *proc, prefix string, records int) (int
 	stride := uint64(max(records/checkKeys, 1))
 	res, err := loadgen.Run(ctx, loadgen.Config{
 		Addr: p.addr, Conns: 8, Total: checkKeys,
-		Build: func(dst []byte, seq uint64) []byte { return appendPost(dst, prefix, seq*stride) },
+		Build: func(dst []byte, seq uint64) []byte { return workload.AppendPost(dst, prefix, seq*stride) },
 	})
 	if err != nil {
 		return 0, err
