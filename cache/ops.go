@@ -31,6 +31,9 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 	if lease <= 0 {
 		return store.Record{}, false, fmt.Errorf("cache: %s: lease %v is not positive", op, lease)
 	}
+	if len(req.Fingerprint) == 0 {
+		return store.Record{}, false, fmt.Errorf("cache: %s: empty request fingerprint", op)
+	}
 	if err := s.enter(op); err != nil {
 		return store.Record{}, false, err
 	}

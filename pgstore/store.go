@@ -305,6 +305,9 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 	if owner == "" || lease <= 0 {
 		return store.Record{}, false, fmt.Errorf("pgstore: begin: empty owner or lease %v not positive", lease)
 	}
+	if len(req.Fingerprint) == 0 {
+		return store.Record{}, false, errors.New("pgstore: begin: empty request fingerprint")
+	}
 	var rec store.Record
 	var created bool
 	claim := s.claims.do

@@ -113,8 +113,9 @@ type Record struct {
 // Request is what Begin is told about the operation it claims a key for.
 type Request struct {
 	// Fingerprint identifies the request (32 bytes from the proxy); a store
-	// compares it only to decide a takeover. The record Begin returns may
-	// share its bytes: the caller must not change them afterwards.
+	// compares it only to decide a takeover. Begin refuses an empty one. The
+	// record Begin returns may share its bytes: the caller must not change
+	// them afterwards.
 	Fingerprint []byte
 	// Method, Path and UpstreamKey are kept on the record as given (see
 	// Record); a store does not interpret them.

@@ -495,6 +495,14 @@ func testArguments(t *testing.T, s store.Store, _ func(time.Duration)) {
 	if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", 0); err == nil {
 		t.Error("Begin with a zero lease succeeded")
 	}
+	for _, fp := range [][]byte{nil, {}} {
+		if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fp}, "o", Long); err == nil {
+			t.Errorf("Begin with the empty fingerprint %#v succeeded", fp)
+		}
+	}
+	if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get after refused Begins = %v, want ErrNotFound: nothing written", err)
+	}
 	if _, err := s.Get(ctx, store.ID{}); err == nil || errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Get with an empty key = %v, want an argument error", err)
 	}
