@@ -49,12 +49,22 @@ const batchInFlight = 1
 //
 // A caller whose context ends before its round starts is left out of the
 // statement; once the round has started, its write may or may not be done,
-// as when a context ends during any statement. The statement itself is bound
-// by the timeout, not by any one caller's context, and its error is every
-// caller's.
+// as when a context ends during any statement. The statement is bound by the
+// timeout, not by any one caller's context: a caller that leaves does not
+// end it for the others, but when the last caller still waiting leaves, its
+// context ends, and pgx then drops the statement's connection and asks the
+// server to cancel the statement, so that one still waiting for row locks
+// writes nothing for callers that have all gone.
+//
+// The statement's error is every caller's, but for a batch that PostgreSQL
+// refused for the data of a row (SQLSTATE class 22, data exception, or 23,
+// integrity constraint violation): it wrote nothing, and each job whose
+// caller still waits is sent again in a statement of its own, so that only
+// the bad row's caller gets the error.
 type group[I, O any] struct {
 	// run sends the statement for jobs, which hold distinct IDs, and sets
-	// found and out of each job whose row the statement returned.
+	// found and out of each job whose row the statement returned. Its ctx
+	// ends at the timeout or when every caller of the round has left.
 	run     func(ctx context.Context, jobs []*job[I, O]) error
 	timeout time.Duration
 	slots   int // statements run at once; 0 means batchInFlight
@@ -69,16 +79,21 @@ type job[I, O any] struct {
 	id    store.ID
 	in    I
 	size  int
-	left  bool // the caller gave up before its round started (under group.mu)
+	left  bool // the caller gave up (under group.mu)
 	found bool // the statement returned the job's row
 	out   O
+	err   error // the statement's error, or the job's own (see group)
 }
 
 type round[I, O any] struct {
 	jobs  []*job[I, O]
 	bytes int
-	done  chan struct{} // closed when err and the jobs' results are set
-	err   error
+	done  chan struct{} // closed when the jobs' results and errors are set
+
+	// Set when the round starts (under group.mu): what ends its statement's
+	// context, and how many of its callers still wait for it.
+	cancel  context.CancelFunc
+	waiting int
 }
 
 // do adds a write to the next round that can take it and waits for the
@@ -95,10 +110,16 @@ func (g *group[I, O]) do(ctx context.Context, id store.ID, in I, size int) (out 
 	g.mu.Unlock()
 	select {
 	case <-r.done:
-		return j.out, j.found, r.err
+		return j.out, j.found, j.err
 	case <-ctx.Done():
 		g.mu.Lock()
 		j.left = true
+		if r.cancel != nil { // the round has started: j is in its statement
+			r.waiting--
+			if r.waiting == 0 {
+				r.cancel()
+			}
+		}
 		g.mu.Unlock()
 		return out, false, ctx.Err()
 	}
@@ -114,7 +135,9 @@ func (g *group[I, O]) alone(ctx context.Context, id store.ID, in I, _ int) (out 
 }
 
 // plainText says whether PostgreSQL takes every string as text: valid UTF-8
-// without NUL bytes. A write with other text is sent alone.
+// without NUL bytes. A write with other text is sent alone: a batch would
+// fail and its rows be sent again one by one (see group), so that a client
+// sending such text again and again would multiply the statements.
 func plainText(ss ...string) bool {
 	for _, s := range ss {
 		if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
@@ -177,11 +200,14 @@ func (g *group[I, O]) loop() {
 				jobs = append(jobs, j)
 			}
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
+		r.cancel, r.waiting = cancel, len(jobs)
 		g.inflight += len(jobs)
 		g.mu.Unlock()
 		if len(jobs) > 0 {
-			r.err = g.send(jobs)
+			g.send(ctx, jobs)
 		}
+		cancel()
 		close(r.done)
 		g.mu.Lock()
 		g.inflight -= len(jobs)
@@ -190,7 +216,37 @@ func (g *group[I, O]) loop() {
 	g.mu.Unlock()
 }
 
-// send runs one statement for jobs within the timeout. A statement that
+// send runs the round's statement for jobs and sets each job's error. A
+// batch refused for the data of a row wrote nothing: each job whose caller
+// still waits is then sent alone, within the same ctx.
+func (g *group[I, O]) send(ctx context.Context, jobs []*job[I, O]) {
+	err := g.statement(ctx, jobs)
+	if len(jobs) == 1 || !dataError(err) {
+		for _, j := range jobs {
+			j.err = err
+		}
+		return
+	}
+	for _, j := range jobs {
+		g.mu.Lock()
+		left := j.left
+		g.mu.Unlock()
+		if left {
+			j.err = err // nobody reads it
+			continue
+		}
+		j.err = g.statement(ctx, []*job[I, O]{j})
+	}
+}
+
+// dataError says whether PostgreSQL refused a statement for the data it was
+// given (SQLSTATE class 22 or 23) rather than for its own state.
+func dataError(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23"))
+}
+
+// statement runs one statement for jobs within ctx. A statement that
 // PostgreSQL aborted as a deadlock wrote nothing and is sent again: two
 // batches on shared rows (from two replicas, or a claim and a final answer)
 // may lock them in different orders.
@@ -198,14 +254,12 @@ func (g *group[I, O]) loop() {
 // A panic in the statement's code becomes the error of every caller in it,
 // with its stack: the statement runs on the group's goroutine, outside the
 // HTTP server's recovery, and its callers must not wait for ever.
-func (g *group[I, O]) send(jobs []*job[I, O]) (err error) {
+func (g *group[I, O]) statement(ctx context.Context, jobs []*job[I, O]) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("pgstore: batch statement panicked: %v\n%s", p, debug.Stack())
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
-	defer cancel()
 	for try := 1; ; try++ {
 		for _, j := range jobs {
 			var none O

@@ -2,10 +2,20 @@ package pgstore
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -33,5 +43,255 @@ func TestBatchPanicIsCallersError(t *testing.T) {
 	out, found, err := g.do(ctx, store.ID{Tenant: "t", Key: "b"}, "b", 1)
 	if err != nil || !found || out != "written b" {
 		t.Fatalf("do after the panicked statement = %q, %v, %v; want the next statement sent", out, found, err)
+	}
+}
+
+// lockRows holds rows of tenant "t" locked from another connection of db
+// until its transaction ends.
+func lockRows(t *testing.T, db *pgxpool.Pool, keys ...string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(ctx) })
+	bkeys := make([][]byte, len(keys))
+	for i, k := range keys {
+		bkeys[i] = []byte(k)
+	}
+	tag, err := tx.Exec(ctx, `SELECT 1 FROM idemproxy_records WHERE tenant = $1 AND key = ANY($2) FOR UPDATE`, []byte("t"), bkeys)
+	if err != nil || tag.RowsAffected() != int64(len(keys)) {
+		t.Fatalf("locking %v: %v rows, %v", keys, tag.RowsAffected(), err)
+	}
+	return tx
+}
+
+// lockWaiters waits until ok accepts the backends of the store (application
+// idemproxy) on db's database that wait for a lock, and returns them.
+func lockWaiters(t *testing.T, db *pgxpool.Pool, what string, ok func(pids []int32) bool) []int32 {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		rows, _ := db.Query(context.Background(), `SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'idemproxy' AND wait_event_type = 'Lock' ORDER BY pid`)
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok(pids) {
+			return pids
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: the store's backends waiting for a lock are %v", what, pids)
+		}
+	}
+}
+
+// TestRoundEndsWhenItsCallersLeave: the statement of a round whose callers
+// have all left ends, in the server too, while it waits for row locks held
+// by another transaction, with the call timeout an hour away; a caller that
+// leaves while another waits in its round does not end the statement, whose
+// write the other caller gets.
+func TestRoundEndsWhenItsCallersLeave(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	s, err := Open(ctx, Options{URL: url, TTL: time.Hour, CallTimeout: time.Hour, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	db, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	id := func(key string) store.ID { return store.ID{Tenant: "t", Key: key} }
+	req := store.Request{Fingerprint: []byte("fp")}
+	// Unknown records: the same request's claim takes each over.
+	for _, key := range []string{"h", "a", "b", "c", "d"} {
+		if _, _, err := s.Begin(ctx, id(key), req, "o1", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Park(ctx, id(key), "o1", store.Outcome{Attempts: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		rec     store.Record
+		created bool
+		err     error
+	}
+	begin := func(ctx context.Context, key, owner string) <-chan result {
+		res := make(chan result, 1)
+		go func() {
+			rec, created, err := s.Begin(ctx, id(key), req, owner, time.Minute)
+			res <- result{rec, created, err}
+		}()
+		return res
+	}
+	left := func(name string, res <-chan result) {
+		t.Helper()
+		if r := <-res; !errors.Is(r.err, context.Canceled) {
+			t.Errorf("Begin(%s) after its caller left = %+v; want context.Canceled", name, r)
+		}
+	}
+	one := func(pids []int32) bool { return len(pids) == 1 }
+
+	first := lockRows(t, db, "h", "a", "b")
+	second := lockRows(t, db, "c", "d")
+
+	// A round of one caller, who leaves.
+	hctx, leaveH := context.WithCancel(ctx)
+	h := begin(hctx, "h", "oh")
+	settle(t, s.claims, 1, 0)
+	hpid := lockWaiters(t, db, "h's claim to wait for its row", one)[0]
+	actx, leaveA := context.WithCancel(ctx)
+	a, b := begin(actx, "a", "oa"), begin(ctx, "b", "ob")
+	settle(t, s.claims, 1, 2)
+	leaveH()
+	left("h", h)
+	settle(t, s.claims, 2, 0)
+	lockWaiters(t, db, "h's statement to end in the server and a and b's to wait", func(pids []int32) bool {
+		return len(pids) == 1 && pids[0] != hpid
+	})
+
+	// A round of two callers, one of whom leaves: the other gets the write.
+	cctx, leaveC := context.WithCancel(ctx)
+	dctx, leaveD := context.WithCancel(ctx)
+	c, d := begin(cctx, "c", "oc"), begin(dctx, "d", "od")
+	settle(t, s.claims, 2, 2)
+	leaveA()
+	left("a", a)
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-b; r.err != nil || !r.created || r.rec.Owner != "ob" || r.rec.Fence != 2 {
+		t.Errorf("Begin(b), its round's other caller gone = %+v; want b taken over by ob, fence 2", r)
+	}
+
+	// A round of two callers, who both leave.
+	settle(t, s.claims, 2, 0)
+	lockWaiters(t, db, "c and d's statement to wait", one)
+	leaveC()
+	left("c", c)
+	leaveD()
+	left("d", d)
+	lockWaiters(t, db, "c and d's statement to end in the server", func(pids []int32) bool { return len(pids) == 0 })
+	settle(t, s.claims, 0, 0)
+	if err := second.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The statements cancelled in the server wrote nothing.
+	for _, key := range []string{"h", "c", "d"} {
+		rec, err := s.Get(ctx, id(key))
+		if err != nil || rec.State != store.Unknown || rec.Owner != "o1" || rec.Fence != 1 {
+			t.Errorf("Get(%s) = %+v, %v; want it as parked by o1: its claim's statement was cancelled", key, rec, err)
+		}
+	}
+	if _, created, err := s.Begin(ctx, id("c"), req, "oc2", time.Minute); err != nil || !created {
+		t.Errorf("Begin(c) afterwards = created %v, %v; want it taken over", created, err)
+	}
+}
+
+// TestBadRowFailsOnlyItsCaller: in a database whose encoding is EUC_JP, the
+// server takes the client's bytes as EUC_JP and refuses sequences that are
+// not, such as the UTF-8 of "€" (so it goes in a batch). A batch of claims,
+// and one of final answers, each with one such row among good ones, fails
+// only the bad row's caller: the batch is sent again one row at a time.
+func TestBadRowFailsOnlyItsCaller(t *testing.T) {
+	ctx := context.Background()
+	c := pgtest.Shared(t)
+	admin, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("eucjp_%d_%d", os.Getpid(), time.Now().UnixNano())
+	_, err = admin.Exec(ctx, `CREATE DATABASE `+name+` TEMPLATE template0 ENCODING 'EUC_JP' LC_COLLATE 'C' LC_CTYPE 'C'`)
+	admin.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(c.URL(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := relay(t, u.Host)
+	u.Host = w.l.Addr().String()
+	s := open(t, u.String(), time.Hour)
+
+	const bad = "€" // valid UTF-8, not EUC_JP
+	refused := func(err error) bool {
+		var pe *pgconn.PgError
+		return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22")
+	}
+	id := func(key string) store.ID { return store.ID{Tenant: "t", Key: key} }
+	type call struct{ key, upstreamKey, owner string }
+	// Claims: batchInFlight held on the wire, then one round of three.
+	calls := []call{{"good-1", "up-1", "o1"}, {"bad", bad, "o2"}, {"good-2", "up-2", "o3"}}
+	for i := range batchInFlight {
+		calls = append([]call{{"held-" + strconv.Itoa(i), "up", "o0"}}, calls...)
+	}
+	errs := make([]chan error, len(calls))
+	begin := func(i int) {
+		errs[i] = make(chan error, 1)
+		go func() {
+			req := store.Request{Fingerprint: []byte("fp"), UpstreamKey: calls[i].upstreamKey}
+			_, created, err := s.Begin(ctx, id(calls[i].key), req, calls[i].owner, time.Minute)
+			if err == nil && !created {
+				err = fmt.Errorf("Begin(%s) created nothing", calls[i].key)
+			}
+			errs[i] <- err
+		}()
+	}
+	w.hold()
+	occupy(t, s.claims, batchInFlight, begin)
+	for i := batchInFlight; i < len(calls); i++ {
+		begin(i)
+	}
+	settle(t, s.claims, batchInFlight, 3)
+	w.release()
+	for i, c := range calls {
+		err := <-errs[i]
+		switch {
+		case c.key == "bad" && !refused(err):
+			t.Errorf("Begin(bad) = %v; want PostgreSQL's refusal (SQLSTATE class 22)", err)
+		case c.key != "bad" && err != nil:
+			t.Errorf("Begin(%s), in a round with a bad row = %v; want its claim", c.key, err)
+		}
+	}
+	if _, err := s.Get(ctx, id("bad")); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get(bad) = %v; want ErrNotFound", err)
+	}
+
+	// Final answers: the bad one is by an owner the database refuses.
+	calls = append(calls[:batchInFlight], call{key: "good-1", owner: "o1"}, call{key: "good-2", owner: bad}, call{key: "good-2", owner: "o3"})
+	errs = make([]chan error, len(calls))
+	complete := func(i int) {
+		errs[i] = make(chan error, 1)
+		go func() {
+			errs[i] <- s.Complete(ctx, id(calls[i].key), calls[i].owner, store.Response{Status: 200, Body: []byte(calls[i].key)})
+		}()
+	}
+	w.hold()
+	occupy(t, s.completes, batchInFlight, complete)
+	complete(batchInFlight)
+	complete(batchInFlight + 1)
+	settle(t, s.completes, batchInFlight, 2)
+	complete(batchInFlight + 2) // a key already waiting: the next round
+	settle(t, s.completes, batchInFlight, 3)
+	w.release()
+	for i, c := range calls {
+		err := <-errs[i]
+		switch {
+		case c.owner == bad && !refused(err):
+			t.Errorf("Complete(%s) by %s = %v; want PostgreSQL's refusal (SQLSTATE class 22)", c.key, c.owner, err)
+		case c.owner != bad && err != nil:
+			t.Errorf("Complete(%s) by %s, in a round with a bad row = %v; want it written", c.key, c.owner, err)
+		}
+	}
+	for _, key := range []string{"good-1", "good-2"} {
+		if rec, err := s.Get(ctx, id(key)); err != nil || rec.State != store.Final || string(rec.Response.Body) != key {
+			t.Errorf("Get(%s) = %+v, %v; want its final answer", key, rec, err)
+		}
 	}
 }
