@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -641,8 +642,13 @@ func BenchmarkNewKeyAtRate(b *testing.B) {
 
 func benchmarkNewKeyAtRate(b *testing.B, inflight int) {
 	ctx := context.Background()
-	_, s, req, resp := benchStore(b, inflight, nil)
+	var settings []string
+	if v := os.Getenv("IDEMPROXY_BENCH_PG"); v != "" {
+		settings = strings.Split(v, ",")
+	}
+	c, s, req, resp := benchStore(b, inflight, settings)
 	const conns, rate = 16, 1000
+	server, client := serverCPU(c), processCPU()
 	took := make([]time.Duration, b.N)
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -672,4 +678,15 @@ func benchmarkNewKeyAtRate(b *testing.B, inflight int) {
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-µs")
+	b.ReportMetric(float64((serverCPU(c)-server).Microseconds())/float64(b.N), "server-cpu-µs/op")
+	b.ReportMetric(float64((processCPU()-client).Microseconds())/float64(b.N), "client-cpu-µs/op")
+}
+
+// processCPU is the CPU time this process has used so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -48,9 +48,11 @@ type phaseResult struct {
 	// upstream and the load generator itself, and per 10k 2xx responses.
 	ProxyCPU        float64          `json:"proxy_cpu_s"`
 	UpstreamCPU     float64          `json:"upstream_cpu_s"`
+	DBCPU           float64          `json:"db_cpu_s,omitempty"` // P: the part of ProxyCPU that is PostgreSQL's
 	GenCPU          float64          `json:"generator_cpu_s"`
 	ProxyCPUPer10k  float64          `json:"proxy_cpu_s_per_10k"`
 	UpCPUPer10k     float64          `json:"upstream_cpu_s_per_10k"`
+	DBCPUPer10k     float64          `json:"db_cpu_s_per_10k,omitempty"`
 	GenCPUPer10k    float64          `json:"generator_cpu_s_per_10k"`
 	PeakRSSMiB      float64          `json:"proxy_peak_rss_mib"`
 	PeakIsPhase     bool             `json:"peak_rss_is_per_phase"` // false: since process start
@@ -185,9 +187,10 @@ func (m *matrix) phase(ctx context.Context, t target, conns int, rate float64, d
 	upPids := m.t.up.pids()
 	self := []int{os.Getpid()}
 	peakExact := resetPeak(proxyPids)
-	var c0, c1 [3]float64
-	sample := func() [3]float64 {
-		return [3]float64{cpuSeconds(proxyPids), cpuSeconds(upPids), cpuSeconds(self)}
+	var dbPids []int
+	var c0, c1 [4]float64
+	sample := func() [4]float64 {
+		return [4]float64{cpuSeconds(proxyPids), cpuSeconds(upPids), cpuSeconds(self), cpuSeconds(dbPids)}
 	}
 	res, err := loadgen.Run(ctx, loadgen.Config{
 		Addr: t.addr, Addrs: addrs, Conns: conns, Warmup: m.o.warmup, Duration: d, Rate: rate,
@@ -195,8 +198,8 @@ func (m *matrix) phase(ctx context.Context, t target, conns int, rate float64, d
 		Window: func(open bool) {
 			if open {
 				if t.pg != nil { // the backends exist by now: the warm-up opened the pools
-					pg, _ := t.pg.Pids()
-					proxyPids = append(slices.Clone(rssPids), pg...)
+					dbPids, _ = t.pg.Pids()
+					proxyPids = append(slices.Clone(rssPids), dbPids...)
 				}
 				c0 = sample()
 			} else {
@@ -216,6 +219,7 @@ func (m *matrix) phase(ctx context.Context, t target, conns int, rate float64, d
 		ProxyCPU:    c1[0] - c0[0],
 		UpstreamCPU: c1[1] - c0[1],
 		GenCPU:      c1[2] - c0[2],
+		DBCPU:       c1[3] - c0[3],
 		Statuses:    res.Statuses, Errors: res.Errors,
 		PeakIsPhase:     peakExact,
 		LoadAvgAtFinish: loadAvg(),
@@ -226,12 +230,17 @@ func (m *matrix) phase(ctx context.Context, t target, conns int, rate float64, d
 	if res.OK > 0 {
 		per := 10000 / float64(res.OK)
 		pr.ProxyCPUPer10k, pr.UpCPUPer10k, pr.GenCPUPer10k = pr.ProxyCPU*per, pr.UpstreamCPU*per, pr.GenCPU*per
+		pr.DBCPUPer10k = pr.DBCPU * per
 	}
 	if t.wantReplays && res.Replayed != res.OK || !t.wantReplays && res.Replayed != 0 {
 		pr.ReplayMismatch = true
 	}
-	fmt.Printf("%-22s %-4s %-6s c=%-3d %9.0f req/s  p50 %7.3f  p99 %7.3f  p99.9 %7.3f ms  cpu/10k %.2fs  rss %.0f MiB  failed %d%s\n",
-		t.label, t.method, mode, conns, pr.RPS, pr.P50ms, pr.P99ms, pr.P999ms, pr.ProxyCPUPer10k, pr.PeakRSSMiB, pr.Failed,
+	db := ""
+	if t.pg != nil {
+		db = fmt.Sprintf(" (db %.2fs)", pr.DBCPUPer10k)
+	}
+	fmt.Printf("%-22s %-4s %-6s c=%-3d %9.0f req/s  p50 %7.3f  p99 %7.3f  p99.9 %7.3f ms  cpu/10k %.2fs%s  rss %.0f MiB  failed %d%s\n",
+		t.label, t.method, mode, conns, pr.RPS, pr.P50ms, pr.P99ms, pr.P999ms, pr.ProxyCPUPer10k, db, pr.PeakRSSMiB, pr.Failed,
 		map[bool]string{true: "  REPLAY MISMATCH", false: ""}[pr.ReplayMismatch])
 	return pr, nil
 }
