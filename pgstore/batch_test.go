@@ -143,14 +143,14 @@ func TestRoundEndsWhenItsCallersLeave(t *testing.T) {
 	// A round of one caller, who leaves.
 	hctx, leaveH := context.WithCancel(ctx)
 	h := begin(hctx, "h", "oh")
-	settle(t, s.claims, 1, 0)
+	settle(t, s.writes, 1, 0)
 	hpid := lockWaiters(t, db, "h's claim to wait for its row", one)[0]
 	actx, leaveA := context.WithCancel(ctx)
 	a, b := begin(actx, "a", "oa"), begin(ctx, "b", "ob")
-	settle(t, s.claims, 1, 2)
+	settle(t, s.writes, 1, 2)
 	leaveH()
 	left("h", h)
-	settle(t, s.claims, 2, 0)
+	settle(t, s.writes, 2, 0)
 	lockWaiters(t, db, "h's statement to end in the server and a and b's to wait", func(pids []int32) bool {
 		return len(pids) == 1 && pids[0] != hpid
 	})
@@ -159,7 +159,7 @@ func TestRoundEndsWhenItsCallersLeave(t *testing.T) {
 	cctx, leaveC := context.WithCancel(ctx)
 	dctx, leaveD := context.WithCancel(ctx)
 	c, d := begin(cctx, "c", "oc"), begin(dctx, "d", "od")
-	settle(t, s.claims, 2, 2)
+	settle(t, s.writes, 2, 2)
 	leaveA()
 	left("a", a)
 	if err := first.Commit(ctx); err != nil {
@@ -170,14 +170,14 @@ func TestRoundEndsWhenItsCallersLeave(t *testing.T) {
 	}
 
 	// A round of two callers, who both leave.
-	settle(t, s.claims, 2, 0)
+	settle(t, s.writes, 2, 0)
 	lockWaiters(t, db, "c and d's statement to wait", one)
 	leaveC()
 	left("c", c)
 	leaveD()
 	left("d", d)
 	lockWaiters(t, db, "c and d's statement to end in the server", func(pids []int32) bool { return len(pids) == 0 })
-	settle(t, s.claims, 0, 0)
+	settle(t, s.writes, 0, 0)
 	if err := second.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -244,11 +244,11 @@ func TestBadRowFailsOnlyItsCaller(t *testing.T) {
 		}()
 	}
 	w.hold()
-	occupy(t, s.claims, batchInFlight, begin)
+	occupy(t, s.writes, batchInFlight, begin)
 	for i := batchInFlight; i < len(calls); i++ {
 		begin(i)
 	}
-	settle(t, s.claims, batchInFlight, 3)
+	settle(t, s.writes, batchInFlight, 3)
 	w.release()
 	for i, c := range calls {
 		err := <-errs[i]
@@ -273,12 +273,12 @@ func TestBadRowFailsOnlyItsCaller(t *testing.T) {
 		}()
 	}
 	w.hold()
-	occupy(t, s.completes, batchInFlight, complete)
+	occupy(t, s.writes, batchInFlight, complete)
 	complete(batchInFlight)
 	complete(batchInFlight + 1)
-	settle(t, s.completes, batchInFlight, 2)
+	settle(t, s.writes, batchInFlight, 2)
 	complete(batchInFlight + 2) // a key already waiting: the next round
-	settle(t, s.completes, batchInFlight, 3)
+	settle(t, s.writes, batchInFlight, 3)
 	w.release()
 	for i, c := range calls {
 		err := <-errs[i]

@@ -219,7 +219,7 @@ func benchStore(b *testing.B, inflight int, settings []string) (*pgtest.Cluster,
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { s.Close() })
-	s.claims.slots, s.completes.slots = inflight, inflight
+	s.writes.slots = inflight
 	req := store.Request{Fingerprint: make([]byte, 32), Method: "POST", Path: "/v1/charges", UpstreamKey: "0123456789abcdef0123456789abcdef"}
 	resp := store.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 300)}
 	return c, s, req, resp
@@ -373,7 +373,7 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 		}
 		return w.take()['E'] // Execute: one per statement run
 	}
-	claimed := all(s.claims, func(i int) error {
+	claimed := all(s.writes, func(i int) error {
 		rec, created, err := s.Begin(ctx, id(i), req(i), owner(i), time.Minute)
 		if err == nil && (!created || rec.ID != id(i) || rec.Owner != owner(i) || rec.Fence != 1 ||
 			string(rec.Fingerprint) != string(req(i).Fingerprint) || rec.UpstreamKey != req(i).UpstreamKey) {
@@ -381,7 +381,7 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 		}
 		return err
 	})
-	completed := all(s.completes, func(i int) error { return s.Complete(ctx, id(i), owner(i), resp(i)) })
+	completed := all(s.writes, func(i int) error { return s.Complete(ctx, id(i), owner(i), resp(i)) })
 	t.Logf("%d concurrent new keys: %d claim statements, %d final answer statements", n, claimed, completed)
 	if want := batchInFlight + 1; claimed != want || completed != want {
 		t.Errorf("%d concurrent new keys took %d claim and %d final answer statements; want %d each", n, claimed, completed, want)
@@ -391,6 +391,66 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 		if err != nil || rec.State != store.Final || rec.Response.Status != resp(i).Status ||
 			string(rec.Response.Body) != string(resp(i).Body) || rec.Response.Header.Get("X-Key") != strconv.Itoa(i) {
 			t.Errorf("Get(%s) = %+v, %v; want its own final answer", id(i).Key, rec, err)
+		}
+	}
+}
+
+// TestClaimsAndFinalAnswersShareAStatement holds one claim on the wire
+// while the final answers of 32 claimed keys and the claims of 32 new keys
+// arrive at once: they wait in one round and go as one statement, so the
+// 64 writes cost one commit, and each caller gets its own row's result.
+func TestClaimsAndFinalAnswersShareAStatement(t *testing.T) {
+	ctx := context.Background()
+	s, w := relayed(t)
+	id := func(i int) store.ID { return store.ID{Tenant: "t", Key: "key-" + strconv.Itoa(i)} }
+	owner := func(i int) string { return "owner-" + strconv.Itoa(i) }
+	req := func(i int) store.Request {
+		return store.Request{Fingerprint: []byte("fp-" + strconv.Itoa(i)), Method: "POST", Path: "/v1/charges", UpstreamKey: "up-" + strconv.Itoa(i)}
+	}
+	resp := func(i int) store.Response {
+		return store.Response{Status: 200 + i, Header: http.Header{"X-Key": {strconv.Itoa(i)}}, Body: []byte(`{"id":"ch_` + strconv.Itoa(i) + `"}`)}
+	}
+	begin := func(i int) error {
+		rec, created, err := s.Begin(ctx, id(i), req(i), owner(i), time.Minute)
+		if err == nil && (!created || rec.ID != id(i) || rec.Owner != owner(i) || rec.Fence != 1 || rec.CreatedAt.IsZero()) {
+			err = fmt.Errorf("Begin(%s) = %+v, created %v; want its own new record", id(i).Key, rec, created)
+		}
+		return err
+	}
+	const half = batchRows / 2
+	for i := range half { // claimed keys, 0 to 31: their final answers come below
+		if err := begin(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.take()
+	w.hold()
+	errs := make(chan error, 2*half+1)
+	go func() { errs <- begin(-1) }()
+	settle(t, s.writes, 1, 0)
+	for i := range half {
+		go func() { errs <- s.Complete(ctx, id(i), owner(i), resp(i)) }()
+		go func() { errs <- begin(half + i) }()
+	}
+	settle(t, s.writes, 1, 2*half)
+	w.release()
+	for range 2*half + 1 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if n := w.take()['E']; n != 2 {
+		t.Errorf("the held claim and %d writes after it took %d statements; want 2", 2*half, n)
+	}
+	for i := range 2 * half {
+		rec, err := s.Get(ctx, id(i))
+		switch {
+		case err != nil:
+			t.Errorf("Get(%s): %v", id(i).Key, err)
+		case i < half && (rec.State != store.Final || rec.Response.Status != resp(i).Status || rec.Response.Header.Get("X-Key") != strconv.Itoa(i)):
+			t.Errorf("Get(%s) = %+v; want its own final answer", id(i).Key, rec)
+		case i >= half && (rec.State != store.InFlight || rec.Owner != owner(i)):
+			t.Errorf("Get(%s) = %+v; want its own claim, in flight", id(i).Key, rec)
 		}
 	}
 }
@@ -428,14 +488,14 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 		}()
 	}
 	w.hold()
-	occupy(t, s.claims, batchInFlight, begin)
+	occupy(t, s.writes, batchInFlight, begin)
 	for i := batchInFlight; i < len(calls); i++ {
 		begin(i)
 	}
-	settle(t, s.claims, batchInFlight, len(calls)-batchInFlight)
-	s.claims.mu.Lock()
-	rounds := len(s.claims.queue)
-	s.claims.mu.Unlock()
+	settle(t, s.writes, batchInFlight, len(calls)-batchInFlight)
+	s.writes.mu.Lock()
+	rounds := len(s.writes.queue)
+	s.writes.mu.Unlock()
 	if n := rounds; n != 2 {
 		t.Errorf("%d rounds wait; want 2 (the second of each key in the later one)", n)
 	}
@@ -473,7 +533,7 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 	loser := map[string]string{"o1": "o2", "o2": "o1"}[winner["same"]]
 	w.hold()
 	errs := make(chan error, batchInFlight+2)
-	occupy(t, s.completes, batchInFlight, func(i int) {
+	occupy(t, s.writes, batchInFlight, func(i int) {
 		go func() {
 			errs <- s.Complete(ctx, store.ID{Tenant: "t", Key: "held-" + strconv.Itoa(i)}, "o0", store.Response{Status: 200})
 		}()
@@ -489,7 +549,7 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 			errs <- err
 		}()
 	}
-	settle(t, s.completes, batchInFlight, 2)
+	settle(t, s.writes, batchInFlight, 2)
 	w.release()
 	for range batchInFlight + 2 {
 		if err := <-errs; err != nil {
@@ -518,20 +578,20 @@ func TestCallerLeavesBatch(t *testing.T) {
 	w.hold()
 	sent, leave := context.WithCancel(context.Background())
 	inflight := begin(sent, "sent")
-	settle(t, s.claims, 1, 0)
+	settle(t, s.writes, 1, 0)
 	var others []<-chan error // the other statements that fill the slots
 	for i := 1; i < batchInFlight; i++ {
 		others = append(others, begin(context.Background(), "other-"+strconv.Itoa(i)))
-		settle(t, s.claims, i+1, 0)
+		settle(t, s.writes, i+1, 0)
 	}
 	waiting, leaveQueue := context.WithCancel(context.Background())
 	queued := begin(waiting, "queued")
-	settle(t, s.claims, batchInFlight, 1)
+	settle(t, s.writes, batchInFlight, 1)
 	leaveQueue()
 	if err := <-queued; !errors.Is(err, context.Canceled) {
 		t.Errorf("Begin left while queued = %v; want context.Canceled", err)
 	}
-	settle(t, s.claims, batchInFlight, 0)
+	settle(t, s.writes, batchInFlight, 0)
 	leave()
 	if err := <-inflight; !errors.Is(err, context.Canceled) {
 		t.Errorf("Begin left while on the wire = %v; want context.Canceled", err)
@@ -542,7 +602,7 @@ func TestCallerLeavesBatch(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	settle(t, s.claims, 0, 0)
+	settle(t, s.writes, 0, 0)
 	if _, err := s.Get(context.Background(), store.ID{Tenant: "t", Key: "queued"}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Get(queued) = %v; want ErrNotFound: its caller left before its round", err)
 	}
@@ -570,10 +630,10 @@ func TestRefusedTextGoesAlone(t *testing.T) {
 	}
 	w.hold()
 	var held []<-chan error
-	occupy(t, s.claims, batchInFlight, func(i int) { held = append(held, begin("held-"+strconv.Itoa(i), "up")) })
+	occupy(t, s.writes, batchInFlight, func(i int) { held = append(held, begin("held-"+strconv.Itoa(i), "up")) })
 	good := []<-chan error{begin("a", "up-a"), begin("b", "up-b")}
 	bad := begin("bad", "\xff")
-	settle(t, s.claims, batchInFlight, 2)
+	settle(t, s.writes, batchInFlight, 2)
 	w.release()
 	for _, errs := range append(good, held...) {
 		if err := <-errs; err != nil {
@@ -605,17 +665,17 @@ func TestStatementsInFlight(t *testing.T) {
 	w.take()
 	w.hold()
 	var calls []<-chan error
-	occupy(t, s.claims, batchInFlight, func(i int) { calls = append(calls, begin("held-"+strconv.Itoa(i))) })
+	occupy(t, s.writes, batchInFlight, func(i int) { calls = append(calls, begin("held-"+strconv.Itoa(i))) })
 	for deadline := time.Now().Add(30 * time.Second); w.stopped() != batchInFlight; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d connections hold a message; want %d, one per statement", w.stopped(), batchInFlight)
 		}
 	}
 	calls = append(calls, begin("next"))
-	settle(t, s.claims, batchInFlight, 1)
-	s.claims.mu.Lock()
-	running := s.claims.running
-	s.claims.mu.Unlock()
+	settle(t, s.writes, batchInFlight, 1)
+	s.writes.mu.Lock()
+	running := s.writes.running
+	s.writes.mu.Unlock()
 	if running != batchInFlight || w.stopped() != batchInFlight {
 		t.Errorf("%d statements running, %d on the wire, with a caller waiting; want %d", running, w.stopped(), batchInFlight)
 	}
@@ -628,7 +688,7 @@ func TestStatementsInFlight(t *testing.T) {
 	if n := w.take()['E']; n != batchInFlight+1 {
 		t.Errorf("%d claims took %d statements; want %d, one each", batchInFlight+1, n, batchInFlight+1)
 	}
-	settle(t, s.claims, 0, 0)
+	settle(t, s.writes, 0, 0)
 }
 
 // BenchmarkNewKeyAtRate sends new keys (claim, then final answer) at a

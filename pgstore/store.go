@@ -67,9 +67,9 @@ type Store struct {
 	loops  sync.WaitGroup
 	once   sync.Once
 
-	// Claims and final answers of concurrent requests share statements.
-	claims    *group[claimArgs, store.Record]
-	completes *group[completeArgs, struct{}]
+	// Claims and final answers of concurrent requests share statements:
+	// one statement, and so one commit, per round for both (see writeBatch).
+	writes *group[writeArgs, store.Record]
 }
 
 var _ store.Store = (*Store)(nil)
@@ -96,8 +96,7 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("pgstore: %w", redact(err))
 	}
 	s := &Store{pool: pool, opt: opt, stop: make(chan struct{})}
-	s.claims = &group[claimArgs, store.Record]{run: s.claimBatch, timeout: opt.CallTimeout}
-	s.completes = &group[completeArgs, struct{}]{run: s.completeBatch, timeout: opt.CallTimeout}
+	s.writes = &group[writeArgs, store.Record]{run: s.writeBatch, timeout: opt.CallTimeout}
 	err = s.migrate(ctx)
 	switch {
 	case err == nil:
@@ -291,6 +290,12 @@ WHERE r.expires_at <= now()
 	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now())
 RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body`
 
+// writeArgs is one key's part of a round: a claim or a final answer.
+type writeArgs struct {
+	claim    *claimArgs
+	complete *completeArgs
+}
+
 // claimArgs is one key's part of a batch of claims.
 type claimArgs struct {
 	req   store.Request
@@ -310,15 +315,16 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 	}
 	var rec store.Record
 	var created bool
-	claim := s.claims.do
+	claim := s.writes.do
 	if !plainText(owner, req.Method, req.Path, req.UpstreamKey) {
-		claim = s.claims.alone
+		claim = s.writes.alone
 	}
+	in := writeArgs{claim: &claimArgs{req: req, owner: owner, lease: lease}}
 	err := s.call(ctx, "begin", &id, func(ctx context.Context) error {
 		// The read and the claim are separate statements: a record that is
 		// deleted or expires between them is claimed on the next round.
 		for range 10 {
-			r, claimed, err := claim(ctx, id, claimArgs{req: req, owner: owner, lease: lease}, 0)
+			r, claimed, err := claim(ctx, id, in, 0)
 			if err != nil {
 				return err
 			}
@@ -340,47 +346,120 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 	return rec, created, err
 }
 
-// claimBatch sends one claims statement for jobs and hands each job the
-// record its row says it claimed.
-func (s *Store) claimBatch(ctx context.Context, jobs []*job[claimArgs, store.Record]) error {
+// writeBatch sends one statement for the jobs of a round, claims and final
+// answers together, and hands each claim the record its row says it claimed
+// and each final answer whether its row was written. One statement is one
+// commit, so a round costs one WAL flush whatever it holds.
+func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Record]) error {
 	sortJobs(jobs)
-	n := len(jobs)
-	tenants, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
-	owners, methods, paths, ups := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	leases := make([]int64, n)
-	for i, j := range jobs {
-		tenants[i], keys[i], fps[i] = []byte(j.id.Tenant), []byte(j.id.Key), j.in.req.Fingerprint
-		owners[i], leases[i] = j.in.owner, micros(j.in.lease)
-		methods[i], paths[i], ups[i] = j.in.req.Method, j.in.req.Path, j.in.req.UpstreamKey
+	n := 0
+	for _, j := range jobs {
+		if j.in.claim != nil {
+			n++
+		}
 	}
-	rows, err := s.pool.Query(ctx, claims, micros(s.opt.TTL), tenants, keys, fps, owners, leases, methods, paths, ups)
+	c, f := newClaimCols(n), newCompleteCols(len(jobs)-n)
+	for _, j := range jobs {
+		if j.in.claim != nil {
+			c.add(j.id, j.in.claim)
+		} else {
+			f.add(j.id, j.in.complete)
+		}
+	}
+	var rows pgx.Rows
+	var err error
+	ttl := micros(s.opt.TTL)
+	switch {
+	case f.n == 0:
+		rows, err = s.pool.Query(ctx, claims, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups)
+	case c.n == 0:
+		rows, err = s.pool.Query(ctx, completes, ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies)
+	default:
+		rows, err = s.pool.Query(ctx, both, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups,
+			f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies)
+	}
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
+	// Rows are (claim, tenant, key, what a claim returns) in the statement
+	// of both, (tenant, key) of final answers alone, and the rest of claims.
+	var claim bool
+	var tenant, key []byte
+	var r store.Record
+	var lease, sent, expires *time.Time
+	dest := []any{&claim, &tenant, &key, &r.Fence, &lease, &r.CreatedAt, &expires, &sent,
+		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody}
+	switch {
+	case c.n == 0:
+		dest = dest[1:3]
+	case f.n == 0:
+		dest = dest[1:]
+	}
 	for rows.Next() {
-		var tenant, key []byte
-		var r store.Record
-		var lease, sent, expires *time.Time
-		err := rows.Scan(&tenant, &key, &r.Fence, &lease, &r.CreatedAt, &expires, &sent,
-			&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody)
-		if err != nil {
+		claim, r = f.n == 0, store.Record{}
+		if err := rows.Scan(dest...); err != nil {
 			return err
 		}
-		j := findJob(jobs, tenant, key)
+		j := findJob(jobs, tenant, key, claim)
 		if j == nil {
-			return errors.New("the claim returned a key it was not asked for")
+			return errors.New("the write returned a key it was not asked for")
+		}
+		j.found = true
+		if !claim {
+			continue
 		}
 		// Only what the claim did not set from its arguments came back (a
 		// claimed record has no response, and a final or superseded one is
 		// never claimed).
-		r.ID, r.State, r.Owner = j.id, store.InFlight, j.in.owner
-		r.Fingerprint = bytes.Clone(j.in.req.Fingerprint)
-		r.Method, r.Path, r.UpstreamKey = j.in.req.Method, j.in.req.Path, j.in.req.UpstreamKey
+		in := j.in.claim
+		r.ID, r.State, r.Owner = j.id, store.InFlight, in.owner
+		r.Fingerprint = bytes.Clone(in.req.Fingerprint)
+		r.Method, r.Path, r.UpstreamKey = in.req.Method, in.req.Path, in.req.UpstreamKey
 		settleTimes(&r, lease, sent, expires)
-		j.out, j.found = r, true
+		j.out = r
 	}
 	return rows.Err()
+}
+
+// claimCols are the claims statement's arrays, one element per key.
+type claimCols struct {
+	n                           int
+	tenants, keys, fps          [][]byte
+	owners, methods, paths, ups []string
+	leases                      []int64
+}
+
+func newClaimCols(n int) claimCols {
+	return claimCols{tenants: make([][]byte, 0, n), keys: make([][]byte, 0, n), fps: make([][]byte, 0, n),
+		owners: make([]string, 0, n), methods: make([]string, 0, n), paths: make([]string, 0, n), ups: make([]string, 0, n),
+		leases: make([]int64, 0, n)}
+}
+
+func (c *claimCols) add(id store.ID, a *claimArgs) {
+	c.n++
+	c.tenants, c.keys, c.fps = append(c.tenants, []byte(id.Tenant)), append(c.keys, []byte(id.Key)), append(c.fps, a.req.Fingerprint)
+	c.owners, c.leases = append(c.owners, a.owner), append(c.leases, micros(a.lease))
+	c.methods, c.paths, c.ups = append(c.methods, a.req.Method), append(c.paths, a.req.Path), append(c.ups, a.req.UpstreamKey)
+}
+
+// completeCols are the final answers statement's arrays, one element per key.
+type completeCols struct {
+	n                              int
+	tenants, keys, headers, bodies [][]byte
+	owners                         []string
+	statuses                       []int32
+}
+
+func newCompleteCols(n int) completeCols {
+	return completeCols{tenants: make([][]byte, 0, n), keys: make([][]byte, 0, n), headers: make([][]byte, 0, n),
+		bodies: make([][]byte, 0, n), owners: make([]string, 0, n), statuses: make([]int32, 0, n)}
+}
+
+func (f *completeCols) add(id store.ID, a *completeArgs) {
+	f.n++
+	f.tenants, f.keys, f.owners = append(f.tenants, []byte(id.Tenant)), append(f.keys, []byte(id.Key)), append(f.owners, a.owner)
+	f.statuses, f.headers, f.bodies = append(f.statuses, a.status), append(f.headers, a.header), append(f.bodies, a.body)
 }
 
 // sortJobs orders a batch by tenant and key, the order of the table's
@@ -395,10 +474,11 @@ func sortJobs[I, O any](jobs []*job[I, O]) {
 	})
 }
 
-// findJob is the job of a returned row's tenant and key, or nil.
-func findJob[I, O any](jobs []*job[I, O], tenant, key []byte) *job[I, O] {
+// findJob is the claim (or, with claim false, the final answer) of a
+// returned row's tenant and key, or nil.
+func findJob(jobs []*job[writeArgs, store.Record], tenant, key []byte, claim bool) *job[writeArgs, store.Record] {
 	for _, j := range jobs {
-		if j.id.Tenant == string(tenant) && j.id.Key == string(key) {
+		if j.id.Tenant == string(tenant) && j.id.Key == string(key) && (j.in.claim != nil) == claim {
 			return j
 		}
 	}
@@ -425,19 +505,33 @@ func (s *Store) get(ctx context.Context, id store.ID) (store.Record, error) {
 // tenant, $2 the key, $3 the owner (see ownerWrite).
 const owned = `tenant = $1 AND key = $2 AND owner = $3 AND state = 1 AND ` + live
 
-// completes is Complete's one statement, for a batch of keys (see group):
-// each row becomes final only if it is still its caller's live in-flight
-// record, as owned says for one. $1 is the TTL (expiry); the arrays are one
-// element per key: $2 tenant, $3 key, $4 owner, $5 status, $6 header, $7
-// body. It returns the keys it wrote.
-const completes = `
+// completesFrom is Complete's one statement, for a batch of keys (see
+// group): each row becomes final only if it is still its caller's live
+// in-flight record, as owned says for one. $1 is the TTL (expiry); the
+// arrays are one element per key, from $<first> on: tenant, key, owner,
+// status, header, body. It returns the keys it wrote.
+func completesFrom(first int) string {
+	return fmt.Sprintf(`
 UPDATE idemproxy_records AS t SET state = 2, lease_until = NULL,
-	status = v.status, header = v.header, body = v.body, last_body = NULL, expires_at = ` + batchExpiry + `
-FROM unnest($2::bytea[], $3::bytea[], $4::text[], $5::integer[], $6::bytea[], $7::bytea[])
+	status = v.status, header = v.header, body = v.body, last_body = NULL, expires_at = `+batchExpiry+`
+FROM unnest($%d::bytea[], $%d::bytea[], $%d::text[], $%d::integer[], $%d::bytea[], $%d::bytea[])
 	AS v(tenant, key, owner, status, header, body)
 WHERE t.tenant = v.tenant AND t.key = v.key AND t.owner = v.owner AND t.state = 1
 	AND (t.expires_at IS NULL OR t.expires_at > now())
-RETURNING t.tenant, t.key`
+RETURNING t.tenant, t.key`, first, first+1, first+2, first+3, first+4, first+5)
+}
+
+// The statements of a round (see writeBatch): claims alone, final answers
+// alone, or both in one statement. In both, each part writes distinct rows
+// (a round holds each key once), and the rows of both come back, the final
+// answers' with placeholders for what only a claim returns.
+var (
+	completes = completesFrom(2)
+	both      = `WITH c AS (` + claims + `), f AS (` + completesFrom(10) + `)
+SELECT true, tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body FROM c
+UNION ALL
+SELECT false, tenant, key, 0, NULL, now(), NULL, NULL, 0, '', NULL FROM f`
+)
 
 // completeArgs is one key's part of a batch of final answers.
 type completeArgs struct {
@@ -461,10 +555,10 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 	if resp.Status < 0 || resp.Status > math.MaxInt32 {
 		return fmt.Errorf("pgstore: complete: status %d out of range", resp.Status)
 	}
-	in := completeArgs{owner: owner, status: int32(resp.Status), header: header, body: nonNil(resp.Body)}
-	complete := s.completes.do
+	in := writeArgs{complete: &completeArgs{owner: owner, status: int32(resp.Status), header: header, body: nonNil(resp.Body)}}
+	complete := s.writes.do
 	if !plainText(owner) {
-		complete = s.completes.alone
+		complete = s.writes.alone
 	}
 	return s.call(ctx, "complete", &id, func(ctx context.Context) error {
 		_, written, err := complete(ctx, id, in, int(n))
@@ -473,36 +567,6 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 		}
 		return err
 	})
-}
-
-// completeBatch sends one completes statement for jobs and marks the jobs
-// whose rows it wrote.
-func (s *Store) completeBatch(ctx context.Context, jobs []*job[completeArgs, struct{}]) error {
-	sortJobs(jobs)
-	n := len(jobs)
-	tenants, keys, headers, bodies := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
-	owners, statuses := make([]string, n), make([]int32, n)
-	for i, j := range jobs {
-		tenants[i], keys[i], owners[i] = []byte(j.id.Tenant), []byte(j.id.Key), j.in.owner
-		statuses[i], headers[i], bodies[i] = j.in.status, j.in.header, j.in.body
-	}
-	rows, err := s.pool.Query(ctx, completes, micros(s.opt.TTL), tenants, keys, owners, statuses, headers, bodies)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var tenant, key []byte
-		if err := rows.Scan(&tenant, &key); err != nil {
-			return err
-		}
-		j := findJob(jobs, tenant, key)
-		if j == nil {
-			return errors.New("the final answer returned a key it was not asked for")
-		}
-		j.found = true
-	}
-	return rows.Err()
 }
 
 // Abandon implements store.Store.Abandon.
