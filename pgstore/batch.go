@@ -22,7 +22,7 @@ const (
 	batchBytes = 4 << 20
 )
 
-// batchInFlight is how many statements of one kind a replica runs at once.
+// batchInFlight is how many write statements a replica runs at once.
 // With one, a request arriving just after a statement was sent waits for it
 // to end before its own goes (once for its claim, once for its final
 // answer); with two, it waits only when two are running. Measured, two cost
@@ -33,8 +33,8 @@ const (
 // running statement holds a pooled connection.
 const batchInFlight = 1
 
-// group sends one kind of write for many concurrent callers as one statement
-// per round (leader/follower, like group commit): a caller arriving while
+// group sends the writes of many concurrent callers as one statement per
+// round (leader/follower, like group commit): a caller arriving while
 // fewer than slots statements run is sent at once, with no timer; callers
 // that arrive while slots statements run join the waiting round, which is
 // sent as soon as one of them ends. A lone caller's write is therefore one
