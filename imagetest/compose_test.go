@@ -43,6 +43,30 @@ func readmeComposeCommands(t *testing.T, root, prefix string) []string {
 	return cmds
 }
 
+// readmeSetup are the lines of the README's sh block holding the line up
+// (the example's `docker compose … up`) that come before it, comments left
+// out: what a person runs first, in the repository, to make the secret files.
+func readmeSetup(t *testing.T, root, up string) []string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, block := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
+		var setup []string
+		for _, line := range strings.Split(strings.ReplaceAll(block[1], "\\\n", " "), "\n") {
+			if line == up {
+				return setup
+			}
+			if line != "" && !strings.HasPrefix(line, "#") {
+				setup = append(setup, line)
+			}
+		}
+	}
+	t.Fatalf("the README has no sh block with the line %q", up)
+	return nil
+}
+
 // composeProject brings file up as a project of its own, with this run's
 // images (and the stand-ins for the ones it would pull), and takes it down after t.
 type composeProject struct {
@@ -50,21 +74,44 @@ type composeProject struct {
 	env  []string
 }
 
-func upCompose(t *testing.T, img images, file string) composeProject {
+// upCompose runs the README's setup lines before its line up in a
+// directory of the test's own, points file's secrets at the files they made
+// (each secret's file is ${<NAME>_FILE:-./secrets/<name>} in the compose
+// file), and brings file up.
+func upCompose(t *testing.T, img images, file, up string) composeProject {
 	t.Helper()
 	compose := composeCommand()
 	if compose == nil {
 		t.Fatal("docker answers but neither `docker compose` nor docker-compose is installed")
 	}
-	secretFile := filepath.Join(t.TempDir(), "provider_secret")
-	if err := os.WriteFile(secretFile, []byte(randomHex(32)+"\n"), 0o644); err != nil {
+	yaml, err := os.ReadFile(filepath.Join(img.root, file))
+	if err != nil {
 		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, line := range readmeSetup(t, img.root, up) {
+		sh := exec.Command("sh", "-c", line)
+		sh.Dir = dir
+		if out, err := sh.CombinedOutput(); err != nil {
+			t.Fatalf("README setup line %s: %v\n%s", line, err, out)
+		}
+	}
+	made, err := os.ReadDir(filepath.Join(dir, "secrets"))
+	if err != nil || len(made) == 0 {
+		t.Fatalf("the README's setup lines for %s made no secret files: %v", file, err)
+	}
+	env := append(os.Environ(), "IDEMPROXY_IMAGE="+img.proxy, "SANDBOX_IMAGE="+img.sandbox,
+		"LEGACY_APP_IMAGE="+img.bases.Debian, "POSTGRES_IMAGE="+img.bases.Postgres)
+	for _, f := range made {
+		v := strings.ToUpper(f.Name()) + "_FILE"
+		if !strings.Contains(string(yaml), "file: ${"+v+":-./secrets/"+f.Name()+"}") {
+			t.Fatalf("the README makes secrets/%s, but %s does not read it as ${%s:-./secrets/%s}", f.Name(), file, v, f.Name())
+		}
+		env = append(env, v+"="+filepath.Join(dir, "secrets", f.Name()))
 	}
 	p := composeProject{
 		base: append(compose, "-p", uniqueName("compose"), "-f", filepath.Join(img.root, file)),
-		env: append(os.Environ(), "IDEMPROXY_IMAGE="+img.proxy, "SANDBOX_IMAGE="+img.sandbox,
-			"LEGACY_APP_IMAGE="+img.bases.Debian, "POSTGRES_IMAGE="+img.bases.Postgres,
-			"PROVIDER_SECRET_FILE="+secretFile),
+		env:  env,
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -130,7 +177,7 @@ func checkOnce(t *testing.T, outs []string, order string) {
 func TestComposeExample(t *testing.T) {
 	t.Parallel()
 	img := need(t)
-	p := upCompose(t, img, "compose.yaml")
+	p := upCompose(t, img, "compose.yaml", "docker compose up --build -d")
 	outs := p.readme(t, img.root, "docker compose exec ")
 	checkOnce(t, outs, "order-1")
 	if len(outs) < 4 || !strings.Contains(outs[3], "idemproxy_requests_total") {
@@ -139,11 +186,13 @@ func TestComposeExample(t *testing.T) {
 }
 
 // The README's replicas example: two idemproxy containers on one PostgreSQL
-// (the Debian-packaged stand-in); the repeat goes to the other replica.
+// (the Debian-packaged stand-in), the database password and the store URL
+// from secret files the README's lines make; the repeat goes to the other
+// replica.
 func TestComposeReplicasExample(t *testing.T) {
 	t.Parallel()
 	img := need(t)
-	p := upCompose(t, img, "compose.replicas.yaml")
+	p := upCompose(t, img, "compose.replicas.yaml", "docker compose -f compose.replicas.yaml up --build -d")
 	outs := p.readme(t, img.root, "docker compose -f compose.replicas.yaml exec ")
 	checkOnce(t, outs, "order-2")
 }

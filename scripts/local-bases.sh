@@ -14,8 +14,9 @@
 #                                               /tmp, /home/nonroot, user 65532
 #   idemproxy-local/postgres:15                 that Debian plus Debian's postgresql-15,
 #                                               started as the official postgres image is
-#                                               (POSTGRES_USER, POSTGRES_PASSWORD,
-#                                               POSTGRES_DB, data in /var/lib/postgresql/data)
+#                                               (POSTGRES_USER, POSTGRES_PASSWORD or
+#                                               POSTGRES_PASSWORD_FILE, POSTGRES_DB, data
+#                                               in /var/lib/postgresql/data)
 #
 # Each image is made once per machine and kept (the first run takes a few
 # minutes for debootstrap; later runs take a second). It prints the build
@@ -34,7 +35,10 @@
 set -euo pipefail
 
 # Bump when what the images contain changes: older images are then made again.
+# The PostgreSQL stand-in has its own revision, so that changing only it does
+# not debootstrap Debian again.
 rev=1
+postgres_rev=2
 label=org.idemproxy.local-bases
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 goroot=${GOROOT:-$(go env GOROOT 2>/dev/null || echo /usr/local/go)}
@@ -48,10 +52,11 @@ postgres_image=idemproxy-local/postgres:15
 
 log() { echo "local-bases: $*" >&2; }
 
-# current IMAGE: true when IMAGE exists and was made by this revision of the script.
+# current IMAGE [REV]: true when IMAGE exists and was made by revision REV
+# (default $rev) of the script.
 current() {
 	[[ ${LOCAL_BASES_REBUILD:-} != 1 ]] &&
-		[[ $(docker image inspect -f "{{index .Config.Labels \"$label\"}}" "$1" 2>/dev/null) == "$rev" ]]
+		[[ $(docker image inspect -f "{{index .Config.Labels \"$label\"}}" "$1" 2>/dev/null) == "${2:-$rev}" ]]
 }
 
 make_debian() {
@@ -139,10 +144,15 @@ make_postgres() {
 	cat >"$ctx/entrypoint.sh" <<'ENTRYPOINT'
 #!/bin/sh
 # The official postgres image's contract, in short: a new data directory is
-# initialised with POSTGRES_USER, POSTGRES_PASSWORD and POSTGRES_DB, then the
-# server runs as postgres, as PID 1, listening on every address.
+# initialised with POSTGRES_USER, POSTGRES_PASSWORD (or POSTGRES_PASSWORD_FILE,
+# a secret file) and POSTGRES_DB, then the server runs as postgres, as PID 1,
+# listening on every address.
 set -eu
 bin=/usr/lib/postgresql/15/bin
+if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+	[ -z "${POSTGRES_PASSWORD:-}" ] || { echo "set POSTGRES_PASSWORD or POSTGRES_PASSWORD_FILE, not both" >&2; exit 1; }
+	POSTGRES_PASSWORD=$(cat "$POSTGRES_PASSWORD_FILE")
+fi
 : "${PGDATA:=/var/lib/postgresql/data}" "${POSTGRES_USER:=postgres}"
 : "${POSTGRES_DB:=$POSTGRES_USER}"
 as_pg() { setpriv --reuid=postgres --regid=postgres --init-groups "$@"; }
@@ -171,7 +181,7 @@ ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/us
 STOPSIGNAL SIGINT
 EXPOSE 5432
 ENTRYPOINT ["/usr/local/bin/postgres-entrypoint"]
-LABEL $label=$rev
+LABEL $label=$postgres_rev
 DOCKERFILE
 	log "installing Debian's postgresql-15 into $postgres_image"
 	docker build -q -t "$postgres_image" "$ctx" >&2
@@ -185,7 +195,7 @@ flock 9
 current "$debian_image" || { make_debian; LOCAL_BASES_REBUILD=1; }
 current "$go_image" || make_golang
 current "$runtime_image" || make_runtime
-current "$postgres_image" || make_postgres
+current "$postgres_image" "$postgres_rev" || make_postgres
 echo "GO_IMAGE=$go_image"
 echo "RUNTIME_IMAGE=$runtime_image"
 echo "DEBIAN_IMAGE=$debian_image"
