@@ -10,6 +10,10 @@
 #   bench/run.sh pg         new-key POSTs on PostgreSQL (P: 1 and 3 replicas on one
 #                           throwaway cluster, fsync on) next to A, B and E (Badger);
 #                           needs the PostgreSQL server binaries (Debian: postgresql)
+#   bench/run.sh pg-own-core
+#                           the same with the database on a CPU of its own (the
+#                           last one), as on a database host, and everything else
+#                           (proxies, upstream, load) on the other CPUs (taskset)
 #   bench/run.sh container-memory
 #                           the image built from this tree in a 256 MiB container,
 #                           1,000,000 records stored through its port (needs Docker;
@@ -22,6 +26,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 mode="${1:-full}"
+runner=()
 [ $# -gt 0 ] && shift
 
 export PATH="/usr/local/go/bin:$PATH"
@@ -65,7 +70,7 @@ if [ "$mode" = container-memory ]; then
 	exit 0
 fi
 
-[ "$mode" = pg ] || ensure_nginx # C is not in the pg mode
+case "$mode" in pg | pg-own-core) ;; *) ensure_nginx ;; esac # C is not in the pg modes
 go build -o "$bin/idemproxy" .
 go build -o "$bin/" ./bench/cmd/upstream ./bench/cmd/plainproxy ./bench/cmd/idembench
 
@@ -74,15 +79,24 @@ full) args=(-memory) ;;
 matrix) args=() ;;
 memory) args=(-throughput=false -rate 0 -memory) ;;
 pg) args=(-targets ABEP) ;;
+pg-own-core)
+	cpus=$(nproc)
+	if [ "$cpus" -lt 2 ] || ! command -v taskset >/dev/null; then
+		echo "pg-own-core needs 2 CPUs or more and taskset (util-linux)" >&2
+		exit 2
+	fi
+	args=(-targets ABEP -pg-cpus $((cpus - 1)))
+	runner=(taskset -c 0-$((cpus - 2)))
+	;;
 quick) args=(-rounds 1 -warmup 500ms -duration 2s -rate-duration 2s -settle 200ms -replay-keys 2000
 	-memory -records 20000 -mem-ttl 30s -mem-gc-interval 0) ;;
 *)
-	echo "unknown mode $mode (full, quick, matrix, memory, micro, pg, container-memory)" >&2
+	echo "unknown mode $mode (full, quick, matrix, memory, micro, pg, pg-own-core, container-memory)" >&2
 	exit 2
 	;;
 esac
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$bin/idembench" -bin "$bin" -out "$out" -nginx "$(command -v nginx || true)" "${args[@]}" "$@"
+"${runner[@]}" "$bin/idembench" -bin "$bin" -out "$out" -nginx "$(command -v nginx || true)" "${args[@]}" "$@"
 rm -rf "$bin"
 echo "results: $out/results.md"

@@ -61,11 +61,12 @@ type options struct {
 	idemproxyBin          string
 	pgReplicas            []int
 	pgConf                []string
+	pgCPUs                []int
 }
 
 func parseFlags() (*options, error) {
 	o := &options{}
-	var conns, env, pgReplicas, pgConf string
+	var conns, env, pgReplicas, pgConf, pgCPUs string
 	flag.StringVar(&o.bin, "bin", "", "directory holding the built idemproxy, upstream and plainproxy binaries (required)")
 	flag.StringVar(&o.out, "out", "", "results directory (required; logs, data directories, results.json, results.md)")
 	flag.StringVar(&o.nginx, "nginx", "nginx", "nginx binary; empty or missing skips target C")
@@ -89,6 +90,7 @@ func parseFlags() (*options, error) {
 	flag.StringVar(&env, "idemproxy-env", "", "extra NAME=value settings for every idemproxy, comma-separated (e.g. IDEMPROXY_SIGN_SECRET=x)")
 	flag.StringVar(&o.targets, "targets", "ABCDEF", "targets of the closed-loop and fixed-rate phases (P: PostgreSQL, not in the default)")
 	flag.StringVar(&pgReplicas, "pg-replicas", "1,3", "P: replica counts, each a row (all replicas of a row share one database)")
+	flag.StringVar(&pgCPUs, "pg-cpus", "", "P: CPUs (comma-separated numbers) the cluster's processes run on, as a database host of its own would; run idembench itself on the others (taskset)")
 	flag.StringVar(&pgConf, "pg-conf", "", "P: more postgresql.conf lines for the cluster, comma-separated (e.g. 'commit_delay = 200')")
 	flag.Parse()
 	if o.bin == "" || o.out == "" {
@@ -117,6 +119,17 @@ func parseFlags() (*options, error) {
 	}
 	if env != "" {
 		o.idemproxyEnv = strings.Split(env, ",")
+	}
+	for _, c := range strings.Split(pgCPUs, ",") {
+		if c == "" {
+			continue
+		}
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 0 {
+			fmt.Fprintf(os.Stderr, "idembench: -pg-cpus: %q is not a CPU number\n", c)
+			os.Exit(2)
+		}
+		o.pgCPUs = append(o.pgCPUs, n)
 	}
 	if pgConf != "" {
 		o.pgConf = strings.Split(pgConf, ",")
@@ -168,7 +181,7 @@ func run(ctx context.Context, o *options) error {
 	rep.Options = map[string]any{
 		"conns": o.conns, "warmup": o.warmup.String(), "duration": o.duration.String(), "rounds": o.rounds,
 		"rate": o.rate, "rate_conns": o.rateConns, "rate_duration": o.rateDuration.String(),
-		"replay_keys": o.replayKeys, "records": o.records, "idemproxy_env": o.idemproxyEnv, "pg_replicas": o.pgReplicas,
+		"replay_keys": o.replayKeys, "records": o.records, "idemproxy_env": o.idemproxyEnv, "pg_replicas": o.pgReplicas, "pg_cpus": o.pgCPUs,
 		"pg_conf": append(slices.Clone(pgServer), o.pgConf...),
 	}
 	fmt.Printf("idembench: results in %s\n%s\n", o.out, rep.Machine)
@@ -269,6 +282,13 @@ func startPostgres(o *options, t *targets) error {
 		return fmt.Errorf("P: PostgreSQL: %w (%s)", err, pgtest.Install)
 	}
 	t.pg, t.p = c, map[int][]*proc{}
+	if len(o.pgCPUs) > 0 {
+		// The postmaster's children inherit its CPUs: backends started later
+		// run there too.
+		if err := pinProcesses(c, o.pgCPUs); err != nil {
+			return fmt.Errorf("P: -pg-cpus: %w", err)
+		}
+	}
 	for _, n := range o.pgReplicas {
 		url, err := c.NewDatabase(context.Background())
 		if err != nil {
