@@ -313,6 +313,17 @@ func occupy[I, O any](t *testing.T, g *group[I, O], n int, start func(i int)) {
 	}
 }
 
+// The i-th key of a test of many keys, its owner, request and answer, each
+// its own.
+func nthID(i int) store.ID  { return store.ID{Tenant: "t", Key: "key-" + strconv.Itoa(i)} }
+func nthOwner(i int) string { return "owner-" + strconv.Itoa(i) }
+func nthRequest(i int) store.Request {
+	return store.Request{Fingerprint: []byte("fp-" + strconv.Itoa(i)), Method: "POST", Path: "/v1/charges", UpstreamKey: "up-" + strconv.Itoa(i)}
+}
+func nthResponse(i int) store.Response {
+	return store.Response{Status: 200 + i, Header: http.Header{"X-Key": {strconv.Itoa(i)}}, Body: []byte(`{"id":"ch_` + strconv.Itoa(i) + `"}`)}
+}
+
 // TestConcurrentNewKeysShareStatements holds the first batchInFlight claims
 // on the wire, each sent alone, while the other new keys of 64 arrive at
 // once, then does the same with their final answers: the keys that arrive
@@ -322,14 +333,7 @@ func occupy[I, O any](t *testing.T, g *group[I, O], n int, start func(i int)) {
 func TestConcurrentNewKeysShareStatements(t *testing.T) {
 	ctx := context.Background()
 	s, w := relayed(t)
-	id := func(i int) store.ID { return store.ID{Tenant: "t", Key: "key-" + strconv.Itoa(i)} }
-	owner := func(i int) string { return "owner-" + strconv.Itoa(i) }
-	req := func(i int) store.Request {
-		return store.Request{Fingerprint: []byte("fp-" + strconv.Itoa(i)), Method: "POST", Path: "/v1/charges", UpstreamKey: "up-" + strconv.Itoa(i)}
-	}
-	resp := func(i int) store.Response {
-		return store.Response{Status: 200 + i, Header: http.Header{"X-Key": {strconv.Itoa(i)}}, Body: []byte(`{"id":"ch_` + strconv.Itoa(i) + `"}`)}
-	}
+	id, owner, req, resp := nthID, nthOwner, nthRequest, nthResponse
 	// Warm: both statements prepared on the connections the groups use.
 	if _, _, err := s.Begin(ctx, id(-1), req(-1), owner(-1), time.Minute); err != nil {
 		t.Fatal(err)
@@ -402,14 +406,7 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 func TestClaimsAndFinalAnswersShareAStatement(t *testing.T) {
 	ctx := context.Background()
 	s, w := relayed(t)
-	id := func(i int) store.ID { return store.ID{Tenant: "t", Key: "key-" + strconv.Itoa(i)} }
-	owner := func(i int) string { return "owner-" + strconv.Itoa(i) }
-	req := func(i int) store.Request {
-		return store.Request{Fingerprint: []byte("fp-" + strconv.Itoa(i)), Method: "POST", Path: "/v1/charges", UpstreamKey: "up-" + strconv.Itoa(i)}
-	}
-	resp := func(i int) store.Response {
-		return store.Response{Status: 200 + i, Header: http.Header{"X-Key": {strconv.Itoa(i)}}, Body: []byte(`{"id":"ch_` + strconv.Itoa(i) + `"}`)}
-	}
+	id, owner, req, resp := nthID, nthOwner, nthRequest, nthResponse
 	begin := func(i int) error {
 		rec, created, err := s.Begin(ctx, id(i), req(i), owner(i), time.Minute)
 		if err == nil && (!created || rec.ID != id(i) || rec.Owner != owner(i) || rec.Fence != 1 || rec.CreatedAt.IsZero()) {
