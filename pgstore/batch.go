@@ -33,6 +33,10 @@ const (
 // running statement holds a pooled connection.
 const batchInFlight = 1
 
+// leftGrace is how long a statement whose callers have all left may still
+// run before it is cancelled (see group).
+const leftGrace = time.Second
+
 // group sends the writes of many concurrent callers as one statement per
 // round (leader/follower, like group commit): a caller arriving while
 // fewer than slots statements run is sent at once, with no timer; callers
@@ -51,10 +55,13 @@ const batchInFlight = 1
 // statement; once the round has started, its write may or may not be done,
 // as when a context ends during any statement. The statement is bound by the
 // timeout, not by any one caller's context: a caller that leaves does not
-// end it for the others, but when the last caller still waiting leaves, its
-// context ends, and pgx then drops the statement's connection and asks the
-// server to cancel the statement, so that one still waiting for row locks
-// writes nothing for callers that have all gone.
+// end it for the others. When the last caller still waiting leaves, the
+// statement may run for leftGrace more and is then cancelled: pgx drops the
+// connection of a statement it cancels and asks the server to cancel it, so
+// that one still waiting for row locks writes nothing for callers that have
+// all gone, while one that ends within the grace, as nearly all do, keeps
+// its connection (a client that hangs up does not cost the database a new
+// connection).
 //
 // The statement's error is every caller's, but for a batch that PostgreSQL
 // refused for the data of a row (SQLSTATE class 22, data exception, or 23,
@@ -67,7 +74,8 @@ type group[I, O any] struct {
 	// ends at the timeout or when every caller of the round has left.
 	run     func(ctx context.Context, jobs []*job[I, O]) error
 	timeout time.Duration
-	slots   int // statements run at once; 0 means batchInFlight
+	slots   int           // statements run at once; 0 means batchInFlight
+	grace   time.Duration // leftGrace, or another for tests
 
 	mu       sync.Mutex
 	queue    []*round[I, O] // rounds waiting to run, oldest first
@@ -117,7 +125,7 @@ func (g *group[I, O]) do(ctx context.Context, id store.ID, in I, size int) (out 
 		if r.cancel != nil { // the round has started: j is in its statement
 			r.waiting--
 			if r.waiting == 0 {
-				r.cancel()
+				time.AfterFunc(g.leftGrace(), r.cancel)
 			}
 		}
 		g.mu.Unlock()
@@ -177,6 +185,13 @@ func (r *round[I, O]) takes(j *job[I, O]) bool {
 func (r *round[I, O]) add(j *job[I, O]) {
 	r.jobs = append(r.jobs, j)
 	r.bytes += j.size
+}
+
+func (g *group[I, O]) leftGrace() time.Duration {
+	if g.grace > 0 {
+		return g.grace
+	}
+	return leftGrace
 }
 
 func (g *group[I, O]) max() int {

@@ -561,9 +561,12 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 
 // TestCallerLeavesBatch: a caller whose context ends returns at once, while
 // its round's statement is on the wire or before it starts; a claim whose
-// caller left before its round started is not written.
+// caller left before its round started is not written. A statement whose
+// callers have all left but that ends within the grace is not cancelled:
+// its write is done and its connection stays in the pool.
 func TestCallerLeavesBatch(t *testing.T) {
 	s, w := relayed(t)
+	s.writes.grace = time.Hour
 	begin := func(ctx context.Context, key string) <-chan error {
 		errs := make(chan error, 1)
 		go func() {
@@ -589,6 +592,7 @@ func TestCallerLeavesBatch(t *testing.T) {
 		t.Errorf("Begin left while queued = %v; want context.Canceled", err)
 	}
 	settle(t, s.writes, batchInFlight, 0)
+	conns := s.pool.Stat().TotalConns()
 	leave()
 	if err := <-inflight; !errors.Is(err, context.Canceled) {
 		t.Errorf("Begin left while on the wire = %v; want context.Canceled", err)
@@ -600,6 +604,12 @@ func TestCallerLeavesBatch(t *testing.T) {
 		}
 	}
 	settle(t, s.writes, 0, 0)
+	if n := s.pool.Stat().TotalConns(); n != conns {
+		t.Errorf("the pool holds %d connections after the statement whose caller left; want the %d before", n, conns)
+	}
+	if rec, err := s.Get(context.Background(), store.ID{Tenant: "t", Key: "sent"}); err != nil || rec.State != store.InFlight || rec.Owner != "o" {
+		t.Errorf("Get(sent) = %+v, %v; want it claimed by o: its statement ended within the grace", rec, err)
+	}
 	if _, err := s.Get(context.Background(), store.ID{Tenant: "t", Key: "queued"}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Get(queued) = %v; want ErrNotFound: its caller left before its round", err)
 	}
