@@ -463,8 +463,11 @@ func (f *completeCols) add(id store.ID, a *completeArgs) {
 }
 
 // sortJobs orders a batch by tenant and key, the order of the table's
-// primary key (bytea compares as Go strings do), so that batches lock
-// shared rows in one order.
+// primary key (bytea compares as Go strings do), so that claims statements
+// lock shared rows in one order. A round of both kinds locks its claims'
+// rows before its final answers', and a final answers statement in the
+// order of its join plan, so two replicas' rounds may still deadlock on
+// shared rows: PostgreSQL aborts one, which is sent again (group.statement).
 func sortJobs[I, O any](jobs []*job[I, O]) {
 	slices.SortFunc(jobs, func(a, b *job[I, O]) int {
 		if c := strings.Compare(a.id.Tenant, b.id.Tenant); c != 0 {

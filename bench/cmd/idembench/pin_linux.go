@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -19,7 +20,9 @@ func pinProcesses(c *pgtest.Cluster, cpus []int) error {
 		set.Set(n)
 	}
 	for _, pid := range pids {
-		if err := unix.SchedSetaffinity(pid, &set); err != nil {
+		// A process that has exited meanwhile (an autovacuum worker) is
+		// no matter.
+		if err := unix.SchedSetaffinity(pid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("process %d: %w", pid, err)
 		}
 	}
