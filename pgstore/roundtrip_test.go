@@ -452,6 +452,81 @@ func TestClaimsAndFinalAnswersShareAStatement(t *testing.T) {
 	}
 }
 
+// TestMixedRoundOutcomes: in one round of both kinds, a claim that takes
+// over a record whose outcome is unknown gets what the earlier attempts
+// left, a claim of a key in flight under another request claims nothing and
+// reads the record, a final answer from its owner is written and one from
+// another owner is refused.
+func TestMixedRoundOutcomes(t *testing.T) {
+	ctx := context.Background()
+	s, w := relayed(t)
+	id := func(key string) store.ID { return store.ID{Tenant: "t", Key: key} }
+	req := store.Request{Fingerprint: []byte("fp"), Method: "POST", Path: "/v1/charges", UpstreamKey: "up"}
+	for _, key := range []string{"parked", "busy", "mine", "theirs"} {
+		if _, created, err := s.Begin(ctx, id(key), req, "o1", time.Minute); err != nil || !created {
+			t.Fatalf("Begin(%s) = created %v, %v", key, created, err)
+		}
+	}
+	sent := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	if err := s.Park(ctx, id("parked"), "o1", store.Outcome{FirstSentAt: sent, Attempts: 2, LastError: "timeout", LastBody: []byte("partial")}); err != nil {
+		t.Fatal(err)
+	}
+	w.take()
+	w.hold()
+	held := make(chan error, 1)
+	go func() { _, _, err := s.Begin(ctx, id("held"), req, "o1", time.Minute); held <- err }()
+	settle(t, s.writes, 1, 0)
+	type claim struct {
+		rec     store.Record
+		created bool
+		err     error
+	}
+	begin := func(key string, req store.Request) <-chan claim {
+		c := make(chan claim, 1)
+		go func() {
+			rec, created, err := s.Begin(ctx, id(key), req, "o2", time.Minute)
+			c <- claim{rec, created, err}
+		}()
+		return c
+	}
+	complete := func(key, owner string) <-chan error {
+		c := make(chan error, 1)
+		go func() { c <- s.Complete(ctx, id(key), owner, store.Response{Status: 201, Body: []byte(key)}) }()
+		return c
+	}
+	other := req
+	other.Fingerprint = []byte("another request")
+	parked, busy := begin("parked", req), begin("busy", other)
+	mine, theirs := complete("mine", "o1"), complete("theirs", "o2")
+	settle(t, s.writes, 1, 4)
+	w.release()
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if c := <-parked; c.err != nil || !c.created || c.rec.Fence != 2 || c.rec.Owner != "o2" || c.rec.Outcome.Attempts != 2 ||
+		c.rec.Outcome.LastError != "timeout" || string(c.rec.Outcome.LastBody) != "partial" || !c.rec.Outcome.FirstSentAt.Equal(sent) {
+		t.Errorf("Begin(parked) = %+v, created %v, %v; want it taken over with what the attempts left", c.rec, c.created, c.err)
+	}
+	if c := <-busy; c.err != nil || c.created || c.rec.Owner != "o1" || c.rec.State != store.InFlight {
+		t.Errorf("Begin(busy) with another request = %+v, created %v, %v; want o1's record, not claimed", c.rec, c.created, c.err)
+	}
+	if err := <-mine; err != nil {
+		t.Errorf("Complete(mine) by its owner = %v", err)
+	}
+	if err := <-theirs; !errors.Is(err, store.ErrNotOwner) {
+		t.Errorf("Complete(theirs) by another owner = %v; want ErrNotOwner", err)
+	}
+	if n := w.take()['E']; n != 3 { // the held claim, the round, busy's read
+		t.Errorf("%d statements; want 3: the held claim, the round of four, and the read after busy's claim", n)
+	}
+	if rec, err := s.Get(ctx, id("mine")); err != nil || rec.State != store.Final || string(rec.Response.Body) != "mine" {
+		t.Errorf("Get(mine) = %+v, %v; want its final answer", rec, err)
+	}
+	if rec, err := s.Get(ctx, id("theirs")); err != nil || rec.State != store.InFlight || rec.Owner != "o1" {
+		t.Errorf("Get(theirs) = %+v, %v; want o1's record still in flight", rec, err)
+	}
+}
+
 // TestBatchWithDuplicateKeys sends the same key twice, with the same
 // request and with another, among other keys while batchInFlight claims are
 // held on the wire: one statement cannot write a row twice, so the second of each goes
