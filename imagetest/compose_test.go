@@ -74,10 +74,19 @@ type composeProject struct {
 	env  []string
 }
 
+// exampleVarPrefix starts the name of every variable a compose example reads
+// a secret file's host path from: ${IDEMPROXY_EXAMPLE_<NAME>_FILE:-./secrets/<name>}.
+// A generic name (POSTGRES_PASSWORD_FILE, STORE_URL_FILE) left exported in a
+// shell or CI would point the secret at another file.
+const exampleVarPrefix = "IDEMPROXY_EXAMPLE_"
+
 // upCompose runs the README's setup lines before its line up in a
-// directory of the test's own, points file's secrets at the files they made
-// (each secret's file is ${<NAME>_FILE:-./secrets/<name>} in the compose
-// file), and brings file up.
+// directory of the test's own, under umask 077 (compose mounts secret files
+// with their host mode, and idemproxy reads them as uid 65532: the lines
+// must make them readable), points file's secrets at the files they made
+// (each secret's file is ${IDEMPROXY_EXAMPLE_<NAME>_FILE:-./secrets/<name>}
+// in the compose file) with the generic <NAME>_FILE set to a decoy, and
+// brings file up.
 func upCompose(t *testing.T, img images, file, up string) composeProject {
 	t.Helper()
 	compose := composeCommand()
@@ -88,9 +97,14 @@ func upCompose(t *testing.T, img images, file, up string) composeProject {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, m := range regexp.MustCompile(`(?m)^\s*file:\s*\$\{([A-Za-z0-9_]*)`).FindAllStringSubmatch(string(yaml), -1) {
+		if !strings.HasPrefix(m[1], exampleVarPrefix) {
+			t.Errorf("%s reads a secret file's path from ${%s}, want a name starting %s", file, m[1], exampleVarPrefix)
+		}
+	}
 	dir := t.TempDir()
 	for _, line := range readmeSetup(t, img.root, up) {
-		sh := exec.Command("sh", "-c", line)
+		sh := exec.Command("sh", "-c", "umask 077; "+line)
 		sh.Dir = dir
 		if out, err := sh.CombinedOutput(); err != nil {
 			t.Fatalf("README setup line %s: %v\n%s", line, err, out)
@@ -102,12 +116,17 @@ func upCompose(t *testing.T, img images, file, up string) composeProject {
 	}
 	env := append(os.Environ(), "IDEMPROXY_IMAGE="+img.proxy, "SANDBOX_IMAGE="+img.sandbox,
 		"LEGACY_APP_IMAGE="+img.bases.Debian, "POSTGRES_IMAGE="+img.bases.Postgres)
+	decoy := filepath.Join(t.TempDir(), "decoy")
+	if err := os.WriteFile(decoy, []byte("decoy, not a secret of the example\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range made {
-		v := strings.ToUpper(f.Name()) + "_FILE"
+		generic := strings.ToUpper(f.Name()) + "_FILE"
+		v := exampleVarPrefix + generic
 		if !strings.Contains(string(yaml), "file: ${"+v+":-./secrets/"+f.Name()+"}") {
 			t.Fatalf("the README makes secrets/%s, but %s does not read it as ${%s:-./secrets/%s}", f.Name(), file, v, f.Name())
 		}
-		env = append(env, v+"="+filepath.Join(dir, "secrets", f.Name()))
+		env = append(env, v+"="+filepath.Join(dir, "secrets", f.Name()), generic+"="+decoy)
 	}
 	p := composeProject{
 		base: append(compose, "-p", uniqueName("compose"), "-f", filepath.Join(img.root, file)),
