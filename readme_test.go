@@ -27,26 +27,42 @@ const (
 // what it means.
 type varRow struct{ name, def, doc string }
 
-// configRows are the variables of config's struct tags, in field order.
-func configRows(t *testing.T) []varRow {
+// configField is one of config's variables: its full name, the options of
+// its env tag, and the field's tag.
+type configField struct {
+	name, opts string
+	tag        reflect.StructTag
+}
+
+// configFields are the variables of config's struct tags, in field order.
+func configFields(t *testing.T) []configField {
 	t.Helper()
-	var rows []varRow
+	var fields []configField
 	ct := reflect.TypeFor[config]()
 	for i := range ct.NumField() {
 		f := ct.Field(i)
 		name, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
-		doc := f.Tag.Get("doc")
-		if name == "" || doc == "" {
+		if name == "" || f.Tag.Get("doc") == "" {
 			t.Errorf("config.%s needs env and doc tags", f.Name)
 		}
+		fields = append(fields, configField{envPrefix + name, opts, f.Tag})
+	}
+	return fields
+}
+
+// configRows are the README's rows of config's variables, in field order.
+func configRows(t *testing.T) []varRow {
+	t.Helper()
+	var rows []varRow
+	for _, f := range configFields(t) {
 		def := "empty"
-		if d, ok := f.Tag.Lookup("envDefault"); ok {
+		if d, ok := f.tag.Lookup("envDefault"); ok {
 			def = "`" + d + "`"
 		}
-		if strings.Contains(opts, "required") {
+		if strings.Contains(f.opts, "required") {
 			def = "(required)"
 		}
-		rows = append(rows, varRow{envPrefix + name, def, markdownText(doc)})
+		rows = append(rows, varRow{f.name, def, markdownText(f.tag.Get("doc"))})
 	}
 	return rows
 }

@@ -1,11 +1,13 @@
-package deploy
+// The Kubernetes example, deploy/kubernetes.yaml: no cluster runs it here,
+// so these tests decode it strictly and check what the README says of it and
+// what idemproxy needs from it. The compose examples are run by imagetest;
+// only their variables are checked here.
+
+package main
 
 import (
 	"bytes"
 	"errors"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"io"
 	"os"
 	"path"
@@ -19,66 +21,18 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// The repository's root, where config.go, the README and the compose files are.
-const root = ".."
-
-// configVar is one of idemproxy's variables as config.go declares it.
-type configVar struct {
-	def    string // envDefault, "" when none
-	hasDef bool
-}
-
-// configVars reads config.go's struct tags: every IDEMPROXY_ variable the
-// process knows, with its default.
+// configVars are config's variables, by full name, with their defaults
+// ("" when none).
 func configVars(t *testing.T) map[string]configVar {
-	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), path.Join(root, "config.go"), nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prefix := ""
 	vars := map[string]configVar{}
-	ast.Inspect(f, func(n ast.Node) bool {
-		switch n := n.(type) {
-		case *ast.ValueSpec:
-			if len(n.Names) == 1 && n.Names[0].Name == "envPrefix" && len(n.Values) == 1 {
-				if lit, ok := n.Values[0].(*ast.BasicLit); ok {
-					prefix, _ = strconv.Unquote(lit.Value)
-				}
-			}
-		case *ast.TypeSpec:
-			st, ok := n.Type.(*ast.StructType)
-			if n.Name.Name != "config" || !ok {
-				return true
-			}
-			for _, field := range st.Fields.List {
-				if field.Tag == nil {
-					continue
-				}
-				raw, err := strconv.Unquote(field.Tag.Value)
-				if err != nil {
-					t.Fatal(err)
-				}
-				tag := reflect.StructTag(raw)
-				name, _, _ := strings.Cut(tag.Get("env"), ",")
-				if name == "" {
-					continue
-				}
-				def, hasDef := tag.Lookup("envDefault")
-				vars[name] = configVar{def, hasDef}
-			}
-		}
-		return true
-	})
-	if prefix == "" || len(vars) < 20 {
-		t.Fatalf("config.go: found envPrefix %q and %d variables; the parser no longer matches config.go", prefix, len(vars))
+	for _, f := range configFields(t) {
+		vars[f.name] = configVar{def: f.tag.Get("envDefault")}
 	}
-	out := map[string]configVar{}
-	for name, v := range vars {
-		out[prefix+name] = v
-	}
-	return out
+	return vars
 }
+
+// configVar is one of config's variables.
+type configVar struct{ def string }
 
 // The manifest's objects, with the fields the example uses. Decoding refuses
 // any other key, so a misspelt one (readinesProbe, say), which Kubernetes
@@ -157,8 +111,8 @@ type container struct {
 		MountPath string `yaml:"mountPath"`
 		ReadOnly  bool   `yaml:"readOnly"`
 	} `yaml:"volumeMounts"`
-	ReadinessProbe *probe `yaml:"readinessProbe"`
-	LivenessProbe  *probe `yaml:"livenessProbe"`
+	ReadinessProbe *httpProbe `yaml:"readinessProbe"`
+	LivenessProbe  *httpProbe `yaml:"livenessProbe"`
 	Lifecycle      struct {
 		PreStop *struct {
 			Sleep *struct {
@@ -179,7 +133,7 @@ type container struct {
 	} `yaml:"securityContext"`
 }
 
-type probe struct {
+type httpProbe struct {
 	HTTPGet *struct {
 		Path string `yaml:"path"`
 		Port string `yaml:"port"` // a number or a port's name
@@ -227,7 +181,7 @@ type manifest struct {
 
 func readManifest(t *testing.T) manifest {
 	t.Helper()
-	raw, err := os.ReadFile("kubernetes.yaml")
+	raw, err := os.ReadFile("deploy/kubernetes.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +272,7 @@ func subset(sel, labels map[string]string) bool {
 // readmeExamples is the README's paragraph on the deployment examples.
 func readmeExamples(t *testing.T) string {
 	t.Helper()
-	raw, err := os.ReadFile(path.Join(root, "README.md"))
+	raw, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +435,7 @@ func TestKubernetesExample(t *testing.T) {
 	}
 	for _, pr := range []struct {
 		what  string
-		probe *probe
+		probe *httpProbe
 		path  string
 	}{{"readinessProbe", c.ReadinessProbe, "/readyz"}, {"livenessProbe", c.LivenessProbe, "/healthz"}} {
 		if pr.probe == nil || pr.probe.HTTPGet == nil {
@@ -555,7 +509,7 @@ func TestKubernetesExample(t *testing.T) {
 func TestComposeVariables(t *testing.T) {
 	vars := configVars(t)
 	re := regexp.MustCompile(`^compose(\..+)?\.ya?ml$`)
-	entries, err := os.ReadDir(root)
+	entries, err := os.ReadDir(".")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -569,7 +523,7 @@ func TestComposeVariables(t *testing.T) {
 		t.Fatalf("compose files at the root: %v, want compose.yaml and compose.replicas.yaml", files)
 	}
 	for _, file := range files {
-		raw, err := os.ReadFile(path.Join(root, file))
+		raw, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
 		}
