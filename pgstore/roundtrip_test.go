@@ -209,10 +209,14 @@ func BenchmarkNewKey(b *testing.B) {
 	}
 }
 
-// benchStore opens a store with inflight statements of each kind at once on
-// a cluster of its own with fsync on, and gives the request and answer of a
-// typical new key.
-func benchStore(b *testing.B, inflight int, settings []string) (*pgtest.Cluster, *Store, store.Request, store.Response) {
+// benchStore opens a store with inflight write statements at once on a
+// cluster of its own with fsync on (and the postgresql.conf lines of
+// IDEMPROXY_BENCH_PG), and gives the request and answer of a typical new key.
+func benchStore(b *testing.B, inflight int) (*pgtest.Cluster, *Store, store.Request, store.Response) {
+	var settings []string // more postgresql.conf lines, comma-separated
+	if v := os.Getenv("IDEMPROXY_BENCH_PG"); v != "" {
+		settings = strings.Split(v, ",")
+	}
 	c, url := pgtest.Own(b, pgtest.Options{Fsync: true, Settings: settings})
 	s, err := Open(context.Background(), Options{URL: url, TTL: time.Hour, SweepInterval: -1})
 	if err != nil {
@@ -227,11 +231,7 @@ func benchStore(b *testing.B, inflight int, settings []string) (*pgtest.Cluster,
 
 func benchmarkNewKey(b *testing.B, inflight int) {
 	ctx := context.Background()
-	var settings []string
-	if v := os.Getenv("IDEMPROXY_BENCH_PG"); v != "" {
-		settings = strings.Split(v, ",")
-	}
-	c, s, req, resp := benchStore(b, inflight, settings)
+	c, s, req, resp := benchStore(b, inflight)
 	var next sync.Mutex
 	i := 0
 	syncsBefore := walSyncs(b, s)
@@ -786,11 +786,7 @@ func BenchmarkNewKeyAtRate(b *testing.B) {
 
 func benchmarkNewKeyAtRate(b *testing.B, inflight int) {
 	ctx := context.Background()
-	var settings []string
-	if v := os.Getenv("IDEMPROXY_BENCH_PG"); v != "" {
-		settings = strings.Split(v, ",")
-	}
-	c, s, req, resp := benchStore(b, inflight, settings)
+	c, s, req, resp := benchStore(b, inflight)
 	const conns, rate = 16, 1000
 	syncs, server, client := walSyncs(b, s), serverCPU(c), processCPU()
 	took := make([]time.Duration, b.N)

@@ -352,13 +352,14 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 // commit, so a round costs one WAL flush whatever it holds.
 func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Record]) error {
 	sortJobs(jobs)
-	n := 0
+	nc := 0 // claims; the other jobs are final answers
 	for _, j := range jobs {
 		if j.in.claim != nil {
-			n++
+			nc++
 		}
 	}
-	c, f := newClaimCols(n), newCompleteCols(len(jobs)-n)
+	nf := len(jobs) - nc
+	c, f := newClaimCols(nc), newCompleteCols(nf)
 	for _, j := range jobs {
 		if j.in.claim != nil {
 			c.add(j.id, j.in.claim)
@@ -370,9 +371,9 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 	var err error
 	ttl := micros(s.opt.TTL)
 	switch {
-	case f.n == 0:
+	case nf == 0:
 		rows, err = s.pool.Query(ctx, claims, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups)
-	case c.n == 0:
+	case nc == 0:
 		rows, err = s.pool.Query(ctx, completes, ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies)
 	default:
 		rows, err = s.pool.Query(ctx, both, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups,
@@ -391,13 +392,13 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 	dest := []any{&claim, &tenant, &key, &r.Fence, &lease, &r.CreatedAt, &expires, &sent,
 		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody}
 	switch {
-	case c.n == 0:
+	case nc == 0:
 		dest = dest[1:3]
-	case f.n == 0:
+	case nf == 0:
 		dest = dest[1:]
 	}
 	for rows.Next() {
-		claim, r = f.n == 0, store.Record{}
+		claim, r = nf == 0, store.Record{}
 		if err := rows.Scan(dest...); err != nil {
 			return err
 		}
@@ -424,7 +425,6 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 
 // claimCols are the claims statement's arrays, one element per key.
 type claimCols struct {
-	n                           int
 	tenants, keys, fps          [][]byte
 	owners, methods, paths, ups []string
 	leases                      []int64
@@ -437,7 +437,6 @@ func newClaimCols(n int) claimCols {
 }
 
 func (c *claimCols) add(id store.ID, a *claimArgs) {
-	c.n++
 	c.tenants, c.keys, c.fps = append(c.tenants, []byte(id.Tenant)), append(c.keys, []byte(id.Key)), append(c.fps, a.req.Fingerprint)
 	c.owners, c.leases = append(c.owners, a.owner), append(c.leases, micros(a.lease))
 	c.methods, c.paths, c.ups = append(c.methods, a.req.Method), append(c.paths, a.req.Path), append(c.ups, a.req.UpstreamKey)
@@ -445,7 +444,6 @@ func (c *claimCols) add(id store.ID, a *claimArgs) {
 
 // completeCols are the final answers statement's arrays, one element per key.
 type completeCols struct {
-	n                              int
 	tenants, keys, headers, bodies [][]byte
 	owners                         []string
 	statuses                       []int32
@@ -457,7 +455,6 @@ func newCompleteCols(n int) completeCols {
 }
 
 func (f *completeCols) add(id store.ID, a *completeArgs) {
-	f.n++
 	f.tenants, f.keys, f.owners = append(f.tenants, []byte(id.Tenant)), append(f.keys, []byte(id.Key)), append(f.owners, a.owner)
 	f.statuses, f.headers, f.bodies = append(f.statuses, a.status), append(f.headers, a.header), append(f.bodies, a.body)
 }
