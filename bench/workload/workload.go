@@ -3,7 +3,13 @@
 // calls.
 package workload
 
-import "strconv"
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/idemproxy/idemproxy/bench/loadgen"
+)
 
 // Bodies are a JSON object whose order_id is idemproxy's default key source
 // (IDEMPROXY_KEY_SOURCES=json:order_id), so protected requests carry no
@@ -32,4 +38,26 @@ func AppendPost(dst []byte, prefix string, id uint64) []byte {
 	dst = append(dst, prefix...)
 	dst = append(dst, digits...)
 	return append(dst, bodyTail...)
+}
+
+// CheckKeys is how many stored operations CheckReplays re-sends.
+const CheckKeys = 1000
+
+// CheckReplays re-sends CheckKeys of the records operations stored at addr
+// with AppendPost's prefix and sequence numbers 0 to records-1, spread over
+// them, and returns how many came back as replays. A request that failed is
+// an error.
+func CheckReplays(ctx context.Context, addr, prefix string, records int) (int64, error) {
+	stride := uint64(max(records/CheckKeys, 1))
+	res, err := loadgen.Run(ctx, loadgen.Config{
+		Addr: addr, Conns: 8, Total: CheckKeys,
+		Build: func(dst []byte, seq uint64) []byte { return AppendPost(dst, prefix, seq*stride) },
+	})
+	if err != nil {
+		return 0, err
+	}
+	if res.Failed() != 0 {
+		return res.Replayed, fmt.Errorf("replay check: %d failed: %v %v", res.Failed(), res.Statuses, res.Errors)
+	}
+	return res.Replayed, nil
 }

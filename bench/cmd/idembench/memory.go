@@ -64,10 +64,6 @@ type memSample struct {
 	AnonMiB float64 `json:"anon_mib"`
 }
 
-// checkKeys is how many stored operations are re-sent to check that they
-// replay after the fill and no longer replay after expiry.
-const checkKeys = 1000
-
 func runMemory(ctx context.Context, o *options, up *proc, rep *report) (*memoryResult, error) {
 	ttl := memoryTTL(o, rep)
 	res := &memoryResult{Records: o.records, Conns: o.memConns, TTL: ttl.String()}
@@ -94,12 +90,12 @@ func runMemory(ctx context.Context, o *options, up *proc, rep *report) (*memoryR
 	res.PeakRSSMiB = float64(statusKB(p.pids(), "VmHWM")) / 1024
 	res.DirAfterFill = sizeOf(dir)
 	fmt.Printf("memory: after fill RSS %.1f MiB (peak %.1f), data dir %s\n", res.RSSAfterFillMiB, res.PeakRSSMiB, res.DirAfterFill)
-	if res.ReplaysAfterFill, err = checkReplays(ctx, p, prefix, o.records); err != nil {
+	if res.ReplaysAfterFill, err = workload.CheckReplays(ctx, p.addr, prefix, o.records); err != nil {
 		return res, err
 	}
 	until := afterExpiryAndGC(started, fillEnd, ttl, o.memGCInterval).Add(o.memSlack)
 	fmt.Printf("memory: %d of %d re-sent operations replayed; idle until %s (TTL expiry, then a GC tick)\n",
-		res.ReplaysAfterFill, checkKeys, until.Format(time.TimeOnly))
+		res.ReplaysAfterFill, workload.CheckKeys, until.Format(time.TimeOnly))
 	if err := sleepOrDone(ctx, time.Until(until)); err != nil {
 		return res, err
 	}
@@ -107,11 +103,11 @@ func runMemory(ctx context.Context, o *options, up *proc, rep *report) (*memoryR
 	res.RSSAfterExpiryMiB = float64(statusKB(p.pids(), "VmRSS")) / 1024
 	res.AfterExpiry = splitOf(p.pids())
 	res.DirAfterExpiry = sizeOf(dir)
-	if res.ReplaysAfterTTL, err = checkReplays(ctx, p, prefix, o.records); err != nil {
+	if res.ReplaysAfterTTL, err = workload.CheckReplays(ctx, p.addr, prefix, o.records); err != nil {
 		return res, err
 	}
 	fmt.Printf("memory: after expiry RSS %.1f MiB, data dir %s; %d of %d old operations replayed\n",
-		res.RSSAfterExpiryMiB, res.DirAfterExpiry, res.ReplaysAfterTTL, checkKeys)
+		res.RSSAfterExpiryMiB, res.DirAfterExpiry, res.ReplaysAfterTTL, workload.CheckKeys)
 	if !o.keepData {
 		p.stop(30 * time.Second)
 		os.RemoveAll(dir)
@@ -208,23 +204,6 @@ func (m *memoryResult) fill(ctx context.Context, p *proc, prefix string) error {
 		return fmt.Errorf("memory fill: %d responses were replays, want none", res.Replayed)
 	}
 	return nil
-}
-
-// checkReplays re-sends checkKeys operations spread over the stored ones
-// and returns how many came back as replays.
-func checkReplays(ctx context.Context, p *proc, prefix string, records int) (int64, error) {
-	stride := uint64(max(records/checkKeys, 1))
-	res, err := loadgen.Run(ctx, loadgen.Config{
-		Addr: p.addr, Conns: 8, Total: checkKeys,
-		Build: func(dst []byte, seq uint64) []byte { return workload.AppendPost(dst, prefix, seq*stride) },
-	})
-	if err != nil {
-		return 0, err
-	}
-	if res.Failed() != 0 {
-		return res.Replayed, fmt.Errorf("replay check: %d failed: %v %v", res.Failed(), res.Statuses, res.Errors)
-	}
-	return res.Replayed, nil
 }
 
 // afterExpiryAndGC is the first GC tick (every gcEvery since the process
