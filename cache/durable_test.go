@@ -145,7 +145,7 @@ func TestReadsWaitForSync(t *testing.T) {
 	mustComplete(t, s, id, "o")
 	var version uint64
 	err := s.db.View(func(txn *badger.Txn) error {
-		item, err := txn.Get(recordKey(id))
+		item, err := txn.Get(appendRecordKey(nil, id))
 		if err == nil {
 			version = item.Version()
 		}

@@ -37,9 +37,6 @@ const (
 	keyLen       = len(recordPrefix) + tenantLen + sha256.Size
 )
 
-// recordKey returns the Badger key for id in a new slice.
-func recordKey(id store.ID) []byte { return appendRecordKey(make([]byte, 0, keyLen), id) }
-
 // appendRecordKey appends the Badger key for id to dst.
 func appendRecordKey(dst []byte, id store.ID) []byte {
 	t := sha256.Sum256([]byte(id.Tenant))

@@ -299,7 +299,7 @@ func FuzzDecodeRecord(f *testing.F) {
 }
 
 func TestRecordKey(t *testing.T) {
-	a := recordKey(store.ID{Tenant: "acme", Key: "order-1"})
+	a := appendRecordKey(nil, store.ID{Tenant: "acme", Key: "order-1"})
 	tests := []struct {
 		name string
 		id   store.ID
@@ -312,7 +312,7 @@ func TestRecordKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if bytes.Equal(recordKey(tt.id), a) {
+			if bytes.Equal(appendRecordKey(nil, tt.id), a) {
 				t.Fatalf("%+v shares the key of acme/order-1", tt.id)
 			}
 		})
@@ -321,7 +321,7 @@ func TestRecordKey(t *testing.T) {
 		if len(a) != keyLen || !bytes.HasPrefix(a, []byte(recordPrefix)) {
 			t.Fatalf("key %x: want %d bytes starting %q", a, keyLen, recordPrefix)
 		}
-		same := recordKey(store.ID{Tenant: "acme", Key: "other"})
+		same := appendRecordKey(nil, store.ID{Tenant: "acme", Key: "other"})
 		if !bytes.Equal(a[:len(recordPrefix)+tenantLen], same[:len(recordPrefix)+tenantLen]) {
 			t.Fatal("records of one tenant do not share the tenant prefix")
 		}

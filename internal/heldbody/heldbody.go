@@ -51,8 +51,9 @@ func Unread(r io.Reader) ([]byte, bool) {
 var ErrRefused = errors.New("heldbody: no room to grow the body")
 
 // ReadAll is io.ReadAll into a buffer of capacity size at first. If grow is
-// not nil it is asked for each growth's added capacity first, and a refusal
-// ends the read with ErrRefused: a body bound can count bytes as they come.
+// not nil it is asked for each growth's added capacity before the larger
+// buffer is used (it is allocated just before), and a refusal ends the read
+// with ErrRefused: a body bound can count bytes as they come.
 func ReadAll(r io.Reader, size int, grow func(extra int64) bool) ([]byte, error) {
 	b := make([]byte, 0, max(size, 1))
 	for {
