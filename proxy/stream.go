@@ -12,7 +12,8 @@ import "net/http"
 // byte: a goroutine and a second write to the socket for every answer,
 // about a tenth of a pass-through GET's CPU (BENCHMARKS.md, Profiles of D,
 // E and F). ReverseProxy still does that for the answers that need it, an
-// event stream or a body of unknown length.
+// event stream or a body of unknown length; those are flushed twice per
+// write, and the second flush finds nothing buffered and writes nothing.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
