@@ -109,11 +109,7 @@ func readHeld(r io.Reader, declared int64, t *ticket) ([]byte, error) {
 		}
 		return b, nil
 	}
-	const first = 512
-	if !t.reserve(first) {
-		return nil, errBodyBytes
-	}
-	b, err := heldbody.ReadAll(r, first, t.reserve)
+	b, err := heldbody.ReadAll(r, -1, 0, t.reserve) // reserves its first buffer too
 	if errors.Is(err, heldbody.ErrRefused) {
 		return nil, errBodyBytes
 	}

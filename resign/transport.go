@@ -485,18 +485,13 @@ type readerBody struct{ bytes.Reader }
 // Close does nothing; the bytes need no release.
 func (*readerBody) Close() error { return nil }
 
-// maxPrealloc bounds the buffer allocated up front from a declared
-// Content-Length, which the sender controls.
-const maxPrealloc = 4 << 20
-
-// readAll is io.ReadAll that starts from the declared length, so a body of
-// known size is read into one allocation.
+// readAll reads a request body whose length the sender declares: a
+// client request's ContentLength of 0 with a Body means unknown, as -1 does.
 func readAll(r io.Reader, declared int64) ([]byte, error) {
-	size := 512
-	if declared > 0 && declared < maxPrealloc {
-		size = int(declared) + 1 // +1: room for the read that returns io.EOF
+	if declared <= 0 {
+		declared = -1
 	}
-	return heldbody.ReadAll(r, size, nil)
+	return heldbody.ReadAll(r, declared, 0, nil)
 }
 
 // closeBody closes req.Body if there is one.

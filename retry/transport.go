@@ -426,38 +426,16 @@ func (s *sequence) getBody() (io.ReadCloser, error) {
 	return heldbody.New(s.body), nil // the signer and the wire read s.body itself
 }
 
-// readLimited reads r to its end, or fails once more than limit bytes came.
-// size, the length the answer declares (-1 if unknown), sizes the first
-// buffer, so that a body of the declared length is read into one buffer. It
-// is io.ReadAll over an io.LimitedReader without the reader, which would
-// escape to the heap through the io.Reader interface.
+// readLimited reads r to its end, or fails with ErrResponseTooLarge once
+// more than limit bytes came. size, the length the answer declares (-1 if
+// unknown), sizes the first buffer (heldbody.ReadAll).
 func readLimited(r io.Reader, size, limit int64) ([]byte, error) {
-	first := int64(512) // io.ReadAll's
-	if size >= 0 {
-		first = min(size, limit, maxSizeHint) + 1 // +1: room for the read that finds the end
+	b, err := heldbody.ReadAll(r, size, limit, nil)
+	if errors.Is(err, heldbody.ErrTooLarge) {
+		return nil, fmt.Errorf("%w (over %d bytes)", ErrResponseTooLarge, limit)
 	}
-	b := make([]byte, 0, first)
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if int64(len(b)) > limit {
-			return nil, fmt.Errorf("%w (over %d bytes)", ErrResponseTooLarge, limit)
-		}
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
+	return b, err
 }
-
-// maxSizeHint bounds the buffer readLimited makes before any byte came: a
-// declared length is the upstream's word, not yet bytes.
-const maxSizeHint = 64 << 10
 
 // noteRetryAfter records the response's Retry-After, capped by MaxDelay, and
 // for 429/503 pauses ALL outbound attempts until it ends (docs/retries.md;

@@ -50,15 +50,63 @@ func Unread(r io.Reader) ([]byte, bool) {
 // ErrRefused is ReadAll's error when grow refused more room.
 var ErrRefused = errors.New("heldbody: no room to grow the body")
 
-// ReadAll is io.ReadAll into a buffer of capacity size at first. If grow is
-// not nil it is asked for each growth's added capacity before the larger
-// buffer is used (it is allocated just before), and a refusal ends the read
-// with ErrRefused: a body bound can count bytes as they come.
-func ReadAll(r io.Reader, size int, grow func(extra int64) bool) ([]byte, error) {
-	b := make([]byte, 0, max(size, 1))
+// ErrTooLarge is ReadAll's error when more bytes came than its limit.
+var ErrTooLarge = errors.New("heldbody: body over the limit")
+
+// MaxPrealloc bounds the first buffer ReadAll makes from a declared length,
+// before any byte came: a declared length is the sender's word, not bytes
+// yet. A body longer than this grows its buffer as the bytes come.
+//
+// Why 64 KiB, the retry loop's former cap rather than the signer's 4 MiB:
+// every upstream answer of a protected request is read here, and so is an
+// unprotected request's body the signer hashes, whose length the client
+// declares (up to the proxy's body cap) and which no in-flight bytes bound
+// reserves: a larger cap lets a header alone pin that much memory for as
+// long as the body takes to come. What it would save is growths, only for
+// bodies past 64 KiB, which payment answers rarely are. The answers on the
+// paths the proxy's allocation budget measures are far smaller, so their
+// allocations per request are what they were with the retry loop's own copy.
+const MaxPrealloc = 64 << 10
+
+// unknownSize is the first buffer of a body of unknown length (io.ReadAll's).
+const unknownSize = 512
+
+// ReadAll is io.ReadAll into one growing buffer, sized from the length the
+// sender declares and bounded.
+//
+// declared is that length, negative if unknown. The first buffer holds
+// declared+1 bytes (the one more is room for the read that finds the end,
+// so a body of its declared length is read into one buffer), but at most
+// limit+1 and MaxPrealloc+1; a body of unknown length starts at 512 bytes.
+//
+// limit, if positive, ends the read with ErrTooLarge as soon as more than
+// limit bytes came (a body of exactly limit bytes is read whole); the
+// buffer grows as usual until then, by whatever the reads bring. Zero or
+// negative means no limit.
+//
+// grow, if not nil, is asked for every capacity the buffer gains: the first
+// buffer's before it is made, each growth's added capacity once the larger
+// buffer is allocated and before it is used. A refusal ends the read with
+// ErrRefused: a body bound can count bytes as they come.
+func ReadAll(r io.Reader, declared, limit int64, grow func(extra int64) bool) ([]byte, error) {
+	first := int64(unknownSize)
+	if declared >= 0 {
+		first = min(declared, MaxPrealloc)
+		if limit > 0 {
+			first = min(first, limit)
+		}
+		first++
+	}
+	if grow != nil && !grow(first) {
+		return nil, ErrRefused
+	}
+	b := make([]byte, 0, first)
 	for {
 		n, err := r.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
+		if limit > 0 && int64(len(b)) > limit {
+			return nil, ErrTooLarge
+		}
 		if errors.Is(err, io.EOF) {
 			return b, nil
 		}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/idemproxy/idemproxy/internal/heldbody"
 )
@@ -34,12 +35,12 @@ func TestUnread(t *testing.T) {
 
 func TestReadAll(t *testing.T) {
 	body := strings.Repeat("x", 5000)
-	b, err := heldbody.ReadAll(strings.NewReader(body), 16, nil)
+	b, err := heldbody.ReadAll(strings.NewReader(body), 15, 0, nil) // a 16-byte first buffer, which grows
 	if err != nil || string(b) != body {
 		t.Fatalf("ReadAll without grow: %d bytes, %v; want all %d", len(b), err, len(body))
 	}
 	var granted int64
-	b, err = heldbody.ReadAll(strings.NewReader(body), 16, func(extra int64) bool {
+	b, err = heldbody.ReadAll(strings.NewReader(body), 15, 0, func(extra int64) bool {
 		if granted+extra > 1000 {
 			return false
 		}
@@ -51,5 +52,82 @@ func TestReadAll(t *testing.T) {
 	}
 	if granted == 0 || granted > 1000 {
 		t.Fatalf("granted %d bytes, want some, at most 1000", granted)
+	}
+}
+
+// oneByte returns at most one byte per Read, so that a limit is crossed by
+// exactly one byte.
+type oneByte struct{ r io.Reader }
+
+func (o oneByte) Read(p []byte) (int, error) { return o.r.Read(p[:min(len(p), 1)]) }
+
+func TestReadAllLimit(t *testing.T) {
+	const limit = 1000
+	at := strings.Repeat("x", limit)
+	for _, declared := range []int64{-1, 0, limit, 1 << 30} { // a declared length is not trusted: the bytes decide
+		b, err := heldbody.ReadAll(strings.NewReader(at), declared, limit, nil)
+		if err != nil || string(b) != at {
+			t.Errorf("declared %d: a body of exactly the limit: %d bytes, %v; want it whole", declared, len(b), err)
+		}
+		for _, r := range []io.Reader{strings.NewReader(at + "y"), oneByte{strings.NewReader(at + "y")}} {
+			b, err := heldbody.ReadAll(r, declared, limit, nil)
+			if !errors.Is(err, heldbody.ErrTooLarge) || b != nil {
+				t.Errorf("declared %d, %T: one byte over the limit: %d bytes, %v; want heldbody.ErrTooLarge", declared, r, len(b), err)
+			}
+		}
+	}
+	// The limit is checked before the end: a last read that crosses it and
+	// reports io.EOF with its bytes is still over.
+	b, err := heldbody.ReadAll(iotest.DataErrReader(strings.NewReader(at+"y")), -1, limit, nil)
+	if !errors.Is(err, heldbody.ErrTooLarge) || b != nil {
+		t.Errorf("over the limit with io.EOF in the same read: %d bytes, %v; want heldbody.ErrTooLarge", len(b), err)
+	}
+}
+
+func TestReadAllFirstBuffer(t *testing.T) {
+	const big = heldbody.MaxPrealloc + 10
+	for _, c := range []struct {
+		declared, limit int64
+		n               int   // body length
+		first           int64 // the first buffer's capacity
+		over            bool  // ErrTooLarge
+	}{
+		{-1, 0, 300, 512, false},                           // unknown length: io.ReadAll's start
+		{-1, 10, 300, 512, true},                           // the limit does not shrink it
+		{0, 0, 0, 1, false},                                // declared empty: room for the read that finds the end
+		{300, 0, 300, 301, false},                          // the declared length, in one buffer
+		{300, 100, 300, 101, true},                         // never more than the limit allows
+		{1 << 30, 0, 300, heldbody.MaxPrealloc + 1, false}, // the sender's word is capped
+		{1 << 30, 1 << 20, 300, heldbody.MaxPrealloc + 1, false},
+		{big, 0, big, heldbody.MaxPrealloc + 1, false}, // past the cap the buffer grows
+	} {
+		var asks []int64
+		body := strings.Repeat("x", c.n)
+		b, err := heldbody.ReadAll(strings.NewReader(body), c.declared, c.limit, func(extra int64) bool {
+			asks = append(asks, extra)
+			return true
+		})
+		switch {
+		case c.over && (!errors.Is(err, heldbody.ErrTooLarge) || b != nil):
+			t.Errorf("declared %d, limit %d: %d bytes, %v; want heldbody.ErrTooLarge", c.declared, c.limit, len(b), err)
+		case !c.over && (err != nil || string(b) != body):
+			t.Errorf("declared %d, limit %d: %d bytes, %v; want all %d", c.declared, c.limit, len(b), err, c.n)
+		}
+		if len(asks) == 0 || asks[0] != c.first {
+			t.Errorf("declared %d, limit %d: grow asked %v; want the first buffer's %d first", c.declared, c.limit, asks, c.first)
+		}
+		if fits := int64(c.n) < c.first; fits && len(asks) != 1 {
+			t.Errorf("declared %d, limit %d: grow asked %v; a %d-byte body fits the first buffer", c.declared, c.limit, asks, c.n)
+		} else if !fits && !c.over && len(asks) < 2 {
+			t.Errorf("declared %d, limit %d: grow asked %v; a %d-byte body must grow the first buffer", c.declared, c.limit, asks, c.n)
+		}
+	}
+}
+
+func TestReadAllRefusesFirstBuffer(t *testing.T) {
+	calls := 0
+	b, err := heldbody.ReadAll(strings.NewReader("x"), -1, 0, func(int64) bool { calls++; return false })
+	if !errors.Is(err, heldbody.ErrRefused) || b != nil || calls != 1 {
+		t.Fatalf("grow refusing the first buffer: %q, %v after %d asks; want heldbody.ErrRefused after 1", b, err, calls)
 	}
 }
