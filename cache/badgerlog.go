@@ -33,19 +33,24 @@ func (s *Store) every(interval time.Duration, tick func() bool) {
 	s.gcDone.Add(1)
 	go func() {
 		defer s.gcDone.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.stop:
+		s.ticks(interval, tick)
+	}()
+}
+
+// ticks calls tick every interval until Close, or until tick returns false.
+func (s *Store) ticks(interval time.Duration, tick func() bool) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			if !tick() {
 				return
-			case <-t.C:
-				if !tick() {
-					return
-				}
 			}
 		}
-	}()
+	}
 }
 
 // gcTick runs value-log GC. Records live in the LSM tree

@@ -9,22 +9,21 @@ import (
 )
 
 // pageOutCheck is how often the page-out loop reads the process's
-// file-backed resident size when PageOutGrowth is on: a read of
-// /proc/self/statm, 12-23 µs on a loaded 2-core machine
-// (BenchmarkFileResident). A compaction at 100 MiB/s maps 5 MiB
-// of tables in this time.
+// file-backed resident size when PageOutGrowth is on: a pread of
+// /proc/self/statm, which the loop keeps open (BenchmarkFileResident). A
+// compaction at 100 MiB/s maps 5 MiB of tables in this time.
 const pageOutCheck = 50 * time.Millisecond
 
 // pageOutTrigger decides when the store hands its table files' pages back:
-// when the process's file-backed resident size has grown by growth over its
-// lowest since the last pass, or the period every after the last pass,
-// whichever comes first (docs/design/memory.md). It belongs to the page-out
-// loop.
+// when the process's file-backed resident size has grown by growth over the
+// lowest of the checks since the last pass, or the period every after the
+// last pass, whichever comes first (docs/design/memory.md). It belongs to
+// the page-out loop.
 type pageOutTrigger struct {
 	every  time.Duration // longest time between passes
 	growth int64         // growth in bytes that starts a pass at once; <= 0: none
 	last   time.Time     // when the last pass ran
-	low    int64         // fewest file-backed resident bytes seen since
+	low    int64         // fewest file-backed resident bytes checked since; MaxInt64: none yet
 }
 
 func newPageOutTrigger(every time.Duration, growth int64, now time.Time) pageOutTrigger {
@@ -38,21 +37,37 @@ func (t *pageOutTrigger) due(now time.Time, resident int64) bool {
 	return now.Sub(t.last) >= t.every || t.growth > 0 && resident-t.low >= t.growth
 }
 
-// ran records a pass that ended at now with resident file-backed bytes left.
-func (t *pageOutTrigger) ran(now time.Time, resident int64) {
-	t.last, t.low = now, resident
+// ran records a pass that ran at now. The next check sets the lowest
+// resident size afresh, so the pass needs no read of its own.
+func (t *pageOutTrigger) ran(now time.Time) {
+	t.last, t.low = now, math.MaxInt64
 }
 
-// pageOutTick runs a page-out pass if one is due. It stops the loop for
-// good only if the kernel cannot page out; any other failure (no file
-// descriptor left for /proc at the open-files limit, say) is logged at most
-// once a minute and the next tick tries again, since a store that stopped
-// paging out would grow its resident set with the store.
-func (s *Store) pageOutTick() bool {
-	_, err := s.pageOutIfDue(time.Now())
-	if err == nil {
-		return true
+// pageOutLoop runs the page-out loop, checking every check, until Close or
+// until the kernel turns out unable to page out. With PageOutGrowth on it
+// holds /proc/self/statm open for the loop's life; with it off only the
+// period matters and the file is never opened.
+func (s *Store) pageOutLoop(check time.Duration) {
+	defer s.gcDone.Done()
+	defer s.statm.close()
+	if s.pageOut.growth > 0 {
+		if err := s.statm.open(); err != nil && !s.pageOutFailed(err) {
+			return
+		}
 	}
+	s.ticks(check, func() bool {
+		err := s.pageOutIfDue(time.Now())
+		return err == nil || s.pageOutFailed(err)
+	})
+}
+
+// pageOutFailed reports whether the page-out loop goes on after err. It
+// stops for good only if the kernel cannot page out; any other failure (no
+// file descriptor left for /proc at the open-files limit, say) is logged at
+// most once a minute and the next tick tries again (opening
+// /proc/self/statm too if it is not open), since a store that stopped
+// paging out would grow its resident set with the store.
+func (s *Store) pageOutFailed(err error) bool {
 	if pageOutStops(err) {
 		s.log.LogAttrs(context.Background(), slog.LevelWarn, "paging out table files is not supported here; resident memory will grow with the store",
 			slog.String("component", "cache"), slog.String("error", err.Error()))
@@ -70,26 +85,26 @@ func (s *Store) pageOutTick() bool {
 // the kernel cannot do it (no MADV_PAGEOUT, or not Linux).
 func pageOutStops(err error) bool { return errors.Is(err, errors.ErrUnsupported) }
 
-// pageOutIfDue reads the file-backed resident size and, if s.pageOut says
-// so at now, reclaims the table files' resident pages. It reports whether
-// a pass ran.
-func (s *Store) pageOutIfDue(now time.Time) (bool, error) {
-	resident, err := fileResident()
-	if err != nil {
-		return false, err
+// pageOutIfDue reclaims the table files' resident pages if s.pageOut says
+// so at now. It reads the file-backed resident size only when the growth
+// trigger is on: with it off, only the period decides.
+func (s *Store) pageOutIfDue(now time.Time) error {
+	var resident int64
+	if s.pageOut.growth > 0 {
+		var err error
+		if resident, err = s.statm.fileResident(); err != nil {
+			return err
+		}
 	}
 	if !s.pageOut.due(now, resident) {
-		return false, nil
+		return nil
 	}
 	if _, err := s.pageOutTables(); err != nil {
-		return false, err
+		return err
 	}
 	s.pageOuts.Add(1)
-	if resident, err = fileResident(); err != nil {
-		return true, err
-	}
-	s.pageOut.ran(now, resident)
-	return true, nil
+	s.pageOut.ran(now)
+	return nil
 }
 
 // PageOuts returns how many times the store has handed the resident pages

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -56,29 +57,58 @@ func (s *Store) pageOutTables() (int, error) {
 	return n, sc.Err()
 }
 
-// fileResident returns the process's file-backed resident bytes: the third
-// field of /proc/self/statm ("shared", RssFile + RssShmem, in pages). One
-// small read the kernel answers from counters, unlike a walk of
-// /proc/self/maps, so it can run often (proc(5)).
-func fileResident() (int64, error) {
-	var buf [128]byte
+// statm reads the process's file-backed resident bytes: the third field
+// of /proc/self/statm ("shared", RssFile + RssShmem, in pages), which the
+// kernel answers from counters, unlike a walk of /proc/self/maps (proc(5)).
+// The page-out loop keeps the file open and reads it again from offset 0 at
+// each check: statm is a seq_file that a read at offset 0 fills afresh, so
+// a check costs a pread (and the one that finds the end), not an open,
+// read and close. It belongs to the page-out loop.
+type statm struct {
+	f   *os.File // nil until open succeeds
+	buf [128]byte
+}
+
+// open opens /proc/self/statm if it is not open.
+func (r *statm) open() error {
+	if r.f != nil {
+		return nil
+	}
 	f, err := os.Open("/proc/self/statm")
 	if err != nil {
+		return err
+	}
+	r.f = f
+	return nil
+}
+
+// fileResident returns the file-backed resident bytes now, opening the file
+// first if it is not open (an open at the start of the loop can fail at the
+// open-files limit).
+func (r *statm) fileResident() (int64, error) {
+	if err := r.open(); err != nil {
 		return 0, err
 	}
-	defer f.Close()
-	n, err := f.Read(buf[:])
-	if err != nil {
+	n, err := r.f.ReadAt(r.buf[:], 0)
+	if err != nil && (err != io.EOF || n == 0) {
 		return 0, err
 	}
 	// size resident shared text lib data dt
-	fields := bytes.Fields(buf[:n])
+	fields := bytes.Fields(r.buf[:n])
 	if len(fields) < 3 {
-		return 0, fmt.Errorf("cache: /proc/self/statm: %q", buf[:n])
+		return 0, fmt.Errorf("cache: /proc/self/statm: %q", r.buf[:n])
 	}
 	pages, err := strconv.ParseInt(string(fields[2]), 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("cache: /proc/self/statm: %w", err)
 	}
 	return pages * int64(os.Getpagesize()), nil
+}
+
+// close closes the file if open.
+func (r *statm) close() {
+	if r.f != nil {
+		r.f.Close()
+		r.f = nil
+	}
 }

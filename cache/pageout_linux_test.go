@@ -23,7 +23,7 @@ func TestPageOutTrigger(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		growth    int64
-		residents []int64 // checked 50 ms apart after a pass that left 10 MiB
+		residents []int64 // checked 50 ms apart after a pass and a first check of 10 MiB
 		want      bool    // whether the last check is due
 	}{
 		{"no growth", 16 * mib, []int64{10 * mib, 12 * mib}, false},
@@ -34,10 +34,13 @@ func TestPageOutTrigger(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tr := newPageOutTrigger(time.Second, c.growth, t0)
-			tr.ran(t0, 10*mib)
+			tr.ran(t0)
+			if tr.due(t0.Add(pageOutCheck), 10*mib) {
+				t.Fatal("due at the first check after a pass")
+			}
 			var due bool
 			for i, r := range c.residents {
-				due = tr.due(t0.Add(time.Duration(i+1)*pageOutCheck), r)
+				due = tr.due(t0.Add(time.Duration(i+2)*pageOutCheck), r)
 			}
 			if due != c.want {
 				t.Errorf("due = %v, want %v", due, c.want)
@@ -138,13 +141,90 @@ func mappingRSS(t *testing.T, addr uintptr) int64 {
 }
 
 // BenchmarkFileResident is the cost of one growth check (the page-out loop
-// makes 20 a second).
+// makes 20 a second) on the file the loop keeps open.
 func BenchmarkFileResident(b *testing.B) {
+	var r statm
+	defer r.close()
 	for b.Loop() {
-		if _, err := fileResident(); err != nil {
+		if _, err := r.fileResident(); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestStatmRereads: a read of the open /proc/self/statm from offset 0 sees
+// the file-backed resident size of now, not of the first read: it grows by
+// a table file's size when the process maps and reads the file.
+func TestStatmRereads(t *testing.T) {
+	var r statm
+	defer r.close()
+	before, err := r.fileResident()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 32 << 20
+	f, err := os.Create(filepath.Join(t.TempDir(), "1.sst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte(strings.Repeat("t", size))); err != nil {
+		t.Fatal(err)
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(data)
+	var sum byte
+	for i := 0; i < size; i += os.Getpagesize() {
+		sum += data[i]
+	}
+	if sum == 0 && data[0] != 't' {
+		t.Fatal("read nothing")
+	}
+	after, err := r.fileResident()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < size/2 {
+		t.Errorf("file-backed resident %d KiB after mapping and reading %d KiB, %d KiB before", after>>10, size>>10, before>>10)
+	}
+}
+
+// TestPageOutGrowthOffReadsNoStatm: with the growth trigger off only the
+// period decides, so neither a check nor a pass opens /proc/self/statm;
+// with it on, a check does.
+func TestPageOutGrowthOffReadsNoStatm(t *testing.T) {
+	s, err := Open(Options{Dir: t.TempDir(), PageOutInterval: -1, MinFreeBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	t0 := time.Unix(1_000_000, 0)
+	s.pageOut = newPageOutTrigger(time.Second, -1, t0)
+	for _, now := range []time.Time{t0.Add(pageOutCheck), t0.Add(time.Second), t0.Add(time.Second + pageOutCheck)} {
+		if err := s.pageOutIfDue(now); errors.Is(err, errors.ErrUnsupported) {
+			t.Skip("kernel without MADV_PAGEOUT")
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.PageOuts() != 1 {
+		t.Errorf("%d passes with growth off after one period, want 1", s.PageOuts())
+	}
+	if s.statm.f != nil {
+		t.Error("growth off, yet /proc/self/statm was opened")
+	}
+
+	s.pageOut = newPageOutTrigger(time.Second, 16<<20, t0)
+	if err := s.pageOutIfDue(t0.Add(pageOutCheck)); err != nil {
+		t.Fatal(err)
+	}
+	if s.statm.f == nil {
+		t.Error("growth on, yet a check did not open /proc/self/statm")
+	}
+	s.statm.close()
 }
 
 // TestPageOutStopsOnlyWhenUnsupported: a kernel without MADV_PAGEOUT ends

@@ -9,7 +9,9 @@ func (s *Store) pageOutTables() (int, error) {
 	return 0, errors.ErrUnsupported
 }
 
-// fileResident is Linux only.
-func fileResident() (int64, error) {
-	return 0, errors.ErrUnsupported
-}
+// statm is Linux only.
+type statm struct{}
+
+func (*statm) open() error                  { return errors.ErrUnsupported }
+func (*statm) fileResident() (int64, error) { return 0, errors.ErrUnsupported }
+func (*statm) close()                       {}

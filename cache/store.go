@@ -165,6 +165,7 @@ type Store struct {
 
 	pageOut       pageOutTrigger // the page-out loop's only
 	pageOutWarned time.Time      // the page-out loop's: when it last logged a failure
+	statm         statm          // the page-out loop's: /proc/self/statm, open while growth is on
 	pageOuts      atomic.Uint64  // page-out passes since Open
 
 	life   sync.RWMutex // read-held by every operation, write-held by Close
@@ -221,7 +222,8 @@ func Open(opts Options) (*Store, error) {
 		if opts.PageOutGrowth > 0 {
 			check = min(check, pageOutCheck)
 		}
-		s.every(check, s.pageOutTick)
+		s.gcDone.Add(1)
+		go s.pageOutLoop(check)
 	}
 	if s.minFree > 0 {
 		s.every(spaceInterval, s.spaceTick)
