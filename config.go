@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/caarlos0/env/v11"
 
@@ -370,8 +371,10 @@ func (c *config) checkNumbers() error {
 		{"RATE_BURST", c.RateBurst >= 1, "at least 1"},
 		{"PROVIDER_KEY_RETENTION", c.ProviderKeyRetention >= 0, "0 (forever) or a positive duration"},
 		{"SHUTDOWN_GRACE", c.ShutdownGrace > 0, "a positive duration"},
-		{"LISTEN_ADDR", c.ListenAddr != "", "an address such as :8080"},
-		{"ADMIN_ADDR", c.AdminAddr != "", "an address such as :9090"},
+		// Checked here, not only when the listener opens: a bad address is a
+		// bad setting (status 2, the variable named), not a failed start.
+		{"LISTEN_ADDR", listenAddrOK(c.ListenAddr), "an address such as :8080 or 127.0.0.1:8080"},
+		{"ADMIN_ADDR", listenAddrOK(c.AdminAddr), "an address such as :9090 or 127.0.0.1:9090"},
 		{"DATA_DIR", c.DataDir != "", "a directory"},
 	}
 	for _, ch := range checks {
@@ -387,6 +390,19 @@ func (c *config) checkNumbers() error {
 			envPrefix, envPrefix, c.ListenAddr)
 	}
 	return nil
+}
+
+// listenAddrOK reports a TCP listen address of the form host:port, host
+// optional (all addresses), port a number from 0 to 65535 or a service name
+// such as "http". Whether the host resolves, and whether the port is free, is
+// known only when the listener opens.
+func listenAddrOK(addr string) bool {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" || strings.ContainsFunc(host, unicode.IsSpace) {
+		return false
+	}
+	_, err = net.LookupPort("tcp", port)
+	return err == nil
 }
 
 // sameListener reports two listen addresses that cannot both be bound: the

@@ -26,6 +26,12 @@ func TestConfigBounds(t *testing.T) {
 		{"byte bound below the body cap", []string{"IDEMPROXY_MAX_BODY_BYTES=1048576", "IDEMPROXY_MAX_INFLIGHT_BYTES=1000000"}, []string{"IDEMPROXY_MAX_INFLIGHT_BYTES", "MAX_BODY_BYTES"}},
 		{"negative request bound", []string{"IDEMPROXY_MAX_INFLIGHT=-1"}, []string{"IDEMPROXY_MAX_INFLIGHT"}},
 		{"same listen and admin address", []string{"IDEMPROXY_LISTEN_ADDR=:8080", "IDEMPROXY_ADMIN_ADDR=:8080"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
+		// These once started, opened the store, and stopped with status 1
+		// and "listen bogus: ...", naming no variable.
+		{"listen address without a port", []string{"IDEMPROXY_LISTEN_ADDR=bogus"}, []string{"IDEMPROXY_LISTEN_ADDR"}},
+		{"listen port out of range", []string{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:99999"}, []string{"IDEMPROXY_LISTEN_ADDR"}},
+		{"admin address without a port", []string{"IDEMPROXY_ADMIN_ADDR=localhost"}, []string{"IDEMPROXY_ADMIN_ADDR"}},
+		{"admin port not a number", []string{"IDEMPROXY_ADMIN_ADDR=:nine"}, []string{"IDEMPROXY_ADMIN_ADDR"}},
 		{"same port, wildcard and loopback", []string{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:9090", "IDEMPROXY_ADMIN_ADDR=:9090"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
 	}
 	for _, tt := range tests {
@@ -50,6 +56,8 @@ func TestConfigAccepts(t *testing.T) {
 		{"IDEMPROXY_RETRY_BUDGET=24h", "IDEMPROXY_ATTEMPT_TIMEOUT=24h", "IDEMPROXY_RECORD_TTL=49h"},
 		{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:8080", "IDEMPROXY_ADMIN_ADDR=127.0.0.2:8080"},
 		{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"},
+		{"IDEMPROXY_LISTEN_ADDR=[::1]:8080", "IDEMPROXY_ADMIN_ADDR=localhost:9090"},
+		{"IDEMPROXY_LISTEN_ADDR=:http", "IDEMPROXY_ADMIN_ADDR=0.0.0.0:65535"},
 	} {
 		if _, _, err := loadConfig(append(base, env...)); err != nil {
 			t.Errorf("%v refused: %v", env, err)

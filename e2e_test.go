@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -216,6 +217,8 @@ func TestBinaryRejectsBadConfig(t *testing.T) {
 		{"nonce in the template, no nonce header", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGN_SECRET=abcdefgh", "IDEMPROXY_SIGN_CANONICAL={nonce}"}, "IDEMPROXY_SIGN_CANONICAL"},
 		{"bad signature header name", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGNATURE_HEADER=X Sig"}, "IDEMPROXY_SIGNATURE_HEADER"},
 		{"nonce header is the timestamp header", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_NONCE_HEADER=X-Timestamp"}, "IDEMPROXY_NONCE_HEADER"},
+		{"listen address without a port", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_LISTEN_ADDR=bogus"}, "IDEMPROXY_LISTEN_ADDR"},
+		{"admin port out of range", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:99999"}, "IDEMPROXY_ADMIN_ADDR"},
 		{"static header is the signature header", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STATIC_HEADERS=X-Signature=abcdef"}, "IDEMPROXY_STATIC_HEADERS"},
 	}
 	for _, c := range cases {
@@ -229,6 +232,32 @@ func TestBinaryRejectsBadConfig(t *testing.T) {
 			}
 			if !strings.Contains(string(out), c.want) {
 				t.Errorf("output does not name %s:\n%s", c.want, out)
+			}
+		})
+	}
+}
+
+// A listen address that is well formed but cannot be bound (the port is
+// taken) is found only when the listener opens: the process stops then, with
+// status 1 and a message naming the variable to change.
+func TestBinaryNamesBusyListenAddr(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, name := range []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"} {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(binPath)
+			cmd.Env = []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + t.TempDir(),
+				"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", name + "=" + busy.Addr().String()}
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !asExit(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("exit %v, want status 1; output:\n%s", err, out)
+			}
+			if !strings.Contains(string(out), name+": listen tcp") {
+				t.Errorf("output does not name %s:\n%s", name, out)
 			}
 		})
 	}

@@ -181,12 +181,12 @@ type app struct {
 func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, ready func(listeners)) error {
 	pl, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.ListenAddr, err)
+		return fmt.Errorf("%sLISTEN_ADDR: %w", envPrefix, err)
 	}
 	al, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
 		pl.Close()
-		return fmt.Errorf("listen %s: %w", cfg.AdminAddr, err)
+		return fmt.Errorf("%sADMIN_ADDR: %w", envPrefix, err)
 	}
 	ps := &http.Server{
 		Handler:           a.proxy,
