@@ -329,3 +329,35 @@ func TestHostileDotSegments(t *testing.T) {
 		}
 	}
 }
+
+// Requests net/http's server refuses before idemproxy's handler runs (a
+// control character in the key, two Host headers, headers over 64 KiB) get
+// idemproxy's JSON error, not net/http's text/plain, and nothing is sent.
+func TestHostileMalformedHeaders(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL)...)
+	body := `{"order_id":"mh-1"}`
+	cases := []struct {
+		name, headers string
+		status        int
+	}{
+		{"control character in the key", "Idempotency-Key: k\x01ey\n", http.StatusBadRequest},
+		{"two Host headers", "Host: other.example\n", http.StatusBadRequest},
+		{"headers over 64 KiB", "X-Big: " + strings.Repeat("a", 80<<10) + "\n", http.StatusRequestHeaderFieldsTooLarge},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\n%sContent-Type: application/json\nContent-Length: %d\n\n%s",
+				c.headers, len(body), body))
+			if got.status != c.status || got.header.Get("Content-Type") != "application/json" ||
+				!strings.HasPrefix(got.body, `{"error":{"code":"bad_request","message":"`) {
+				t.Errorf("answer %d %q %s, want %d application/json bad_request", got.status, got.header.Get("Content-Type"), got.body, c.status)
+			}
+		})
+	}
+	if seen := prov.take(); len(seen) != 0 {
+		t.Errorf("provider received %d requests, want none: %+v", len(seen), seen)
+	}
+}

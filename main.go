@@ -183,6 +183,7 @@ func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, 
 	if err != nil {
 		return fmt.Errorf("%sLISTEN_ADDR: %w", envPrefix, err)
 	}
+	pl = refusalListener{pl}
 	al, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
 		pl.Close()
