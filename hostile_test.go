@@ -309,6 +309,12 @@ func TestHostileDotSegments(t *testing.T) {
 		"/./x",
 		"/x/%2e",
 		"/x/..",
+		// Path parameters, which servlet containers drop before resolving.
+		"/x/..;/provider-b",
+		"/..;jsessionid=1/provider-b/admin",
+		"/x/%2e%2e;/provider-b",
+		"/x/..%3b/provider-b",
+		"/.;x/y",
 	}
 	for _, path := range refused {
 		for _, method := range []string{"GET", "POST"} {
@@ -321,7 +327,7 @@ func TestHostileDotSegments(t *testing.T) {
 	if seen := prov.take(); len(seen) != 0 {
 		t.Errorf("provider received %d requests, want none: %+v", len(seen), seen)
 	}
-	for _, path := range []string{"/v1/file.json", "/cards/a%2Fb", "/x/.../y", "/x/..y", "/x/.hidden"} {
+	for _, path := range []string{"/v1/file.json", "/cards/a%2Fb", "/x/.../y", "/x/..y", "/x/.hidden", "/x/a;b", "/x/..a;b"} {
 		got := rawExchange(t, p.addr, fmt.Sprintf("GET %s HTTP/1.1\nHost: x\n\n", path))
 		seen := prov.take()
 		if got.status != http.StatusCreated || len(seen) != 1 || seen[0].URI != "/provider-a"+path {

@@ -55,9 +55,10 @@ func hasAny(h http.Header, names []string) bool {
 }
 
 // hasDotSegment reports a "." or ".." path segment (RFC 3986 §3.3), also when
-// its dots are percent-encoded (%2e) or when a decoded segment hides one
-// behind an encoded slash or backslash ("..%2f", "..%5c"): an upstream or a
-// gateway that decodes before it resolves would move up from the base path.
+// its dots are percent-encoded (%2e), when a decoded segment hides one behind
+// an encoded slash or backslash ("..%2f", "..%5c"), or when a path parameter
+// follows it ("..;x"): an upstream or a gateway that decodes or drops path
+// parameters before it resolves would move up from the base path.
 func hasDotSegment(escaped string) bool {
 	for rest := escaped; rest != ""; {
 		var seg string
@@ -70,6 +71,10 @@ func hasDotSegment(escaped string) bool {
 			return true // not a valid escape: no one can say where it leads
 		}
 		for part := range strings.FieldsFuncSeq(dec, isSlash) {
+			// A path parameter does not hide one: servlet containers
+			// (Tomcat, Jetty) drop ";..." before they resolve, so
+			// "..;/admin" and "..;jsessionid=1" move up too.
+			part, _, _ = strings.Cut(part, ";")
 			if part == "." || part == ".." {
 				return true
 			}
