@@ -117,12 +117,12 @@ func resumable(cur store.Record, fp []byte, now time.Time) bool {
 // limit (1 MiB with the default MemTableSize).
 func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
 	const op = "complete"
-	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, buf *[]byte, cur store.Record, now time.Time) error {
+	return s.ownerUpdate(ctx, op, id, owner, func(cur *store.Record, _ time.Time) bool {
 		cur.State = store.Final
 		cur.LeaseUntil = time.Time{}
 		cur.Response = resp
 		cur.Outcome.LastBody = nil
-		return s.put(txn, key, buf, &cur, now)
+		return true
 	})
 }
 
@@ -131,9 +131,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 // in-flight record.
 func (s *Store) Abandon(ctx context.Context, id store.ID, owner string) error {
 	const op = "abandon"
-	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, _ *[]byte, _ store.Record, _ time.Time) error {
-		return txn.Delete(key)
-	})
+	return s.ownerUpdate(ctx, op, id, owner, func(*store.Record, time.Time) bool { return false })
 }
 
 // Renew implements store.Store.Renew.
@@ -142,24 +140,25 @@ func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time
 	if lease <= 0 {
 		return fmt.Errorf("cache: %s: lease %v is not positive", op, lease)
 	}
-	return s.ownerUpdate(ctx, op, id, owner, func(txn *badger.Txn, key []byte, buf *[]byte, cur store.Record, now time.Time) error {
+	return s.ownerUpdate(ctx, op, id, owner, func(cur *store.Record, now time.Time) bool {
 		cur.LeaseUntil = now.Add(lease)
-		return s.put(txn, key, buf, &cur, now)
+		return true
 	})
 }
 
 // Park implements store.Store.Park.
 func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error {
-	return s.ownerUpdate(ctx, "park", id, owner, func(txn *badger.Txn, key []byte, buf *[]byte, cur store.Record, now time.Time) error {
+	return s.ownerUpdate(ctx, "park", id, owner, func(cur *store.Record, _ time.Time) bool {
 		cur.State, cur.LeaseUntil = store.Unknown, time.Time{}
 		cur.Outcome = cur.Outcome.Merge(o)
-		return s.put(txn, key, buf, &cur, now)
+		return true
 	})
 }
 
-// ownerUpdate runs write on id's record if owner holds it in flight.
+// ownerUpdate applies change to id's record if owner holds it in flight, and
+// writes the changed record, or deletes it when change returns false.
 func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner string,
-	write func(txn *badger.Txn, key []byte, buf *[]byte, cur store.Record, now time.Time) error) error {
+	change func(cur *store.Record, now time.Time) (keep bool)) error {
 	if err := checkArgs(op, id, owner); err != nil {
 		return err
 	}
@@ -180,7 +179,10 @@ func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner s
 		if cur.State != store.InFlight || cur.Owner != owner {
 			return false, fmt.Errorf("%w: record is %s", store.ErrNotOwner, cur.State)
 		}
-		return true, write(txn, key, &b.val, cur, now)
+		if !change(&cur, now) {
+			return true, txn.Delete(key)
+		}
+		return true, s.put(txn, key, &b.val, &cur, now)
 	})
 	if err != nil {
 		return fmt.Errorf("cache: %s: %w", op, err)
