@@ -17,7 +17,9 @@ import (
 // SIGTERM with requests queued behind a provider's pause and the data
 // directory removed: the queued requests, never sent, get a 503 with their
 // key at once, and the process exits within the grace plus 5 s although
-// Badger can no longer flush (its Close would retry forever).
+// Badger can no longer flush (its Close would retry forever). The request
+// that met the 429, waiting out the pause for its next attempt, is answered
+// too (503 with its key), not cut off when the process exits.
 func TestShutdownWithQueuedRequestsAndDataDirGone(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string]int{}
@@ -96,6 +98,10 @@ func TestShutdownWithQueuedRequestsAndDataDirGone(t *testing.T) {
 	case <-p.done:
 	case <-bound:
 		t.Fatalf("still running %s after SIGTERM (grace %s):\n%s", time.Since(start).Round(time.Millisecond), grace, p.text())
+	}
+	// The process has exited: its answer, if any, has come.
+	if a := <-paused; a.status != http.StatusServiceUnavailable || a.key == "" || a.retry == "" {
+		t.Errorf("request waiting out the pause at shutdown = %d key=%q Retry-After=%q %s; want 503 with its key and Retry-After", a.status, a.key, a.retry, a.body)
 	}
 	t.Logf("exited %s after SIGTERM (grace %s): %v", time.Since(start).Round(time.Millisecond), grace, p.err)
 	mu.Lock()

@@ -161,6 +161,9 @@ func classify(err error) apiError {
 		return answer(ErrBodyUnread, OutcomeRejected)
 	case errors.As(err, &ex) && ex.NotSent && errors.Is(err, ratelimit.ErrClosed):
 		return upstreamUnavailable(http.StatusServiceUnavailable, "idemproxy is shutting down; nothing was sent", 0)
+	case errors.As(err, &ex) && errors.Is(err, ratelimit.ErrClosed):
+		// Sent before, and waiting for its next attempt when the shutdown began.
+		return upstreamUnavailable(http.StatusServiceUnavailable, "idemproxy is shutting down before the next attempt; the outcome may be unknown", ex.Attempts)
 	case errors.As(err, &ex) && ex.NotSent:
 		return upstreamUnavailable(http.StatusBadGateway, "upstream could not be reached; nothing was sent", ex.Attempts)
 	case errors.As(err, &ex):

@@ -235,10 +235,8 @@ func (g *Gate) sleepWithin(ctx context.Context, now time.Time, d time.Duration) 
 	if deadline, ok := ctx.Deadline(); ok && !now.Add(d).Before(deadline) {
 		return fmt.Errorf("ratelimit: wait %v: %w", d, ErrDeadline)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(closedContext{g.closed}, func() { cancel(ErrClosed) })
-	defer stop()
+	ctx, cancel := g.UntilClosed(ctx)
+	defer cancel()
 	if err := g.sleep(ctx, d); err != nil {
 		if errors.Is(context.Cause(ctx), ErrClosed) {
 			return ErrClosed
@@ -246,6 +244,20 @@ func (g *Gate) sleepWithin(ctx context.Context, now time.Time, d time.Duration) 
 		return fmt.Errorf("ratelimit: wait %v: %w", d, err)
 	}
 	return nil
+}
+
+// UntilClosed returns a copy of ctx that is also done once Close is called,
+// with [ErrClosed] as its cause (context.Cause), and the function that
+// releases it. A caller that sleeps before its next Wait (a retry's backoff
+// or Retry-After) sleeps on it: after Close, Wait lets no attempt out, so
+// sleeping on would only hold the answer until the shutdown grace ran out.
+func (g *Gate) UntilClosed(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	if g.closed == nil { // a Gate not made by New never closes
+		return ctx, func() { cancel(nil) }
+	}
+	stop := context.AfterFunc(closedContext{g.closed}, func() { cancel(ErrClosed) })
+	return ctx, func() { stop(); cancel(nil) }
 }
 
 // closedContext is a context done when the gate closes, so that a sleeping

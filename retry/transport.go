@@ -540,11 +540,23 @@ func (s *sequence) limit(wait time.Duration) error {
 	return nil
 }
 
+// wait sleeps d before the next attempt. Shutdown (the Gate's Close) ends
+// it at once: no attempt leaves the Gate after it, so the sequence ends
+// now with what it knows, and the client gets its answer within the grace.
 func (s *sequence) wait(d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	if err := s.t.sleep(s.budgetContext(), d); err != nil {
+	ctx := s.budgetContext()
+	if s.t.Gate != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = s.t.Gate.UntilClosed(ctx)
+		defer cancel()
+	}
+	if err := s.t.sleep(ctx, d); err != nil {
+		if errors.Is(context.Cause(ctx), ratelimit.ErrClosed) {
+			err = ratelimit.ErrClosed
+		}
 		return s.stopped(err)
 	}
 	return nil

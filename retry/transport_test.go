@@ -515,3 +515,73 @@ func TestConcurrentRequestsWaitOutPause(t *testing.T) {
 		}
 	}
 }
+
+// Shutdown (the Gate's Close) ends the wait before the next attempt: after
+// Close no attempt leaves the Gate, so a sequence waiting out a provider's
+// Retry-After or a backoff ends at once, with what it knows, instead of
+// holding its client's answer until the shutdown grace runs out.
+func TestTransportWaitEndsAtShutdown(t *testing.T) {
+	tests := []struct {
+		name        string
+		first       step
+		wantUnknown bool
+	}{
+		{"429 Retry-After: nothing done", respond(429, `{"state":1,"message":"rate limit exceeded"}`, "Retry-After", "60"), false},
+		{"504: the provider may have acted", respond(504, `{"error":{"code":"gateway_timeout"}}`), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newProvider(t, tt.first)
+			gate := ratelimit.New(0, 1)
+			waiting := make(chan struct{})
+			interrupted := false
+			pol := testPolicy()
+			pol.MaxDelay = time.Minute
+			tr := &Transport{
+				Next:   &signer{next: OneShot{Next: p.srv.Client().Transport}},
+				Policy: pol,
+				Gate:   gate,
+				// A wait that ends only when its context does; the timer
+				// only keeps a regression from hanging the test.
+				Sleep: func(ctx context.Context, d time.Duration) error {
+					close(waiting)
+					select {
+					case <-ctx.Done():
+						interrupted = true
+						return ctx.Err()
+					case <-time.After(10 * time.Second):
+						return nil
+					}
+				},
+			}
+			type result struct {
+				rep Report
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				resp, rep, err := tr.Do(post(t, p.srv.URL), Call{Mode: Protected})
+				if resp != nil {
+					resp.Body.Close()
+				}
+				done <- result{rep, err}
+			}()
+			<-waiting
+			gate.Close()
+			r := <-done
+			if !interrupted {
+				t.Error("the wait before the next attempt went on after the Gate closed")
+			}
+			var ex *ExhaustedError
+			if !errors.As(r.err, &ex) || !errors.Is(r.err, ratelimit.ErrClosed) || ex.NotSent || ex.Attempts != 1 {
+				t.Fatalf("Do = %v, want an *ExhaustedError after 1 sent attempt wrapping ratelimit.ErrClosed", r.err)
+			}
+			if ex.Unknown != tt.wantUnknown || (r.rep.Disposition == Unknown) != tt.wantUnknown {
+				t.Errorf("Unknown = %v, disposition %v; want unknown %v", ex.Unknown, r.rep.Disposition, tt.wantUnknown)
+			}
+			if n := len(p.Arrivals()); n != 1 {
+				t.Errorf("provider saw %d attempts, want 1", n)
+			}
+		})
+	}
+}
