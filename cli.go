@@ -233,11 +233,13 @@ func printRecord(w io.Writer, rec adminapi.Record) {
 	}
 	line("last error", rec.LastError)
 	tw.Flush()
-	switch {
-	case len(rec.Body) > 0:
-		fmt.Fprintf(w, "body:\n%s\n", rec.Body)
-	case rec.BodyText != "":
-		fmt.Fprintf(w, "body:\n%s\n", rec.BodyText)
+	if len(rec.Body) > 0 {
+		body := []byte(rec.Body)
+		var text string
+		if json.Unmarshal(rec.Body, &text) == nil { // a body that is not JSON, as a string
+			body = []byte(text)
+		}
+		fmt.Fprintf(w, "body:\n%s\n", body)
 	}
 }
 

@@ -91,14 +91,19 @@ func (h *Handler) authorized(r *http.Request) bool {
 	if h.opt.Token == "" {
 		return true
 	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	sum := sha256.Sum256([]byte(got))
-	return ok && subtle.ConstantTimeCompare(sum[:], h.token[:]) == 1
+	// The scheme is case-insensitive (RFC 9110, section 11.1): "bearer"
+	// is "Bearer".
+	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	sum := sha256.Sum256([]byte(strings.TrimLeft(got, " ")))
+	return ok && strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare(sum[:], h.token[:]) == 1
 }
 
 // Record is a record as the API shows it. UpstreamKey, Method and Path are
 // empty for records written by builds that did not keep them; ExpiresAt is
-// null for a record that never expires.
+// null for a record that never expires. Attempts counts every upstream
+// attempt made for the key, those of sequences that ended unknown included.
+// Body, only when asked for, is the stored answer's body: as it is when it
+// is JSON, else a JSON string of it ("" when empty).
 type Record struct {
 	Key         string          `json:"key"`
 	UpstreamKey string          `json:"upstream_key"`
@@ -117,7 +122,6 @@ type Record struct {
 	LeaseUntil  *time.Time      `json:"lease_until,omitempty"`
 	LastError   string          `json:"last_error"`
 	Body        json.RawMessage `json:"body,omitempty"`
-	BodyText    string          `json:"body_text,omitempty"`
 }
 
 // view builds the API's Record for id's stored record.
@@ -134,18 +138,26 @@ func view(id store.ID, rec store.Record, withBody bool) Record {
 		v.Status = rec.Response.Status
 		v.NeedsReview = retry.NeedsReview(rec.Response.Body)
 		v.Reconciled = rec.Response.Header.Get(retry.ReconciledHeader) == "true"
-		if a, err := strconv.Atoi(rec.Response.Header.Get(retry.AttemptsHeader)); err == nil && v.Attempts == 0 {
-			v.Attempts = a
+		// The answer's header counts the attempts of the sequence that got
+		// it; Outcome those of earlier sequences that ended unknown.
+		if a, err := strconv.Atoi(rec.Response.Header.Get(retry.AttemptsHeader)); err == nil && a > 0 {
+			v.Attempts += a
 		}
 		if withBody {
-			if json.Valid(rec.Response.Body) {
-				v.Body = rec.Response.Body
-			} else {
-				v.BodyText = string(rec.Response.Body)
-			}
+			v.Body = bodyJSON(rec.Response.Body)
 		}
 	}
 	return v
+}
+
+// bodyJSON is a stored body as the API shows it: JSON as it is, anything
+// else (text, HTML from a gateway, nothing) as a JSON string.
+func bodyJSON(b []byte) json.RawMessage {
+	if len(b) > 0 && json.Valid(b) {
+		return b
+	}
+	s, _ := json.Marshal(string(b)) // invalid UTF-8 becomes U+FFFD
+	return s
 }
 
 // optional is t, or nil (JSON null) for the zero time.

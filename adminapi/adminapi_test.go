@@ -146,3 +146,91 @@ func hasFields(t *testing.T, body []byte, fields ...string) {
 		}
 	}
 }
+
+// The Authorization scheme is case-insensitive (RFC 9110, section 11.1).
+func TestAuthSchemeCase(t *testing.T) {
+	h := adminapi.New(adminapi.Options{Store: openStore(t), Token: "s3cret-admin-token", DefaultTenant: "default"})
+	for _, v := range []string{"bearer s3cret-admin-token", "BEARER s3cret-admin-token", "Bearer  s3cret-admin-token"} {
+		r := httptest.NewRequest("GET", "/admin/v1/records/k-1", nil)
+		r.Header.Set("Authorization", v)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != 404 { // authorized; the record does not exist
+			t.Errorf("Authorization %q = %d %s, want 404", v, w.Code, w.Body)
+		}
+	}
+	for _, v := range []string{"Basic s3cret-admin-token", "Bearers3cret-admin-token", "s3cret-admin-token"} {
+		r := httptest.NewRequest("GET", "/admin/v1/records/k-1", nil)
+		r.Header.Set("Authorization", v)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != 401 {
+			t.Errorf("Authorization %q = %d %s, want 401", v, w.Code, w.Body)
+		}
+	}
+}
+
+// With ?body=1 every final record has "body": a JSON answer as it is,
+// anything else (a gateway's HTML, text, an empty body) as a JSON string.
+func TestRecordBodyNotJSON(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	bodies := map[string]string{"k-html": "<html>502 Bad Gateway</html>", "k-empty": "", "k-json": `{"id":"op_1"}`}
+	for key, body := range bodies {
+		id := store.ID{Tenant: "default", Key: key}
+		if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 400, Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default"})
+	for key, body := range bodies {
+		w := call(t, h, "GET", "/admin/v1/records/"+key+"?body=1", "")
+		var got struct {
+			Body json.RawMessage `json:"body"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != 200 {
+			t.Fatalf("%s = %d %s (%v)", key, w.Code, w.Body, err)
+		}
+		want, _ := json.Marshal(body)
+		if key == "k-json" {
+			want = []byte(body)
+		}
+		if string(got.Body) != string(want) {
+			t.Errorf("%s: body = %s, want %s", key, got.Body, want)
+		}
+	}
+}
+
+// A final record's attempts count those of the sequences before it that
+// ended unknown, and those of the one that got the answer.
+func TestRecordAttemptsAfterResume(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	id := store.ID{Tenant: "default", Key: "k-resumed"}
+	req := store.Request{Fingerprint: []byte("fp"), Method: "POST", Path: "/payments"}
+	if _, _, err := s.Begin(ctx, id, req, "o1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	if err := s.Park(ctx, id, "o1", store.Outcome{FirstSentAt: sent, Attempts: 3, LastError: "504 from upstream"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.Begin(ctx, id, req, "o2", time.Minute); err != nil || !ok {
+		t.Fatalf("resume: %v %v", ok, err)
+	}
+	if err := s.Complete(ctx, id, "o2", store.Response{Status: 201, Header: http.Header{"Idemproxy-Attempts": {"1"}}, Body: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default"})
+	var rec adminapi.Record
+	w := call(t, h, "GET", "/admin/v1/records/k-resumed", "")
+	if err := json.Unmarshal(w.Body.Bytes(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != "final" || rec.Attempts != 4 || rec.FirstSentAt == nil || !rec.FirstSentAt.Equal(sent) {
+		t.Fatalf("resumed record = %+v, want final, 4 attempts, first sent %v", rec, sent)
+	}
+}
