@@ -3,8 +3,10 @@ package adminapi_test
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -232,5 +234,36 @@ func TestRecordAttemptsAfterResume(t *testing.T) {
 	}
 	if rec.State != "final" || rec.Attempts != 4 || rec.FirstSentAt == nil || !rec.FirstSentAt.Equal(sent) {
 		t.Fatalf("resumed record = %+v, want final, 4 attempts, first sent %v", rec, sent)
+	}
+}
+
+// POST /admin/v1/orders/renew answers exactly {"key","generation"}: the
+// next generation has no record yet, so there is none to show.
+func TestRenewAnswer(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	orderKey := func(method, path, value, client string, gen int) (string, error) {
+		return method + " " + path + " " + value + " " + client + " #" + strconv.Itoa(gen), nil
+	}
+	first, _ := orderKey("POST", "/cards", "F-1", "default", 1)
+	id := store.ID{Tenant: "default", Key: first}
+	if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: []byte(`{"id":"op_1","status":"failed"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default", OrderKey: orderKey})
+	r := httptest.NewRequest("POST", "/admin/v1/orders/renew", strings.NewReader(`{"method":"POST","path":"/cards","value":"F-1","client":""}`))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	var got map[string]any
+	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != 200 {
+		t.Fatalf("renew = %d %s (%v)", w.Code, w.Body, err)
+	}
+	next, _ := orderKey("POST", "/cards", "F-1", "default", 2)
+	want := map[string]any{"key": next, "generation": float64(2)}
+	if !maps.Equal(got, want) {
+		t.Fatalf("renew = %s, want exactly %v", w.Body, want)
 	}
 }

@@ -65,6 +65,13 @@ type Order struct {
 	Record     *Record `json:"record"`
 }
 
+// Renewed is the answer of POST /admin/v1/orders/renew: the key and
+// generation the order's next request uses (nothing was sent under it yet).
+type Renewed struct {
+	Key        string `json:"key"`
+	Generation int    `json:"generation"`
+}
+
 // orderQuery names an order: the request's method and path and the value of
 // its key source (the order_id), and its client.
 type orderQuery struct {
@@ -179,7 +186,7 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 		"who", who(r), "method", o.Method, "path", o.Path, "client", o.Client,
 		"from_key", id.Key, "from_generation", gen, "key", next, "generation", gen+1,
 		"status", rec.Response.Status)
-	writeJSON(w, http.StatusOK, Order{Key: next, Generation: gen + 1})
+	writeJSON(w, http.StatusOK, Renewed{Key: next, Generation: gen + 1})
 }
 
 // refusal says why rec cannot be renewed; "" when it can.
