@@ -11,7 +11,11 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// releaseChunk is how many deletes go into one transaction, far below
+// processDied is the LastError of a record released at start: its process
+// ended while its attempt sequence ran.
+const processDied = "the process ended while the operation was in flight; an attempt may have reached the provider"
+
+// releaseChunk is how many writes go into one transaction, far below
 // Badger's per-transaction limit.
 const releaseChunk = 1000
 
@@ -20,9 +24,11 @@ const releaseChunk = 1000
 // in-flight record belongs to a dead process (crash): the caller runs this
 // once, before serving, so that the first retry resumes at once with the
 // SAME key (docs/contract.md, Crash safety). Running it while serving would release live
-// operations. A record that resumed an operation whose outcome was unknown
-// (its Outcome is set) goes back to Unknown instead of being deleted, so that
-// its first send time, and with it the provider key retention guard, is kept.
+// operations. A released record becomes Unknown: the dead process may have
+// sent an attempt, and the provider acted on it. Its first send time (that
+// of an earlier sequence's Outcome, else the claim time, the earliest it
+// may have been sent) is kept, and with it the status probe and the
+// provider key retention guard that come before its re-send.
 func (s *Store) ReleaseInFlight() (int, error) {
 	const op = "release in-flight"
 	if err := s.enter(op); err != nil {
@@ -63,8 +69,8 @@ func (s *Store) inFlightKeys() ([][]byte, error) {
 	return keys, err
 }
 
-// release deletes the keys that are still in flight, or parks them as
-// Unknown when an earlier sequence left an outcome, in one transaction.
+// release parks the keys that are still in flight as Unknown, in one
+// transaction.
 func (s *Store) release(keys [][]byte) (int, error) {
 	var n int
 	err := s.update(context.Background(), "release", func(txn *badger.Txn, now time.Time) (bool, error) {
@@ -93,18 +99,22 @@ func (s *Store) release(keys [][]byte) (int, error) {
 	return n, nil
 }
 
-// releaseOne deletes the in-flight record at k, or parks it as Unknown when
-// it carries an earlier sequence's outcome. A record that cannot be decoded
-// is deleted, as before records kept outcomes.
+// releaseOne parks the in-flight record at k as Unknown, with what a dead
+// process leaves known: an earlier sequence's outcome, or else the claim
+// time as the first send. A record that cannot be decoded is deleted.
 func (s *Store) releaseOne(txn *badger.Txn, k []byte, item *badger.Item, now time.Time) error {
 	var rec store.Record
 	err := item.Value(func(v []byte) (err error) {
 		rec, err = decodeRecord(v)
 		return err
 	})
-	if err != nil || rec.Outcome.IsZero() {
+	if err != nil {
 		return txn.Delete(k)
 	}
+	if rec.Outcome.IsZero() {
+		rec.Outcome.FirstSentAt = rec.CreatedAt
+	}
+	rec.Outcome.LastError = processDied
 	rec.State, rec.LeaseUntil = store.Unknown, time.Time{}
 	if err := s.put(txn, k, nil, &rec, now); errors.Is(err, store.ErrNoSpace) {
 		return txn.Delete(k) // a start must not fail on a nearly full disk

@@ -301,11 +301,16 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 		t.Fatalf("ReleaseInFlight = %d, %v; want %d", n, err, len(inflight))
 	}
 	for _, id := range inflight {
-		if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
-			t.Fatalf("in-flight %s survived release: %v", id.Key, err)
+		// Kept unknown (the dead process may have sent it), first sent at
+		// the earliest at its claim.
+		rec, err := s.Get(ctx, id)
+		if err != nil || rec.State != store.Unknown || !rec.LeaseUntil.IsZero() ||
+			!rec.Outcome.FirstSentAt.Equal(rec.CreatedAt) || rec.Outcome.LastError != processDied {
+			t.Fatalf("in-flight %s after release = %+v, %v; want unknown, first sent at its claim", id.Key, rec, err)
 		}
-		if _, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "new-process", time.Minute); err != nil || !created {
-			t.Fatalf("retry of %s did not resume at once: created %v, %v", id.Key, created, err)
+		got, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "new-process", time.Minute)
+		if err != nil || !created || !got.Outcome.FirstSentAt.Equal(rec.CreatedAt) {
+			t.Fatalf("retry of %s = %+v created %v, %v; want it resumed at once with its first send", id.Key, got, created, err)
 		}
 	}
 	rec, err := s.Get(ctx, final)

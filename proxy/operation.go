@@ -67,7 +67,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, b
 			return result{}, storeError{err}
 		}
 		if created {
-			return h.start(r, id, owner, body, rec.Outcome, t), nil
+			return h.start(r, id, owner, body, resumed(rec), t), nil
 		}
 		if rec.State == store.Final && rec.Superseded {
 			return result{}, superseded{rec}
@@ -82,6 +82,20 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, b
 			return result{}, err
 		}
 	}
+}
+
+// resumed is what earlier attempt sequences left for the one a claim
+// starts: the record's Outcome. A record taken over in flight (Fence past
+// 1; its owner died or stalled mid-sequence, so it parked nothing) is an
+// operation whose outcome is unknown too: an attempt may have reached the
+// provider. Its re-send then goes through the status probe and the
+// key-retention check, with the claim time as the first send, the earliest
+// it may have been (so that the retention check errs towards not sending).
+func resumed(rec store.Record) store.Outcome {
+	if rec.Fence > 1 && rec.Outcome.IsZero() {
+		return store.Outcome{FirstSentAt: rec.CreatedAt}
+	}
+	return rec.Outcome
 }
 
 // replayOnly answers a request past MaxInflight: the stored final answer

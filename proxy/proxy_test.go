@@ -136,6 +136,13 @@ type envOpt func(*proxy.Options, *retry.Policy)
 
 func newEnv(t *testing.T, opts ...envOpt) *env {
 	t.Helper()
+	return newEnvUpstream(t, nil, opts...)
+}
+
+// newEnvUpstream is newEnv with the attempt chain's configuration adjusted
+// by up (the status probe, the key retention), if not nil.
+func newEnvUpstream(t *testing.T, up func(*upstream.Config), opts ...envOpt) *env {
+	t.Helper()
 	e := &env{prov: newProvider()}
 	e.up = httptest.NewServer(e.prov)
 	t.Cleanup(e.up.Close)
@@ -156,7 +163,11 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	for _, f := range opts {
 		f(&o, &pol)
 	}
-	o.Transport, err = upstream.New(upstream.Config{Policy: pol, MaxResponseBytes: st.MaxBodyBytes(), Wire: e.up.Client().Transport})
+	cfg := upstream.Config{Policy: pol, MaxResponseBytes: st.MaxBodyBytes(), Wire: e.up.Client().Transport}
+	if up != nil {
+		up(&cfg)
+	}
+	o.Transport, err = upstream.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
