@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/sandbox"
 )
@@ -108,5 +109,33 @@ func TestCLIRecordsGet(t *testing.T) {
 	}
 	if _, _, code := run(tok, "records", "get"); code != 2 {
 		t.Fatalf("no key = exit %d, want 2", code)
+	}
+}
+
+// A final record says when its operation was first sent, as an unknown one
+// does: first_sent_at is set, at or after the claim (created_at).
+func TestFinalRecordFirstSentAt(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"id":"pay_1","status":"succeeded"}`))
+	}))
+	defer up.Close()
+	p := launch(t, launchSpec{env: baseEnv(up.URL, t.TempDir())})
+	r := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	if r.status != http.StatusCreated {
+		t.Fatalf("POST = %d %s, want 201", r.status, r.body)
+	}
+	a := send(t, "GET", "http://"+p.admin+"/admin/v1/records/"+r.header.Get("Idempotency-Key"), "")
+	var rec struct {
+		State       string     `json:"state"`
+		Attempts    int        `json:"attempts"`
+		CreatedAt   time.Time  `json:"created_at"`
+		FirstSentAt *time.Time `json:"first_sent_at"`
+	}
+	if err := json.Unmarshal([]byte(a.body), &rec); a.status != http.StatusOK || err != nil {
+		t.Fatalf("record = %d %s (%v)", a.status, a.body, err)
+	}
+	if rec.State != "final" || rec.Attempts != 1 || rec.FirstSentAt == nil || rec.FirstSentAt.Before(rec.CreatedAt) {
+		t.Fatalf("record = %s, want final after 1 attempt, first_sent_at set and not before created_at", a.body)
 	}
 }

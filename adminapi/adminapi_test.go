@@ -75,7 +75,7 @@ func TestGetRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := `{"id":"op_1","status":"needs_review"}`
-	if err := s.Complete(ctx, final, "o1", store.Response{Status: 200, Header: http.Header{"Idemproxy-Attempts": {"2"}}, Body: []byte(body)}); err != nil {
+	if err := s.Complete(ctx, final, "o1", store.Response{Status: 200, Header: http.Header{"Idemproxy-Attempts": {"2"}}, Body: []byte(body)}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	sent := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
@@ -183,7 +183,7 @@ func TestRecordBodyNotJSON(t *testing.T) {
 		if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Complete(ctx, id, "o", store.Response{Status: 400, Body: []byte(body)}); err != nil {
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 400, Body: []byte(body)}, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -223,7 +223,7 @@ func TestRecordAttemptsAfterResume(t *testing.T) {
 	if _, ok, err := s.Begin(ctx, id, req, "o2", time.Minute); err != nil || !ok {
 		t.Fatalf("resume: %v %v", ok, err)
 	}
-	if err := s.Complete(ctx, id, "o2", store.Response{Status: 201, Header: http.Header{"Idemproxy-Attempts": {"1"}}, Body: []byte(`{}`)}); err != nil {
+	if err := s.Complete(ctx, id, "o2", store.Response{Status: 201, Header: http.Header{"Idemproxy-Attempts": {"1"}}, Body: []byte(`{}`)}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default"})
@@ -250,7 +250,7 @@ func TestRenewAnswer(t *testing.T) {
 	if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: []byte(`{"id":"op_1","status":"failed"}`)}); err != nil {
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: []byte(`{"id":"op_1","status":"failed"}`)}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default", OrderKey: orderKey})

@@ -78,7 +78,7 @@ func runBeginComplete(b *testing.B, s *Store) {
 				b.Error(err)
 				return
 			}
-			if err := s.Complete(ctx, id, "owner", resp); err != nil {
+			if err := s.Complete(ctx, id, "owner", resp, time.Time{}); err != nil {
 				b.Error(err)
 				return
 			}

@@ -62,7 +62,7 @@ func BenchmarkDiskSteadyState(b *testing.B) {
 			if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", time.Minute); err != nil {
 				b.Fatal(err)
 			}
-			if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+			if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}, time.Time{}); err != nil {
 				b.Fatal(err)
 			}
 		}

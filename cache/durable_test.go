@@ -53,7 +53,7 @@ func runWriter(dir string) {
 					fmt.Fprintln(os.Stderr, err)
 					os.Exit(3)
 				}
-				if err := s.Complete(ctx, id, "writer", store.Response{Status: 200, Body: body}); err != nil {
+				if err := s.Complete(ctx, id, "writer", store.Response{Status: 200, Body: body}, time.Time{}); err != nil {
 					fmt.Fprintln(os.Stderr, err)
 					os.Exit(3)
 				}
@@ -126,7 +126,7 @@ func TestWriteFailsWhenSyncFails(t *testing.T) {
 			_, _, err := s.Begin(ctx, store.ID{Key: "other"}, store.Request{Fingerprint: fpA}, "o", time.Minute)
 			return err
 		}(),
-		"cache: complete": s.Complete(ctx, id, "o", okRes),
+		"cache: complete": s.Complete(ctx, id, "o", okRes, time.Time{}),
 		"cache: ping":     s.Ping(ctx),
 	}
 	for prefix, err := range calls {
@@ -190,7 +190,7 @@ func TestWALRotation(t *testing.T) {
 					errs <- err
 					return
 				}
-				if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+				if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}, time.Time{}); err != nil {
 					errs <- err
 					return
 				}
@@ -315,7 +315,7 @@ func TestNoSpace(t *testing.T) {
 			id := store.ID{Key: fmt.Sprint(i)}
 			_, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", time.Minute)
 			if err == nil {
-				err = s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body})
+				err = s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}, time.Time{})
 			}
 			if errors.Is(err, store.ErrNoSpace) {
 				break
@@ -382,7 +382,7 @@ func TestNoSpaceStillReplays(t *testing.T) {
 	if err != nil || created || rec.State != store.Final {
 		t.Fatalf("Begin on a stored final record with a full disk = %v created %v, %v; want the replay", rec.State, created, err)
 	}
-	if err := s.Complete(ctx, inflight, "o", okRes); !errors.Is(err, store.ErrNoSpace) {
+	if err := s.Complete(ctx, inflight, "o", okRes, time.Time{}); !errors.Is(err, store.ErrNoSpace) {
 		t.Fatalf("Complete with a full disk = %v, want store.ErrNoSpace", err)
 	}
 	if err := s.Abandon(ctx, inflight, "o"); err != nil {
@@ -426,7 +426,7 @@ func TestWALPreallocated(t *testing.T) {
 		if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: fpA}, "o", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -528,7 +528,7 @@ func TestFlushedWALsClosedWhileIdle(t *testing.T) {
 	}
 	id := store.ID{Key: "after"}
 	mustBegin(t, s, id, fpA, "o")
-	if err := s.Complete(ctx, id, "o", store.Response{Status: 200}); err != nil {
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 200}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -115,13 +115,16 @@ func resumable(cur store.Record, fp []byte, now time.Time) bool {
 // with a fresh TTL. It returns store.ErrNotOwner if owner does not hold the
 // in-flight record, and store.ErrTooLarge if the record would exceed the size
 // limit (1 MiB with the default MemTableSize).
-func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
+func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response, sent time.Time) error {
 	const op = "complete"
 	return s.ownerUpdate(ctx, op, id, owner, func(cur *store.Record, _ time.Time) bool {
 		cur.State = store.Final
 		cur.LeaseUntil = time.Time{}
 		cur.Response = resp
 		cur.Outcome.LastBody = nil
+		if kept := cur.Outcome.FirstSentAt; !sent.IsZero() && (kept.IsZero() || sent.Before(kept)) {
+			cur.Outcome.FirstSentAt = sent
+		}
 		return true
 	})
 }

@@ -46,7 +46,7 @@ func TestReclaimExpired(t *testing.T) {
 	for i := range 3000 { // 6 MB through a 1 MiB memtable: several tables
 		id := store.ID{Key: fmt.Sprint(i)}
 		mustBegin(t, s, id, fpA, "o")
-		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -71,7 +71,7 @@ func TestBeginCompleteGet(t *testing.T) {
 	assertRecord(t, "second Begin", rec, want)
 
 	c.Advance(time.Second)
-	if err := s.Complete(ctx, id, "owner-1", okRes); err != nil {
+	if err := s.Complete(ctx, id, "owner-1", okRes, time.Time{}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	final := store.Record{ID: id, State: store.Final, Fingerprint: fpA, Owner: "owner-1", Fence: 1, CreatedAt: want.CreatedAt, Response: okRes}
@@ -119,21 +119,21 @@ func TestNotOwner(t *testing.T) {
 		op    func(s *Store, id store.ID) error
 	}{
 		{"complete by another owner", func(t *testing.T, s *Store, id store.ID) { mustBegin(t, s, id, fpA, "owner-1") },
-			func(s *Store, id store.ID) error { return s.Complete(ctx, id, "intruder", okRes) }},
+			func(s *Store, id store.ID) error { return s.Complete(ctx, id, "intruder", okRes, time.Time{}) }},
 		{"abandon by another owner", func(t *testing.T, s *Store, id store.ID) { mustBegin(t, s, id, fpA, "owner-1") },
 			func(s *Store, id store.ID) error { return s.Abandon(ctx, id, "intruder") }},
 		{"complete twice", func(t *testing.T, s *Store, id store.ID) {
 			mustBegin(t, s, id, fpA, "owner-1")
 			mustComplete(t, s, id, "owner-1")
 		},
-			func(s *Store, id store.ID) error { return s.Complete(ctx, id, "owner-1", okRes) }},
+			func(s *Store, id store.ID) error { return s.Complete(ctx, id, "owner-1", okRes, time.Time{}) }},
 		{"abandon a final record", func(t *testing.T, s *Store, id store.ID) {
 			mustBegin(t, s, id, fpA, "owner-1")
 			mustComplete(t, s, id, "owner-1")
 		},
 			func(s *Store, id store.ID) error { return s.Abandon(ctx, id, "owner-1") }},
 		{"complete a missing record", func(*testing.T, *Store, store.ID) {},
-			func(s *Store, id store.ID) error { return s.Complete(ctx, id, "owner-1", okRes) }},
+			func(s *Store, id store.ID) error { return s.Complete(ctx, id, "owner-1", okRes, time.Time{}) }},
 		{"abandon a missing record", func(*testing.T, *Store, store.ID) {},
 			func(s *Store, id store.ID) error { return s.Abandon(ctx, id, "owner-1") }},
 	}
@@ -220,10 +220,10 @@ func TestLeaseTakeover(t *testing.T) {
 	want := store.Record{ID: id, State: store.InFlight, Fingerprint: fpA, Owner: "owner-2", Fence: 2, LeaseUntil: c.Now().Add(10 * time.Second), CreatedAt: first.CreatedAt}
 	assertRecord(t, "takeover", rec, want)
 
-	if err := s.Complete(ctx, id, "owner-1", okRes); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx, id, "owner-1", okRes, time.Time{}); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("Complete by the old owner = %v, want store.ErrNotOwner", err)
 	}
-	if err := s.Complete(ctx, id, "owner-2", okRes); err != nil {
+	if err := s.Complete(ctx, id, "owner-2", okRes, time.Time{}); err != nil {
 		t.Fatalf("Complete by the new owner: %v", err)
 	}
 }
@@ -249,7 +249,7 @@ func TestTTL(t *testing.T) {
 		if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("Get %s after TTL = %v, want store.ErrNotFound", id.Key, err)
 		}
-		if err := s.Complete(ctx, id, "owner-2", okRes); !errors.Is(err, store.ErrNotOwner) {
+		if err := s.Complete(ctx, id, "owner-2", okRes, time.Time{}); !errors.Is(err, store.ErrNotOwner) {
 			t.Fatalf("Complete %s after TTL = %v, want store.ErrNotOwner", id.Key, err)
 		}
 		rec, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpB}, "owner-3", time.Minute)
@@ -271,7 +271,7 @@ func TestTenantIsolation(t *testing.T) {
 		t.Fatalf("other tenant's Begin on the same key = created %v, %v; want its own record", created, err)
 	}
 	mustComplete(t, s, a, "owner-a")
-	if err := s.Complete(ctx, b, "owner-a", okRes); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx, b, "owner-a", okRes, time.Time{}); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("owner of tenant A completed tenant B's record: %v", err)
 	}
 	rec, err := s.Get(ctx, b)
@@ -476,7 +476,7 @@ func TestClose(t *testing.T) {
 			_, _, err := s.Begin(ctx, store.ID{Key: "k"}, store.Request{Fingerprint: fpA}, "o", time.Minute)
 			return err
 		}(),
-		"Complete": s.Complete(ctx, store.ID{Key: "k"}, "o", okRes),
+		"Complete": s.Complete(ctx, store.ID{Key: "k"}, "o", okRes, time.Time{}),
 		"Abandon":  s.Abandon(ctx, store.ID{Key: "k"}, "o"),
 		"Get":      func() error { _, err := s.Get(ctx, store.ID{Key: "k"}); return err }(),
 		"Ping":     s.Ping(ctx),
@@ -534,13 +534,13 @@ func TestCompleteTooLarge(t *testing.T) {
 	s := openStore(t, t.TempDir(), newClock(), 0)
 	id := store.ID{Key: "big"}
 	mustBegin(t, s, id, fpA, "o")
-	err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: make([]byte, maxValueSize)})
+	err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: make([]byte, maxValueSize)}, time.Time{})
 	if !errors.Is(err, store.ErrTooLarge) {
 		t.Fatalf("Complete with a 1 MiB body = %v, want store.ErrTooLarge", err)
 	}
 	// Just under the limit still fits, in the LSM tree.
 	body := make([]byte, maxValueSize-200)
-	if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}, time.Time{}); err != nil {
 		t.Fatalf("Complete just under the limit: %v", err)
 	}
 	rec, err := s.Get(ctx, id)
@@ -565,7 +565,7 @@ func TestDurableAcrossReopen(t *testing.T) {
 				errs <- err
 				return
 			}
-			errs <- s.Complete(ctx, id, "o", okRes)
+			errs <- s.Complete(ctx, id, "o", okRes, time.Time{})
 		}()
 	}
 	wg.Wait()
@@ -598,7 +598,7 @@ func mustBegin(t testing.TB, s *Store, id store.ID, fp []byte, owner string) sto
 
 func mustComplete(t testing.TB, s *Store, id store.ID, owner string) {
 	t.Helper()
-	if err := s.Complete(ctx, id, owner, okRes); err != nil {
+	if err := s.Complete(ctx, id, owner, okRes, time.Time{}); err != nil {
 		t.Fatalf("Complete %+v: %v", id, err)
 	}
 }
@@ -631,7 +631,7 @@ func TestPageOutTables(t *testing.T) {
 	for i := range n {
 		id := store.ID{Key: fmt.Sprint(i)}
 		mustBegin(t, s, id, fpA, "o")
-		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -654,7 +654,7 @@ func TestPageOutTables(t *testing.T) {
 	for i := n; i < n+200; i++ {
 		id := store.ID{Key: fmt.Sprint(i)}
 		mustBegin(t, s, id, fpA, "o")
-		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}); err != nil {
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}

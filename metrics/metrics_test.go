@@ -236,8 +236,8 @@ func TestInstrumentedStore(t *testing.T) {
 	}{
 		{"begin a", func() error { return created(s.Begin(ctx, a, store.Request{Fingerprint: fp}, "o1", time.Minute)) }, 1, 0, false, "", ""},
 		{"begin a again", func() error { return notCreated(s.Begin(ctx, a, store.Request{Fingerprint: fp}, "o2", time.Minute)) }, 1, 0, false, "", ""},
-		{"complete a by a stranger", func() error { return s.Complete(ctx, a, "o2", store.Response{Status: 201}) }, 1, 0, true, "complete", "not_owner"},
-		{"complete a", func() error { return s.Complete(ctx, a, "o1", store.Response{Status: 201}) }, 0, 1, false, "", ""},
+		{"complete a by a stranger", func() error { return s.Complete(ctx, a, "o2", store.Response{Status: 201}, time.Time{}) }, 1, 0, true, "complete", "not_owner"},
+		{"complete a", func() error { return s.Complete(ctx, a, "o1", store.Response{Status: 201}, time.Time{}) }, 0, 1, false, "", ""},
 		{"get a", func() error { _, err := s.Get(ctx, a); return err }, 0, 1, false, "", ""},
 		{"get missing", func() error { _, err := s.Get(ctx, b); return ignore(err, store.ErrNotFound) }, 0, 1, false, "", ""},
 		{"begin b", func() error { return created(s.Begin(ctx, b, store.Request{Fingerprint: fp}, "o3", time.Minute)) }, 1, 1, false, "", ""},

@@ -53,7 +53,7 @@ func everySeries(t *testing.T) *Metrics {
 	defer db.Close()
 	s, ctx, id := m.Store(db), context.Background(), store.ID{Tenant: "t", Key: "k"}
 	s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "owner", time.Minute)
-	s.Complete(ctx, id, "stranger", store.Response{Status: 201}) // a store error
+	s.Complete(ctx, id, "stranger", store.Response{Status: 201}, time.Time{}) // a store error
 	return m
 }
 

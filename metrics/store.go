@@ -47,9 +47,9 @@ func (s *InstrumentedStore) Begin(ctx context.Context, id store.ID, req store.Re
 }
 
 // Complete implements proxy.Store.
-func (s *InstrumentedStore) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
+func (s *InstrumentedStore) Complete(ctx context.Context, id store.ID, owner string, resp store.Response, sent time.Time) error {
 	defer s.observe("complete", s.now())
-	err := s.next.Complete(ctx, id, owner, resp)
+	err := s.next.Complete(ctx, id, owner, resp, sent)
 	s.fail("complete", err)
 	if err == nil {
 		s.m.operations.Dec()

@@ -269,7 +269,7 @@ func TestBadRowFailsOnlyItsCaller(t *testing.T) {
 	complete := func(i int) {
 		errs[i] = make(chan error, 1)
 		go func() {
-			errs[i] <- s.Complete(ctx, id(calls[i].key), calls[i].owner, store.Response{Status: 200, Body: []byte(calls[i].key)})
+			errs[i] <- s.Complete(ctx, id(calls[i].key), calls[i].owner, store.Response{Status: 200, Body: []byte(calls[i].key)}, time.Time{})
 		}()
 	}
 	w.hold()

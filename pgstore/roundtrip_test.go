@@ -164,7 +164,7 @@ func TestNewKeyRoundTrips(t *testing.T) {
 		if _, created, err := s.Begin(ctx, id, req, "owner", time.Minute); err != nil || !created {
 			t.Fatalf("Begin(%s) = created %v, %v", id.Key, created, err)
 		}
-		if err := s.Complete(ctx, id, "owner", resp); err != nil {
+		if err := s.Complete(ctx, id, "owner", resp, time.Time{}); err != nil {
 			t.Fatalf("Complete(%s): %v", id.Key, err)
 		}
 	}
@@ -248,7 +248,7 @@ func benchmarkNewKey(b *testing.B, inflight int) {
 			if _, created, err := s.Begin(ctx, id, req, "owner", time.Minute); err != nil || !created {
 				b.Fatalf("Begin = created %v, %v", created, err)
 			}
-			if err := s.Complete(ctx, id, "owner", resp); err != nil {
+			if err := s.Complete(ctx, id, "owner", resp, time.Time{}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -338,7 +338,7 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 	if _, _, err := s.Begin(ctx, id(-1), req(-1), owner(-1), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, id(-1), owner(-1), resp(-1)); err != nil {
+	if err := s.Complete(ctx, id(-1), owner(-1), resp(-1), time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	const n = batchRows
@@ -385,7 +385,7 @@ func TestConcurrentNewKeysShareStatements(t *testing.T) {
 		}
 		return err
 	})
-	completed := all(s.writes, func(i int) error { return s.Complete(ctx, id(i), owner(i), resp(i)) })
+	completed := all(s.writes, func(i int) error { return s.Complete(ctx, id(i), owner(i), resp(i), time.Time{}) })
 	t.Logf("%d concurrent new keys: %d claim statements, %d final answer statements", n, claimed, completed)
 	if want := batchInFlight + 1; claimed != want || completed != want {
 		t.Errorf("%d concurrent new keys took %d claim and %d final answer statements; want %d each", n, claimed, completed, want)
@@ -426,7 +426,7 @@ func TestClaimsAndFinalAnswersShareAStatement(t *testing.T) {
 	go func() { errs <- begin(-1) }()
 	settle(t, s.writes, 1, 0)
 	for i := range half {
-		go func() { errs <- s.Complete(ctx, id(i), owner(i), resp(i)) }()
+		go func() { errs <- s.Complete(ctx, id(i), owner(i), resp(i), time.Time{}) }()
 		go func() { errs <- begin(half + i) }()
 	}
 	settle(t, s.writes, 1, 2*half)
@@ -491,7 +491,9 @@ func TestMixedRoundOutcomes(t *testing.T) {
 	}
 	complete := func(key, owner string) <-chan error {
 		c := make(chan error, 1)
-		go func() { c <- s.Complete(ctx, id(key), owner, store.Response{Status: 201, Body: []byte(key)}) }()
+		go func() {
+			c <- s.Complete(ctx, id(key), owner, store.Response{Status: 201, Body: []byte(key)}, time.Time{})
+		}()
 		return c
 	}
 	other := req
@@ -607,12 +609,12 @@ func TestBatchWithDuplicateKeys(t *testing.T) {
 	errs := make(chan error, batchInFlight+2)
 	occupy(t, s.writes, batchInFlight, func(i int) {
 		go func() {
-			errs <- s.Complete(ctx, store.ID{Tenant: "t", Key: "held-" + strconv.Itoa(i)}, "o0", store.Response{Status: 200})
+			errs <- s.Complete(ctx, store.ID{Tenant: "t", Key: "held-" + strconv.Itoa(i)}, "o0", store.Response{Status: 200}, time.Time{})
 		}()
 	})
 	for _, o := range []string{winner["same"], loser} {
 		go func() {
-			err := s.Complete(ctx, store.ID{Tenant: "t", Key: "same"}, o, store.Response{Status: 201, Body: []byte(o)})
+			err := s.Complete(ctx, store.ID{Tenant: "t", Key: "same"}, o, store.Response{Status: 201, Body: []byte(o)}, time.Time{})
 			if o == loser && errors.Is(err, store.ErrNotOwner) {
 				err = nil
 			} else if o == loser {
@@ -805,7 +807,7 @@ func benchmarkNewKeyAtRate(b *testing.B, inflight int) {
 					b.Errorf("Begin = created %v, %v", created, err)
 					return
 				}
-				if err := s.Complete(ctx, id, "owner", resp); err != nil {
+				if err := s.Complete(ctx, id, "owner", resp, time.Time{}); err != nil {
 					b.Error(err)
 					return
 				}

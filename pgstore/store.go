@@ -374,10 +374,10 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 	case nf == 0:
 		rows, err = s.pool.Query(ctx, claims, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups)
 	case nc == 0:
-		rows, err = s.pool.Query(ctx, completes, ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies)
+		rows, err = s.pool.Query(ctx, completes, ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
 	default:
 		rows, err = s.pool.Query(ctx, both, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups,
-			f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies)
+			f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
 	}
 	if err != nil {
 		return err
@@ -447,16 +447,18 @@ type completeCols struct {
 	tenants, keys, headers, bodies [][]byte
 	owners                         []string
 	statuses                       []int32
+	sents                          []*time.Time
 }
 
 func newCompleteCols(n int) completeCols {
 	return completeCols{tenants: make([][]byte, 0, n), keys: make([][]byte, 0, n), headers: make([][]byte, 0, n),
-		bodies: make([][]byte, 0, n), owners: make([]string, 0, n), statuses: make([]int32, 0, n)}
+		bodies: make([][]byte, 0, n), owners: make([]string, 0, n), statuses: make([]int32, 0, n), sents: make([]*time.Time, 0, n)}
 }
 
 func (f *completeCols) add(id store.ID, a *completeArgs) {
 	f.tenants, f.keys, f.owners = append(f.tenants, []byte(id.Tenant)), append(f.keys, []byte(id.Key)), append(f.owners, a.owner)
 	f.statuses, f.headers, f.bodies = append(f.statuses, a.status), append(f.headers, a.header), append(f.bodies, a.body)
+	f.sents = append(f.sents, a.sent)
 }
 
 // sortJobs orders a batch by tenant and key, the order of the table's
@@ -509,16 +511,18 @@ const owned = `tenant = $1 AND key = $2 AND owner = $3 AND state = 1 AND ` + liv
 // group): each row becomes final only if it is still its caller's live
 // in-flight record, as owned says for one. $1 is the TTL (expiry); the
 // arrays are one element per key, from $<first> on: tenant, key, owner,
-// status, header, body. It returns the keys it wrote.
+// status, header, body, first send (NULL keeps the kept one; least ignores
+// NULLs). It returns the keys it wrote.
 func completesFrom(first int) string {
 	return fmt.Sprintf(`
 UPDATE idemproxy_records AS t SET state = 2, lease_until = NULL,
-	status = v.status, header = v.header, body = v.body, last_body = NULL, expires_at = `+batchExpiry+`
-FROM unnest($%d::bytea[], $%d::bytea[], $%d::text[], $%d::integer[], $%d::bytea[], $%d::bytea[])
-	AS v(tenant, key, owner, status, header, body)
+	status = v.status, header = v.header, body = v.body, last_body = NULL, expires_at = `+batchExpiry+`,
+	first_sent_at = least(t.first_sent_at, v.sent)
+FROM unnest($%d::bytea[], $%d::bytea[], $%d::text[], $%d::integer[], $%d::bytea[], $%d::bytea[], $%d::timestamptz[])
+	AS v(tenant, key, owner, status, header, body, sent)
 WHERE t.tenant = v.tenant AND t.key = v.key AND t.owner = v.owner AND t.state = 1
 	AND (t.expires_at IS NULL OR t.expires_at > now())
-RETURNING t.tenant, t.key`, first, first+1, first+2, first+3, first+4, first+5)
+RETURNING t.tenant, t.key`, first, first+1, first+2, first+3, first+4, first+5, first+6)
 }
 
 // The statements of a round (see writeBatch): claims alone, final answers
@@ -539,11 +543,12 @@ type completeArgs struct {
 	status int32
 	header []byte
 	body   []byte
+	sent   *time.Time // nil: not sent in this sequence (NULL)
 }
 
 // Complete implements store.Store.Complete with one UPDATE, shared with
 // concurrent calls (see completes).
-func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error {
+func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response, sent time.Time) error {
 	header, err := json.Marshal(resp.Header)
 	if err != nil {
 		return fmt.Errorf("pgstore: complete: header: %w", err)
@@ -556,6 +561,9 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 		return fmt.Errorf("pgstore: complete: status %d out of range", resp.Status)
 	}
 	in := writeArgs{complete: &completeArgs{owner: owner, status: int32(resp.Status), header: header, body: nonNil(resp.Body)}}
+	if !sent.IsZero() {
+		in.complete.sent = &sent
+	}
 	complete := s.writes.do
 	if !plainText(owner) {
 		complete = s.writes.alone

@@ -161,7 +161,7 @@ func TestDatabaseDownAndBack(t *testing.T) {
 	if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, id, "o", store.Response{Status: 201, Body: []byte("kept")}); err != nil {
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 201, Body: []byte("kept")}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Stop(true); err != nil {

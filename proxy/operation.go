@@ -197,7 +197,7 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, b
 		return res
 	}
 	if res.err == nil && res.report.Disposition == retry.Final {
-		err := h.opt.Store.Complete(ctx, id, owner, res.resp)
+		err := h.opt.Store.Complete(ctx, id, owner, res.resp, res.report.FirstSentAt)
 		if err == nil {
 			return res
 		}

@@ -41,7 +41,7 @@ const DefaultTenant = "default"
 // Every store.Store implements it.
 type Store interface {
 	Begin(ctx context.Context, id store.ID, req store.Request, owner string, lease time.Duration) (store.Record, bool, error)
-	Complete(ctx context.Context, id store.ID, owner string, resp store.Response) error
+	Complete(ctx context.Context, id store.ID, owner string, resp store.Response, sent time.Time) error
 	Abandon(ctx context.Context, id store.ID, owner string) error
 	Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error
 	Renew(ctx context.Context, id store.ID, owner string, lease time.Duration) error

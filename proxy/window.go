@@ -99,7 +99,7 @@ func (h *Handler) anchor(ctx context.Context, id store.ID, fp [32]byte) error {
 	if !created { // another request anchored this period first
 		return nil
 	}
-	if err := h.opt.Store.Complete(ctx, id, owner, store.Response{Status: http.StatusNoContent}); err != nil {
+	if err := h.opt.Store.Complete(ctx, id, owner, store.Response{Status: http.StatusNoContent}, time.Time{}); err != nil {
 		return storeError{err}
 	}
 	return nil

@@ -230,9 +230,13 @@ type Store interface {
 	// one id at most one gets true.
 	Begin(ctx context.Context, id ID, req Request, owner string, lease time.Duration) (Record, bool, error)
 	// Complete turns owner's in-flight record into a Final one holding resp,
-	// keeping Outcome but for its LastBody, which only a resume needs. ErrNotOwner if owner does not hold it (the lease was
-	// lost), ErrTooLarge if it would not fit; nothing is written then.
-	Complete(ctx context.Context, id ID, owner string, resp Response) error
+	// keeping Outcome but for its LastBody, which only a resume needs. sent,
+	// when not zero, is when this sequence first sent the request upstream:
+	// Outcome.FirstSentAt becomes the earlier of it and the kept one (as
+	// Park does), so that a final record says when its operation was first
+	// sent. ErrNotOwner if owner does not hold it (the lease was lost),
+	// ErrTooLarge if it would not fit; nothing is written then.
+	Complete(ctx context.Context, id ID, owner string, resp Response, sent time.Time) error
 	// Abandon deletes owner's in-flight record, so the next Begin starts
 	// afresh: for operations known not to have been sent. ErrNotOwner if
 	// owner does not hold it.

@@ -46,7 +46,7 @@ func testRequestFields(t *testing.T, s store.Store, _ func(time.Duration)) {
 		t.Fatalf("resume = %v, %v", created, err)
 	}
 	check("resume", rec)
-	if err := s.Complete(ctx, id, "o2", ok); err != nil {
+	if err := s.Complete(ctx, id, "o2", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	check("Get final", get(t, s, id))
@@ -88,7 +88,7 @@ func testLastBody(t *testing.T, s store.Store, _ func(time.Duration)) {
 		t.Fatalf("after a Park with a newer body: %q, want %q", got, newer)
 	}
 	mustBegin(t, s, id, fpA, "o4", Long)
-	if err := s.Complete(ctx, id, "o4", ok); err != nil {
+	if err := s.Complete(ctx, id, "o4", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := get(t, s, id).Outcome; got.LastBody != nil || got.Attempts != 4 {
@@ -113,7 +113,7 @@ func testExpiresAt(t *testing.T, s store.Store, ttl time.Duration) {
 	}
 	near("Begin", rec.ExpiresAt)
 	near("Get", get(t, s, id).ExpiresAt)
-	if err := s.Complete(ctx, id, "o", ok); err != nil {
+	if err := s.Complete(ctx, id, "o", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	near("Get final", get(t, s, id).ExpiresAt)

@@ -21,7 +21,7 @@ func testList(t *testing.T, s store.Store, _ func(time.Duration)) {
 	for _, k := range []string{"f1", "u1", "u2", "i1", "i2", "i3"} {
 		mustBegin(t, s, id(k), fpA, "o-"+k, Long)
 	}
-	if err := s.Complete(ctx, id("f1"), "o-f1", ok); err != nil {
+	if err := s.Complete(ctx, id("f1"), "o-f1", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"u1", "u2"} {
@@ -104,10 +104,10 @@ func testListKeepFullPages(t *testing.T, s store.Store, _ func(time.Duration)) {
 		var err error
 		switch i % 4 {
 		case 0: // kept
-			err = s.Complete(ctx, id(k), "o-"+k, review)
+			err = s.Complete(ctx, id(k), "o-"+k, review, time.Time{})
 			want = append(want, k)
 		case 1: // final, skipped by Keep
-			err = s.Complete(ctx, id(k), "o-"+k, ok)
+			err = s.Complete(ctx, id(k), "o-"+k, ok, time.Time{})
 		case 2: // another state
 			err = s.Park(ctx, id(k), "o-"+k, store.Outcome{Attempts: 1})
 		} // 3: left in flight
@@ -167,7 +167,7 @@ func testSupersede(t *testing.T, s store.Store, _ func(time.Duration)) {
 	_, err = s.Supersede(ctx, id)
 	wantErr(t, "Supersede of an unknown record", err, store.ErrNotFinal)
 	mustBegin(t, s, id, fpA, "o2", Long)
-	if err := s.Complete(ctx, id, "o2", ok); err != nil {
+	if err := s.Complete(ctx, id, "o2", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := s.Supersede(ctx, id)
@@ -191,7 +191,7 @@ func testSupersededKept(t *testing.T, s store.Store, advance func(time.Duration)
 	kept, gone := newID("kept"), newID("gone")
 	for _, id := range []store.ID{kept, gone} {
 		mustBegin(t, s, id, fpA, "o", Long)
-		if err := s.Complete(ctx, id, "o", ok); err != nil {
+		if err := s.Complete(ctx, id, "o", ok, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -188,7 +188,7 @@ func testCompleteReplay(t *testing.T, s store.Store, _ func(time.Duration)) {
 	ctx := context.Background()
 	id := newID("k")
 	mustBegin(t, s, id, fpA, "owner-1", Long)
-	if err := s.Complete(ctx, id, "owner-1", ok); err != nil {
+	if err := s.Complete(ctx, id, "owner-1", ok, time.Time{}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	for _, fp := range [][]byte{fpA, fpB} {
@@ -199,12 +199,12 @@ func testCompleteReplay(t *testing.T, s store.Store, _ func(time.Duration)) {
 		wantResponse(t, "Begin after Complete", rec.Response, ok)
 	}
 	wantResponse(t, "Get", get(t, s, id).Response, ok)
-	wantErr(t, "second Complete", s.Complete(ctx, id, "owner-1", ok), store.ErrNotOwner)
+	wantErr(t, "second Complete", s.Complete(ctx, id, "owner-1", ok, time.Time{}), store.ErrNotOwner)
 
 	// Empty header and body come back empty.
 	id2 := newID("empty")
 	mustBegin(t, s, id2, fpA, "o", Long)
-	if err := s.Complete(ctx, id2, "o", store.Response{Status: 204}); err != nil {
+	if err := s.Complete(ctx, id2, "o", store.Response{Status: 204}, time.Time{}); err != nil {
 		t.Fatalf("Complete empty: %v", err)
 	}
 	r := get(t, s, id2).Response
@@ -233,7 +233,7 @@ func testNotOwner(t *testing.T, s store.Store, _ func(time.Duration)) {
 	id := newID("k")
 	ops := func(owner string) map[string]error {
 		return map[string]error{
-			"Complete": s.Complete(ctx, id, owner, ok),
+			"Complete": s.Complete(ctx, id, owner, ok, time.Time{}),
 			"Abandon":  s.Abandon(ctx, id, owner),
 			"Renew":    s.Renew(ctx, id, owner, Long),
 			"Park":     s.Park(ctx, id, owner, store.Outcome{Attempts: 1}),
@@ -249,7 +249,7 @@ func testNotOwner(t *testing.T, s store.Store, _ func(time.Duration)) {
 	if rec := get(t, s, id); rec.State != store.InFlight || rec.Owner != "owner-1" {
 		t.Fatalf("after failed calls by another owner: %+v, want owner-1 in flight", rec)
 	}
-	if err := s.Complete(ctx, id, "owner-1", ok); err != nil {
+	if err := s.Complete(ctx, id, "owner-1", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	for op, err := range ops("owner-1") {
@@ -268,15 +268,15 @@ func testTakeover(t *testing.T, s store.Store, advance func(time.Duration)) {
 		t.Fatalf("takeover = %+v, want owner-2, fence 2, CreatedAt kept", rec)
 	}
 	// Fencing: the old owner can do nothing any more.
-	wantErr(t, "Complete by the old owner", s.Complete(ctx, id, "owner-1", ok), store.ErrNotOwner)
+	wantErr(t, "Complete by the old owner", s.Complete(ctx, id, "owner-1", ok, time.Time{}), store.ErrNotOwner)
 	wantErr(t, "Abandon by the old owner", s.Abandon(ctx, id, "owner-1"), store.ErrNotOwner)
 	wantErr(t, "Renew by the old owner", s.Renew(ctx, id, "owner-1", Long), store.ErrNotOwner)
 	wantErr(t, "Park by the old owner", s.Park(ctx, id, "owner-1", store.Outcome{}), store.ErrNotOwner)
 	mine := store.Response{Status: 200, Body: []byte("owner-2")}
-	if err := s.Complete(ctx, id, "owner-2", mine); err != nil {
+	if err := s.Complete(ctx, id, "owner-2", mine, time.Time{}); err != nil {
 		t.Fatalf("Complete by the new owner: %v", err)
 	}
-	wantErr(t, "late Complete by the old owner", s.Complete(ctx, id, "owner-1", ok), store.ErrNotOwner)
+	wantErr(t, "late Complete by the old owner", s.Complete(ctx, id, "owner-1", ok, time.Time{}), store.ErrNotOwner)
 	got := get(t, s, id)
 	wantResponse(t, "after takeover", got.Response, mine)
 	if got.Fence != 2 {
@@ -299,7 +299,7 @@ func testExpiredLeaseStillOwned(t *testing.T, s store.Store, advance func(time.D
 	id := newID("k")
 	mustBegin(t, s, id, fpA, "owner-1", short)
 	advance(2 * short)
-	if err := s.Complete(ctx, id, "owner-1", ok); err != nil {
+	if err := s.Complete(ctx, id, "owner-1", ok, time.Time{}); err != nil {
 		t.Fatalf("Complete after the lease ran out, nobody took over: %v", err)
 	}
 	rec, created := begin(t, s, id, fpA, "owner-2", Long)
@@ -338,7 +338,7 @@ func testPark(t *testing.T, s store.Store, advance func(time.Duration)) {
 	if rec.State != store.Unknown || !rec.LeaseUntil.IsZero() || !rec.CreatedAt.Equal(first.CreatedAt) || !sameOutcome(rec.Outcome, want) {
 		t.Fatalf("after Park: %+v, want unknown, no lease, CreatedAt kept, outcome %+v", rec, want)
 	}
-	wantErr(t, "Complete of an unknown record", s.Complete(ctx, id, "owner-1", ok), store.ErrNotOwner)
+	wantErr(t, "Complete of an unknown record", s.Complete(ctx, id, "owner-1", ok, time.Time{}), store.ErrNotOwner)
 
 	// Another request under the key gets the record, and is not sent.
 	got, created := begin(t, s, id, fpB, "owner-2", Long)
@@ -360,11 +360,25 @@ func testPark(t *testing.T, s store.Store, advance func(time.Duration)) {
 		t.Fatalf("after a second Park: outcome %+v, want %+v", rec.Outcome, want)
 	}
 	mustBegin(t, s, id, fpA, "owner-4", Long)
-	if err := s.Complete(ctx, id, "owner-4", ok); err != nil {
+	// The resumed sequence's own first send is later: the earliest stays.
+	if err := s.Complete(ctx, id, "owner-4", ok, later.Add(time.Hour)); err != nil {
 		t.Fatalf("Complete after resume: %v", err)
 	}
 	if rec := get(t, s, id); rec.State != store.Final || rec.Fence != 3 || !sameOutcome(rec.Outcome, want) {
 		t.Fatalf("final after resume: %+v, want final, fence 3, outcome kept", rec)
+	}
+
+	// A final answer in its first sequence: Complete gives the first send;
+	// none when nothing says it was sent.
+	for _, at := range []time.Time{sent, {}} {
+		id := newID("first-sequence")
+		mustBegin(t, s, id, fpA, "o", Long)
+		if err := s.Complete(ctx, id, "o", ok, at); err != nil {
+			t.Fatal(err)
+		}
+		if rec := get(t, s, id); !rec.Outcome.FirstSentAt.Equal(at) || rec.Outcome.Attempts != 0 || rec.Outcome.LastError != "" {
+			t.Fatalf("completed with first send %v: outcome %+v, want that first send alone", at, rec.Outcome)
+		}
 	}
 
 	// Never sent: a zero FirstSentAt stays zero until a Park gives one.
@@ -449,14 +463,14 @@ func testTooLarge(t *testing.T, s store.Store, _ func(time.Duration)) {
 	id := newID("big")
 	mustBegin(t, s, id, fpA, "o", Long)
 	huge := store.Response{Status: 200, Body: bytes.Repeat([]byte{'x'}, int(limit)+(1<<20))}
-	wantErr(t, "Complete over the limit", s.Complete(ctx, id, "o", huge), store.ErrTooLarge)
+	wantErr(t, "Complete over the limit", s.Complete(ctx, id, "o", huge, time.Time{}), store.ErrTooLarge)
 	if rec := get(t, s, id); rec.State != store.InFlight || rec.Owner != "o" {
 		t.Fatalf("after ErrTooLarge: %+v, want still in flight for o", rec)
 	}
 	// The largest body with a 64 KiB header budget fits.
 	fits := store.Response{Status: 200, Header: http.Header{"X-Pad": {string(bytes.Repeat([]byte{'h'}, 60<<10))}},
 		Body: bytes.Repeat([]byte{'y'}, int(limit))}
-	if err := s.Complete(ctx, id, "o", fits); err != nil {
+	if err := s.Complete(ctx, id, "o", fits, time.Time{}); err != nil {
 		t.Fatalf("Complete at MaxBodyBytes: %v", err)
 	}
 	wantResponse(t, "largest record", get(t, s, id).Response, fits)
@@ -468,7 +482,7 @@ func testTenants(t *testing.T, s store.Store, _ func(time.Duration)) {
 	b := store.ID{Tenant: a.Tenant + "-other", Key: a.Key}
 	empty := store.ID{Tenant: "", Key: a.Key + "\x00é"}
 	mustBegin(t, s, a, fpA, "oa", Long)
-	if err := s.Complete(ctx, a, "oa", ok); err != nil {
+	if err := s.Complete(ctx, a, "oa", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Get(ctx, b); !errors.Is(err, store.ErrNotFound) {
@@ -517,7 +531,7 @@ func testExpiry(t *testing.T, s store.Store, advance func(time.Duration)) {
 	ctx := context.Background()
 	id := newID("k")
 	mustBegin(t, s, id, fpA, "o", Long)
-	if err := s.Complete(ctx, id, "o", ok); err != nil {
+	if err := s.Complete(ctx, id, "o", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	parked := newID("parked")
@@ -538,7 +552,7 @@ func testExpiry(t *testing.T, s store.Store, advance func(time.Duration)) {
 	if rec.Fence != 1 || !bytes.Equal(rec.Fingerprint, fpB) {
 		t.Fatalf("Begin after expiry = %+v, want a new record", rec)
 	}
-	wantErr(t, "Complete of an expired record", s.Complete(ctx, inflight, "i", ok), store.ErrNotOwner)
+	wantErr(t, "Complete of an expired record", s.Complete(ctx, inflight, "i", ok, time.Time{}), store.ErrNotOwner)
 	// An expired unknown record leaves nothing behind for the new one.
 	if rec := mustBegin(t, s, parked, fpA, "p2", Long); rec.Fence != 1 || !rec.Outcome.IsZero() {
 		t.Fatalf("Begin after an unknown record expired = %+v, want a new record with no outcome", rec)
