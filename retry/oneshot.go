@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/internal/heldbody"
 )
 
 // OneShot is the RoundTripper right above *http.Transport: it makes every
@@ -16,8 +17,11 @@ import (
 // retry loop. docs/design/oneshot.md has the analysis.
 //
 // OneShot sends a shallow copy with GetBody nil (the request itself when it
-// has a body and no GetBody already: nothing to change). A request with a
-// body keeps it: a body without GetBody is never replayed. An empty body is framed as
+// has a body and no GetBody already: nothing to change, but for a held body,
+// below). A request with a body keeps it: a body without GetBody is never
+// replayed, whatever its type. A body the retry loop holds (heldbody) goes as
+// a reader net/http knows to be in memory, so that the header and a small
+// body leave in one write instead of two (heldbody.Body.InMemory). An empty body is framed as
 // its method expects, and still not replayable:
 //   - GET, HEAD, OPTIONS and TRACE (replayable by method whenever the body is
 //     nil) get an empty reader of a type net/http does not know: it probes
@@ -39,12 +43,16 @@ type OneShot struct {
 // RoundTrip sends req once through Next without letting Next replay it.
 // The returned response's Request is req.
 func (o OneShot) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.GetBody == nil && req.Body != nil && req.Body != http.NoBody {
-		return o.next().RoundTrip(req) // nothing to change (the retry loop's attempts): no copy
+	held, isHeld := req.Body.(*heldbody.Body)
+	if req.GetBody == nil && req.Body != nil && req.Body != http.NoBody && !isHeld {
+		return o.next().RoundTrip(req) // nothing to change: no copy
 	}
 	out := req.WithContext(req.Context()) // shallow copy: RoundTrip must not modify req
 	out.GetBody = nil
-	if req.Body == nil || req.Body == http.NoBody {
+	switch {
+	case isHeld:
+		out.Body = held.InMemory()
+	case req.Body == nil || req.Body == http.NoBody:
 		frameEmpty(out)
 	}
 	resp, err := o.next().RoundTrip(out)

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/heldbody"
 )
 
 type connCounterKey struct{}
@@ -209,5 +211,77 @@ func TestOneShotEmptyBodyFraming(t *testing.T) {
 					s.bodySize, s.chunked, s.length, s.key, wantSize, tt.wantLength)
 			}
 		})
+	}
+}
+
+// writeCounter counts the writes on the connections a transport dials.
+type writeCounter struct {
+	net.Conn
+	n *atomic.Int32
+}
+
+func (c writeCounter) Write(p []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(p)
+}
+
+// opaqueBody is a request body of a type net/http does not know.
+type opaqueBody struct{ r *bytes.Reader }
+
+func (b opaqueBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+func (opaqueBody) Close() error                 { return nil }
+
+// TestOneShotHeldBodyOneWrite: an attempt whose body the retry loop holds
+// leaves in one write on the connection, header and body together, as
+// net/http sends an in-memory body; a body of a type net/http does not know
+// takes two (the header is flushed first, in case the body blocks). The
+// attempt is still sent once: the server sees it once and answers it.
+func TestOneShotHeldBodyOneWrite(t *testing.T) {
+	var seen atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if b, _ := io.ReadAll(r.Body); string(b) != `{"order_id":"w-1","amount":1000}` {
+			t.Errorf("server got body %q", b)
+		}
+		seen.Add(1)
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	var writes atomic.Int32
+	wire := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return writeCounter{c, &writes}, nil
+	}}
+	defer wire.CloseIdleConnections()
+	body := []byte(`{"order_id":"w-1","amount":1000}`)
+	send := func(b io.ReadCloser) int32 {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/payments", nil)
+		req.Body, req.ContentLength = b, int64(len(body))
+		req.Header.Set("Idempotency-Key", "k-1")
+		before := writes.Load()
+		resp, err := OneShot{Next: wire}.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.Request != req {
+			t.Error("the response's Request is not the caller's")
+		}
+		return writes.Load() - before
+	}
+	for i := range 2 { // a new connection, then a reused one
+		if n := send(heldbody.New(body)); n != 1 {
+			t.Errorf("held body, request %d: %d writes on the connection, want 1", i+1, n)
+		}
+	}
+	if n := send(opaqueBody{bytes.NewReader(body)}); n != 2 {
+		t.Errorf("body of an unknown type: %d writes, want 2 (the header flushed apart); the count does not see a split", n)
+	}
+	if n := seen.Load(); n != 3 {
+		t.Errorf("server saw %d requests, want 3", n)
 	}
 }
