@@ -228,6 +228,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.ContentLength > h.opt.MaxBodyBytes { // refused before a streamed request leaves
+		if p := h.rule(r).Policy; p == routes.Key || p == routes.Fingerprint {
+			echoClientKey(w, r)
+		}
 		h.fail(w, sum, ErrBodyTooLong)
 		return
 	}
@@ -327,6 +330,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	// ends. They are ignored (declared ones were refused by checkShape):
 	// nothing reads a key or a signature from them, and none goes upstream
 	// (rewrite).
+	echoClientKey(w, r)
 	body, err := readHeld(r.Body, r.ContentLength, t)
 	if errors.Is(err, errBodyBytes) {
 		h.fail(w, sum, ErrOverloadedBytes)
@@ -387,6 +391,17 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		return
 	}
 	writeResult(w, res, id.Key, sum)
+}
+
+// echoClientKey puts the app's own Idempotency-Key, if it sent a valid one,
+// on the answer to a protected request: an answer refused before the key is
+// resolved (body too large or unreadable, overloaded) carries the key as
+// every other answer does (docs/contract.md), the one the app's retry must
+// send. A key derived from the body is set once the body is read.
+func echoClientKey(w http.ResponseWriter, r *http.Request) {
+	if key, present, err := idemkey.FromHeader(r.Header); present && err == nil {
+		w.Header().Set(KeyHeader, key)
+	}
 }
 
 // resolveKey returns the key for a protected request: the client's own, else the

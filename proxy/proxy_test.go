@@ -414,6 +414,46 @@ func TestBodyTooLarge(t *testing.T) {
 	}
 }
 
+// A protected request refused 413 carries the app's own key, as every
+// answer to a protected request with a key does; an unprotected one does not.
+func TestBodyTooLargeCarriesTheAppsKey(t *testing.T) {
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.MaxBodyBytes = 64 })
+	big := `{"order_id":"big","pad":"` + strings.Repeat("x", 100) + `"}`
+	cases := []struct {
+		name, method string
+		chunked      bool
+		want         string
+	}{
+		{"POST", "POST", false, "app-key-413"},
+		{"POST chunked", "POST", true, "app-key-413"},
+		{"PUT, unprotected", "PUT", false, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var body io.Reader = strings.NewReader(big)
+			if c.chunked {
+				body = io.MultiReader(body) // no length known: sent chunked
+			}
+			req, err := http.NewRequest(c.method, e.srv.URL+"/v1/payments", body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Idempotency-Key", "app-key-413")
+			resp, err := e.srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestEntityTooLarge || resp.Header.Get("Idempotency-Key") != c.want {
+				t.Errorf("got %d with Idempotency-Key %q, want 413 with %q", resp.StatusCode, resp.Header.Get("Idempotency-Key"), c.want)
+			}
+		})
+	}
+	if total, _ := e.prov.counts(); total != 0 {
+		t.Errorf("upstream saw %d requests, want 0", total)
+	}
+}
+
 func TestClientDisconnectDoesNotStopTheOperation(t *testing.T) {
 	e := newEnv(t)
 	e.prov.hold = make(chan struct{})
