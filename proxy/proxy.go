@@ -358,7 +358,10 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 			h.fail(w, sum, ErrOverloaded)
 			return
 		}
-		r.Body = heldbody.New(body)
+		// The body is held whole: it goes with its length, so an empty one
+		// is "Content-Length: 0", never a zero-length chunked body (some
+		// providers and WAFs answer 411).
+		r.Body, r.ContentLength, r.TransferEncoding = heldbody.New(body), int64(len(body)), nil
 		h.forward(w, r, retry.Once, outgoingKey{}, sum)
 		return
 	}

@@ -43,6 +43,8 @@ type provider struct {
 	early bool
 	// leaked counts requests that arrived with idemproxy's client token header.
 	leaked int
+	// chunked counts requests that arrived with a chunked body.
+	chunked int
 }
 
 func newProvider() *provider {
@@ -57,6 +59,9 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.requests[key]++
 	if r.Header.Get(proxy.DefaultClientHeader) != "" {
 		p.leaked++
+	}
+	if len(r.TransferEncoding) > 0 {
+		p.chunked++
 	}
 	status, hold, entered, early := p.status, p.hold, p.entered, p.early
 	prev, replay := p.stored[key]
@@ -451,6 +456,39 @@ func TestBodyTooLargeCarriesTheAppsKey(t *testing.T) {
 	}
 	if total, _ := e.prov.counts(); total != 0 {
 		t.Errorf("upstream saw %d requests, want 0", total)
+	}
+}
+
+// A protected request's body is read whole before it is sent, so it goes
+// with its length, the keyless one passed through included: an empty chunked
+// body goes as "Content-Length: 0", never as a zero-length chunked body.
+func TestHeldBodiesGoWithTheirLength(t *testing.T) {
+	for _, policy := range []proxy.MissingKey{proxy.Reject, proxy.Passthrough} {
+		e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.MissingKey = policy })
+		for _, body := range []string{"", `{"note":"no order id"}`, order} {
+			req, err := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/payments", io.MultiReader(strings.NewReader(body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.ContentLength = -1      // sent chunked
+			if policy == proxy.Reject { // keyed by the app; else passed through without a key, or keyed by order_id
+				req.Header.Set("Idempotency-Key", "held-"+fmt.Sprint(len(body)))
+			}
+			resp, err := e.srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated {
+				t.Errorf("%v, body %q: status %d, want 201", policy, body, resp.StatusCode)
+			}
+		}
+		e.prov.mu.Lock()
+		total, chunked := e.prov.total, e.prov.chunked
+		e.prov.mu.Unlock()
+		if total != 3 || chunked != 0 {
+			t.Errorf("%v: provider got %d requests, %d of them chunked; want 3, none chunked", policy, total, chunked)
+		}
 	}
 }
 
