@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"reflect"
 	"strings"
@@ -454,11 +455,43 @@ func (c *config) clients() (*proxy.ClientTokens, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
+	if err := c.checkClientHeader(); err != nil {
+		return nil, "", bad("CLIENT_HEADER", err)
+	}
 	ct, err := proxy.ParseClientTokens(c.ClientHeader, list)
 	if err != nil {
 		return nil, "", bad("CLIENT_TOKENS", err)
 	}
 	return ct, list, nil
+}
+
+// checkClientHeader refuses a client token header that no request can carry
+// or that another part of a request already means something by: the
+// token would become the app's Idempotency-Key (echoed in answers and
+// logged), or idemproxy would remove a header the provider needs.
+func (c *config) checkClientHeader() error {
+	name := c.ClientHeader
+	if name == "" || strings.ContainsFunc(name, func(r rune) bool {
+		return r > unicode.MaxASCII || !(unicode.IsLetter(r) || unicode.IsDigit(r) || strings.ContainsRune("!#$%&'*+-.^_`|~", r))
+	}) {
+		return fmt.Errorf("%q is not a header name", name)
+	}
+	taken := []string{idemkey.HeaderName, "X-Idempotency-Key", "Host", "Content-Length", "Content-Type",
+		"Transfer-Encoding", "Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Upgrade", "Expect",
+		c.SignatureHeader, c.TimestampHeader, c.NonceHeader}
+	if static, err := secret("STATIC_HEADERS", c.StaticHeaders, c.StaticHeadersFile); err == nil {
+		if h, err := resign.ParseStaticHeaders(static); err == nil { // a bad list is reported as STATIC_HEADERS
+			for n := range h {
+				taken = append(taken, n)
+			}
+		}
+	}
+	for _, t := range taken {
+		if t != "" && strings.EqualFold(name, t) {
+			return fmt.Errorf("%s is already used for another purpose", http.CanonicalHeaderKey(name))
+		}
+	}
+	return nil
 }
 
 // secrets returns the configured values that must never reach a log line: the

@@ -32,6 +32,13 @@ func TestConfigBounds(t *testing.T) {
 		{"listen port out of range", []string{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:99999"}, []string{"IDEMPROXY_LISTEN_ADDR"}},
 		{"admin address without a port", []string{"IDEMPROXY_ADMIN_ADDR=localhost"}, []string{"IDEMPROXY_ADMIN_ADDR"}},
 		{"admin port not a number", []string{"IDEMPROXY_ADMIN_ADDR=:nine"}, []string{"IDEMPROXY_ADMIN_ADDR"}},
+		// The token header once could be Idempotency-Key: the token became
+		// the app's key, echoed in answers and logged.
+		{"client header is the key header", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=idempotency-key"}, []string{"IDEMPROXY_CLIENT_HEADER", "Idempotency-Key"}},
+		{"client header is Host", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=Host"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
+		{"client header is the signature header", []string{"IDEMPROXY_CLIENT_HEADER=X-Signature"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
+		{"client header is a static header", []string{"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-1", "IDEMPROXY_CLIENT_HEADER=X-Public-Id"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
+		{"client header not a header name", []string{"IDEMPROXY_CLIENT_HEADER=App Token"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		{"same port, wildcard and loopback", []string{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:9090", "IDEMPROXY_ADMIN_ADDR=:9090"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
 	}
 	for _, tt := range tests {
@@ -57,6 +64,7 @@ func TestConfigAccepts(t *testing.T) {
 		{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:8080", "IDEMPROXY_ADMIN_ADDR=127.0.0.2:8080"},
 		{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"},
 		{"IDEMPROXY_LISTEN_ADDR=[::1]:8080", "IDEMPROXY_ADMIN_ADDR=localhost:9090"},
+		{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=X-App-Token"},
 		{"IDEMPROXY_LISTEN_ADDR=:http", "IDEMPROXY_ADMIN_ADDR=0.0.0.0:65535"},
 	} {
 		if _, _, err := loadConfig(append(base, env...)); err != nil {
