@@ -351,11 +351,30 @@ func TestBinaryRefusesCorruptDataDir(t *testing.T) {
 	if !asExit(err, &ee) || ee.ExitCode() != 1 {
 		t.Fatalf("exit %v, want status 1; output:\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "open data directory") || !strings.Contains(string(out), dir) {
-		t.Errorf("output does not explain the data directory problem:\n%s", out)
+	if !strings.Contains(string(out), "open data directory IDEMPROXY_DATA_DIR="+dir) {
+		t.Errorf("output does not explain the data directory problem, naming the variable:\n%s", out)
 	}
 	if strings.Contains(string(out), "panic") {
 		t.Errorf("binary panicked:\n%s", out)
+	}
+}
+
+// A data directory that cannot be made stops the start naming the variable.
+func TestBinaryNamesUnusableDataDir(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "a-file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binPath)
+	cmd.Env = []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + file,
+		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !asExit(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("exit %v, want status 1; output:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "IDEMPROXY_DATA_DIR="+file) {
+		t.Errorf("output does not name IDEMPROXY_DATA_DIR:\n%s", out)
 	}
 }
 

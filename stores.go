@@ -30,7 +30,7 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 	}
 	s, err := cache.Open(storeOptions(cfg, log))
 	if err != nil {
-		return nil, 0, fmt.Errorf("open data directory %s: %w", cfg.DataDir, err)
+		return nil, 0, fmt.Errorf("open data directory %sDATA_DIR=%s: %w", envPrefix, cfg.DataDir, err)
 	}
 	m.StoreSize(s.Size)
 	m.StorePageOuts(s.PageOuts)
