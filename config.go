@@ -114,6 +114,9 @@ func loadConfig(environ []string) (config, settings, error) {
 	if err != nil {
 		return cfg, settings{}, nameVariables(err, opts)
 	}
+	if err := emptySecretFiles(cfg, vars); err != nil {
+		return cfg, settings{}, err
+	}
 	s, err := cfg.settings()
 	return cfg, s, err
 }
@@ -140,6 +143,26 @@ func nameVariables(err error, opts env.Options) error {
 		out = append(out, e)
 	}
 	return errors.Join(out...)
+}
+
+// emptySecretFiles refuses a <NAME>_FILE variable whose file holds nothing
+// but white space. A secret mounted empty (a provisioning slip) would
+// otherwise turn its feature off without a word: the admin API open to
+// anyone on the admin port, signing or client authentication off, the
+// embedded store instead of the database the replicas share.
+func emptySecretFiles(cfg config, vars map[string]string) error {
+	v := reflect.ValueOf(cfg)
+	t := v.Type()
+	for i := range t.NumField() {
+		name, opts, _ := strings.Cut(t.Field(i).Tag.Get("env"), ",")
+		if opts != "file" || vars[envPrefix+name] == "" {
+			continue
+		}
+		if strings.TrimSpace(v.Field(i).String()) == "" {
+			return fmt.Errorf("%s%s: the file %s is empty", envPrefix, name, vars[envPrefix+name])
+		}
+	}
+	return nil
 }
 
 func bad(name string, err error) error {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -70,5 +72,39 @@ func TestConfigAccepts(t *testing.T) {
 		if _, _, err := loadConfig(append(base, env...)); err != nil {
 			t.Errorf("%v refused: %v", env, err)
 		}
+	}
+}
+
+// A secret file that is empty stops the start: it once turned the feature
+// off silently (an empty IDEMPROXY_ADMIN_TOKEN_FILE left the admin API open).
+func TestConfigEmptySecretFiles(t *testing.T) {
+	dir := t.TempDir()
+	empty, blank := filepath.Join(dir, "empty"), filepath.Join(dir, "blank")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(blank, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}
+	for _, name := range []string{"IDEMPROXY_ADMIN_TOKEN_FILE", "IDEMPROXY_SIGN_SECRET_FILE", "IDEMPROXY_CLIENT_TOKENS_FILE",
+		"IDEMPROXY_STORE_URL_FILE", "IDEMPROXY_STATIC_HEADERS_FILE", "IDEMPROXY_KEY_SECRET_FILE"} {
+		for _, file := range []string{empty, blank} {
+			var stderr bytes.Buffer
+			if code := command(nil, append(base, name+"="+file), io.Discard, &stderr); code != 2 {
+				t.Errorf("%s=%s: exit %d, want 2; stderr:\n%s", name, file, code, stderr.String())
+				continue
+			}
+			if !strings.Contains(stderr.String(), name) || !strings.Contains(stderr.String(), "empty") {
+				t.Errorf("%s=%s: message %q does not say the variable's file is empty", name, file, stderr.String())
+			}
+		}
+	}
+	secretFile := filepath.Join(dir, "admin-token")
+	if err := os.WriteFile(secretFile, []byte("an-admin-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, set, err := loadConfig(append(base, "IDEMPROXY_ADMIN_TOKEN_FILE="+secretFile)); err != nil || set.adminToken != "an-admin-token" {
+		t.Errorf("a token file: %v, token %q", err, set.adminToken)
 	}
 }
