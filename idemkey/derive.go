@@ -1,6 +1,7 @@
 package idemkey
 
 import (
+	"bytes"
 	"crypto/sha1"
 	"net/http"
 	"strconv"
@@ -76,14 +77,21 @@ func KeyFor(src Source, val string, r Request) string {
 	return st.key(r, src, []byte(val))
 }
 
+// utf8BOM is the UTF-8 encoding of U+FEFF, the byte order mark.
+var utf8BOM = []byte("\xef\xbb\xbf")
+
 // value returns the value of source s in r.
 func (st *state) value(s Source, r Request) ([]byte, bool) {
 	switch s.Kind {
 	case JSON:
-		if firstNonSpace(r.Body) != '{' {
+		// A UTF-8 byte order mark before the document, which legacy
+		// runtimes write (RFC 8259 §8.1 lets a parser ignore it), does not
+		// hide the id. The fingerprint still takes such a body as it came.
+		body := bytes.TrimPrefix(r.Body, utf8BOM)
+		if firstNonSpace(body) != '{' {
 			return nil, false
 		}
-		return st.json.lookup(r.Body, s.Name)
+		return st.json.lookup(body, s.Name)
 	case Form:
 		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(r.Body) == '{') {
 			return nil, false

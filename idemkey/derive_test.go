@@ -152,6 +152,9 @@ func TestDeriveSameOperation(t *testing.T) {
 		postJSON(`{"order_id":12345,"amount":100}`),             // legacy apps quote ids inconsistently
 		postJSON(` { "amount" : 999 , "order_id" : "12345" } `), // another body is still the same operation
 		{Method: "POST", Path: "/v1/payments", Body: []byte(`{"order_id":"\u0031\u0032345"}`)},
+		// A byte order mark, as .NET's UTF-8 writers add: it once hid the
+		// id, and every such request was refused 422.
+		postJSON("\xef\xbb\xbf{\"order_id\":\"12345\",\"amount\":100}"),
 	}
 	for i, r := range same {
 		if key, _, _ := Derive(srcs, r); key != baseKey {
