@@ -53,11 +53,15 @@ func park(t *testing.T, e *env, bodies ...string) (release func()) {
 // overloaded, as an app does after Retry-After: a request gives its slot and
 // body bytes back only after its answer has reached the client, so a
 // request sent right after an answer can still meet the bound that answer's
-// request held. Tests expecting the refusal use e.do.
+// request held. The tries are bounded (10,000, a millisecond apart, far
+// more than a handler needs to return once its answer is out, even under
+// the race detector on a loaded machine), so a bound that is never given
+// back fails the test instead of hanging it. Tests expecting the refusal
+// use e.do.
 func sendBelowBound(e *env, body string) (answer, error) {
 	for i := 0; ; i++ {
 		a, err := e.send(http.MethodPost, "/v1/payments", body)
-		if err != nil || a.status != http.StatusServiceUnavailable || !strings.Contains(string(a.body), `"overloaded"`) || i == 1000 {
+		if err != nil || a.status != http.StatusServiceUnavailable || !strings.Contains(string(a.body), `"overloaded"`) || i == 10000 {
 			return a, err
 		}
 		time.Sleep(time.Millisecond)

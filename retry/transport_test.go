@@ -566,7 +566,11 @@ func TestTransportWaitEndsAtShutdown(t *testing.T) {
 				}
 				done <- result{rep, err}
 			}()
-			<-waiting
+			select {
+			case <-waiting:
+			case r := <-done:
+				t.Fatalf("Do returned before waiting for its next attempt: %v", r.err)
+			}
 			gate.Close()
 			r := <-done
 			if !interrupted {
