@@ -78,6 +78,14 @@ func TestOneShotPreventsSilentResend(t *testing.T) {
 			r.Header.Set("Idempotency-Key", "k-1")
 			return r
 		}},
+		{"POST with a held body, Idempotency-Key and GetBody", func(url string) *http.Request {
+			b := []byte(`{"order_id":"o-1"}`)
+			r, _ := http.NewRequest(http.MethodPost, url, nil)
+			r.Body, r.ContentLength = heldbody.New(b), int64(len(b))
+			r.GetBody = func() (io.ReadCloser, error) { return heldbody.New(b), nil }
+			r.Header.Set("Idempotency-Key", "k-1")
+			return r
+		}},
 		{"POST with Idempotency-Key and no body", func(url string) *http.Request {
 			r, _ := http.NewRequest(http.MethodPost, url, nil)
 			r.Header.Set("Idempotency-Key", "k-1")
@@ -211,6 +219,30 @@ func TestOneShotEmptyBodyFraming(t *testing.T) {
 					s.bodySize, s.chunked, s.length, s.key, wantSize, tt.wantLength)
 			}
 		})
+	}
+}
+
+// TestOneShotHeldAttemptSentOnce: the retry loop's attempt, a held body and
+// no GetBody, which OneShot hands to net/http as an in-memory reader, is
+// still sent once when the kept-alive connection drops after the server read
+// it: the error reaches the caller, net/http does not resend it.
+func TestOneShotHeldAttemptSentOnce(t *testing.T) {
+	d := newDropSecondServer(t)
+	wire := &http.Transport{}
+	defer wire.CloseIdleConnections()
+	warmUp(t, wire, d.srv.URL)
+	b := []byte(`{"order_id":"o-1"}`)
+	req, _ := http.NewRequest(http.MethodPost, d.srv.URL, nil)
+	req.Body, req.ContentLength = heldbody.New(b), int64(len(b))
+	req.Header.Set("Idempotency-Key", "k-1")
+	req.Header.Set("X-Marker", "held")
+	resp, err := OneShot{Next: wire}.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("OneShot: got a response, want the dropped connection's error")
+	}
+	if n := d.count("held"); n != 1 {
+		t.Errorf("server saw the attempt %d times, want exactly 1", n)
 	}
 }
 
