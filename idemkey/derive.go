@@ -93,7 +93,9 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 		}
 		return st.json.lookup(body, s.Name)
 	case Form:
-		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(r.Body) == '{') {
+		// A body without Content-Type is a form unless it is a JSON
+		// object, byte order mark or not.
+		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(bytes.TrimPrefix(r.Body, utf8BOM)) == '{') {
 			return nil, false
 		}
 		var ok bool

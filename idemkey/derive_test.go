@@ -123,6 +123,7 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"form field without value", "form:order_id", Request{ContentType: "application/x-www-form-urlencoded", Body: []byte("order_id")}},
 		{"form body with JSON content type", "form:order_id", Request{ContentType: "application/json", Body: []byte("order_id=1")}},
 		{"form source on a JSON body", "form:order_id", Request{Body: []byte(`{"order_id":"1"}`)}},
+		{"form source on a JSON body with a byte order mark", "form:order_id", Request{Body: []byte("\xef\xbb\xbf{\"x\":\"a&order_id=1\"}")}},
 		{"header absent", "header:X-Id", Request{Header: http.Header{"X-Other": {"1"}}}},
 		{"header empty", "header:X-Id", Request{Header: http.Header{"X-Id": {""}}}},
 		{"nil header", "header:X-Id", Request{}},
