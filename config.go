@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -155,7 +156,7 @@ func emptySecretFiles(cfg config, vars map[string]string) error {
 	t := v.Type()
 	for i := range t.NumField() {
 		name, opts, _ := strings.Cut(t.Field(i).Tag.Get("env"), ",")
-		if opts != "file" || vars[envPrefix+name] == "" {
+		if !slices.Contains(strings.Split(opts, ","), "file") || vars[envPrefix+name] == "" {
 			continue
 		}
 		if strings.TrimSpace(v.Field(i).String()) == "" {
