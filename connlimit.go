@@ -141,3 +141,8 @@ func (lc *limitedConn) Close() error {
 	})
 	return err
 }
+
+// CloseWrite half-closes the connection, if the connection wrapped can, as
+// net/http does after a refusal that leaves the request unread (see
+// refusalConn.CloseWrite).
+func (lc *limitedConn) CloseWrite() error { return closeWrite(lc.Conn) }

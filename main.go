@@ -183,28 +183,15 @@ func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, 
 	if err != nil {
 		return fmt.Errorf("%sLISTEN_ADDR: %w", envPrefix, err)
 	}
-	pl = refusalListener{pl}
 	al, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
 		pl.Close()
 		return fmt.Errorf("%sADMIN_ADDR: %w", envPrefix, err)
 	}
-	ps := &http.Server{
-		Handler:           a.proxy,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       time.Minute,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	ps, pl, cl := proxyServer(pl, a.proxy, conns, log)
 	as := &http.Server{Handler: a.admin, ReadHeaderTimeout: 5 * time.Second}
-	if conns > 0 {
-		cl := newConnLimiter(pl, conns)
-		ps.ConnState = cl.ConnState
-		pl = cl
-		if a.connMetrics != nil {
-			a.connMetrics(conns, cl.Open, cl.ClosedIdle)
-		}
+	if cl != nil && a.connMetrics != nil {
+		a.connMetrics(conns, cl.Open, cl.ClosedIdle)
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- ps.Serve(&loggedListener{Listener: pl, log: log}) }()
@@ -222,6 +209,28 @@ func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, 
 		return fmt.Errorf("serve: %w", err)
 	}
 	return shutdown(cfg.ShutdownGrace, ps, as, a, log)
+}
+
+// proxyServer returns the proxy port's server for handler and the listener,
+// wrapping l, to serve it on. conns bounds the client connections (0: no
+// bound, see connLimiter); the limiter is returned, or nil. net/http's own
+// refusals are answered in idemproxy's error format (answerRefusalsInJSON).
+func proxyServer(l net.Listener, handler http.Handler, conns int, log *slog.Logger) (*http.Server, net.Listener, *connLimiter) {
+	ps := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	var cl *connLimiter
+	if conns > 0 {
+		cl = newConnLimiter(l, conns)
+		ps.ConnState = cl.ConnState
+		l = cl
+	}
+	return ps, answerRefusalsInJSON(ps, l), cl
 }
 
 // shutdown drains within grace: readiness turns false first, then the proxy

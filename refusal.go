@@ -2,18 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
-// refusalListener makes the refusals that net/http's server writes itself,
-// before any handler runs, reach the app in idemproxy's error format like
-// every other refusal (README, Errors idemproxy answers itself): JSON
+// answerRefusalsInJSON makes the refusals that net/http's server writes
+// itself, before any handler runs, reach the app in idemproxy's error format
+// like every other refusal (README, Errors idemproxy answers itself): JSON
 // {"error":{"code":"bad_request","message":"..."}} with Content-Type
 // application/json, the status unchanged. They are requests idemproxy will
 // not forward: a malformed request line or header, a control character in a
@@ -21,6 +24,51 @@ import (
 // headers, headers over the server's MaxHeaderBytes (431), an unsupported
 // Transfer-Encoding (501) or HTTP version (505). Nothing was read past the
 // headers and nothing was sent upstream.
+//
+// It wraps srv's Handler, ConnContext and ConnState, so call it once those
+// are set; serve srv on the listener it returns, which wraps l. The hooks
+// that were set see the connections of l, not the wrapper.
+func answerRefusalsInJSON(srv *http.Server, l net.Listener) net.Listener {
+	handler, connContext, connState := srv.Handler, srv.ConnContext, srv.ConnState
+	if handler == nil {
+		handler = http.DefaultServeMux
+	}
+	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		rc, ok := c.(*refusalConn)
+		if !ok {
+			return ctx
+		}
+		if connContext != nil {
+			ctx = connContext(ctx, rc.Conn)
+		}
+		return context.WithValue(ctx, refusalConnKey{}, rc)
+	}
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rc, ok := r.Context().Value(refusalConnKey{}).(*refusalConn); ok {
+			rc.serving.Store(true)
+		}
+		handler.ServeHTTP(w, r)
+	})
+	srv.ConnState = func(c net.Conn, s http.ConnState) {
+		if rc, ok := c.(*refusalConn); ok {
+			// net/http reports StateIdle once the answer is written in
+			// full: what it writes next, before the next handler runs,
+			// is its own.
+			if s == http.StateIdle {
+				rc.serving.Store(false)
+			}
+			c = rc.Conn
+		}
+		if connState != nil {
+			connState(c, s)
+		}
+	}
+	return refusalListener{l}
+}
+
+type refusalConnKey struct{}
+
+// refusalListener wraps each connection in a refusalConn.
 type refusalListener struct{ net.Listener }
 
 func (l refusalListener) Accept() (net.Conn, error) {
@@ -28,13 +76,24 @@ func (l refusalListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return refusalConn{c}, nil
+	return &refusalConn{Conn: c}, nil
 }
 
-// refusalConn rewrites net/http's own refusals on their way out.
-type refusalConn struct{ net.Conn }
+// refusalConn rewrites net/http's own refusals on their way out. It looks
+// only at what is written while no handler is serving a request on the
+// connection: a handler's answer is passed on byte for byte, even a streamed
+// piece of a body that happens to look like a refusal.
+type refusalConn struct {
+	net.Conn
+	// serving is set when a handler starts and cleared when the
+	// connection is idle again (see answerRefusalsInJSON).
+	serving atomic.Bool
+}
 
-func (c refusalConn) Write(p []byte) (int, error) {
+func (c *refusalConn) Write(p []byte) (int, error) {
+	if c.serving.Load() {
+		return c.Conn.Write(p)
+	}
 	out, ok := jsonRefusal(p)
 	if !ok {
 		return c.Conn.Write(p)
@@ -45,11 +104,26 @@ func (c refusalConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// CloseWrite half-closes the connection, if the connection wrapped can. net/http
+// does so after a refusal that leaves the request unread (its closeWriteAndWait),
+// so that the client reads the answer before the close resets the connection;
+// without this method the wrapper would hide (*net.TCPConn).CloseWrite.
+func (c *refusalConn) CloseWrite() error { return closeWrite(c.Conn) }
+
+// closeWrite half-closes c, if it can.
+func closeWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
 // netHTTPRefusalHeaders is what net/http's server writes between the status
 // line and the body of a refusal it makes before any handler runs, in one
-// Write on the connection (net/http server.go, conn.serve). An answer a
-// handler writes never starts so: net/http writes the Date header, or the
-// handler's own headers, before Content-Type.
+// Write on the connection (net/http server.go, conn.serve). A handler's
+// answer can contain the same bytes (an upstream's streamed body passes
+// through in the pieces the upstream sent), which is why refusalConn looks
+// only at what is written outside a handler.
 const netHTTPRefusalHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
 // jsonRefusal returns the refusal p in idemproxy's error format, if p is one

@@ -3,25 +3,29 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// serveRefusals runs handler behind refusalListener, as serve wires the proxy
-// port, and returns its address.
+// serveRefusals runs handler on the proxy port's server and listener, as
+// serve wires them (with a connection bound), and returns its address.
 func serveRefusals(t *testing.T, handler http.Handler) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: handler, MaxHeaderBytes: 1 << 10}
-	go srv.Serve(refusalListener{l})
+	srv, pl, _ := proxyServer(l, handler, 16, slog.New(slog.DiscardHandler))
+	go srv.Serve(pl)
 	t.Cleanup(func() { srv.Close() })
 	return l.Addr().String()
 }
@@ -81,7 +85,7 @@ func TestRefusalsBeforeTheHandlerAreJSON(t *testing.T) {
 		{"two Host headers", "GET /p HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", http.StatusBadRequest},
 		{"two Content-Lengths", "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", http.StatusBadRequest},
 		{"no Host", "GET /p HTTP/1.1\r\n\r\n", http.StatusBadRequest},
-		{"headers too large", "GET /p HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 16<<10) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge},
+		{"headers too large", "GET /p HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 80<<10) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge},
 		{"unknown transfer encoding", "POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", http.StatusNotImplemented},
 		{"unknown HTTP version", "GET /p HTTP/3.0\r\nHost: x\r\n\r\n", http.StatusHTTPVersionNotSupported},
 	}
@@ -138,5 +142,154 @@ func TestJSONRefusalOnlyNetHTTPs(t *testing.T) {
 		if out, ok := jsonRefusal([]byte(p)); ok {
 			t.Errorf("jsonRefusal(%q) rewrote it to %q", p, out)
 		}
+	}
+}
+
+// netHTTPRefusal is what net/http's server writes, in one Write, when it
+// refuses a request with two Host headers.
+const netHTTPRefusal = "HTTP/1.1 400 Bad Request: too many Host headers" + netHTTPRefusalHeaders + "400 Bad Request: too many Host headers"
+
+// keptAlive is one client connection that sends requests and reads answers
+// in turn.
+type keptAlive struct {
+	conn net.Conn
+	br   *bufio.Reader
+}
+
+func dialKeptAlive(t *testing.T, addr string) *keptAlive {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(time.Minute)) // only a hung server reaches it
+	return &keptAlive{conn: conn, br: bufio.NewReader(conn)}
+}
+
+// ask sends raw and reads the answer's header; the caller reads the body.
+func (k *keptAlive) ask(t *testing.T, raw string) *http.Response {
+	t.Helper()
+	if _, err := io.WriteString(k.conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(k.br, nil)
+	if err != nil {
+		t.Fatalf("reading the answer to %q: %v", raw, err)
+	}
+	return resp
+}
+
+// A handler's streamed answer passes byte for byte even when a piece of it,
+// flushed on its own, is exactly what net/http writes for a refusal (an
+// upstream's body passes through in the pieces the upstream sent). It was
+// rewritten to idemproxy's JSON error, longer than the Content-Length, and
+// the next answer on the connection was read from the wrong place.
+func TestRefusalsLeaveStreamedAnswers(t *testing.T) {
+	if _, ok := jsonRefusal([]byte(netHTTPRefusal)); !ok {
+		t.Fatalf("%q is not taken for net/http's refusal; the test would prove nothing", netHTTPRefusal)
+	}
+	pieces := []string{"before\n", netHTTPRefusal, "after\n"}
+	want := strings.Join(pieces, "")
+	addr := serveRefusals(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(want)))
+		for _, p := range pieces {
+			io.WriteString(w, p)
+			w.(http.Flusher).Flush() // one Write on the connection per piece
+		}
+	}))
+	k := dialKeptAlive(t, addr)
+	for i := range 2 { // a second time on the same connection
+		resp := k.ask(t, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK || string(b) != want {
+			t.Fatalf("answer %d: %d %q, %v; want 200 %q", i+1, resp.StatusCode, b, err, want)
+		}
+	}
+	// A refusal after those answers is still net/http's, and rewritten.
+	resp := k.ask(t, "GET /p HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/json" || errorCode(t, resp) != "bad_request" {
+		t.Errorf("malformed request after streamed answers: %d %q, want 400 application/json bad_request", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+}
+
+// A malformed request sent on a kept-alive connection after the answer to a
+// good one was read (not pipelined: net/http waited for it idle) is answered
+// in JSON like one on a new connection.
+func TestRefusalsAfterAnAnswerOnTheSameConnection(t *testing.T) {
+	addr := serveRefusals(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	for _, c := range []struct{ name, raw string }{
+		{"two Host headers", "GET /p HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"},
+		{"control character in the key", "POST /p HTTP/1.1\r\nHost: x\r\nIdempotency-Key: ab\x01cd\r\nContent-Length: 2\r\n\r\n{}"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := dialKeptAlive(t, addr)
+			for range 2 {
+				resp := k.ask(t, "GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+				io.Copy(io.Discard, resp.Body)
+				if resp.StatusCode != http.StatusCreated {
+					t.Fatalf("good request: %d, want 201", resp.StatusCode)
+				}
+			}
+			resp := k.ask(t, c.raw)
+			if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/json" || errorCode(t, resp) != "bad_request" {
+				t.Errorf("answer %d %q, want 400 application/json bad_request", resp.StatusCode, resp.Header.Get("Content-Type"))
+			}
+		})
+	}
+}
+
+// The proxy port's connections keep (*net.TCPConn).CloseWrite through their
+// wrappers: net/http half-closes a connection before closing it after a
+// refusal that leaves the request unread (413, 431, an early 401 or 422), so
+// that the client reads the answer before the close resets the connection.
+func TestProxyConnsCloseWrite(t *testing.T) {
+	for _, conns := range []int{0, 4} {
+		t.Run(fmt.Sprintf("bound %d", conns), func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, pl, _ := proxyServer(l, http.NotFoundHandler(), conns, slog.New(slog.DiscardHandler))
+			defer pl.Close()
+			client, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			client.SetDeadline(time.Now().Add(time.Minute)) // only a hang reaches it
+			c, err := pl.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			cw, ok := c.(interface{ CloseWrite() error })
+			if !ok {
+				t.Fatalf("%T hides CloseWrite", c)
+			}
+			if err := cw.CloseWrite(); err != nil {
+				t.Fatalf("CloseWrite: %v", err)
+			}
+			// The client sees the end of the answer, and can still send.
+			if n, err := client.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+				t.Errorf("client read after CloseWrite: %d, %v; want 0, EOF", n, err)
+			}
+			if _, err := io.WriteString(client, "ping"); err != nil {
+				t.Fatal(err)
+			}
+			b := make([]byte, 4)
+			if _, err := io.ReadFull(c, b); err != nil || string(b) != "ping" {
+				t.Errorf("server read after CloseWrite: %q, %v; want ping", b, err)
+			}
+		})
+	}
+	// A wrapped connection that cannot half-close says so.
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if err := (&refusalConn{Conn: &limitedConn{Conn: a}}).CloseWrite(); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("CloseWrite over a net.Pipe: %v, want ErrUnsupported", err)
 	}
 }
