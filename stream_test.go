@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -96,5 +97,63 @@ func TestBinaryUnprotectedStreams(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("streamed PUT: %d", resp.StatusCode)
+	}
+}
+
+// An unprotected answer passes byte for byte even when the provider streams
+// a piece of it, on its own, that is exactly what net/http writes for a
+// refusal: the binary once rewrote that piece to its JSON error mid-body,
+// past the Content-Length, and the next answer on the kept-alive connection
+// was read from the wrong place.
+func TestBinaryUnprotectedStreamLikeARefusal(t *testing.T) {
+	if _, ok := jsonRefusal([]byte(netHTTPRefusal)); !ok {
+		t.Fatalf("%q is not taken for net/http's refusal; the test would prove nothing", netHTTPRefusal)
+	}
+	pieces := []string{"before\n", netHTTPRefusal, "after\n"}
+	want := strings.Join(pieces, "")
+	next, stop := make(chan struct{}), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Content-Length", strconv.Itoa(len(want)))
+		for i, p := range pieces {
+			if i > 0 {
+				select { // the client has the piece before: this one is read alone
+				case <-next:
+				case <-stop: // the test failed
+					return
+				}
+			}
+			io.WriteString(w, p)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	defer up.Close()
+	defer close(stop)
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir())
+	k := dialKeptAlive(t, p.addr)
+	resp := k.ask(t, "GET /statement HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp.StatusCode != http.StatusOK || resp.ContentLength != int64(len(want)) {
+		t.Fatalf("answer %d with Content-Length %d, want 200 with %d", resp.StatusCode, resp.ContentLength, len(want))
+	}
+	var got []byte
+	for i, piece := range pieces {
+		if i > 0 {
+			next <- struct{}{}
+		}
+		b := make([]byte, len(piece))
+		n, err := io.ReadFull(resp.Body, b)
+		got = append(got, b[:n]...)
+		if err != nil {
+			t.Fatalf("body so far %q: %v", got, err)
+		}
+	}
+	if string(got) != want {
+		t.Fatalf("body %q, want %q", got, want)
+	}
+	// The connection is in step: a malformed request on it is refused in
+	// JSON, as on a new connection.
+	resp = k.ask(t, "GET /p HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/json" || errorCode(t, resp) != "bad_request" {
+		t.Errorf("malformed request after the answer: %d %q, want 400 application/json bad_request", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 }
