@@ -4,17 +4,14 @@ package main
 // decides, so an answer the attempt loop gives up on can never be stored.
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // A 429 is never final, even with 429 left out of IDEMPROXY_RETRY_STATUSES.
@@ -107,17 +104,8 @@ func TestBinaryRefusesConfigBeforeOpening(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "data")
-			// A binary that accepts the configuration serves until killed.
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, binPath)
-			cmd.Env = append([]string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}, c.env...)
-			out, err := cmd.CombinedOutput()
-			var ee *exec.ExitError
-			if !asExit(err, &ee) || ee.ExitCode() != 2 {
-				t.Fatalf("exit %v, want status 2; output:\n%s", err, out)
-			}
-			if !strings.Contains(string(out), c.want) || strings.Contains(string(out), "panic") {
+			out := startStops(t, 2, append([]string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}, c.env...)...)
+			if !strings.Contains(out, c.want) || strings.Contains(out, "panic") {
 				t.Errorf("output does not name %s, or panicked:\n%s", c.want, out)
 			}
 			if _, err := os.Stat(dir); !os.IsNotExist(err) {

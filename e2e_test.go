@@ -223,14 +223,8 @@ func TestBinaryRejectsBadConfig(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cmd := exec.Command(binPath)
-			cmd.Env = append([]string{"IDEMPROXY_DATA_DIR=" + t.TempDir()}, c.env...)
-			out, err := cmd.CombinedOutput()
-			var ee *exec.ExitError
-			if !asExit(err, &ee) || ee.ExitCode() != 2 {
-				t.Fatalf("exit %v, want status 2; output:\n%s", err, out)
-			}
-			if !strings.Contains(string(out), c.want) {
+			out := startStops(t, 2, append([]string{"IDEMPROXY_DATA_DIR=" + t.TempDir()}, c.env...)...)
+			if !strings.Contains(out, c.want) {
 				t.Errorf("output does not name %s:\n%s", c.want, out)
 			}
 		})
@@ -248,15 +242,9 @@ func TestBinaryNamesBusyListenAddr(t *testing.T) {
 	defer busy.Close()
 	for _, name := range []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"} {
 		t.Run(name, func(t *testing.T) {
-			cmd := exec.Command(binPath)
-			cmd.Env = []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + t.TempDir(),
-				"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", name + "=" + busy.Addr().String()}
-			out, err := cmd.CombinedOutput()
-			var ee *exec.ExitError
-			if !asExit(err, &ee) || ee.ExitCode() != 1 {
-				t.Fatalf("exit %v, want status 1; output:\n%s", err, out)
-			}
-			if !strings.Contains(string(out), name+": listen tcp") {
+			out := startStops(t, 1, "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR="+t.TempDir(),
+				"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", name+"="+busy.Addr().String())
+			if !strings.Contains(out, name+": listen tcp") {
 				t.Errorf("output does not name %s:\n%s", name, out)
 			}
 		})
@@ -267,6 +255,23 @@ func asExit(err error, ee **exec.ExitError) bool {
 	e, ok := err.(*exec.ExitError)
 	*ee = e
 	return ok
+}
+
+// startStops runs the binary with exactly env, expects it to stop at start
+// with status, and returns what it printed. A binary that accepts env and
+// serves is killed after a minute, which fails the test.
+func startStops(t *testing.T, status int, env ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !asExit(err, &ee) || ee.ExitCode() != status {
+		t.Fatalf("exit %v, want status %d; output:\n%s", err, status, out)
+	}
+	return string(out)
 }
 
 // countingProvider executes each key once, replays it after, and counts.
@@ -343,18 +348,12 @@ func TestBinaryRefusesCorruptDataDir(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command(binPath)
-	cmd.Env = []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir,
-		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"}
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !asExit(err, &ee) || ee.ExitCode() != 1 {
-		t.Fatalf("exit %v, want status 1; output:\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "open data directory IDEMPROXY_DATA_DIR="+dir) {
+	out := startStops(t, 1, "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR="+dir,
+		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0")
+	if !strings.Contains(out, "open data directory IDEMPROXY_DATA_DIR="+dir) {
 		t.Errorf("output does not explain the data directory problem, naming the variable:\n%s", out)
 	}
-	if strings.Contains(string(out), "panic") {
+	if strings.Contains(out, "panic") {
 		t.Errorf("binary panicked:\n%s", out)
 	}
 }
@@ -365,15 +364,9 @@ func TestBinaryNamesUnusableDataDir(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(binPath)
-	cmd.Env = []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + file,
-		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"}
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !asExit(err, &ee) || ee.ExitCode() != 1 {
-		t.Fatalf("exit %v, want status 1; output:\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "IDEMPROXY_DATA_DIR="+file) {
+	out := startStops(t, 1, "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR="+file,
+		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0")
+	if !strings.Contains(out, "IDEMPROXY_DATA_DIR="+file) {
 		t.Errorf("output does not name IDEMPROXY_DATA_DIR:\n%s", out)
 	}
 }
