@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/idemkey"
@@ -54,6 +55,58 @@ func TestClassify(t *testing.T) {
 		if a.Status != c.status || a.Code != c.code || a.Outcome != c.outcome || a.Limit != c.limit || a.Attempts != c.attempts || a.Message == "" {
 			t.Errorf("%s: classify = %+v, want status %d code %s outcome %s limit %q attempts %d and a message",
 				c.name, a, c.status, c.code, c.outcome, c.limit, c.attempts)
+		}
+	}
+}
+
+// TestClassifyExhausted: a spent budget or a shutdown gets its status from
+// the last failure and its message from what the provider may have done.
+// Only a request never sent at all, in this sequence or an earlier one, gets
+// the shutdown's 503; "nothing was sent" is said only of such requests, and
+// "may be unknown" only when the record is kept unknown (or, without a
+// shutdown, of any sent sequence: unprotected ones never say Unknown).
+func TestClassifyExhausted(t *testing.T) {
+	closed := fmt.Errorf("%w; last error: %w", ratelimit.ErrClosed, errors.New("i/o timeout"))
+	for _, c := range []struct {
+		name    string
+		ex      retry.ExhaustedError
+		status  int
+		says    []string
+		notSays []string
+	}{
+		{"budget spent on 429s", retry.ExhaustedError{Attempts: 3, LastStatus: 429},
+			http.StatusBadGateway, []string{"did not give a final answer"}, []string{"nothing was sent", "shutting down"}},
+		{"budget spent, last a timeout", retry.ExhaustedError{Attempts: 2, Timeout: true, Unknown: true},
+			http.StatusGatewayTimeout, []string{"may be unknown"}, []string{"nothing was sent"}},
+		{"unreachable", retry.ExhaustedError{Attempts: 2, NotSent: true},
+			http.StatusBadGateway, []string{"could not be reached", "nothing was sent"}, []string{"unknown"}},
+		{"resumed unknown, unreachable", retry.ExhaustedError{Attempts: 2, NotSent: true, Unknown: true},
+			http.StatusBadGateway, []string{"could not be reached", "may be unknown"}, []string{"nothing was sent"}},
+		{"shutdown, never sent", retry.ExhaustedError{NotSent: true, Timeout: true, Err: ratelimit.ErrClosed},
+			http.StatusServiceUnavailable, []string{"shutting down", "nothing was sent"}, []string{"unknown"}},
+		{"shutdown after a 429", retry.ExhaustedError{Attempts: 1, LastStatus: 429, Err: ratelimit.ErrClosed},
+			http.StatusBadGateway, []string{"shutting down", "did not act"}, []string{"unknown", "nothing was sent"}},
+		{"shutdown after a timeout", retry.ExhaustedError{Attempts: 1, Timeout: true, Unknown: true, Err: closed},
+			http.StatusGatewayTimeout, []string{"shutting down", "may be unknown"}, []string{"nothing was sent"}},
+		{"shutdown after a 500", retry.ExhaustedError{Attempts: 2, LastStatus: 500, Unknown: true, Err: ratelimit.ErrClosed},
+			http.StatusBadGateway, []string{"shutting down", "may be unknown"}, []string{"nothing was sent"}},
+		{"shutdown resuming an unknown one", retry.ExhaustedError{NotSent: true, Timeout: true, Unknown: true, Err: ratelimit.ErrClosed},
+			http.StatusBadGateway, []string{"shutting down", "may be unknown"}, []string{"nothing was sent"}},
+	} {
+		c.ex.Method, c.ex.Path = "POST", "/p"
+		a := classify(fmt.Errorf("proxy: %w", &c.ex))
+		if a.Status != c.status || a.Code != CodeUpstreamUnavailable || a.Outcome != OutcomeUnavailable || a.Attempts != c.ex.Attempts {
+			t.Errorf("%s: classify = %+v, want %d upstream_unavailable with %d attempts", c.name, a, c.status, c.ex.Attempts)
+		}
+		for _, s := range c.says {
+			if !strings.Contains(a.Message, s) {
+				t.Errorf("%s: message %q does not say %q", c.name, a.Message, s)
+			}
+		}
+		for _, s := range c.notSays {
+			if strings.Contains(a.Message, s) {
+				t.Errorf("%s: message %q says %q", c.name, a.Message, s)
+			}
 		}
 	}
 }

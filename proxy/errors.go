@@ -159,22 +159,57 @@ func classify(err error) apiError {
 		return answer(ErrKeyExpired, OutcomeRejected)
 	case errors.Is(err, retry.ErrRequestBody):
 		return answer(ErrBodyUnread, OutcomeRejected)
-	case errors.As(err, &ex) && ex.NotSent && errors.Is(err, ratelimit.ErrClosed):
-		return upstreamUnavailable(http.StatusServiceUnavailable, "idemproxy is shutting down; nothing was sent", 0)
-	case errors.As(err, &ex) && errors.Is(err, ratelimit.ErrClosed):
-		// Sent before, and waiting for its next attempt when the shutdown began.
-		return upstreamUnavailable(http.StatusServiceUnavailable, "idemproxy is shutting down before the next attempt; the outcome may be unknown", ex.Attempts)
-	case errors.As(err, &ex) && ex.NotSent:
-		return upstreamUnavailable(http.StatusBadGateway, "upstream could not be reached; nothing was sent", ex.Attempts)
 	case errors.As(err, &ex):
-		status := http.StatusBadGateway
-		if ex.Timeout {
-			status = http.StatusGatewayTimeout
-		}
-		return upstreamUnavailable(status, "upstream did not give a final answer; the outcome may be unknown", ex.Attempts)
+		return exhausted(ex, errors.Is(err, ratelimit.ErrClosed))
 	default:
 		return upstreamUnavailable(http.StatusBadGateway, "upstream request failed; the outcome may be unknown", 0)
 	}
+}
+
+// exhausted is the apiError of a sequence that ended without a final answer:
+// its retry budget spent, or cut off by shutdown (closing: the Gate closed,
+// so no further attempt could leave). Only an operation that never reached
+// the provider, in this sequence or an earlier one, gets the shutdown's own
+// 503: nothing can have happened, and the app's next try is a first send.
+// One that did, or whose outcome an earlier sequence left unknown, gets the
+// status the same failure gets when the budget runs out (502, 504 after a
+// timeout), its message saying that the shutdown ended it.
+func exhausted(ex *retry.ExhaustedError, closing bool) apiError {
+	if closing && ex.NotSent && !ex.Unknown {
+		return upstreamUnavailable(http.StatusServiceUnavailable, "idemproxy is shutting down; nothing was sent", ex.Attempts)
+	}
+	status := http.StatusBadGateway
+	if ex.Timeout && !ex.NotSent {
+		status = http.StatusGatewayTimeout
+	}
+	return upstreamUnavailable(status, exhaustedMessage(ex, closing), ex.Attempts)
+}
+
+// exhaustedMessage says why the sequence ended and what the provider may
+// have done. "Nothing was sent" only when nothing was, in this sequence or an
+// earlier one (a resumed operation is unknown whatever its re-send did).
+// At shutdown the message follows the record: unknown (kept as such), else
+// released since no attempt was acted on (429, 503, a retriable business
+// code). Without a shutdown a sent sequence keeps "may be unknown": an
+// unprotected request's ExhaustedError never says Unknown, though its
+// single attempt may have acted.
+func exhaustedMessage(ex *retry.ExhaustedError, closing bool) string {
+	why := "upstream did not give a final answer"
+	switch {
+	case closing:
+		why = "idemproxy is shutting down before the next attempt"
+	case ex.NotSent:
+		why = "upstream could not be reached"
+	}
+	switch {
+	case ex.Unknown:
+		return why + "; the outcome may be unknown"
+	case ex.NotSent:
+		return why + "; nothing was sent"
+	case closing:
+		return why + "; the upstream did not act on it"
+	}
+	return why + "; the outcome may be unknown"
 }
 
 // classifyOwn is classify for the errors idemproxy answers with itself: a
