@@ -191,7 +191,7 @@ func (c *config) settings() (settings, error) {
 	if err := checkInProgress(c.InProgressStatus, c.InProgressCode); err != nil {
 		return s, err
 	}
-	if s.clients, s.clientTokens, err = c.clients(); err != nil {
+	if s.clients, s.clientTokens, err = c.clients(keyHeaders(s.sources, s.routes)); err != nil {
 		return s, err
 	}
 	if s.keySecret, err = c.keySecret(s.clients != nil); err != nil {
@@ -473,13 +473,14 @@ func (c *config) storeURL() (string, error) {
 }
 
 // clients parses client authentication (CLIENT_TOKENS or its _FILE); the raw
-// list is returned too, for log redaction.
-func (c *config) clients() (*proxy.ClientTokens, string, error) {
+// list is returned too, for log redaction. keyHeaders are the headers a key
+// is derived from (keyHeaders), which the token header must not be.
+func (c *config) clients(keyHeaders []string) (*proxy.ClientTokens, string, error) {
 	list, err := secret("CLIENT_TOKENS", c.ClientTokens, c.ClientTokensFile)
 	if err != nil {
 		return nil, "", err
 	}
-	if err := c.checkClientHeader(); err != nil {
+	if err := c.checkClientHeader(keyHeaders); err != nil {
 		return nil, "", bad("CLIENT_HEADER", err)
 	}
 	ct, err := proxy.ParseClientTokens(c.ClientHeader, list)
@@ -489,11 +490,32 @@ func (c *config) clients() (*proxy.ClientTokens, string, error) {
 	return ct, list, nil
 }
 
+// keyHeaders are the headers the key sources read: the header: entries of
+// KEY_SOURCES and of every key: rule of ROUTES (a preset's rules included,
+// as they are the ROUTES in effect).
+func keyHeaders(sources []idemkey.Source, t routes.Table) []string {
+	var names []string
+	add := func(srcs []idemkey.Source) {
+		for _, s := range srcs {
+			if s.Kind == idemkey.Header {
+				names = append(names, s.Name)
+			}
+		}
+	}
+	add(sources)
+	for _, r := range t.Rules() {
+		add(r.Sources)
+	}
+	return names
+}
+
 // checkClientHeader refuses a client token header that no request can carry
 // or that another part of a request already means something by: the
 // token would become the app's Idempotency-Key (echoed in answers and
-// logged), or idemproxy would remove a header the provider needs.
-func (c *config) checkClientHeader() error {
+// logged), or, as a header key source (keyHeaders), every order of one app
+// would share one key, its token; or idemproxy would remove a header the
+// provider needs.
+func (c *config) checkClientHeader(keyHeaders []string) error {
 	name := c.ClientHeader
 	if name == "" || strings.ContainsFunc(name, func(r rune) bool {
 		return r > unicode.MaxASCII || !(unicode.IsLetter(r) || unicode.IsDigit(r) || strings.ContainsRune("!#$%&'*+-.^_`|~", r))
@@ -503,6 +525,7 @@ func (c *config) checkClientHeader() error {
 	taken := []string{idemkey.HeaderName, "X-Idempotency-Key", "Host", "Content-Length", "Content-Type",
 		"Transfer-Encoding", "Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Upgrade", "Expect",
 		c.SignatureHeader, c.TimestampHeader, c.NonceHeader}
+	taken = append(taken, keyHeaders...)
 	if static, err := secret("STATIC_HEADERS", c.StaticHeaders, c.StaticHeadersFile); err == nil {
 		if h, err := resign.ParseStaticHeaders(static); err == nil { // a bad list is reported as STATIC_HEADERS
 			for n := range h {

@@ -41,6 +41,12 @@ func TestConfigBounds(t *testing.T) {
 		{"client header is the signature header", []string{"IDEMPROXY_CLIENT_HEADER=X-Signature"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		{"client header is a static header", []string{"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-1", "IDEMPROXY_CLIENT_HEADER=X-Public-Id"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		{"client header not a header name", []string{"IDEMPROXY_CLIENT_HEADER=App Token"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
+		// A header key source once could be the token header: every order
+		// of one app then had one key, its token.
+		{"client header is a key source", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_KEY_SOURCES=json:order_id,header:X-App-Token"}, []string{"IDEMPROXY_CLIENT_HEADER", "X-App-Token"}},
+		{"client header is a key source, other case", []string{"IDEMPROXY_CLIENT_HEADER=x-app-token", "IDEMPROXY_KEY_SOURCES=header:X-APP-TOKEN"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
+		{"client header is a route's key source", []string{"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_ROUTES=POST /v1/payout/info=unprotected; POST /v1/payouts=key:json:order_id,header:x-app-token"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
+		{"client header is a route's key source, preset set", []string{"IDEMPROXY_PRESET=payouts", "IDEMPROXY_CLIENT_HEADER=X-Order", "IDEMPROXY_ROUTES=POST /v1/payouts=key:header:X-Order"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		{"same port, wildcard and loopback", []string{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:9090", "IDEMPROXY_ADMIN_ADDR=:9090"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
 	}
 	for _, tt := range tests {
@@ -67,6 +73,7 @@ func TestConfigAccepts(t *testing.T) {
 		{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"},
 		{"IDEMPROXY_LISTEN_ADDR=[::1]:8080", "IDEMPROXY_ADMIN_ADDR=localhost:9090"},
 		{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=X-App-Token"},
+		{"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_KEY_SOURCES=header:X-Order-Id", "IDEMPROXY_ROUTES=POST /x=key:header:X-Other"},
 		{"IDEMPROXY_LISTEN_ADDR=:http", "IDEMPROXY_ADMIN_ADDR=0.0.0.0:65535"},
 	} {
 		if _, _, err := loadConfig(append(base, env...)); err != nil {
