@@ -101,14 +101,16 @@ func (s *Store) release(keys [][]byte) (int, error) {
 
 // releaseOne parks the in-flight record at k as Unknown, with what a dead
 // process leaves known: an earlier sequence's outcome, or else the claim
-// time as the first send. A record that cannot be decoded is deleted.
+// time as the first send. A record that cannot be decoded is deleted, and so
+// is a fingerprint-window anchor (store.IsWindowAnchor), which nothing was
+// sent for: the next request of its window anchors its period again.
 func (s *Store) releaseOne(txn *badger.Txn, k []byte, item *badger.Item, now time.Time) error {
 	var rec store.Record
 	err := item.Value(func(v []byte) (err error) {
 		rec, err = decodeRecord(v)
 		return err
 	})
-	if err != nil {
+	if err != nil || store.IsWindowAnchor(rec.ID) {
 		return txn.Delete(k)
 	}
 	if rec.Outcome.IsZero() {

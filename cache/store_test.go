@@ -352,6 +352,34 @@ func TestReleaseKeepsUnknownOutcome(t *testing.T) {
 	}
 }
 
+// TestReleaseDeletesWindowAnchors: a fingerprint-window anchor caught in
+// flight by a crash (between the Begin and the Complete that anchor a
+// period) is deleted at release, not listed unknown: nothing was sent for
+// it. An ordinary record in flight beside it is kept unknown.
+func TestReleaseDeletesWindowAnchors(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := openStore(t, dir, c, 0)
+	anchor := store.ID{Tenant: "default", Key: store.WindowAnchorPrefix + "0a0a/600000000000/2948"}
+	op := store.ID{Tenant: "default", Key: "crashed"}
+	mustBegin(t, s, anchor, fpA, "dead-process")
+	mustBegin(t, s, op, fpA, "dead-process")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, c, 0)
+	if n, err := s.ReleaseInFlight(); err != nil || n != 2 {
+		t.Fatalf("ReleaseInFlight = %d, %v; want 2", n, err)
+	}
+	if rec, err := s.Get(ctx, anchor); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("anchor after release = %+v, %v; want it deleted", rec, err)
+	}
+	unknown, _, err := s.List(ctx, store.Filter{State: store.Unknown}, "", 10)
+	if err != nil || len(unknown) != 1 || unknown[0].ID != op {
+		t.Errorf("unknown list after release = %+v, %v; want only %v", unknown, err, op)
+	}
+}
+
 func TestReleaseInFlightManyChunks(t *testing.T) {
 	s, err := Open(Options{InMemory: true})
 	if err != nil {

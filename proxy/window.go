@@ -67,13 +67,15 @@ func (h *Handler) windowKey(ctx context.Context, tenant string, fp [32]byte, win
 	return idemkey.WindowKey(fp, window, period, tenant), nil
 }
 
-// anchorID names the anchor of one period. The key starts with a newline, which
-// no Idempotency-Key a client sends can hold, so no client can reach it.
+// anchorID names the anchor of one period. The key starts with
+// store.WindowAnchorPrefix, whose newline no Idempotency-Key a client sends
+// can hold, so no client can reach it, and by which a store knows an anchor
+// caught in flight by a crash for one (no operation to keep unknown).
 func anchorID(tenant string, fp [32]byte, window time.Duration, period int64) store.ID {
 	if tenant == "" {
 		tenant = DefaultTenant
 	}
-	return store.ID{Tenant: tenant, Key: fmt.Sprintf("\nfingerprint-window/%s/%d/%d", hex.EncodeToString(fp[:]), int64(window), period)}
+	return store.ID{Tenant: tenant, Key: fmt.Sprintf("%s%s/%d/%d", store.WindowAnchorPrefix, hex.EncodeToString(fp[:]), int64(window), period)}
 }
 
 // anchorTime returns when the anchor id was made; the zero time if there is none.

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -30,6 +31,19 @@ type ID struct {
 	Tenant string
 	Key    string
 }
+
+// WindowAnchorPrefix begins the key of every fingerprint-window anchor (the
+// route policy fingerprint:<window>, docs/routes.md): a record that only
+// says when the first request of a window period arrived. The proxy writes
+// it with a Begin followed at once by a Complete, under a key no client can
+// send (an Idempotency-Key cannot hold a newline), and sends nothing for it.
+// A store that parks the in-flight records of a dead process as Unknown
+// deletes an anchor instead (IsWindowAnchor): no operation stands behind it.
+const WindowAnchorPrefix = "\nfingerprint-window/"
+
+// IsWindowAnchor reports whether id is a fingerprint-window anchor's
+// (WindowAnchorPrefix).
+func IsWindowAnchor(id ID) bool { return strings.HasPrefix(id.Key, WindowAnchorPrefix) }
 
 // State is the life-cycle stage of a record. The zero State is not valid.
 type State uint8
