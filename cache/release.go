@@ -113,7 +113,7 @@ func (s *Store) releaseOne(txn *badger.Txn, k []byte, item *badger.Item, now tim
 	if err != nil || store.IsWindowAnchor(rec.ID) {
 		return txn.Delete(k)
 	}
-	if rec.Outcome.IsZero() {
+	if rec.Outcome.FirstSentAt.IsZero() { // also when the outcome holds attempts or an error
 		rec.Outcome.FirstSentAt = rec.CreatedAt
 	}
 	rec.Outcome.LastError = processDied

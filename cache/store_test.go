@@ -380,6 +380,34 @@ func TestReleaseDeletesWindowAnchors(t *testing.T) {
 	}
 }
 
+// TestReleaseGivesFirstSendToAnOutcomeWithoutOne: a record released at start
+// whose outcome says something but has no first send (attempts counted, no
+// send time) gets the claim time as its first send, as a record with no
+// outcome does, so that the provider key retention check runs on its resume.
+func TestReleaseGivesFirstSendToAnOutcomeWithoutOne(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := openStore(t, dir, c, 0)
+	id := store.ID{Tenant: "acme", Key: "no-first-send"}
+	mustBegin(t, s, id, fpA, "p1")
+	if err := s.Park(ctx, id, "p1", store.Outcome{Attempts: 2, LastError: "status 500 from upstream"}); err != nil {
+		t.Fatal(err)
+	}
+	mustBegin(t, s, id, fpA, "p2") // resumed, then the process dies
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, c, 0)
+	if n, err := s.ReleaseInFlight(); err != nil || n != 1 {
+		t.Fatalf("ReleaseInFlight = %d, %v; want 1", n, err)
+	}
+	rec, err := s.Get(ctx, id)
+	if err != nil || rec.State != store.Unknown || rec.Outcome.FirstSentAt.IsZero() ||
+		!rec.Outcome.FirstSentAt.Equal(rec.CreatedAt) || rec.Outcome.Attempts != 2 {
+		t.Fatalf("after release = %+v, %v; want unknown, first sent at its claim, attempts kept", rec, err)
+	}
+}
+
 func TestReleaseInFlightManyChunks(t *testing.T) {
 	s, err := Open(Options{InMemory: true})
 	if err != nil {

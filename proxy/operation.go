@@ -90,12 +90,14 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, b
 // operation whose outcome is unknown too: an attempt may have reached the
 // provider. Its re-send then goes through the status probe and the
 // key-retention check, with the claim time as the first send, the earliest
-// it may have been (so that the retention check errs towards not sending).
+// it may have been (so that the retention check errs towards not sending),
+// also when its Outcome holds attempts or an error but no first send.
 func resumed(rec store.Record) store.Outcome {
-	if rec.Fence > 1 && rec.Outcome.IsZero() {
-		return store.Outcome{FirstSentAt: rec.CreatedAt}
+	o := rec.Outcome
+	if rec.Fence > 1 && o.FirstSentAt.IsZero() {
+		o.FirstSentAt = rec.CreatedAt
 	}
-	return rec.Outcome
+	return o
 }
 
 // replayOnly answers a request past MaxInflight: the stored final answer
