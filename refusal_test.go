@@ -33,16 +33,11 @@ func serveRefusals(t *testing.T, handler http.Handler) string {
 // exchanges writes raw to addr and reads the answers that come back, in order.
 func exchanges(t *testing.T, addr, raw string, n int) []*http.Response {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
+	k := dialKeptAlive(t, addr)
+	if _, err := io.WriteString(k.conn, raw); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	conn.SetDeadline(time.Now().Add(time.Minute)) // only a hung server reaches it
-	if _, err := io.WriteString(conn, raw); err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(conn)
+	br := k.br
 	var out []*http.Response
 	for range n {
 		resp, err := http.ReadResponse(br, nil)

@@ -322,17 +322,14 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 	}
 }
 
-// TestReleaseKeepsUnknownOutcome: a process that dies while it resumes an
-// operation whose outcome was unknown leaves it unknown, first send kept,
-// not deleted.
-func TestReleaseKeepsUnknownOutcome(t *testing.T) {
-	dir := t.TempDir()
-	c := newClock()
-	s := openStore(t, dir, c, 0)
-	id := store.ID{Tenant: "acme", Key: "resumed"}
-	sent := c.Now().Add(-time.Hour)
+// diesWhileResumed parks id with o (its first sequence ends unknown), claims
+// it again (resumed), and then "crashes": s is closed with the record in
+// flight, the store in dir is opened again and released, which must release
+// exactly that record. It returns the new store.
+func diesWhileResumed(t *testing.T, s *Store, dir string, c *fakeclock.Clock, id store.ID, o store.Outcome) *Store {
+	t.Helper()
 	mustBegin(t, s, id, fpA, "p1")
-	if err := s.Park(ctx, id, "p1", store.Outcome{FirstSentAt: sent, Attempts: 2, LastError: "504 from upstream"}); err != nil {
+	if err := s.Park(ctx, id, "p1", o); err != nil {
 		t.Fatal(err)
 	}
 	mustBegin(t, s, id, fpA, "p2") // resumed, then the process dies
@@ -343,6 +340,19 @@ func TestReleaseKeepsUnknownOutcome(t *testing.T) {
 	if n, err := s.ReleaseInFlight(); err != nil || n != 1 {
 		t.Fatalf("ReleaseInFlight = %d, %v; want 1", n, err)
 	}
+	return s
+}
+
+// TestReleaseKeepsUnknownOutcome: a process that dies while it resumes an
+// operation whose outcome was unknown leaves it unknown, first send kept,
+// not deleted.
+func TestReleaseKeepsUnknownOutcome(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := openStore(t, dir, c, 0)
+	id := store.ID{Tenant: "acme", Key: "resumed"}
+	sent := c.Now().Add(-time.Hour)
+	s = diesWhileResumed(t, s, dir, c, id, store.Outcome{FirstSentAt: sent, Attempts: 2, LastError: "504 from upstream"})
 	rec, err := s.Get(ctx, id)
 	if err != nil || rec.State != store.Unknown || !rec.Outcome.FirstSentAt.Equal(sent) || rec.Outcome.Attempts != 2 || !rec.LeaseUntil.IsZero() {
 		t.Fatalf("after release = %+v, %v; want unknown with the first send kept", rec, err)
@@ -389,18 +399,7 @@ func TestReleaseGivesFirstSendToAnOutcomeWithoutOne(t *testing.T) {
 	c := newClock()
 	s := openStore(t, dir, c, 0)
 	id := store.ID{Tenant: "acme", Key: "no-first-send"}
-	mustBegin(t, s, id, fpA, "p1")
-	if err := s.Park(ctx, id, "p1", store.Outcome{Attempts: 2, LastError: "status 500 from upstream"}); err != nil {
-		t.Fatal(err)
-	}
-	mustBegin(t, s, id, fpA, "p2") // resumed, then the process dies
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s = openStore(t, dir, c, 0)
-	if n, err := s.ReleaseInFlight(); err != nil || n != 1 {
-		t.Fatalf("ReleaseInFlight = %d, %v; want 1", n, err)
-	}
+	s = diesWhileResumed(t, s, dir, c, id, store.Outcome{Attempts: 2, LastError: "status 500 from upstream"})
 	rec, err := s.Get(ctx, id)
 	if err != nil || rec.State != store.Unknown || rec.Outcome.FirstSentAt.IsZero() ||
 		!rec.Outcome.FirstSentAt.Equal(rec.CreatedAt) || rec.Outcome.Attempts != 2 {
