@@ -517,10 +517,8 @@ func keyHeaders(sources []idemkey.Source, t routes.Table) []string {
 // provider needs.
 func (c *config) checkClientHeader(keyHeaders []string) error {
 	name := c.ClientHeader
-	if name == "" || strings.ContainsFunc(name, func(r rune) bool {
-		return r > unicode.MaxASCII || !(unicode.IsLetter(r) || unicode.IsDigit(r) || strings.ContainsRune("!#$%&'*+-.^_`|~", r))
-	}) {
-		return fmt.Errorf("%q is not a header name", name)
+	if err := resign.CheckHeaderName(name); err != nil {
+		return err
 	}
 	taken := []string{idemkey.HeaderName, "X-Idempotency-Key", "Host", "Content-Length", "Content-Type",
 		"Transfer-Encoding", "Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Upgrade", "Expect",

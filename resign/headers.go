@@ -56,7 +56,7 @@ func parseStaticEntry(entry string) (name, value string, err error) {
 		return "", "", errors.New(`missing "=" (want Name=value)`)
 	}
 	name, value = strings.TrimSpace(name), strings.TrimSpace(value)
-	if err := checkHeaderName(name); err != nil {
+	if err := CheckHeaderName(name); err != nil {
 		return "", "", err
 	}
 	name = http.CanonicalHeaderKey(name)
@@ -69,10 +69,11 @@ func parseStaticEntry(entry string) (name, value string, err error) {
 	return name, value, nil
 }
 
-// checkHeaderName explains why name is not a field name. It quotes only the
-// offending character: a mistyped entry such as "Authorization: Bearer x=" has
-// a credential in what parses as its name.
-func checkHeaderName(name string) error {
+// CheckHeaderName explains why name is not a header field name (an RFC 9110
+// token), or returns nil. It quotes only the offending character: a mistyped
+// entry such as "Authorization: Bearer x=" has a credential in what parses as
+// its name.
+func CheckHeaderName(name string) error {
 	if name == "" {
 		return errors.New("empty header name")
 	}

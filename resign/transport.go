@@ -182,7 +182,7 @@ func (s *signer) setHeaders(cfg Config) error {
 		if v == "" {
 			continue
 		}
-		if err := checkHeaderName(v); err != nil {
+		if err := CheckHeaderName(v); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrConfig, n.field, err)
 		}
 		v = http.CanonicalHeaderKey(v)
@@ -229,7 +229,7 @@ func (s *signer) setTemplate() error {
 func (s *signer) checkStatic(in http.Header) (http.Header, error) {
 	out := make(http.Header, len(in))
 	for name, values := range in {
-		if err := checkHeaderName(name); err != nil {
+		if err := CheckHeaderName(name); err != nil {
 			return nil, fmt.Errorf("%w: StaticHeaders: %w", ErrConfig, err)
 		}
 		canon := http.CanonicalHeaderKey(name)
