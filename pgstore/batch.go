@@ -223,9 +223,11 @@ func (g *group[I, O]) loop() {
 			g.send(ctx, jobs)
 		}
 		cancel()
-		close(r.done)
 		g.mu.Lock()
+		// Its callers stop counting as running before they return, so
+		// that waiting never shows a caller that has already returned.
 		g.inflight -= len(jobs)
+		close(r.done)
 	}
 	g.running--
 	g.mu.Unlock()
