@@ -1,0 +1,123 @@
+package pgstore
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// TestFinalAnswersFindRowsByPrimaryKey checks the plans PostgreSQL runs for
+// final answers, logged by auto_explain, in the two states of the table
+// where a final answer used to read far more than its own rows:
+//
+//   - the table grew from nearly empty since the statement was first run
+//     on the connection (a plan cached then scans the whole table);
+//   - the table was analyzed when few records were open, and the
+//     open-records index still holds the entries of thousands of records
+//     finished since (a plan through that index reads them all).
+//
+// In both, every final answer must find its rows through the primary key.
+func TestFinalAnswersFindRowsByPrimaryKey(t *testing.T) {
+	ctx := context.Background()
+	c := pgtest.Shared(t)
+	u, err := url.Parse(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	// The store's own sessions, and only they, log the plan of every
+	// statement they run.
+	q := u.Query()
+	q.Set("session_preload_libraries", "auto_explain")
+	q.Set("auto_explain.log_min_duration", "0")
+	u.RawQuery = q.Encode()
+	s := open(t, u.String(), time.Hour)
+	// No ANALYZE but the test's own.
+	if _, err := admin.Exec(ctx, `ALTER TABLE idemproxy_records SET (autovacuum_enabled = off)`); err != nil {
+		t.Fatal(err)
+	}
+
+	req := store.Request{Fingerprint: []byte("fp"), Method: "POST", Path: "/v1/charges", UpstreamKey: "up"}
+	resp := store.Response{Status: 200, Body: []byte(`{"id":"ch"}`)}
+	keys := 0
+	newKeys := func(n int) {
+		t.Helper()
+		for range n {
+			keys++
+			id := store.ID{Tenant: "t", Key: "key-" + strconv.Itoa(keys)}
+			if _, created, err := s.Begin(ctx, id, req, "o", time.Minute); err != nil || !created {
+				t.Fatalf("Begin(%s) = created %v, %v", id.Key, created, err)
+			}
+			if err := s.Complete(ctx, id, "o", resp, time.Time{}); err != nil {
+				t.Fatalf("Complete(%s): %v", id.Key, err)
+			}
+		}
+	}
+	// finished adds n records that were in flight and are final now, as
+	// finished requests leave them (each leaves a dead entry in the
+	// open-records index until a vacuum).
+	finished := func(prefix string, n int) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, `
+INSERT INTO idemproxy_records (tenant, key, state, fingerprint, owner, fence, created_at, expires_at)
+SELECT 't', convert_to($1 || i, 'UTF8'), 1, 'fp', 'o', 1, now(), now() + interval '1 hour'
+FROM generate_series(1, $2) AS i`, prefix, n); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, `UPDATE idemproxy_records SET state = 2 WHERE key >= convert_to($1, 'UTF8') AND key < convert_to($1 || '~', 'UTF8')`, prefix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// plans returns the plans of final answers logged since mark.
+	plans := func(mark int) []string {
+		t.Helper()
+		var out []string
+		for _, p := range strings.Split(c.Log()[mark:], "LOG:  duration:")[1:] {
+			if strings.Contains(p, "SET state = 2") {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	check := func(when string, mark int) {
+		t.Helper()
+		got := plans(mark)
+		if len(got) == 0 {
+			t.Fatalf("%s: no plan of a final answer was logged", when)
+		}
+		for _, p := range got {
+			if !strings.Contains(p, "idemproxy_records_pkey") || strings.Contains(p, "Seq Scan on idemproxy_records") ||
+				strings.Contains(p, "idemproxy_records_open") {
+				t.Errorf("%s: a final answer ran this plan, not a lookup by primary key:\n%s", when, p)
+			}
+		}
+	}
+
+	// Run more than the five times after which PostgreSQL may keep a plan
+	// for the statement, on a table of a few records, then grow it.
+	newKeys(8)
+	finished("grown-", 20000)
+	mark := len(c.Log())
+	newKeys(3)
+	check("after the table grew from nearly empty", mark)
+
+	finished("churn-", 20000)
+	if _, err := admin.Exec(ctx, `ANALYZE idemproxy_records`); err != nil {
+		t.Fatal(err)
+	}
+	mark = len(c.Log())
+	newKeys(3)
+	check("analyzed with few records open", mark)
+}
