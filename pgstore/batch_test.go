@@ -95,7 +95,7 @@ func lockWaiters(t *testing.T, db *pgxpool.Pool, what string, ok func(pids []int
 func TestRoundEndsWhenItsCallersLeave(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.Database(t)
-	s, err := Open(ctx, Options{URL: url, TTL: time.Hour, CallTimeout: time.Hour, SweepInterval: -1})
+	s, err := Open(ctx, Options{URL: url, TTL: time.Hour, CallTimeout: time.Hour, SweepInterval: -1, AnalyzeInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -58,9 +59,12 @@ const filterBatch = 500
 func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID, n int) ([]store.Record, error) {
 	var out []store.Record
 	err := s.call(ctx, "list", nil, func(ctx context.Context) error {
+		// The state is written into the statement, not passed: a plan made
+		// once for any state (see Open) could not use the open-records
+		// index for in-flight and unknown records.
 		rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM idemproxy_records
-			WHERE state = $1 AND `+live+` AND (tenant, key) > ($2, $3)
-			ORDER BY tenant, key LIMIT $4`, int16(state), []byte(after.Tenant), []byte(after.Key), n)
+			WHERE state = `+strconv.Itoa(int(int16(state)))+` AND `+live+` AND (tenant, key) > ($1, $2)
+			ORDER BY tenant, key LIMIT $3`, []byte(after.Tenant), []byte(after.Key), n)
 		if err != nil {
 			return err
 		}

@@ -25,6 +25,8 @@ import (
 //     finished since (a plan through that index reads them all).
 //
 // In both, every final answer must find its rows through the primary key.
+// The store measures its table for the planner as it grows (analyzeIfGrown);
+// autovacuum, which would too, is off for the test's table.
 func TestFinalAnswersFindRowsByPrimaryKey(t *testing.T) {
 	ctx := context.Background()
 	c := pgtest.Shared(t)
@@ -43,7 +45,11 @@ func TestFinalAnswersFindRowsByPrimaryKey(t *testing.T) {
 	q.Set("session_preload_libraries", "auto_explain")
 	q.Set("auto_explain.log_min_duration", "0")
 	u.RawQuery = q.Encode()
-	s := open(t, u.String(), time.Hour)
+	s, err := Open(ctx, Options{URL: u.String(), TTL: time.Hour, SweepInterval: -1, AnalyzeInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
 	// No ANALYZE but the test's own.
 	if _, err := admin.Exec(ctx, `ALTER TABLE idemproxy_records SET (autovacuum_enabled = off)`); err != nil {
 		t.Fatal(err)
@@ -106,9 +112,23 @@ FROM generate_series(1, $2) AS i`, prefix, n); err != nil {
 	}
 
 	// Run more than the five times after which PostgreSQL may keep a plan
-	// for the statement, on a table of a few records, then grow it.
+	// for the statement, on a table of a few records, then grow it: the
+	// store measures it again (ANALYZE) once it has doubled, which makes
+	// PostgreSQL plan anew.
 	newKeys(8)
 	finished("grown-", 20000)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var pages int
+		if err := admin.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE relname = 'idemproxy_records'`).Scan(&pages); err != nil {
+			t.Fatal(err)
+		}
+		if pages > 16 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store never measured the table it grew (relpages %d)", pages)
+		}
+	}
 	mark := len(c.Log())
 	newKeys(3)
 	check("after the table grew from nearly empty", mark)
@@ -120,4 +140,93 @@ FROM generate_series(1, $2) AS i`, prefix, n); err != nil {
 	mark = len(c.Log())
 	newKeys(3)
 	check("analyzed with few records open", mark)
+
+	// Listing the records of one state is served by the open-records
+	// index, plan made once or not: the state is in the statement.
+	parked := store.ID{Tenant: "t", Key: "parked"}
+	if _, created, err := s.Begin(ctx, parked, req, "o", time.Minute); err != nil || !created {
+		t.Fatalf("Begin(parked) = created %v, %v", created, err)
+	}
+	if err := s.Park(ctx, parked, "o", store.Outcome{FirstSentAt: time.Now(), Attempts: 1, LastError: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	mark = len(c.Log())
+	for range 7 { // past the five runs after which a plan may be kept
+		recs, _, err := s.List(ctx, store.Filter{State: store.Unknown}, "", 10)
+		if err != nil || len(recs) != 1 || recs[0].ID != parked {
+			t.Fatalf("List(unknown) = %+v, %v; want the parked record", recs, err)
+		}
+	}
+	lists := 0
+	for _, p := range strings.Split(c.Log()[mark:], "LOG:  duration:")[1:] {
+		if strings.Contains(p, "ORDER BY tenant, key") {
+			lists++
+			if !strings.Contains(p, "idemproxy_records_open") {
+				t.Errorf("listing unknown records ran this plan, not the open-records index:\n%s", p)
+			}
+		}
+	}
+	if lists != 7 {
+		t.Errorf("%d plans of the 7 lists were logged", lists)
+	}
+}
+
+// TestAnalyzeIfGrown: the store measures its table when it reaches 16 pages
+// and then each time it has doubled since it was last measured, and not
+// between.
+func TestAnalyzeIfGrown(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	s := open(t, url, time.Hour)
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	if _, err := admin.Exec(ctx, `ALTER TABLE idemproxy_records SET (autovacuum_enabled = off)`); err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	grow := func(n int) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, `
+INSERT INTO idemproxy_records (tenant, key, state, fingerprint, owner, fence, created_at)
+SELECT 't', convert_to('k' || i, 'UTF8'), 2, 'fp', 'o', 1, now() FROM generate_series($1::int, $2::int) AS i`, rows+1, rows+n); err != nil {
+			t.Fatal(err)
+		}
+		rows += n
+	}
+	pages := func() (size, measured int64) {
+		t.Helper()
+		if err := admin.QueryRow(ctx, `SELECT pg_relation_size(oid) / 8192, relpages FROM pg_class WHERE relname = 'idemproxy_records'`).Scan(&size, &measured); err != nil {
+			t.Fatal(err)
+		}
+		return size, measured
+	}
+	want := func(when string, did bool) {
+		t.Helper()
+		size, measured := pages()
+		got, err := s.analyzeIfGrown(ctx)
+		if err != nil || got != did {
+			t.Fatalf("%s (%d pages, %d measured): analyzeIfGrown = %v, %v; want %v", when, size, measured, got, err, did)
+		}
+		if _, after := pages(); did && after < size {
+			t.Fatalf("%s: measured %d pages after ANALYZE, the table has %d", when, after, size)
+		}
+	}
+	grow(10)
+	want("a table of one page", false)
+	for n := int64(0); n < 16; n, _ = pages() {
+		grow(100)
+	}
+	want("16 pages, never measured", true)
+	want("just measured", false)
+	size, _ := pages()
+	for now := size; now < 2*size; now, _ = pages() {
+		if now > size {
+			want("grown, not doubled", false)
+		}
+		grow(200)
+	}
+	want("doubled", true)
 }

@@ -218,7 +218,7 @@ func benchStore(b *testing.B, inflight int) (*pgtest.Cluster, *Store, store.Requ
 		settings = strings.Split(v, ",")
 	}
 	c, url := pgtest.Own(b, pgtest.Options{Fsync: true, Settings: settings})
-	s, err := Open(context.Background(), Options{URL: url, TTL: time.Hour, SweepInterval: -1})
+	s, err := Open(context.Background(), Options{URL: url, TTL: time.Hour, SweepInterval: -1, AnalyzeInterval: -1})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -51,6 +51,10 @@ type Options struct {
 	SweepInterval time.Duration
 	// SweepBatch is how many expired records one DELETE removes. 0 means 1000.
 	SweepBatch int
+	// AnalyzeInterval is how often the store checks whether the records
+	// table has doubled since PostgreSQL last measured it, and then
+	// measures it (see analyzeIfGrown). 0 means 2 s; negative disables it.
+	AnalyzeInterval time.Duration
 	// Logger receives the background loops' failures; nil discards them.
 	Logger *slog.Logger
 }
@@ -91,11 +95,15 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	// default; the application name lets a DBA see idemproxy's sessions.
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
 	cfg.ConnConfig.RuntimeParams["application_name"] = "idemproxy"
-	// Every statement is planned for its own arguments and the table as it
-	// is, never from a plan cached when the table was nearly empty: a plan
-	// made then scans the whole table for each final answer, and stays
-	// until the next ANALYZE (see inFlight).
-	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	// A statement is planned once per connection and again after each
+	// ANALYZE of its tables, not on every run: under the default, a
+	// statement of a few keys looks cheaper planned for its own arguments
+	// and is planned anew each time, which cost more than a third of the
+	// database's CPU (docs/design/postgres-writes.md). A plan made while
+	// the table was small is replaced once it has grown (analyzeIfGrown),
+	// and the statements are written so that the plan that fits any
+	// arguments is the one wanted (inFlight, listBatch).
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", redact(err))
@@ -115,6 +123,9 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	if opt.SweepInterval > 0 {
 		s.loops.Go(s.sweepLoop)
 	}
+	if opt.AnalyzeInterval > 0 {
+		s.loops.Go(s.analyzeLoop)
+	}
 	return s, nil
 }
 
@@ -133,6 +144,9 @@ func withDefaults(o Options) Options {
 	}
 	if o.SweepBatch <= 0 {
 		o.SweepBatch = 1000
+	}
+	if o.AnalyzeInterval == 0 {
+		o.AnalyzeInterval = 2 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -515,7 +529,9 @@ func (s *Store) get(ctx context.Context, id store.ID) (store.Record, error) {
 // that index and filter by key, and the index keeps the entries of every
 // record finished since the last vacuum: a final answer's cost then grows
 // with the records written (in a benchmark, 2,000 to 3,000 entries read for
-// each statement of a few keys).
+// each statement of a few keys). The other plan that reads more than the
+// keys' rows, a whole-table scan kept from when the table was small, is
+// what analyzeIfGrown ends.
 const inFlight = `state + 0 = 1`
 
 // owned is the condition of owner's live in-flight record: $1 is the

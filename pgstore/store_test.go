@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // open opens a store on url with ttl, closed at the end of the test.
 func open(t *testing.T, url string, ttl time.Duration) *Store {
 	t.Helper()
-	s, err := Open(context.Background(), Options{URL: url, TTL: ttl, SweepInterval: -1})
+	s, err := Open(context.Background(), Options{URL: url, TTL: ttl, SweepInterval: -1, AnalyzeInterval: -1})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}

@@ -1,0 +1,52 @@
+package pgstore
+
+import (
+	"context"
+	"time"
+)
+
+// analyzeIfGrown has PostgreSQL measure the records table again (ANALYZE)
+// when the table has grown to twice the size the planner last measured, and
+// to 16 pages or more. It says whether it did.
+//
+// PostgreSQL keeps the plan of a statement that a connection has run five
+// times. A plan made while the table held a few rows scans the whole table
+// for every final answer, and it stays until the table is measured again,
+// which is what makes PostgreSQL plan anew. Autovacuum measures a table at
+// most once a minute, and while a table is young it can grow a hundredfold
+// in that time. Once the table is large, doubling takes long and autovacuum
+// has measured it long before, so this does nothing. A table shrunk by
+// expiry and then filled again is measured as it grows again.
+//
+// Rows locked by another ANALYZE (another replica's, or autovacuum's) are
+// not waited for: that one measures the table too.
+func (s *Store) analyzeIfGrown(ctx context.Context) (bool, error) {
+	var grown bool
+	err := s.call(ctx, "analyze", nil, func(ctx context.Context) error {
+		err := s.pool.QueryRow(ctx, `SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint >= greatest(2 * c.relpages, 16)
+			FROM pg_class c WHERE c.oid = 'idemproxy_records'::regclass`).Scan(&grown)
+		if err != nil || !grown {
+			return err
+		}
+		_, err = s.pool.Exec(ctx, `ANALYZE (SKIP_LOCKED) idemproxy_records`)
+		return err
+	})
+	return grown && err == nil, err
+}
+
+func (s *Store) analyzeLoop() {
+	t := time.NewTicker(s.opt.AnalyzeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		if did, err := s.analyzeIfGrown(context.Background()); err != nil {
+			s.opt.Logger.Debug("measuring the records table for the planner failed", "err", err)
+		} else if did {
+			s.opt.Logger.Debug("records table measured for the planner after it doubled")
+		}
+	}
+}
