@@ -9,17 +9,18 @@ import (
 // when the table has grown to twice the size the planner last measured, and
 // to 16 pages or more. It says whether it did.
 //
-// PostgreSQL keeps the plan of a statement that a connection has run five
-// times. A plan made while the table held a few rows scans the whole table
-// for every final answer, and it stays until the table is measured again,
-// which is what makes PostgreSQL plan anew. Autovacuum measures a table at
-// most once a minute, and while a table is young it can grow a hundredfold
-// in that time. Once the table is large, doubling takes long and autovacuum
-// has measured it long before, so this does nothing. A table shrunk by
-// expiry and then filled again is measured as it grows again.
+// A connection keeps the plan of each statement it runs (see Open). A plan
+// made while the table held a few rows scans the whole table for every
+// final answer, and it stays until the table is measured again, which is
+// what makes PostgreSQL plan anew. Autovacuum measures a table at most once
+// a minute, and while a table is young it can grow a hundredfold in that
+// time. Once the table is large, doubling takes long and autovacuum has
+// measured it long before, so this does nothing. A table shrunk by expiry
+// and then filled again is measured as it grows again.
 //
-// Rows locked by another ANALYZE (another replica's, or autovacuum's) are
-// not waited for: that one measures the table too.
+// When another ANALYZE or a vacuum holds the table (another replica's, or
+// autovacuum's), this one is skipped rather than waiting: the other
+// measures the table too.
 func (s *Store) analyzeIfGrown(ctx context.Context) (bool, error) {
 	var grown bool
 	err := s.call(ctx, "analyze", nil, func(ctx context.Context) error {
