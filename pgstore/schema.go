@@ -72,8 +72,17 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(schemaLock))
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS idemproxy_schema (version integer NOT NULL)`); err != nil {
+	// CREATE TABLE IF NOT EXISTS needs the CREATE privilege even when the
+	// table exists: a user with only the tables' grants may start once
+	// the schema is in place (README, Privileges).
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('idemproxy_schema') IS NOT NULL`).Scan(&exists); err != nil {
 		return err
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS idemproxy_schema (version integer NOT NULL)`); err != nil {
+			return err
+		}
 	}
 	var version int
 	err = conn.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM idemproxy_schema`).Scan(&version)
