@@ -1,9 +1,6 @@
 package pgstore
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 // analyzeIfGrown has PostgreSQL measure the records table again (ANALYZE)
 // when the table has grown to twice the size the planner last measured, and
@@ -42,18 +39,11 @@ func (s *Store) analyzeIfGrown(ctx context.Context) (bool, error) {
 }
 
 func (s *Store) analyzeLoop() {
-	t := time.NewTicker(s.opt.AnalyzeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
+	s.every(s.opt.AnalyzeInterval, func() {
 		if did, err := s.analyzeIfGrown(context.Background()); err != nil {
 			s.opt.Logger.Debug("measuring the records table for the planner failed", "err", err)
 		} else if did {
 			s.opt.Logger.Debug("records table measured for the planner after it doubled")
 		}
-	}
+	})
 }

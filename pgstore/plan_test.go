@@ -50,7 +50,7 @@ func TestFinalAnswersFindRowsByPrimaryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	// No ANALYZE but the test's own.
+	// Autovacuum off: the table is measured only by the store and the test.
 	if _, err := admin.Exec(ctx, `ALTER TABLE idemproxy_records SET (autovacuum_enabled = off)`); err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,19 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 }
 
 func (s *Store) sweepLoop() {
-	t := time.NewTicker(s.opt.SweepInterval)
+	s.every(s.opt.SweepInterval, func() {
+		n, err := s.sweep(context.Background())
+		if err != nil {
+			s.opt.Logger.Warn("deleting expired records failed", "deleted", n, "err", err)
+		} else if n > 0 {
+			s.opt.Logger.Debug("expired records deleted", "count", n)
+		}
+	})
+}
+
+// every calls fn every d until the store is closed.
+func (s *Store) every(d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
@@ -41,11 +53,6 @@ func (s *Store) sweepLoop() {
 			return
 		case <-t.C:
 		}
-		n, err := s.sweep(context.Background())
-		if err != nil {
-			s.opt.Logger.Warn("deleting expired records failed", "deleted", n, "err", err)
-		} else if n > 0 {
-			s.opt.Logger.Debug("expired records deleted", "count", n)
-		}
+		fn()
 	}
 }
