@@ -191,13 +191,13 @@ func (c *config) settings() (settings, error) {
 	if err := checkInProgress(c.InProgressStatus, c.InProgressCode); err != nil {
 		return s, err
 	}
-	if s.clients, s.clientTokens, err = c.clients(keyHeaders(s.sources, s.routes)); err != nil {
+	if s.sign, err = c.signConfig(); err != nil {
+		return s, err
+	}
+	if s.clients, s.clientTokens, err = c.clients(headersInUse(s)); err != nil {
 		return s, err
 	}
 	if s.keySecret, err = c.keySecret(s.clients != nil); err != nil {
-		return s, err
-	}
-	if s.sign, err = c.signConfig(); err != nil {
 		return s, err
 	}
 	if s.policy, err = c.retryPolicy(); err != nil {
@@ -473,14 +473,14 @@ func (c *config) storeURL() (string, error) {
 }
 
 // clients parses client authentication (CLIENT_TOKENS or its _FILE); the raw
-// list is returned too, for log redaction. keyHeaders are the headers a key
-// is derived from (keyHeaders), which the token header must not be.
-func (c *config) clients(keyHeaders []string) (*proxy.ClientTokens, string, error) {
+// list is returned too, for log redaction. inUse are the headers the token
+// header must not be (headersInUse).
+func (c *config) clients(inUse []string) (*proxy.ClientTokens, string, error) {
 	list, err := secret("CLIENT_TOKENS", c.ClientTokens, c.ClientTokensFile)
 	if err != nil {
 		return nil, "", err
 	}
-	if err := c.checkClientHeader(keyHeaders); err != nil {
+	if err := checkClientHeader(c.ClientHeader, inUse); err != nil {
 		return nil, "", bad("CLIENT_HEADER", err)
 	}
 	ct, err := proxy.ParseClientTokens(c.ClientHeader, list)
@@ -490,48 +490,42 @@ func (c *config) clients(keyHeaders []string) (*proxy.ClientTokens, string, erro
 	return ct, list, nil
 }
 
-// keyHeaders are the headers the key sources read: the header: entries of
-// KEY_SOURCES and of every key: rule of ROUTES (a preset's rules included,
-// as they are the ROUTES in effect).
-func keyHeaders(sources []idemkey.Source, t routes.Table) []string {
-	var names []string
+// headersInUse are the request headers idemproxy already means something
+// by, given the parsed settings: the key's own, the framing and hop-by-hop
+// headers, the signing and static headers it sets upstream, and the headers
+// the key sources read (the header: entries of KEY_SOURCES and of every key:
+// rule of ROUTES, a preset's rules included, as they are the ROUTES in
+// effect).
+func headersInUse(s settings) []string {
+	names := append([]string{idemkey.HeaderName, "X-Idempotency-Key", "Host", "Content-Length", "Content-Type", "Expect",
+		s.sign.SignatureHeader, s.sign.TimestampHeader, s.sign.NonceHeader}, proxy.HopHeaders()...)
+	for n := range s.sign.StaticHeaders {
+		names = append(names, n)
+	}
 	add := func(srcs []idemkey.Source) {
-		for _, s := range srcs {
-			if s.Kind == idemkey.Header {
-				names = append(names, s.Name)
+		for _, src := range srcs {
+			if src.Kind == idemkey.Header {
+				names = append(names, src.Name)
 			}
 		}
 	}
-	add(sources)
-	for _, r := range t.Rules() {
+	add(s.sources)
+	for _, r := range s.routes.Rules() {
 		add(r.Sources)
 	}
 	return names
 }
 
 // checkClientHeader refuses a client token header that no request can carry
-// or that another part of a request already means something by: the
+// or that idemproxy already means something by (inUse, headersInUse): the
 // token would become the app's Idempotency-Key (echoed in answers and
-// logged), or, as a header key source (keyHeaders), every order of one app
-// would share one key, its token; or idemproxy would remove a header the
-// provider needs.
-func (c *config) checkClientHeader(keyHeaders []string) error {
-	name := c.ClientHeader
+// logged), or, as a header key source, every order of one app would share
+// one key, its token; or idemproxy would remove a header the provider needs.
+func checkClientHeader(name string, inUse []string) error {
 	if err := resign.CheckHeaderName(name); err != nil {
 		return err
 	}
-	taken := []string{idemkey.HeaderName, "X-Idempotency-Key", "Host", "Content-Length", "Content-Type",
-		"Transfer-Encoding", "Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Upgrade", "Expect",
-		c.SignatureHeader, c.TimestampHeader, c.NonceHeader}
-	taken = append(taken, keyHeaders...)
-	if static, err := secret("STATIC_HEADERS", c.StaticHeaders, c.StaticHeadersFile); err == nil {
-		if h, err := resign.ParseStaticHeaders(static); err == nil { // a bad list is reported as STATIC_HEADERS
-			for n := range h {
-				taken = append(taken, n)
-			}
-		}
-	}
-	for _, t := range taken {
+	for _, t := range inUse {
 		if t != "" && strings.EqualFold(name, t) {
 			return fmt.Errorf("%s is already used for another purpose", http.CanonicalHeaderKey(name))
 		}

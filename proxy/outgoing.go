@@ -6,6 +6,7 @@ import (
 	"net/http/httputil"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/idemproxy/idemproxy/idemkey"
@@ -104,6 +105,10 @@ var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Ho
 // directions (RFC 9110 section 7.6.1, plus the older ones it keeps removing).
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// HopHeaders returns the hop-by-hop headers idemproxy removes in both
+// directions (a copy).
+func HopHeaders() []string { return slices.Clone(hopHeaders) }
 
 // removeHopByHop deletes the headers h's Connection header names, then the
 // hop-by-hop ones.
