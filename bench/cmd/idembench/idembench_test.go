@@ -138,3 +138,31 @@ func TestRatiosRenderVerdicts(t *testing.T) {
 		}
 	}
 }
+
+func TestRatiosOfSeveralProcesses(t *testing.T) {
+	o := &options{conns: []int{64}}
+	cs := []*cell{
+		{id: "B", method: "POST", conns: 64, rps: 1000},
+		{id: "B3", method: "POST", conns: 64, rps: 800},
+		{id: "P3", method: "POST", conns: 64, rps: 400},
+	}
+	var b strings.Builder
+	renderRatios(&b, o, cs)
+	out := b.String()
+	for _, want := range []string{"| P3/B | new key on PostgreSQL, 3 replicas, vs plain Go proxy POST | 0.40 |",
+		"| B3/B |", "| 0.80 |", "| P3/B3 |", "| 0.50 |"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ratios table lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "P1/B") {
+		t.Errorf("ratios table has P1/B, which did not run:\n%s", out)
+	}
+
+	// Without B3, its rows are left out, not shown as unmeasured.
+	b.Reset()
+	renderRatios(&b, o, cs[:1:1])
+	if out := b.String(); strings.Contains(out, "B3") {
+		t.Errorf("ratios table has B3's rows without B3:\n%s", out)
+	}
+}

@@ -210,6 +210,11 @@ type targets struct {
 	up, plain, nginx, d, e, f *proc
 	pg                        *pgtest.Cluster
 	p                         map[int][]*proc // P's replicas, by replica count
+	// plains are B's counterpart of P's rows of several replicas: that many
+	// plain Go proxies (plain first), the load spread the same way, so
+	// that P3's figures can be read next to what three processes of any
+	// proxy cost on the same cores (by count, for counts above 1).
+	plains map[int][]*proc
 }
 
 func (t *targets) stopAll() {
@@ -221,7 +226,12 @@ func (t *targets) stopAll() {
 			p.stop(30 * time.Second)
 		}
 	}
-	t.p = nil
+	for _, ps := range t.plains {
+		for _, p := range ps[1:] { // the first is plain, stopped above
+			p.stop(30 * time.Second)
+		}
+	}
+	t.p, t.plains = nil, nil
 	if t.pg != nil {
 		t.pg.Remove()
 		t.pg = nil
@@ -233,6 +243,22 @@ func startTargets(o *options, up *proc, rep *report) (*targets, error) {
 	var err error
 	if t.plain, err = start("plainproxy", o.out, o.plainBin, []string{"-upstream", "http://" + up.addr}, nil, true); err != nil {
 		return t, err
+	}
+	if o.onlyTargets["P"] && o.onlyTargets["B"] {
+		t.plains = map[int][]*proc{}
+		for _, n := range o.pgReplicas {
+			if n < 2 {
+				continue
+			}
+			t.plains[n] = []*proc{t.plain}
+			for i := 1; i < n; i++ {
+				p, err := start(fmt.Sprintf("plainproxy-B%d-%d", n, i+1), o.out, o.plainBin, []string{"-upstream", "http://" + up.addr}, nil, true)
+				if err != nil {
+					return t, err
+				}
+				t.plains[n] = append(t.plains[n], p)
+			}
+		}
 	}
 	if o.onlyTargets["C"] {
 		t.nginx, err = startNginx(o.nginx, filepath.Join(o.out, "nginx"), o.out, up.addr)

@@ -19,9 +19,10 @@ type target struct {
 	proxy             *proc
 	build             func([]byte, uint64) []byte
 	wantReplays       bool // F: every 2xx must be a replay; others: none may be
-	// replicas, for P: every replica of the row (proxy is the first); the
-	// load is spread over them by connection, and their CPU and the
-	// database's count as the proxy's.
+	// replicas, for P and B's rows of several processes: every process of
+	// the row (proxy is the first); the load is spread over them by
+	// connection, and their CPU and, for P, the database's count as the
+	// proxy's.
 	replicas []*proc
 	pg       *pgtest.Cluster
 }
@@ -87,10 +88,18 @@ func (m *matrix) rows() []target {
 		{id: "D", label: "D idemproxy GET", method: "GET", proxy: t.d, build: buildGet},
 		{id: "A", label: "A direct", method: "POST", addr: t.up.addr, build: newPost},
 		{id: "B", label: "B Go ReverseProxy", method: "POST", addr: t.plain.addr, proxy: t.plain, build: newPost},
+	}
+	for _, n := range m.o.pgReplicas {
+		if ps := t.plains[n]; len(ps) > 0 {
+			all = append(all, target{id: fmt.Sprintf("B%d", n), label: fmt.Sprintf("B Go ReverseProxy, %d processes", n),
+				method: "POST", proxy: ps[0], replicas: ps, build: newPost})
+		}
+	}
+	all = append(all, []target{
 		{id: "C", label: "C nginx", method: "POST", proxy: t.nginx, build: newPost},
 		{id: "F", label: "F idemproxy replay", method: "POST", proxy: t.f, build: buildReplayPost(m.replayPrefix(), uint64(m.o.replayKeys)), wantReplays: true},
 		{id: "E", label: "E idemproxy new key", method: "POST", proxy: t.e, build: newPost},
-	}
+	}...)
 	for _, n := range m.o.pgReplicas {
 		if ps := t.p[n]; len(ps) > 0 {
 			all = append(all, target{id: fmt.Sprintf("P%d", n), label: fmt.Sprintf("P idemproxy PostgreSQL, %d replica(s)", n),

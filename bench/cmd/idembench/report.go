@@ -132,17 +132,20 @@ func renderClosed(b *strings.Builder, o *options, cs []*cell) {
 func renderRatios(b *strings.Builder, o *options, cs []*cell) {
 	type ratio struct {
 		name, id, method string
+		base             string // "" is B
 		want             float64
 		at               int // 0: every concurrency
 		what             string
 	}
 	rs := []ratio{
-		{"D/B", "D", "GET", 0.9, 0, "pass-through GET vs plain Go proxy GET"},
-		{"F/B", "F", "POST", 1.0, 0, "replay vs plain Go proxy POST"},
-		{"E/B", "E", "POST", 0.5, 64, "new durable key vs plain Go proxy POST"},
-		{"P1/B", "P1", "POST", 0.5, 64, "new key on PostgreSQL, 1 replica, vs plain Go proxy POST"},
-		{"P3/B", "P3", "POST", 0.5, 64, "new key on PostgreSQL, 3 replicas, vs plain Go proxy POST"},
-		{"C/B", "C", "POST", 0, 0, "nginx vs plain Go proxy (POST), for scale"},
+		{"D/B", "D", "GET", "", 0.9, 0, "pass-through GET vs plain Go proxy GET"},
+		{"F/B", "F", "POST", "", 1.0, 0, "replay vs plain Go proxy POST"},
+		{"E/B", "E", "POST", "", 0.5, 64, "new durable key vs plain Go proxy POST"},
+		{"P1/B", "P1", "POST", "", 0.5, 64, "new key on PostgreSQL, 1 replica, vs plain Go proxy POST"},
+		{"P3/B", "P3", "POST", "", 0.5, 64, "new key on PostgreSQL, 3 replicas, vs plain Go proxy POST"},
+		{"B3/B", "B3", "POST", "", 0, 0, "3 plain Go proxies, load spread as for P3, vs one: what 3 processes cost on these cores"},
+		{"P3/B3", "P3", "POST", "B3", 0, 0, "new key on PostgreSQL, 3 replicas, vs 3 plain Go proxies, for scale"},
+		{"C/B", "C", "POST", "", 0, 0, "nginx vs plain Go proxy (POST), for scale"},
 	}
 	b.WriteString("### Headline: throughput ratios (req/s over B's, same method, same concurrency)\n\n")
 	b.WriteString("| ratio | what |")
@@ -155,13 +158,17 @@ func renderRatios(b *strings.Builder, o *options, cs []*cell) {
 	}
 	b.WriteString("---|\n")
 	for _, r := range rs {
-		if r.id[0] == 'P' && !slices.ContainsFunc(cs, func(c *cell) bool { return c.id == r.id }) {
-			continue // P runs only when asked for
+		if r.base == "" {
+			r.base = "B"
+		}
+		ran := func(id string) bool { return slices.ContainsFunc(cs, func(c *cell) bool { return c.id == id }) }
+		if (r.id[0] == 'P' || len(r.id) > 1 && r.id[0] == 'B') && !ran(r.id) || r.base != "B" && !ran(r.base) {
+			continue // P and B's rows of several processes run only when asked for
 		}
 		fmt.Fprintf(b, "| %s | %s |", r.name, r.what)
 		verdict := ""
 		for _, n := range o.conns {
-			x, base := find(cs, r.id, r.method, n), find(cs, "B", r.method, n)
+			x, base := find(cs, r.id, r.method, n), find(cs, r.base, r.method, n)
 			if x == nil || base == nil || base.rps == 0 {
 				b.WriteString(" — |")
 				continue
