@@ -8,7 +8,8 @@
 #   bench/run.sh memory     memory run only
 #   bench/run.sh micro      Go micro-benchmarks of the hot path (-benchmem)
 #   bench/run.sh pg         new-key POSTs on PostgreSQL (P: 1 and 3 replicas on one
-#                           throwaway cluster, fsync on) next to A, B and E (Badger);
+#                           throwaway cluster, fsync on) next to A, B, B3 (three of
+#                           B's processes, load spread as over P's) and E (Badger);
 #                           needs the PostgreSQL server binaries (Debian: postgresql)
 #   bench/run.sh pg-own-core
 #                           the same with the database on a CPU of its own (the

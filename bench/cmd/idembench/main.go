@@ -9,7 +9,9 @@
 //	F  idemproxy, protected POST replays of stored keys
 //	P  idemproxy on PostgreSQL, protected POST, a new key every request:
 //	   1 replica, and 3 replicas sharing one database (-pg-replicas), on a
-//	   throwaway cluster with fsync on (pgstore/pgtest)
+//	   throwaway cluster with fsync on (pgstore/pgtest); with B, a row of as
+//	   many plain proxies as each P row of several replicas (B3), the load
+//	   spread the same way
 //
 // at fixed concurrency (closed loop) and at a fixed rate, measuring req/s,
 // latency percentiles, CPU per 10k requests and peak RSS of the target
