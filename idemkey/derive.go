@@ -51,7 +51,9 @@ var namespace = uuid.MustParse("37a209bb-1b51-5f69-bf68-a0460f24db7b")
 //     number its literal text; null, bools, objects and arrays are absent.
 //     The number 12345 and the string "12345" give the same key, because
 //     legacy apps are inconsistent about quoting order ids and a retry that
-//     quotes differently must not become a second charge. Invalid JSON has
+//     quotes differently must not become a second charge. A key of the
+//     path repeated with different values ({"order_id":"a","order_id":"b"})
+//     has no value: parsers differ on which member wins. Invalid JSON has
 //     no values (it is still forwarded; the provider decides).
 //   - Form: the first value of the field in an application/x-www-form-urlencoded
 //     body, or in a body without Content-Type that does not start with '{'.

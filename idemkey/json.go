@@ -537,10 +537,13 @@ func appendRune(dst []byte, r rune, canon bool) []byte {
 // lookup returns the scalar at the dotted path in data, which must be a
 // valid JSON document whose top-level value is an object. Strings give their
 // decoded value, numbers their literal text; an empty string, null, a bool,
-// an object, an array, a missing member or invalid JSON give ok=false. When a
-// key repeats, the last member wins, as in encoding/json and JavaScript, so
-// the value is the one the provider most likely reads. val is valid until the
-// parser is reused.
+// an object, an array, a missing member or invalid JSON give ok=false. A key
+// of the path that repeats in its object ({"order_id":"a","order_id":"b"})
+// gives ok=false unless every member gives the same value: parsers differ on
+// which member wins (encoding/json and JavaScript take the last, others the
+// first or refuse), so idemproxy cannot know which order the provider reads,
+// and a key derived from one would be another order's key for a provider
+// that reads the other. val is valid until the parser is reused.
 func (p *jsonParser) lookup(data []byte, path string) (val []byte, ok bool) {
 	p.reset(data, false)
 	p.skipWS()
@@ -569,6 +572,9 @@ func (p *jsonParser) lookupObject(path string, depth int) (found bool, err error
 		p.pos++
 		return false, nil
 	}
+	// prev is where the last member with key seg started, -1 before one;
+	// ambiguous is set when two such members give different values.
+	prev, ambiguous := -1, false
 	for {
 		if p.peek() != '"' {
 			return false, p.fail("want an object key")
@@ -581,7 +587,12 @@ func (p *jsonParser) lookupObject(path string, depth int) (found bool, err error
 			return false, err
 		}
 		if string(p.key) == seg {
+			start := p.pos
 			found, err = p.lookupMember(rest, nested, depth)
+			if err == nil && prev >= 0 && !ambiguous {
+				ambiguous = !p.sameAs(p.data[prev:], found, rest, nested, depth)
+			}
+			prev = start
 		} else {
 			err = p.value(depth)
 		}
@@ -595,7 +606,7 @@ func (p *jsonParser) lookupObject(path string, depth int) (found bool, err error
 			p.skipWS()
 		case '}':
 			p.pos++
-			return found, nil
+			return found && !ambiguous, nil
 		default:
 			return false, p.fail("want ',' or '}' after an object member")
 		}
@@ -618,6 +629,15 @@ func (p *jsonParser) lookupMember(rest string, nested bool, depth int) (bool, er
 		return true, err
 	}
 	return false, p.value(depth)
+}
+
+// sameAs reports whether the member value at the start of data gives what
+// the member just read gave (found, and p.val when found). It runs only when
+// a key repeats, with a parser of its own so that p's state is left alone.
+func (p *jsonParser) sameAs(data []byte, found bool, rest string, nested bool, depth int) bool {
+	q := &jsonParser{data: data}
+	qFound, err := q.lookupMember(rest, nested, depth)
+	return err == nil && qFound == found && (!found || bytes.Equal(q.val, p.val))
 }
 
 // cutDot splits a dotted path at its first dot.

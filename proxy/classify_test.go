@@ -41,7 +41,7 @@ func TestClassify(t *testing.T) {
 		{"route rejected", ErrRouteRejected, http.StatusMethodNotAllowed, CodeMethodNotAllowed, OutcomeRejected, "", 0},
 		{"unauthorized", ErrUnauthorized, http.StatusUnauthorized, CodeUnauthorized, OutcomeRejected, "", 0},
 		{"key missing", ErrKeyMissing, http.StatusUnprocessableEntity, CodeKeyMissing, OutcomeRejected, "", 0},
-		{"key invalid", fmt.Errorf("header: %w", idemkey.ErrInvalidKey), http.StatusBadRequest, CodeKeyInvalid, OutcomeRejected, "", 0},
+		{"key invalid", fmt.Errorf("header: %w", idemkey.ErrInvalidKey), http.StatusBadRequest, CodeBadRequest, OutcomeRejected, "", 0},
 		{"body too large", &http.MaxBytesError{Limit: 10}, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, OutcomeRejected, "", 0},
 		{"body unread", fmt.Errorf("%w: %w", retry.ErrRequestBody, errors.New("eof")), http.StatusBadRequest, CodeBadRequest, OutcomeRejected, "", 0},
 		{"key expired", fmt.Errorf("resume: %w", retry.ErrKeyExpired), http.StatusConflict, CodeKeyExpired, OutcomeRejected, "", 0},

@@ -27,7 +27,6 @@ func (e *Error) Error() string { return e.Code + ": " + e.Message }
 // configured in its place (Options.InProgressCode).
 const (
 	CodeKeyMissing          = "idempotency_key_missing"
-	CodeKeyInvalid          = "idempotency_key_invalid"
 	CodeKeyExpired          = "idempotency_key_expired"
 	CodeConflict            = "idempotency_conflict"
 	CodeInProgress          = "idempotency_in_progress"
@@ -44,8 +43,10 @@ const (
 
 // The errors of docs/contract.md's table, plus the request-shape errors the table leaves open.
 var (
-	ErrKeyMissing  = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) is present"}
-	ErrKeyInvalid  = &Error{http.StatusBadRequest, CodeKeyInvalid, "Idempotency-Key must be one value of 1-255 printable ASCII characters (bare or an RFC 8941 string), sent once or repeated identically"}
+	ErrKeyMissing = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) is present"}
+	// ErrKeyInvalid is bad_request, the contract's code for a request idemproxy
+	// will not forward; the message says it is the Idempotency-Key.
+	ErrKeyInvalid  = &Error{http.StatusBadRequest, CodeBadRequest, "Idempotency-Key must be one value of 1-255 printable ASCII characters (bare or an RFC 8941 string), sent once or repeated identically; nothing was sent upstream"}
 	ErrConflict    = &Error{http.StatusConflict, CodeConflict, "Idempotency-Key was already used for a different request"}
 	ErrInProgress  = &Error{http.StatusConflict, CodeInProgress, "a request with this Idempotency-Key is still in flight; retry later with the same key"}
 	ErrBodyTooLong = &Error{http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "request body exceeds the configured limit"}

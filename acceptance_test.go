@@ -1,0 +1,188 @@
+package main
+
+// Acceptance tests from the outside: the real binary with only
+// IDEMPROXY_UPSTREAM_URL and a data directory (plus the one variable a case
+// is about), sloppy or hostile clients on raw TCP, and what the contract's
+// error table promises: the status, the code, the JSON format, the
+// Content-Type, and nothing sent upstream.
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// plainBinary starts the binary against a recordingProvider with defaults only.
+func plainBinary(t *testing.T, extra ...string) (*proc, *recordingProvider) {
+	t.Helper()
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	t.Cleanup(up.Close)
+	return startBinary(t, append([]string{"IDEMPROXY_UPSTREAM_URL=" + up.URL, "IDEMPROXY_DATA_DIR=" + t.TempDir()}, extra...)...), prov
+}
+
+// checkRefusal fails unless got is idemproxy's own error with status and code,
+// in the contract's format, and the provider received nothing.
+func checkRefusal(t *testing.T, prov *recordingProvider, got reply, status int, code string) {
+	t.Helper()
+	var body struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if got.status != status || json.Unmarshal([]byte(got.body), &body) != nil || body.Error.Code != code || body.Error.Message == "" {
+		t.Errorf("answer %d %q, want %d with {\"error\":{\"code\":%q,\"message\":...}}", got.status, got.body, status, code)
+	}
+	if ct := got.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q, want application/json", ct)
+	}
+	if seen := prov.take(); len(seen) != 0 {
+		t.Errorf("provider received %d requests, want none: %+v", len(seen), seen)
+	}
+}
+
+func rawPost(body, headers string) string {
+	return fmt.Sprintf("POST /v1/payments HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n%s\n%s", len(body), headers, body)
+}
+
+// An Idempotency-Key idemproxy will not forward (two different values, a
+// control character, non-ASCII, absurd length, empty) is a request it will
+// not forward: 400 bad_request, the contract's one code for that, nothing
+// sent. These once answered idempotency_key_invalid, a code the contract's
+// table does not have.
+func TestAcceptanceKeyHeaderRefused(t *testing.T) {
+	p, prov := plainBinary(t)
+	for _, c := range []struct{ name, headers string }{
+		{"two different values", "Idempotency-Key: k-1\nIdempotency-Key: k-2\n"},
+		{"two members", "Idempotency-Key: k-1, k-2\n"},
+		{"a tab inside", "Idempotency-Key: k\tey\n"},
+		{"a control character", "Idempotency-Key: k\x01ey\n"},
+		{"DEL", "Idempotency-Key: k\x7fey\n"},
+		{"non-ASCII", "Idempotency-Key: k\xc3\xa9y\n"},
+		{"256 characters", "Idempotency-Key: " + strings.Repeat("k", 256) + "\n"},
+		{"10,000 characters", "Idempotency-Key: " + strings.Repeat("k", 10000) + "\n"},
+		{"empty", "Idempotency-Key: \n"},
+		{"empty string", "Idempotency-Key: \"\"\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := rawExchange(t, p.addr, rawPost(`{"order_id":"kh-1","amount":"1.00"}`, c.headers))
+			checkRefusal(t, prov, got, http.StatusBadRequest, "bad_request")
+		})
+	}
+	// The longest key that is allowed, and one repeated identically, pass.
+	for i, key := range []string{strings.Repeat("k", 255), "k-same\nIdempotency-Key: k-same"} {
+		got := rawExchange(t, p.addr, rawPost(fmt.Sprintf(`{"order_id":"kh-ok-%d"}`, i), "Idempotency-Key: "+key+"\n"))
+		if seen := prov.take(); got.status != http.StatusCreated || len(seen) != 1 {
+			t.Errorf("key %.20q...: %d %s, provider saw %d, want it sent once", key, got.status, got.body, len(seen))
+		}
+	}
+}
+
+// order_id values from which no key can be derived get 422
+// idempotency_key_missing under the default IDEMPROXY_MISSING_KEY=reject,
+// with nothing sent; a duplicated order_id with two values is one of them
+// (a provider that reads the first would see another order than the key's).
+// A number is a value, the same as its quoted text.
+func TestAcceptanceOrderIDShapes(t *testing.T) {
+	p, prov := plainBinary(t)
+	for _, body := range []string{
+		`{"order_id":null,"amount":"1.00"}`,
+		`{"order_id":{"id":"n-1"},"amount":"1.00"}`,
+		`{"order_id":["n-1"],"amount":"1.00"}`,
+		`{"order_id":true,"amount":"1.00"}`,
+		`{"order_id":"","amount":"1.00"}`,
+		`{"payment":{"order_id":"n-1"}}`,
+		`[{"order_id":"n-1"}]`,
+		`{"order_id":"n-1","amount":}`,
+		`{"order_id":"n-1"} {"order_id":"n-2"}`,
+		`{"order_id":"dup-a","order_id":"dup-b","amount":"1.00"}`,
+		`{"order_id":"dup-b","order_id":"dup-a","amount":"1.00"}`,
+		`{"order_id":null,"order_id":"dup-a","amount":"1.00"}`,
+		`{"order_id":"dup-a","order_id":"dup-a","order_id":"dup-c"}`,
+	} {
+		got := rawExchange(t, p.addr, rawPost(body, ""))
+		checkRefusal(t, prov, got, http.StatusUnprocessableEntity, "idempotency_key_missing")
+		if t.Failed() {
+			t.Fatalf("body %s", body)
+		}
+	}
+	key := func(body string) string {
+		t.Helper()
+		got := rawExchange(t, p.addr, rawPost(body, ""))
+		prov.take()
+		if got.status != http.StatusCreated && got.status != http.StatusConflict {
+			t.Fatalf("%s: %d %s", body, got.status, got.body)
+		}
+		return got.header.Get("Idempotency-Key")
+	}
+	// One order, one key, however the app repeats or quotes it.
+	if a, b := key(`{"order_id":"dup-a","amount":"1.00"}`), key(`{"order_id":"dup-a","order_id":"dup-a","amount":"1.00"}`); a == "" || a != b {
+		t.Errorf("order dup-a: key %q, repeated identically %q; want one key", a, b)
+	}
+	if a, b := key(`{"order_id":4711}`), key(`{"order_id":"4711"}`); a == "" || a != b {
+		t.Errorf("order 4711: key %q as a number, %q quoted; want one key", a, b)
+	}
+}
+
+// A body over IDEMPROXY_MAX_BODY_BYTES, however it is framed, gets 413
+// body_too_large with nothing sent, and leaves the order free: the same order
+// with a body that fits goes through at once.
+func TestAcceptanceBodyTooLarge(t *testing.T) {
+	p, prov := plainBinary(t, "IDEMPROXY_MAX_BODY_BYTES=1000")
+	big := fmt.Sprintf(`{"order_id":"big-1","pad":%q}`, strings.Repeat("x", 1200))
+	chunks := func(size int) string {
+		var b strings.Builder
+		for s := big; s != ""; {
+			n := min(size, len(s))
+			fmt.Fprintf(&b, "%x\n%s\n", n, s[:n])
+			s = s[n:]
+		}
+		return b.String() + "0\n\n"
+	}
+	for _, c := range []struct{ name, raw string }{
+		{"Content-Length", rawPost(big, "")},
+		{"Content-Length with the app's key", rawPost(big, "Idempotency-Key: big-key\n")},
+		{"chunked, one chunk", "POST /v1/payments HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n" + chunks(len(big))},
+		{"chunked, small chunks", "POST /v1/payments HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n" + chunks(100)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := rawExchange(t, p.addr, c.raw)
+			checkRefusal(t, prov, got, http.StatusRequestEntityTooLarge, "body_too_large")
+		})
+	}
+	got := rawExchange(t, p.addr, rawPost(`{"order_id":"big-1"}`, ""))
+	if seen := prov.take(); got.status != http.StatusCreated || len(seen) != 1 {
+		t.Errorf("the order after its 413: %d %s, provider saw %d; want it sent once", got.status, got.body, len(seen))
+	}
+}
+
+// A client that sends half a body and hangs up sends nothing upstream and
+// leaves nothing stored: its retry goes through at once, as a first try.
+func TestAcceptanceHalfBodyThenHangUp(t *testing.T) {
+	p, prov := plainBinary(t)
+	body := `{"order_id":"half-1","amount":"1.00"}`
+	for _, c := range []struct{ name, head, part string }{
+		{"Content-Length", fmt.Sprintf("Content-Length: %d\r\n", len(body)), body[:12]},
+		{"chunked", "Transfer-Encoding: chunked\r\n", fmt.Sprintf("%x\r\n%s", len(body), body[:12])},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", p.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s\r\n%s", c.head, c.part)
+			time.Sleep(100 * time.Millisecond) // the handler is reading the body
+			conn.Close()
+			got := rawExchange(t, p.addr, rawPost(body, ""))
+			seen := prov.take()
+			if got.status != http.StatusCreated || got.header.Get("Idempotent-Replayed") != "" || len(seen) != 1 || seen[0].Body != body {
+				t.Errorf("retry after the hang-up: %d %s replayed=%q, provider saw %+v; want one first execution of the whole body",
+					got.status, got.body, got.header.Get("Idempotent-Replayed"), seen)
+			}
+			body = strings.Replace(body, "half-1", "half-2", 1)
+		})
+	}
+}
