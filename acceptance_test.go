@@ -9,6 +9,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -185,4 +186,67 @@ func TestAcceptanceHalfBodyThenHangUp(t *testing.T) {
 			body = strings.Replace(body, "half-1", "half-2", 1)
 		})
 	}
+}
+
+// A request whose length is ambiguous, which a front proxy may have framed
+// otherwise than idemproxy (request smuggling), is refused with 400
+// bad_request, nothing sent, and the connection closed: Transfer-Encoding
+// with Content-Length in either order, Transfer-Encoding on HTTP/1.0, and a
+// Content-Length given twice. net/http's server accepted them all (it
+// dropped the Content-Length, ignored the Transfer-Encoding, merged the two
+// lengths), and idemproxy sent them upstream.
+func TestAcceptanceAmbiguousLength(t *testing.T) {
+	p, prov := plainBinary(t)
+	body := `{"order_id":"len-1"}`
+	chunked := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	for _, c := range []struct{ name, raw string }{
+		{"chunked, then Content-Length", "POST /v1/payments HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 20\r\n\r\n" + chunked},
+		{"Content-Length, then chunked", "POST /v1/payments HTTP/1.1\r\nHost: x\r\ncontent-length: 20\r\nTRANSFER-ENCODING: Chunked\r\n\r\n" + chunked},
+		{"Content-Length 0 and chunked", "POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked},
+		{"Transfer-Encoding on HTTP/1.0", "POST /v1/payments HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 20\r\n\r\n" + body},
+		{"Content-Length twice", "POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\nContent-Length: 20\r\n\r\n" + body},
+		{"on a GET", "GET /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := dialKeptAlive(t, p.addr)
+			resp := k.ask(t, c.raw)
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			checkRefusal(t, prov, reply{resp.StatusCode, resp.Header, string(b)}, http.StatusBadRequest, "bad_request")
+			if !resp.Close {
+				t.Errorf("answer without Connection: close")
+			}
+			k.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if n, err := k.br.ReadByte(); err == nil {
+				t.Errorf("connection still open after the refusal (read %q)", n)
+			}
+		})
+	}
+}
+
+// The same connection carries well-framed requests before an ambiguous one
+// (chunked with extensions and undeclared trailers, a body that quotes
+// framing headers, the CR LF some clients add after a POST, a GET without a
+// body): each is answered as usual, and only the ambiguous one is refused.
+func TestAcceptanceAmbiguousLengthAfterOthers(t *testing.T) {
+	p, prov := plainBinary(t)
+	quoting := `{"order_id":"seq-2","note":"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"}`
+	k := dialKeptAlive(t, p.addr)
+	for i, raw := range []string{
+		"POST /v1/payments HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\n{\"ord\r\n0F\r\ner_id\":\"seq-1\"}\r\n0\r\nX-Trailer: y\r\n\r\n",
+		fmt.Sprintf("POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s\r\n", len(quoting), quoting),
+		"GET /v1/payments/seq-1 HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST /v1/payments HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n14\r\n{\"order_id\":\"seq-3\"}\r\n0\r\n\r\n",
+	} {
+		resp := k.ask(t, raw)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if seen := prov.take(); resp.StatusCode != http.StatusCreated || len(seen) != 1 {
+			t.Fatalf("request %d: %d %s, provider saw %d; want it answered as usual", i+1, resp.StatusCode, b, len(seen))
+		}
+	}
+	resp := k.ask(t, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	checkRefusal(t, prov, reply{resp.StatusCode, resp.Header, string(b)}, http.StatusBadRequest, "bad_request")
 }

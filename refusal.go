@@ -25,6 +25,11 @@ import (
 // Transfer-Encoding (501) or HTTP version (505). Nothing was read past the
 // headers and nothing was sent upstream.
 //
+// It also marks, for the handler to refuse, a request whose length is
+// ambiguous (Transfer-Encoding with Content-Length, Transfer-Encoding on
+// HTTP/1.0, Content-Length twice), which net/http accepts and hides from
+// handlers: see framing and proxy.MarkAmbiguousFraming.
+//
 // It wraps srv's Handler, ConnContext and ConnState, so call it once those
 // are set; serve srv on the listener it returns, which wraps l. The hooks
 // that were set see the connections of l, not the wrapper.
@@ -46,6 +51,10 @@ func answerRefusalsInJSON(srv *http.Server, l net.Listener) net.Listener {
 	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rc, ok := r.Context().Value(refusalConnKey{}).(*refusalConn); ok {
 			rc.serving.Store(true)
+			rc.requests++
+			if rc.framing.ambiguous.Load() == rc.requests {
+				r = proxy.MarkAmbiguousFraming(r)
+			}
 		}
 		handler.ServeHTTP(w, r)
 	})
@@ -88,6 +97,18 @@ type refusalConn struct {
 	// serving is set when a handler starts and cleared when the
 	// connection is idle again (see answerRefusalsInJSON).
 	serving atomic.Bool
+	// framing follows the requests read; requests counts those the
+	// handler was called for (one at a time, by the connection's
+	// goroutine).
+	framing  framing
+	requests int64
+}
+
+// Read reads from the connection and lets framing follow what was read.
+func (c *refusalConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.framing.feed(p[:n])
+	return n, err
 }
 
 func (c *refusalConn) Write(p []byte) (int, error) {

@@ -60,6 +60,8 @@ var (
 	ErrMethodOverride = &Error{http.StatusBadRequest, CodeBadRequest, "method override headers (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override) are not forwarded; send the method itself"}
 	ErrTrailers       = &Error{http.StatusBadRequest, CodeBadRequest, "request trailers are not forwarded; send every header before the body"}
 	ErrDotSegment     = &Error{http.StatusBadRequest, CodeBadRequest, "the path has a dot-segment (. or .., plain or percent-encoded); send the resolved path"}
+	// ErrFraming answers a request marked by MarkAmbiguousFraming.
+	ErrFraming = &Error{http.StatusBadRequest, CodeBadRequest, "the request's length is ambiguous (Transfer-Encoding with Content-Length, Transfer-Encoding on HTTP/1.0, or Content-Length twice); send one Content-Length or chunked alone. Nothing was sent upstream"}
 	// ErrBodyUnread: the client's body did not arrive in full (too slow, or
 	// the connection broke); nothing was sent.
 	ErrBodyUnread = &Error{http.StatusBadRequest, CodeBadRequest, "request body could not be read in full; nothing was sent upstream"}

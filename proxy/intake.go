@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strings"
@@ -24,9 +25,12 @@ var methodOverrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", 
 //   - declared trailers: they arrive after the body, could carry a key or a
 //     signature past every check, and are never forwarded;
 //   - a path with a dot-segment, plain or percent-encoded, that could take
-//     the request outside the upstream base path once joined to it.
+//     the request outside the upstream base path once joined to it;
+//   - a request whose length is ambiguous (MarkAmbiguousFraming).
 func checkShape(r *http.Request) error {
 	switch {
+	case r.Context().Value(ambiguousFramingKey{}) != nil:
+		return ErrFraming
 	case r.Method == http.MethodConnect || r.Method == http.MethodTrace || r.Method == "TRACK":
 		return ErrMethod
 	case r.URL.IsAbs() || !strings.HasPrefix(r.RequestURI, "/"):
@@ -43,6 +47,22 @@ func checkShape(r *http.Request) error {
 		return ErrDotSegment
 	}
 	return nil
+}
+
+type ambiguousFramingKey struct{}
+
+// MarkAmbiguousFraming returns r marked as a request whose length is
+// ambiguous: it came with Transfer-Encoding and Content-Length, with
+// Transfer-Encoding on HTTP/1.0, or with Content-Length twice. net/http's
+// server reads such a request one way (chunked, or the one length) and hides
+// the rest from handlers; a front proxy that read it the other way has sent
+// the next request's bytes as its body, or this request's body as a next
+// request (request smuggling, RFC 9112 §6.1, §11.2). The handler refuses it
+// with 400 bad_request and closes the connection. Only the server, which
+// sees the request's bytes, can tell; see answerRefusalsInJSON in package
+// main.
+func MarkAmbiguousFraming(r *http.Request) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), ambiguousFramingKey{}, true))
 }
 
 func hasAny(h http.Header, names []string) bool {

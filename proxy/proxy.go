@@ -219,6 +219,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sum := newSummary(r, h.opt.Now())
 	defer h.done(sum)
 	if err := checkShape(r); err != nil {
+		if err == ErrFraming {
+			// What follows on the connection cannot be told from
+			// this request's body (RFC 9112 §6.1: close after it).
+			w.Header().Set("Connection", "close")
+		}
 		h.fail(w, sum, err)
 		return
 	}

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bytes"
+	"sync/atomic"
+)
+
+// framing follows the requests on one client connection as net/http's
+// server frames them (RFC 9112 §6), byte for byte as it reads them, to see
+// what the server hides from handlers: a request with both Transfer-Encoding
+// and Content-Length (the server drops Content-Length and reads the body
+// chunked), Transfer-Encoding on HTTP/1.0 (the server ignores it) and a
+// Content-Length given twice with one value (the server merges them). Such
+// a request's length is ambiguous: a front proxy that framed it the other
+// way sent another request's bytes as its body, or its body as another
+// request. The handler refuses it (proxy.MarkAmbiguousFraming).
+//
+// It reads request heads line by line and skips bodies by their length or
+// their chunks, as the server does. What the server would refuse and close
+// the connection for (a malformed head or chunk, an unsupported
+// Transfer-Encoding, two different lengths), and anything framing cannot
+// follow, turns it off for the rest of the connection: it never refuses by
+// itself, it only marks. Read calls feed it one at a time (net/http reads a
+// connection from one goroutine at a time); ambiguous is read by handlers.
+type framing struct {
+	state framingState
+	// heads counts the request heads that reach the handler; ambiguous is
+	// the number of the first one whose length is ambiguous, 0 if none.
+	heads     int64
+	ambiguous atomic.Int64
+
+	line      framingLine
+	headBytes int
+	crlf      int  // CR and LF bytes skipped before this head
+	afterPOST bool // the last head was a POST: the server skips up to 4 CR or LF bytes after it
+
+	// The head being read.
+	http10, optionsStar bool
+	te, cls             int  // Transfer-Encoding and Content-Length lines
+	chunked             bool // the Transfer-Encoding is chunked
+	length              int64
+	post                bool
+
+	remain int64 // body or chunk bytes still to come
+}
+
+type framingState uint8
+
+const (
+	framingHeadStart framingState = iota
+	framingRequestLine
+	framingHeader
+	framingBody
+	framingChunkSize
+	framingChunkData
+	framingChunkEnd // the CR LF after a chunk's data; remain counts its bytes
+	framingTrailer
+	framingOff
+)
+
+// maxFramingHead bounds a head framing reads; the server refuses one much
+// smaller (Server.MaxHeaderBytes) and closes the connection.
+const maxFramingHead = 1 << 20
+
+// framingLine keeps the start and the end of the line being read: enough
+// for a header's name and a short value, and for a request line's method
+// and protocol.
+type framingLine struct {
+	start [128]byte
+	tail  [11]byte // the last bytes: " HTTP/1.0\r\n" ends a request line
+	n     int
+}
+
+func (l *framingLine) add(c byte) {
+	if l.n < len(l.start) {
+		l.start[l.n] = c
+	}
+	l.n++
+	copy(l.tail[:], l.tail[1:])
+	l.tail[len(l.tail)-1] = c
+}
+
+// text is the line without its CR LF (or bare LF), and whether it was kept
+// whole.
+func (l *framingLine) text() ([]byte, bool) {
+	n := min(l.n, len(l.start))
+	b := bytes.TrimSuffix(bytes.TrimSuffix(l.start[:n], []byte("\n")), []byte("\r"))
+	return b, l.n <= len(l.start)
+}
+
+// endsWith reports whether the line, without its CR LF or bare LF, ends
+// with s (at most 9 bytes).
+func (l *framingLine) endsWith(s string) bool {
+	t := l.tail[len(l.tail)-min(l.n, len(l.tail)):]
+	t = bytes.TrimSuffix(bytes.TrimSuffix(t, []byte("\n")), []byte("\r"))
+	return bytes.HasSuffix(t, []byte(s))
+}
+
+// crlf reports whether the line ends in CR LF and has no other CR.
+func (l *framingLine) crlf() bool {
+	text, _ := l.text()
+	return l.n >= 2 && l.tail[len(l.tail)-2] == '\r' && bytes.IndexByte(text, '\r') < 0
+}
+
+// feed follows p, the next bytes read from the connection.
+func (f *framing) feed(p []byte) {
+	for len(p) > 0 {
+		switch f.state {
+		case framingOff:
+			return
+		case framingBody, framingChunkData:
+			n := int64(len(p))
+			if n > f.remain {
+				n = f.remain
+			}
+			f.remain -= n
+			p = p[n:]
+			if f.remain == 0 {
+				if f.state == framingBody {
+					f.state = framingHeadStart
+				} else {
+					f.state, f.remain = framingChunkEnd, 2
+				}
+			}
+		case framingChunkEnd:
+			want := byte('\r')
+			if f.remain == 1 {
+				want = '\n'
+			}
+			if p[0] != want {
+				f.state = framingOff // the server refuses the body
+				return
+			}
+			p = p[1:]
+			if f.remain--; f.remain == 0 {
+				f.state = framingChunkSize
+			}
+		case framingHeadStart:
+			if f.afterPOST && f.crlf < 4 && (p[0] == '\r' || p[0] == '\n') {
+				f.crlf++
+				p = p[1:]
+				continue
+			}
+			f.startHead()
+		default: // a line of a head, a chunk size or a trailer
+			c := p[0]
+			p = p[1:]
+			if f.headBytes++; f.headBytes > maxFramingHead {
+				f.state = framingOff
+				return
+			}
+			f.line.add(c)
+			if c == '\n' {
+				f.endLine()
+				f.line.n = 0
+			}
+		}
+	}
+}
+
+func (f *framing) startHead() {
+	f.state, f.line.n, f.headBytes, f.crlf = framingRequestLine, 0, 0, 0
+	f.http10, f.optionsStar, f.te, f.cls, f.chunked, f.length, f.post = false, false, 0, 0, false, 0, false
+}
+
+// endLine handles the line just read, ending in LF.
+func (f *framing) endLine() {
+	text, whole := f.line.text()
+	switch f.state {
+	case framingRequestLine:
+		f.http10 = f.line.endsWith(" HTTP/1.0")
+		f.post = bytes.HasPrefix(text, []byte("POST "))
+		f.optionsStar = whole && bytes.HasPrefix(text, []byte("OPTIONS * "))
+		f.state = framingHeader
+	case framingHeader:
+		f.header(text, whole)
+	case framingChunkSize:
+		if !whole || !f.line.crlf() {
+			f.state = framingOff
+			return
+		}
+		f.chunkSize(text)
+	case framingTrailer:
+		if len(text) == 0 {
+			f.state = framingHeadStart
+		}
+	}
+}
+
+// header handles one line of a head; an empty one ends it.
+func (f *framing) header(text []byte, whole bool) {
+	if len(text) == 0 {
+		f.endHead()
+		return
+	}
+	name, value, ok := bytes.Cut(text, []byte(":"))
+	if !ok || text[0] == ' ' || text[0] == '\t' {
+		return // a continuation line or a malformed one (the server refuses it)
+	}
+	switch {
+	case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+		f.te++
+		f.chunked = whole && bytes.EqualFold(bytes.Trim(value, " \t"), []byte("chunked"))
+	case bytes.EqualFold(name, []byte("Content-Length")):
+		n, ok := parseLength(bytes.Trim(value, " \t"))
+		if !whole || !ok || f.cls > 0 && n != f.length {
+			f.state = framingOff // the server refuses it
+			return
+		}
+		f.cls++
+		f.length = n
+	}
+}
+
+// endHead decides the framing of the request whose head just ended, as
+// net/http's server does, and marks an ambiguous one.
+func (f *framing) endHead() {
+	if !f.optionsStar { // the server answers OPTIONS * itself, without the handler
+		f.heads++
+	}
+	f.afterPOST = f.post
+	switch {
+	case f.te > 0 && !f.http10 && (f.te > 1 || !f.chunked):
+		f.state = framingOff // the server refuses the Transfer-Encoding
+		return
+	case f.te > 0 && (f.cls > 0 || f.http10), f.cls > 1:
+		if !f.optionsStar {
+			f.ambiguous.CompareAndSwap(0, f.heads)
+		}
+		// The handler refuses it and the connection is closed.
+		f.state = framingOff
+		return
+	case f.te > 0:
+		f.state, f.line.n = framingChunkSize, 0
+	case f.length > 0:
+		f.state, f.remain = framingBody, f.length
+	default:
+		f.state = framingHeadStart
+	}
+}
+
+// chunkSize reads a chunk size line (extensions ignored, as the server does).
+func (f *framing) chunkSize(text []byte) {
+	text, _, _ = bytes.Cut(text, []byte(";"))
+	text = bytes.TrimRight(text, " \t")
+	if len(text) == 0 || len(text) > 15 {
+		f.state = framingOff
+		return
+	}
+	var n int64
+	for _, c := range text {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			f.state = framingOff
+			return
+		}
+		n = n<<4 | int64(c)
+	}
+	f.headBytes = 0
+	if n == 0 {
+		f.state = framingTrailer
+		return
+	}
+	f.state, f.remain = framingChunkData, n
+}
+
+// parseLength parses a Content-Length value as the server does: digits only.
+func parseLength(v []byte) (int64, bool) {
+	if len(v) == 0 || len(v) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}

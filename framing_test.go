@@ -1,0 +1,69 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// framing follows a connection's requests however the reads split them, and
+// marks the first whose length is ambiguous by its number among the requests
+// the handler sees.
+func TestFramingMarksAmbiguousLength(t *testing.T) {
+	const (
+		chunkedPost = "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n1a\r\nContent-Length: 5\r\n\r\nabcde\r\n0\r\nTrailer-A: b\r\n\r\n"
+		crlf        = "\r\n" // some clients add it after a POST's body
+		get         = "GET /c HTTP/1.1\nHost: x\nContent-Length: 0\n\n"
+		options     = "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n"
+		http10      = "POST /d HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok"
+		teCL        = "POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+		clTE        = "POST /e HTTP/1.1\r\nHost: x\r\ntransfer-encoding:  CHUNKED \r\ncontent-length:3\r\n\r\n0\r\n\r\n"
+		te10        = "POST /f HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+		twoCL       = "POST /g HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok"
+		badChunk    = "POST /h HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+		gzipTE      = "POST /i HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3\r\n\r\n"
+		twoLengths  = "POST /j HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n"
+	)
+	quoted := "GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n"
+	lengthPost := fmt.Sprintf("POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(quoted), quoted)
+	tests := []struct {
+		name   string
+		stream string
+		want   int64
+	}{
+		{"well framed", chunkedPost + crlf + lengthPost + get + options + http10 + chunkedPost, 0},
+		{"Transfer-Encoding and Content-Length", teCL, 1},
+		{"after well-framed requests", chunkedPost + crlf + lengthPost + get + http10 + clTE + teCL, 5},
+		{"OPTIONS * is not the handler's", options + get + teCL, 2},
+		{"Transfer-Encoding on HTTP/1.0", get + te10, 2},
+		{"Content-Length twice", lengthPost + twoCL, 2},
+		{"quoted in a body", lengthPost + lengthPost, 0},
+		// The server refuses these and closes the connection itself.
+		{"after a malformed chunk", badChunk + teCL, 0},
+		{"unsupported Transfer-Encoding", gzipTE + teCL, 0},
+		{"two lengths", twoLengths + teCL, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for size := 1; size <= len(tt.stream); size++ {
+				var f framing
+				for s := tt.stream; s != ""; {
+					n := min(size, len(s))
+					f.feed([]byte(s[:n]))
+					s = s[n:]
+				}
+				if got := f.ambiguous.Load(); got != tt.want {
+					t.Fatalf("reads of %d bytes: request %d marked, want %d", size, got, tt.want)
+				}
+				if size == 16 {
+					size = len(tt.stream) - 1 // then the stream in one read
+				}
+			}
+		})
+	}
+	var f framing
+	f.feed([]byte("POST /" + strings.Repeat("a", 2<<20)))
+	if f.state != framingOff {
+		t.Errorf("a request line of 2 MiB: state %d, want framing off", f.state)
+	}
+}
