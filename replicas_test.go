@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -160,5 +161,84 @@ func TestTakeoverAfterReplicaKilled(t *testing.T) {
 	defer prov.mu.Unlock()
 	if prov.execs[key] != 1 || len(prov.execs) != 1 || prov.seen[key] != 2 {
 		t.Fatalf("executions %v, requests %v; want one execution and two requests, all under %q", prov.execs, prov.seen, key)
+	}
+}
+
+// TestRetryAfterHungDatabase: the database hangs (every process stopped, as
+// a paused VM or a stuck volume does) while a replica claims a new key. The
+// app gets 503 store_unavailable in the JSON error format with nothing sent
+// upstream, /readyz is 503 and /healthz 200 on both replicas. Once the
+// database runs again, the app's retry of the same order on the other
+// replica is executed (once), not answered 409 idempotency_in_progress: the
+// claim the hung server ran when it woke up is undone, since the replica
+// told the app that nothing was written and the key was free.
+func TestRetryAfterHungDatabase(t *testing.T) {
+	c, url := pgtest.Own(t, pgtest.Options{})
+	prov := newDedupProvider()
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	env := sharedEnv(up.URL, url, "IDEMPROXY_INFLIGHT_WAIT=5s")
+	a := launch(t, launchSpec{env: env})
+	b := launch(t, launchSpec{env: env})
+	// A recent request, so that the claim below goes out on an open
+	// connection instead of waiting for a new one.
+	if r := send(t, "POST", "http://"+a.proxy+"/v1/payments", `{"order_id":"hung-0","amount":"1"}`); r.status != http.StatusCreated {
+		t.Fatalf("before the database hangs: %d %s", r.status, r.body)
+	}
+
+	if err := c.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	frozen := true
+	defer func() {
+		if frozen {
+			c.Thaw()
+		}
+	}()
+	before := prov.total()
+	order := `{"order_id":"hung-1","amount":"5.00"}`
+	down := send(t, "POST", "http://"+a.proxy+"/v1/payments", order)
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal([]byte(down.body), &e); err != nil || down.status != http.StatusServiceUnavailable ||
+		e.Error.Code != "store_unavailable" || down.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("with the database hung: %d %s %q, want 503 store_unavailable as JSON", down.status, down.header.Get("Content-Type"), down.body)
+	}
+	key := down.header.Get("Idempotency-Key")
+	for _, p := range []*opsProc{a, b} {
+		if s := getStatus(t, "http://"+p.admin+"/readyz"); s != http.StatusServiceUnavailable {
+			t.Errorf("/readyz with the database hung = %d, want 503", s)
+		}
+		if s := getStatus(t, "http://"+p.admin+"/healthz"); s != http.StatusOK {
+			t.Errorf("/healthz with the database hung = %d, want 200", s)
+		}
+	}
+	if n := prov.total(); n != before {
+		t.Fatalf("%d requests went upstream while the database was hung", n-before)
+	}
+
+	if err := c.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	frozen = false
+	for _, p := range []*opsProc{a, b} {
+		deadline := time.Now().Add(time.Minute)
+		for getStatus(t, "http://"+p.admin+"/readyz") != http.StatusOK {
+			if time.Now().After(deadline) {
+				t.Fatalf("/readyz not 200 a minute after the database woke:\n%s", p.text())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	again := send(t, "POST", "http://"+b.proxy+"/v1/payments", order)
+	if again.status != http.StatusCreated || again.header.Get("Idempotency-Key") != key || again.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the database woke: %d %s key=%q replayed=%q, want 201 executed under %q\n%s",
+			again.status, again.body, again.header.Get("Idempotency-Key"), again.header.Get("Idempotent-Replayed"), key, a.text())
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.execs[key] != 1 || prov.seen[key] != 1 {
+		t.Fatalf("provider executed %q %d times in %d requests, want once", key, prov.execs[key], prov.seen[key])
 	}
 }

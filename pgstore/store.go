@@ -74,6 +74,11 @@ type Store struct {
 	// Claims and final answers of concurrent requests share statements:
 	// one statement, and so one commit, per round for both (see writeBatch).
 	writes *group[writeArgs, store.Record]
+
+	// Claims whose statements got no answer, to undo (see lostClaim).
+	lostMu   sync.Mutex
+	lost     []lostClaim
+	lostKick chan struct{}
 }
 
 var _ store.Store = (*Store)(nil)
@@ -108,7 +113,7 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", redact(err))
 	}
-	s := &Store{pool: pool, opt: opt, stop: make(chan struct{})}
+	s := &Store{pool: pool, opt: opt, stop: make(chan struct{}), lostKick: make(chan struct{}, 1)}
 	s.writes = &group[writeArgs, store.Record]{run: s.writeBatch, timeout: opt.CallTimeout}
 	err = s.migrate(ctx)
 	switch {
@@ -120,6 +125,7 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 		opt.Logger.Warn("database unreachable at start; retrying in the background", "err", redact(err))
 		s.loops.Go(s.migrateLoop)
 	}
+	s.loops.Go(s.undoLoop)
 	if opt.SweepInterval > 0 {
 		s.loops.Go(s.sweepLoop)
 	}
@@ -369,7 +375,10 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 // answers together, and hands each claim the record its row says it claimed
 // and each final answer whether its row was written. One statement is one
 // commit, so a round costs one WAL flush whatever it holds.
-func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Record]) error {
+//
+// A statement of claims that fails unanswered may still commit: its claims
+// are undone once the session that sent it has ended (see lostClaim).
+func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Record]) (err error) {
 	sortJobs(jobs)
 	nc := 0 // claims; the other jobs are final answers
 	for _, j := range jobs {
@@ -386,16 +395,27 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 			f.add(j.id, j.in.complete)
 		}
 	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err // nothing was sent
+	}
+	defer conn.Release()
+	if nc > 0 {
+		defer func() {
+			if err != nil && mayHaveRun(err) {
+				s.lose(conn.Conn().PgConn().PID(), jobs)
+			}
+		}()
+	}
 	var rows pgx.Rows
-	var err error
 	ttl := micros(s.opt.TTL)
 	switch {
 	case nf == 0:
-		rows, err = s.pool.Query(ctx, claims, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups)
+		rows, err = conn.Query(ctx, claims, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups)
 	case nc == 0:
-		rows, err = s.pool.Query(ctx, completes, ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
+		rows, err = conn.Query(ctx, completes, ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
 	default:
-		rows, err = s.pool.Query(ctx, both, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups,
+		rows, err = conn.Query(ctx, both, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups,
 			f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
 	}
 	if err != nil {

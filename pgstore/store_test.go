@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
@@ -222,5 +223,107 @@ func TestOpenWhileDown(t *testing.T) {
 	}
 	if _, created, err := s.Begin(ctx, store.ID{Key: "k"}, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil || !created {
 		t.Fatalf("Begin after recovery = %v, %v", created, err)
+	}
+}
+
+// TestLostClaimIsUndone: a claim whose statement got no answer within the
+// call timeout fails with ErrUnavailable, and the caller is told nothing was
+// written: the proxy answers 503 "key left free". Yet the statement may
+// commit after all: here its commit waits for a synchronous standby that
+// does not answer, and the cancel pgx sends at the timeout ends that wait
+// with the transaction committed locally (a server stopped and resumed, or
+// a commit stuck in a slow WAL flush, does the same). The store undoes such
+// a claim once the session that sent it is gone: a new claim is deleted, so
+// the app's next try claims the key at once instead of waiting out a lease
+// nobody holds, and a claim that resumed an unknown operation puts it back
+// to unknown with its outcome.
+func TestLostClaimIsUndone(t *testing.T) {
+	_, url := pgtest.Own(t, pgtest.Options{})
+	ctx := context.Background()
+	s, err := Open(ctx, Options{URL: url, CallTimeout: time.Second, SweepInterval: -1, AnalyzeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fp := store.Request{Fingerprint: []byte("fp")}
+	fresh, parked := store.ID{Key: "fresh"}, store.ID{Key: "parked"}
+	if _, _, err := s.Begin(ctx, parked, fp, "o1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now().Add(-time.Minute).UTC().Truncate(time.Millisecond)
+	if err := s.Park(ctx, parked, "o1", store.Outcome{FirstSentAt: sent, Attempts: 2, LastError: "timeout after send"}); err != nil {
+		t.Fatal(err)
+	}
+
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	standby := func(names string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+names+`'`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+			t.Fatal(err)
+		}
+		// A session reads the setting when it starts (and at a command
+		// after the reload reaches it): wait until new sessions have it,
+		// then replace the store's.
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			err = conn.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&got)
+			conn.Close(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got == names {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("synchronous_standby_names = %q 30 s after the reload, want %q", got, names)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		s.pool.Reset()
+	}
+	standby("absent_standby") // every commit now waits for it
+	for _, id := range []store.ID{fresh, parked} {
+		if _, _, err := s.Begin(ctx, id, fp, "lost-"+id.Key, time.Hour); !errors.Is(err, store.ErrUnavailable) {
+			t.Fatalf("Begin(%s) with commits waiting = %v, want ErrUnavailable", id.Key, err)
+		}
+	}
+	standby("")
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rec, created, err := s.Begin(ctx, fresh, fp, "next", time.Minute)
+		if err == nil && created {
+			if rec.Fence != 1 {
+				t.Fatalf("claim after the lost one = fence %d, want 1 (a new record)", rec.Fence)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key still held 30 s after its claim failed: record %+v created=%v err=%v", rec, created, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	rec, err := s.Get(ctx, parked)
+	for err == nil && rec.State == store.InFlight && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		rec, err = s.Get(ctx, parked)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != store.Unknown || rec.Outcome.Attempts != 2 || !rec.Outcome.FirstSentAt.Equal(sent) || rec.Outcome.LastError != "timeout after send" {
+		t.Fatalf("unknown record after its lost resume = state %v owner %q outcome %+v, want unknown with 2 attempts first sent at %v",
+			rec.State, rec.Owner, rec.Outcome, sent)
 	}
 }

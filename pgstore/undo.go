@@ -1,0 +1,169 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// A claim whose statement got no answer (the call timed out, the connection
+// broke while it ran) fails with store.ErrUnavailable, and its caller is told
+// that nothing was written: the proxy answers 503 "nothing was sent, key left
+// free", and the app's next try must be able to claim the key. Yet the
+// server may still commit it: a server stopped and resumed runs what it had
+// received; a commit waiting for its WAL flush or for a synchronous standby
+// is not ended by the cancel pgx sends at the timeout (a standby wait ends
+// with the transaction committed locally). Such a claim would hold the key
+// in flight for a whole lease that nobody runs, and the app's retries would
+// get 409 idempotency_in_progress meanwhile.
+//
+// So the store remembers each claim of a statement that failed that way
+// (lostClaim) and undoes it once the server process of the session that
+// sent it is gone: past that, the statement has either committed or never
+// will. Undoing is the owner's own write, so it touches only a record that
+// claim still holds: a new record is deleted (as Abandon does); a record the
+// claim took over (an unknown operation resumed, or an in-flight one whose
+// lease had run out) is put back to unknown, keeping its outcome, so that
+// the next claim resumes it at once with the same key.
+
+// lostClaim is a claim whose statement may have committed unanswered.
+type lostClaim struct {
+	id    store.ID
+	owner string
+	pid   uint32    // the server process of the session that sent it
+	since time.Time // when its statement failed
+}
+
+const (
+	// undoRetry is how often the store tries again to undo lost claims
+	// while some are left.
+	undoRetry = 200 * time.Millisecond
+	// undoAnyway is how long the store waits for the session that sent a
+	// lost claim to end before undoing it regardless (its process id may
+	// have been reused by another session).
+	undoAnyway = 10 * time.Minute
+)
+
+// undoClaim undoes owner's claim of a record ($1 tenant, $2 key, $3 owner),
+// if the claim holds it: a record it created (fence 1) is deleted, a record
+// it took over goes back to unknown. It returns how many of each.
+const undoClaim = `WITH gone AS (
+	DELETE FROM idemproxy_records WHERE tenant = $1 AND key = $2 AND owner = $3 AND ` + inFlight + ` AND fence = 1
+	RETURNING 1
+), parked AS (
+	UPDATE idemproxy_records SET state = 3, lease_until = NULL
+	WHERE tenant = $1 AND key = $2 AND owner = $3 AND ` + inFlight + ` AND fence > 1
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM parked)`
+
+// mayHaveRun says whether a statement that failed with err may still commit
+// or have committed: the server did not refuse it with an error of its own
+// (which aborts its transaction), and it failed after it was sent.
+func mayHaveRun(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return false
+	}
+	return !pgconn.SafeToRetry(err)
+}
+
+// lose remembers the claims among jobs, sent on the session of server
+// process pid by a statement that failed unanswered, to be undone.
+func (s *Store) lose(pid uint32, jobs []*job[writeArgs, store.Record]) {
+	now := time.Now()
+	s.lostMu.Lock()
+	for _, j := range jobs {
+		if j.in.claim != nil {
+			s.lost = append(s.lost, lostClaim{id: j.id, owner: j.in.claim.owner, pid: pid, since: now})
+		}
+	}
+	s.lostMu.Unlock()
+	select {
+	case s.lostKick <- struct{}{}:
+	default:
+	}
+}
+
+// undoLoop undoes lost claims as they come, trying again every undoRetry
+// while any is left, until the store closes.
+func (s *Store) undoLoop() {
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.lostKick:
+		}
+		for s.undoLost(context.Background()) > 0 {
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(undoRetry):
+			}
+		}
+	}
+}
+
+// undoLost undoes the lost claims whose sessions have ended (or that have
+// waited undoAnyway) and returns how many are left.
+func (s *Store) undoLost(ctx context.Context) int {
+	s.lostMu.Lock()
+	pending := slices.Clone(s.lost)
+	s.lostMu.Unlock()
+	if len(pending) == 0 {
+		return 0
+	}
+	pids := make([]int32, 0, len(pending))
+	for _, c := range pending {
+		pids = append(pids, int32(c.pid))
+	}
+	var alive []int32
+	err := s.call(ctx, "undo", nil, func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE pid = ANY($1::int4[])`, pids)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var pid int32
+			if err := rows.Scan(&pid); err != nil {
+				return err
+			}
+			alive = append(alive, pid)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return len(pending)
+	}
+	var done []lostClaim
+	for _, c := range pending {
+		if slices.Contains(alive, int32(c.pid)) && time.Since(c.since) < undoAnyway {
+			continue
+		}
+		var deleted, parked int64
+		err := s.call(ctx, "undo", &c.id, func(ctx context.Context) error {
+			return s.pool.QueryRow(ctx, undoClaim, []byte(c.id.Tenant), []byte(c.id.Key), c.owner).Scan(&deleted, &parked)
+		})
+		if err != nil {
+			s.opt.Logger.Debug("undoing a claim whose statement got no answer failed; trying again", "err", err)
+			continue
+		}
+		if deleted+parked > 0 {
+			s.opt.Logger.Warn("a claim whose statement got no answer had been written after all; undone, the key is free",
+				"key", c.id.Key, "back_to_unknown", parked > 0)
+		}
+		done = append(done, c)
+	}
+	s.lostMu.Lock()
+	defer s.lostMu.Unlock()
+	s.lost = slices.DeleteFunc(s.lost, func(c lostClaim) bool {
+		return slices.ContainsFunc(done, func(d lostClaim) bool { return d.owner == c.owner && d.id == c.id })
+	})
+	return len(s.lost)
+}
