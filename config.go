@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/pgstore"
 	"github.com/idemproxy/idemproxy/probe"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/resign"
@@ -468,6 +469,11 @@ func (c *config) storeURL() (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
 		return "", bad("STORE_URL", errors.New("want a URL such as postgres://user:password@host:5432/db"))
+	}
+	// Its parameters (sslmode, connect_timeout, pool_max_conns…) are checked
+	// here too, so that a bad one stops the start as any bad value does.
+	if err := pgstore.CheckURL(raw); err != nil {
+		return "", bad("STORE_URL", err)
 	}
 	return raw, nil
 }

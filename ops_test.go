@@ -49,6 +49,21 @@ type launchSpec struct {
 // launch runs the binary and waits until it logs that it listens.
 func launch(t testing.TB, spec launchSpec) *opsProc {
 	t.Helper()
+	p := startProc(t, spec)
+	p.listening(t)
+	return p
+}
+
+// listening waits until the process logs that it listens, and notes where.
+func (p *opsProc) listening(t testing.TB) {
+	t.Helper()
+	line := p.waitLine(t, `"msg":"idemproxy listening"`)
+	p.proxy, p.admin = jsonField(line, "proxy"), jsonField(line, "admin")
+}
+
+// startProc runs the binary; it does not wait for anything.
+func startProc(t testing.TB, spec launchSpec) *opsProc {
+	t.Helper()
 	bin := spec.bin
 	if bin == "" {
 		bin = binPath
@@ -72,8 +87,6 @@ func launch(t testing.TB, spec launchSpec) *opsProc {
 	go func() { p.read(stderr); close(logged) }()
 	go func() { <-logged; p.err = cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
-	line := p.waitLine(t, `"msg":"idemproxy listening"`)
-	p.proxy, p.admin = jsonField(line, "proxy"), jsonField(line, "admin")
 	return p
 }
 

@@ -26,6 +26,9 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 			return nil, 0, fmt.Errorf("open the store at %sSTORE_URL: %w", envPrefix, err)
 		}
 		log.Info("record store: PostgreSQL, shared by replicas", "lease", cfg.StoreLease.String())
+		if !s.Migrated() {
+			log.Warn(fmt.Sprintf("the database at %sSTORE_URL cannot be reached yet: not ready until it can be (the schema is created then)", envPrefix))
+		}
 		return s, cfg.StoreLease, nil
 	}
 	s, err := cache.Open(storeOptions(cfg, log))

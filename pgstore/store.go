@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -134,6 +135,31 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	}
 	return s, nil
 }
+
+// CheckURL reports whether Open would take url as a connection URL: its
+// form and its parameters (sslmode, connect_timeout, pool_max_conns…). It
+// connects to nothing. The error never holds the URL's password.
+func CheckURL(raw string) error {
+	_, err := pgxpool.ParseConfig(raw)
+	if err == nil {
+		return nil
+	}
+	// What is wrong (sslmode is invalid, say), unless its text could hold
+	// the password: a URL that does not parse as one is quoted whole.
+	var pe *pgconn.ParseConfigError
+	if inner := errors.Unwrap(err); errors.As(err, &pe) && inner != nil && !strings.Contains(inner.Error(), "://") {
+		if u, perr := url.Parse(raw); perr == nil {
+			if pw, _ := u.User.Password(); pw == "" || !strings.Contains(inner.Error(), pw) {
+				return fmt.Errorf("connection URL: %w: %w", redact(err), inner)
+			}
+		}
+	}
+	return fmt.Errorf("connection URL: %w", redact(err))
+}
+
+// Migrated says whether the schema is in place: false while the database
+// has not been reached since Open (calls answer store.ErrUnavailable).
+func (s *Store) Migrated() bool { return s.ready.Load() }
 
 func withDefaults(o Options) Options {
 	if o.CallTimeout <= 0 {

@@ -1,0 +1,186 @@
+package main
+
+// End-to-end tests of IDEMPROXY_STORE_URL as an operator meets it: values
+// refused at start, a database that refuses or cannot be reached, the URL
+// from a file, and replicas started together on an empty database. The
+// URL's password never reaches the output.
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
+)
+
+// storePassword is the password the tests put in store URLs.
+const storePassword = "Pw-never-shown-7431"
+
+// withPassword puts storePassword into a pgtest URL (postgres://postgres@…).
+func withPassword(t *testing.T, u string) string {
+	t.Helper()
+	rest, ok := strings.CutPrefix(u, "postgres://postgres@")
+	if !ok {
+		t.Fatalf("unexpected test URL %q", u)
+	}
+	return "postgres://postgres:" + storePassword + "@" + rest
+}
+
+// TestStoreURLRefusedAtStart: a value that is not a usable PostgreSQL URL,
+// in its form or in one of its parameters, stops the start with status 2
+// naming the variable; a database that answers but refuses (here: no such
+// database) stops it with status 1, naming the variable and the cause.
+// Neither shows the password.
+func TestStoreURLRefusedAtStart(t *testing.T) {
+	refusing := withPassword(t, pgtest.Shared(t).URL("no_such_db"))
+	cases := []struct {
+		name   string
+		url    string
+		status int
+		want   []string
+	}{
+		{"not postgres", "mysql://u:" + storePassword + "@127.0.0.1/x", 2, nil},
+		{"bad sslmode", "postgres://u:" + storePassword + "@127.0.0.1:1/x?sslmode=sometimes", 2, []string{"sslmode"}},
+		{"bad connect_timeout", "postgres://u:" + storePassword + "@127.0.0.1:1/x?connect_timeout=soon", 2, nil},
+		{"database refuses", refusing, 1, []string{"no_such_db"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out := startStops(t, c.status, "PATH=/usr/bin:/bin", "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1",
+				"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", "IDEMPROXY_STORE_URL="+c.url)
+			for _, w := range append(c.want, "IDEMPROXY_STORE_URL") {
+				if !strings.Contains(out, w) {
+					t.Errorf("output does not name %s:\n%s", w, out)
+				}
+			}
+			if strings.Contains(out, storePassword) {
+				t.Errorf("output shows the password:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestStoreUnreachableAtStart: with nothing listening at the URL's address
+// the replica starts anyway, not ready, saying which variable names the
+// database it waits for; a protected request gets 503 store_unavailable
+// with nothing sent upstream, /healthz is 200. The password is never shown.
+func TestStoreUnreachableAtStart(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	prov := newDedupProvider()
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := launch(t, launchSpec{env: sharedEnv(up.URL, "postgres://idemproxy:"+storePassword+"@"+addr+"/idemproxy?sslmode=disable")})
+	if line := p.waitLine(t, "IDEMPROXY_STORE_URL"); !strings.Contains(line, `"level":"WARN"`) {
+		t.Errorf("the line naming the variable is not a warning: %s", line)
+	}
+	if s := getStatus(t, "http://"+p.admin+"/readyz"); s != http.StatusServiceUnavailable {
+		t.Errorf("/readyz = %d, want 503", s)
+	}
+	if s := getStatus(t, "http://"+p.admin+"/healthz"); s != http.StatusOK {
+		t.Errorf("/healthz = %d, want 200", s)
+	}
+	r := send(t, "POST", "http://"+p.proxy+"/v1/payments", `{"order_id":"u-1","amount":"1"}`)
+	if r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, `"store_unavailable"`) {
+		t.Errorf("POST = %d %s, want 503 store_unavailable", r.status, r.body)
+	}
+	if n := prov.total(); n != 0 {
+		t.Errorf("%d requests went upstream", n)
+	}
+	if strings.Contains(p.text(), storePassword) {
+		t.Errorf("the log shows the password:\n%s", p.text())
+	}
+}
+
+// TestStoreURLFromFile: IDEMPROXY_STORE_URL_FILE names a file holding the
+// URL (a container secret); two replicas reading it share the records.
+func TestStoreURLFromFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "store_url")
+	if err := os.WriteFile(file, []byte(pgtest.Database(t)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prov := newDedupProvider()
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	env := sharedEnv(up.URL, "")
+	for i, v := range env {
+		if strings.HasPrefix(v, "IDEMPROXY_STORE_URL=") {
+			env[i] = "IDEMPROXY_STORE_URL_FILE=" + file
+		}
+	}
+	a := launch(t, launchSpec{env: env})
+	b := launch(t, launchSpec{env: env})
+	order := `{"order_id":"file-1","amount":"3.00"}`
+	first := send(t, "POST", "http://"+a.proxy+"/v1/payments", order)
+	second := send(t, "POST", "http://"+b.proxy+"/v1/payments", order)
+	if first.status != http.StatusCreated || second.status != http.StatusCreated || second.body != first.body ||
+		second.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("through a: %d %s; through b: %d %s replayed=%q; want b to replay a's answer",
+			first.status, first.body, second.status, second.body, second.header.Get("Idempotent-Replayed"))
+	}
+	if !strings.Contains(a.text(), "record store: PostgreSQL") {
+		t.Fatalf("replica a does not say it uses PostgreSQL:\n%s", a.text())
+	}
+}
+
+// TestReplicasStartTogether: three replicas started at the same moment on an
+// empty database create the schema once between them, with no error, and
+// all serve.
+func TestReplicasStartTogether(t *testing.T) {
+	url := pgtest.Database(t)
+	prov := newDedupProvider()
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	env := sharedEnv(up.URL, url)
+	ps := []*opsProc{startProc(t, launchSpec{env: env}), startProc(t, launchSpec{env: env}), startProc(t, launchSpec{env: env})}
+	for _, p := range ps {
+		p.listening(t)
+	}
+	order := `{"order_id":"together-1","amount":"1.00"}`
+	var first reply
+	for i, p := range ps {
+		if s := getStatus(t, "http://"+p.admin+"/readyz"); s != http.StatusOK {
+			t.Errorf("replica %d: /readyz = %d, want 200", i, s)
+		}
+		r := send(t, "POST", "http://"+p.proxy+"/v1/payments", order)
+		if r.status != http.StatusCreated || i > 0 && (r.body != first.body || r.header.Get("Idempotent-Replayed") != "true") {
+			t.Errorf("replica %d: %d %s replayed=%q; want 201, replayed after the first", i, r.status, r.body, r.header.Get("Idempotent-Replayed"))
+		}
+		if i == 0 {
+			first = r
+		}
+	}
+	for i, p := range ps {
+		for _, l := range strings.Split(p.text(), "\n") {
+			if strings.Contains(l, `"level":"ERROR"`) || strings.Contains(l, `"level":"WARN"`) && !strings.Contains(l, `"msg":"request"`) {
+				t.Errorf("replica %d logged: %s", i, l)
+			}
+		}
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var rows, version int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*), max(version) FROM idemproxy_schema`).Scan(&rows, &version); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || version < 4 {
+		t.Fatalf("idemproxy_schema holds %d rows, version %d; want one row at the current version", rows, version)
+	}
+	if n := prov.total(); n != 1 {
+		t.Fatalf("provider saw %d requests, want 1", n)
+	}
+}
