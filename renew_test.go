@@ -11,25 +11,37 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/sandbox"
 )
 
 // cardsSetup is the cards sandbox behind a gateway that answers 504 for
-// order F-unknown without passing it on, and holds order F-held in flight
-// until release is closed.
+// orders F-unknown… without passing them on, and holds order F-held in
+// flight until release is closed.
 type cardsSetup struct {
 	sb      *sandbox.Server
 	held    chan struct{} // receives when F-held executes
 	release chan struct{}
-	p       *opsProc
+	p       *opsProc // where the app's requests go
+	adm     *opsProc // where the operator's calls go: p, or another replica
 }
 
-func startCards(t *testing.T) *cardsSetup {
+// onStores runs test on the embedded store and on PostgreSQL, where the
+// app's requests go to one replica and the operator's calls to another.
+func onStores(t *testing.T, test func(t *testing.T, shared bool)) {
+	t.Run("badger", func(t *testing.T) { test(t, false) })
+	t.Run("postgres", func(t *testing.T) { test(t, true) })
+}
+
+func startCards(t *testing.T, shared bool) *cardsSetup {
 	t.Helper()
 	c := &cardsSetup{held: make(chan struct{}, 1), release: make(chan struct{})}
 	sb, err := sandbox.New(sandbox.Config{Provider: sandbox.ProviderCards, ExecuteHook: func(op sandbox.Operation) {
@@ -44,7 +56,7 @@ func startCards(t *testing.T) *cardsSetup {
 	c.sb = sb
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if bytes.Contains(body, []byte(`"F-unknown"`)) {
+		if bytes.Contains(body, []byte(`"F-unknown`)) {
 			w.WriteHeader(http.StatusGatewayTimeout)
 			return
 		}
@@ -52,7 +64,14 @@ func startCards(t *testing.T) *cardsSetup {
 		sb.ServeHTTP(w, r)
 	}))
 	t.Cleanup(func() { close(c.release); up.Close() })
-	c.p = launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)})
+	if !shared {
+		c.p = launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)})
+		c.adm = c.p
+		return c
+	}
+	env := sharedEnv(up.URL, pgtest.Database(t), append(fastRetry(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)...)
+	c.p = launch(t, launchSpec{env: env})
+	c.adm = launch(t, launchSpec{env: env})
 	return c
 }
 
@@ -74,7 +93,7 @@ func cardOrder(order, amount string) string {
 
 func (c *cardsSetup) admin(t *testing.T, method, path, body string) reply {
 	t.Helper()
-	return send(t, method, "http://"+c.p.admin+path, body, "Authorization", "Bearer "+adminToken)
+	return send(t, method, "http://"+c.adm.admin+path, body, "Authorization", "Bearer "+adminToken)
 }
 
 func (c *cardsSetup) renew(t *testing.T, order string) reply {
@@ -86,7 +105,7 @@ func (c *cardsSetup) renew(t *testing.T, order string) reply {
 func (c *cardsSetup) cli(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.Command(binPath, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "IDEMPROXY_ADMIN_ADDR=" + c.p.admin, "IDEMPROXY_ADMIN_TOKEN=" + adminToken}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "IDEMPROXY_ADMIN_ADDR=" + c.adm.admin, "IDEMPROXY_ADMIN_TOKEN=" + adminToken}
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
@@ -97,8 +116,10 @@ func (c *cardsSetup) cli(t *testing.T, args ...string) (string, int) {
 	return string(out), code
 }
 
-func TestRenewRefusedUnlessFailed(t *testing.T) {
-	c := startCards(t)
+func TestRenewRefusedUnlessFailed(t *testing.T) { onStores(t, testRenewRefusedUnlessFailed) }
+
+func testRenewRefusedUnlessFailed(t *testing.T, shared bool) {
+	c := startCards(t, shared)
 	if r := c.post(t, "F-ok", "10"); r.status != http.StatusOK {
 		t.Fatalf("POST F-ok = %d %s", r.status, r.body)
 	}
@@ -147,7 +168,11 @@ func TestRenewRefusedUnlessFailed(t *testing.T) {
 }
 
 func TestRenewFailedOrderUsesNextGeneration(t *testing.T) {
-	c := startCards(t)
+	onStores(t, testRenewFailedOrderUsesNextGeneration)
+}
+
+func testRenewFailedOrderUsesNextGeneration(t *testing.T, shared bool) {
+	c := startCards(t, shared)
 	first := c.post(t, "F-1", sandbox.AmountFailed)
 	if !strings.Contains(first.body, `"failed"`) {
 		t.Fatalf("POST F-1 = %d %s, want a failed operation", first.status, first.body)
@@ -165,7 +190,7 @@ func TestRenewFailedOrderUsesNextGeneration(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &renewed) != nil || renewed.Generation != 2 || renewed.Key == key1 || renewed.Key == "" {
 		t.Fatalf("idemproxy orders renew = %d %s, want generation 2 with a new key", code, out)
 	}
-	if !strings.Contains(c.p.waitLine(t, `"msg":"admin: order renewed`), `"from_key":"`+key1+`"`) {
+	if !strings.Contains(c.adm.waitLine(t, `"msg":"admin: order renewed`), `"from_key":"`+key1+`"`) {
 		t.Fatal("the renew's log line does not name the old key")
 	}
 
@@ -191,5 +216,114 @@ func TestRenewFailedOrderUsesNextGeneration(t *testing.T) {
 	out, code = c.cli(t, "orders", "get", "--path", "/cards", "--value", "F-1")
 	if code != 0 || !strings.Contains(out, renewed.Key) || !strings.Contains(out, "generation  2") {
 		t.Fatalf("idemproxy orders get = %d\n%s", code, out)
+	}
+}
+
+// TestListRecordsPages: the operator pages through the unknown records with
+// limit and cursor: a page holds limit records unless it is the last, whose
+// next_cursor is "", and the pages together hold each unknown record once
+// (and no final one).
+func TestListRecordsPages(t *testing.T) { onStores(t, testListRecordsPages) }
+
+func testListRecordsPages(t *testing.T, shared bool) {
+	c := startCards(t, shared)
+	want := map[string]bool{}
+	for _, order := range []string{"F-unknown-1", "F-unknown-2", "F-unknown-3"} {
+		r := c.post(t, order, "10")
+		if r.status != http.StatusBadGateway {
+			t.Fatalf("POST %s = %d %s, want 502", order, r.status, r.body)
+		}
+		want[r.header.Get("Idempotency-Key")] = true
+	}
+	if r := c.post(t, "F-ok", "10"); r.status != http.StatusOK {
+		t.Fatalf("POST F-ok = %d %s", r.status, r.body)
+	}
+	got := map[string]int{}
+	cursor := ""
+	for page := 1; ; page++ {
+		if page > 5 {
+			t.Fatalf("no last page after 5 pages of 2 for 3 records; got %v", got)
+		}
+		r := c.admin(t, "GET", "/admin/v1/records?state=unknown&limit=2&cursor="+url.QueryEscape(cursor), "")
+		var l struct {
+			Records []struct {
+				Key, State string
+			}
+			NextCursor *string `json:"next_cursor"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &l); err != nil || r.status != http.StatusOK || l.NextCursor == nil {
+			t.Fatalf("page %d = %d %s, want 200 with records and next_cursor", page, r.status, r.body)
+		}
+		if len(l.Records) > 2 || len(l.Records) < 2 && *l.NextCursor != "" {
+			t.Fatalf("page %d holds %d records with next_cursor %q: want 2, or fewer only on the last page (next_cursor \"\")",
+				page, len(l.Records), *l.NextCursor)
+		}
+		for _, rec := range l.Records {
+			if rec.State != "unknown" {
+				t.Errorf("page %d lists %s in state %s", page, rec.Key, rec.State)
+			}
+			got[rec.Key]++
+		}
+		if *l.NextCursor == "" {
+			break
+		}
+		cursor = *l.NextCursor
+	}
+	if len(got) != len(want) {
+		t.Fatalf("pages listed %v, want each of %v once", got, want)
+	}
+	for k, n := range got {
+		if !want[k] || n != 1 {
+			t.Fatalf("pages listed %v, want each of %v once", got, want)
+		}
+	}
+}
+
+// TestRecordFields: GET /admin/v1/records/{key} gives a final record with
+// every field the operator's view lists, the stored body only with ?body=1,
+// and 404 not_found for a key never seen.
+func TestRecordFields(t *testing.T) { onStores(t, testRecordFields) }
+
+func testRecordFields(t *testing.T, shared bool) {
+	c := startCards(t, shared)
+	sent := c.post(t, "F-fields", "10")
+	if sent.status != http.StatusOK {
+		t.Fatalf("POST F-fields = %d %s", sent.status, sent.body)
+	}
+	key := sent.header.Get("Idempotency-Key")
+	r := c.admin(t, "GET", "/admin/v1/records/"+key, "")
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(r.body), &rec); err != nil || r.status != http.StatusOK {
+		t.Fatalf("GET record = %d %s", r.status, r.body)
+	}
+	want := map[string]any{"key": key, "upstream_key": key, "client": "default", "state": "final", "method": "POST",
+		"path": "/cards", "status": float64(200), "attempts": float64(1), "last_error": ""}
+	for f, v := range want {
+		if rec[f] != v {
+			t.Errorf("record %s = %#v, want %#v (record %s)", f, rec[f], v, r.body)
+		}
+	}
+	for _, f := range []string{"created_at", "first_sent_at", "expires_at"} {
+		if s, _ := rec[f].(string); s == "" {
+			t.Errorf("record %s = %#v, want a time (record %s)", f, rec[f], r.body)
+		} else if _, err := time.Parse(time.RFC3339Nano, s); err != nil {
+			t.Errorf("record %s = %q: %v", f, s, err)
+		}
+	}
+	if _, ok := rec["body"]; ok {
+		t.Errorf("record without ?body=1 holds the body: %s", r.body)
+	}
+	rb := c.admin(t, "GET", "/admin/v1/records/"+key+"?body=1", "")
+	var withBody struct{ Body json.RawMessage }
+	if err := json.Unmarshal([]byte(rb.body), &withBody); err != nil || rb.status != http.StatusOK {
+		t.Fatalf("GET record ?body=1 = %d %s", rb.status, rb.body)
+	}
+	var stored, answered any
+	if json.Unmarshal(withBody.Body, &stored) != nil || json.Unmarshal([]byte(sent.body), &answered) != nil ||
+		!reflect.DeepEqual(stored, answered) {
+		t.Errorf("record body = %s, want the answer the app got: %s", withBody.Body, sent.body)
+	}
+	if nf := c.admin(t, "GET", "/admin/v1/records/no-such-key", ""); nf.status != http.StatusNotFound || !strings.Contains(nf.body, `"not_found"`) {
+		t.Errorf("GET unknown key = %d %s, want 404 not_found", nf.status, nf.body)
 	}
 }

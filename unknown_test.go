@@ -96,13 +96,18 @@ func (g *gatewayProvider) postCounts() (map[string]int, int) {
 // unknownEnv is a fast retry setup: one attempt per request unless more are
 // asked for, short timeouts.
 func unknownEnv(upstream, dir string, extra ...string) []string {
-	return baseEnv(upstream, dir, append([]string{
+	return baseEnv(upstream, dir, append(fastRetry(), extra...)...)
+}
+
+// fastRetry is unknownEnv's retry settings, for any store.
+func fastRetry() []string {
+	return []string{
 		"IDEMPROXY_RETRY_MAX_ATTEMPTS=1",
 		"IDEMPROXY_RETRY_BASE_DELAY=10ms",
 		"IDEMPROXY_RETRY_MAX_DELAY=50ms",
 		"IDEMPROXY_RETRY_BUDGET=5s",
 		"IDEMPROXY_ATTEMPT_TIMEOUT=2s",
-	}, extra...)...)
+	}
 }
 
 const paymentBody = `{"order_id":"order-77","amount":"10.00","currency":"EUR"}`
