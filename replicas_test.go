@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -240,5 +241,70 @@ func TestRetryAfterHungDatabase(t *testing.T) {
 	defer prov.mu.Unlock()
 	if prov.execs[key] != 1 || prov.seen[key] != 1 {
 		t.Fatalf("provider executed %q %d times in %d requests, want once", key, prov.execs[key], prov.seen[key])
+	}
+}
+
+// TestSameKeyOnReplicasAtOnce: while replica a runs an order (the provider
+// holds it), the same order on replica b waits and then gets a's answer as a
+// replay; on replica c, whose IDEMPROXY_INFLIGHT_WAIT is 1 s, it gets 409
+// idempotency_in_progress with Retry-After once the wait is over, and the
+// same order with another body gets 409 idempotency_conflict. The provider
+// sees one request.
+func TestSameKeyOnReplicasAtOnce(t *testing.T) {
+	url := pgtest.Database(t)
+	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
+		entered: make(chan string, 2), release: make(chan struct{})}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	released := false
+	defer func() {
+		if !released {
+			close(prov.release)
+		}
+	}()
+	a := launch(t, launchSpec{env: sharedEnv(up.URL, url, "IDEMPROXY_INFLIGHT_WAIT=1m")})
+	b := launch(t, launchSpec{env: sharedEnv(up.URL, url, "IDEMPROXY_INFLIGHT_WAIT=1m")})
+	c := launch(t, launchSpec{env: sharedEnv(up.URL, url, "IDEMPROXY_INFLIGHT_WAIT=1s")})
+	order := `{"order_id":"once-1","amount":"7.00"}`
+
+	ra := goSend("POST", "http://"+a.proxy+"/v1/payments", order)
+	key := <-prov.entered
+	rb := goSend("POST", "http://"+b.proxy+"/v1/payments", order)
+
+	began := time.Now()
+	busy := send(t, "POST", "http://"+c.proxy+"/v1/payments", order)
+	waited := time.Since(began)
+	if busy.status != http.StatusConflict || !strings.Contains(busy.body, `"idempotency_in_progress"`) ||
+		busy.header.Get("Idempotency-Key") != key {
+		t.Fatalf("on c while a runs it: %d %s key=%q, want 409 idempotency_in_progress under %q", busy.status, busy.body, busy.header.Get("Idempotency-Key"), key)
+	}
+	if ra, err := strconv.Atoi(busy.header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Errorf("409 idempotency_in_progress Retry-After = %q, want whole seconds, at least 1", busy.header.Get("Retry-After"))
+	}
+	if waited < 900*time.Millisecond {
+		t.Errorf("c answered 409 after %v, before its 1 s wait was over", waited)
+	}
+	other := send(t, "POST", "http://"+c.proxy+"/v1/payments", `{"order_id":"once-1","amount":"8.00"}`)
+	if other.status != http.StatusConflict || !strings.Contains(other.body, `"idempotency_conflict"`) {
+		t.Fatalf("other body on c while a runs it: %d %s, want 409 idempotency_conflict", other.status, other.body)
+	}
+
+	close(prov.release)
+	released = true
+	first, second := <-ra, <-rb
+	if first.err != nil || second.err != nil {
+		t.Fatal(first.err, second.err)
+	}
+	if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("on a: %d %s replayed=%q, want 201 executed", first.status, first.body, first.header.Get("Idempotent-Replayed"))
+	}
+	if second.status != http.StatusCreated || second.body != first.body || second.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("on b after waiting: %d %s replayed=%q, want a's answer %s replayed", second.status, second.body,
+			second.header.Get("Idempotent-Replayed"), first.body)
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.execs[key] != 1 || prov.seen[key] != 1 || len(prov.seen) != 1 {
+		t.Fatalf("provider requests %v, executions %v; want one request under %q", prov.seen, prov.execs, key)
 	}
 }
