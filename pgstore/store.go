@@ -252,6 +252,12 @@ func (s *Store) Close() error {
 		s.closed.Store(true)
 		close(s.stop)
 		s.loops.Wait()
+		s.lostMu.Lock()
+		if n := len(s.lost); n > 0 {
+			s.opt.Logger.Warn("closing with claims whose statements got no answer not yet undone: their keys are free once their leases end",
+				"claims", n)
+		}
+		s.lostMu.Unlock()
 		s.pool.Close()
 	})
 	return nil
