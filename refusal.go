@@ -22,7 +22,8 @@ import (
 // not forward: a malformed request line or header, a control character in a
 // header value (an Idempotency-Key included), two Host or Content-Length
 // headers, headers over the server's MaxHeaderBytes (431), an unsupported
-// Transfer-Encoding (501) or HTTP version (505). Nothing was read past the
+// Transfer-Encoding (501) or HTTP version (505), an Expect other than
+// 100-continue (417, which net/http writes with no body at all). Nothing was read past the
 // headers and nothing was sent upstream.
 //
 // It also marks, for the handler to refuse, a request whose length is
@@ -152,6 +153,9 @@ const netHTTPRefusalHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nCo
 // that repeats the status line (or names the unsupported transfer
 // encoding), and nothing else.
 func jsonRefusal(p []byte) ([]byte, bool) {
+	if expectationFailed(p) {
+		return jsonRefusalOf(http.StatusExpectationFailed, "the request's Expect is not supported (only 100-continue is); nothing was sent upstream")
+	}
 	rest, ok := bytes.CutPrefix(p, []byte("HTTP/1.1 "))
 	if !ok || len(rest) < 3 || rest[0] != '4' && rest[0] != '5' {
 		return nil, false
@@ -178,6 +182,24 @@ func jsonRefusal(p []byte) ([]byte, bool) {
 			msg = fmt.Sprintf("the request is not valid HTTP/1.1: %s; nothing was sent upstream", detail)
 		}
 	}
+	return jsonRefusalOf(status, msg)
+}
+
+// expectationFailed reports whether p is the answer net/http's server
+// writes, before any handler runs, to an Expect other than 100-continue:
+// a 417 with no body.
+func expectationFailed(p []byte) bool {
+	rest, ok := bytes.CutPrefix(p, []byte("HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: "))
+	if !ok {
+		return false
+	}
+	date, ok := bytes.CutSuffix(rest, []byte("\r\nContent-Length: 0\r\n\r\n"))
+	return ok && len(date) < 64 && !bytes.ContainsAny(date, "\r\n")
+}
+
+// jsonRefusalOf is a whole answer with status and idemproxy's bad_request
+// error saying msg, closing the connection.
+func jsonRefusalOf(status int, msg string) ([]byte, bool) {
 	var body struct {
 		Error struct {
 			Code    string `json:"code"`

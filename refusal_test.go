@@ -83,6 +83,7 @@ func TestRefusalsBeforeTheHandlerAreJSON(t *testing.T) {
 		{"headers too large", "GET /p HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 80<<10) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge},
 		{"unknown transfer encoding", "POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", http.StatusNotImplemented},
 		{"unknown HTTP version", "GET /p HTTP/3.0\r\nHost: x\r\n\r\n", http.StatusHTTPVersionNotSupported},
+		{"unknown expectation", "POST /p HTTP/1.1\r\nHost: x\r\nExpect: pay-later\r\nContent-Length: 2\r\n\r\n{}", http.StatusExpectationFailed},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
