@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha1"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -55,10 +56,12 @@ var namespace = uuid.MustParse("37a209bb-1b51-5f69-bf68-a0460f24db7b")
 //     path repeated with different values ({"order_id":"a","order_id":"b"})
 //     has no value: parsers differ on which member wins. Invalid JSON has
 //     no values (it is still forwarded; the provider decides).
-//   - Form: the first value of the field in an application/x-www-form-urlencoded
+//   - Form: the value of the field in an application/x-www-form-urlencoded
 //     body, or in a body without Content-Type that does not start with '{'.
 //   - Header: r.Header.Get(Name).
-//   - Query: the first value of the query parameter.
+//   - Query: the value of the query parameter.
+//     A form field, query parameter or header given twice with different
+//     values has no value, as a repeated JSON member.
 func Derive(sources []Source, r Request) (key string, src Source, ok bool) {
 	st := getState()
 	defer putState(st)
@@ -104,7 +107,11 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 		st.val, ok = formValue(st.val, r.Body, s.Name)
 		return st.val, ok
 	case Header:
-		st.val = append(st.val[:0], r.Header.Get(s.Name)...)
+		vs := r.Header.Values(s.Name)
+		if len(vs) == 0 || slices.ContainsFunc(vs[1:], func(v string) bool { return v != vs[0] }) {
+			return nil, false // absent, or repeated with other values (see Form)
+		}
+		st.val = append(st.val[:0], vs[0]...)
 		return st.val, len(st.val) > 0
 	case Query:
 		var ok bool

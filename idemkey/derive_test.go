@@ -24,6 +24,10 @@ func mustSources(t testing.TB, s string) []Source {
 	return srcs
 }
 
+func form(body string) Request {
+	return Request{Method: "POST", Path: "/payouts", ContentType: "application/x-www-form-urlencoded; charset=utf-8", Body: []byte(body)}
+}
+
 func postJSON(body string) Request {
 	return Request{Method: "POST", Path: "/v1/payments", ContentType: "application/json", Body: []byte(body)}
 }
@@ -48,9 +52,6 @@ func TestNamespaceProvenance(t *testing.T) {
 }
 
 func TestDerive(t *testing.T) {
-	form := func(body string) Request {
-		return Request{Method: "POST", Path: "/payouts", ContentType: "application/x-www-form-urlencoded; charset=utf-8", Body: []byte(body)}
-	}
 	tests := []struct {
 		name      string
 		sources   string
@@ -70,11 +71,14 @@ func TestDerive(t *testing.T) {
 		{"json duplicate elsewhere", "json:a.b", postJSON(`{"b":"y","a":{"b":"x"},"b":"z","c":{"b":1},"c":{}}`), Source{JSON, "a.b"}, "x"},
 		{"json without content type", "json:order_id", Request{Method: "POST", Path: "/p", Body: []byte(" \n{\"order_id\":\"A\"}")}, Source{JSON, "order_id"}, "A"},
 		{"json with wrong content type", "json:order_id", Request{Method: "POST", Path: "/p", ContentType: "text/plain", Body: []byte(`{"order_id":"A"}`)}, Source{JSON, "order_id"}, "A"},
-		{"form", "form:order_id", form("amount=1&order_id=F%2D1+x&order_id=second"), Source{Form, "order_id"}, "F-1 x"},
+		{"form", "form:order_id", form("amount=1&order_id=F%2D1+x"), Source{Form, "order_id"}, "F-1 x"},
+		{"form field repeated with one value", "form:order_id", form("order_id=F-1&amount=1&order_id=F%2D1"), Source{Form, "order_id"}, "F-1"},
 		{"form skips malformed pairs", "form:order_id", form("order_id=%zz&order_id=ok"), Source{Form, "order_id"}, "ok"},
 		{"form without content type", "form:order_id", Request{Method: "POST", Path: "/p", Body: []byte("order_id=7")}, Source{Form, "order_id"}, "7"},
 		{"header", "header:x-order-id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1"}}}, Source{Header, "X-Order-Id"}, "H-1"},
-		{"query", "query:order", Request{Method: "POST", Path: "/p", RawQuery: "a=1&order=Q%201&order=2"}, Source{Query, "order"}, "Q 1"},
+		{"header repeated with one value", "header:x-order-id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1", "H-1"}}}, Source{Header, "X-Order-Id"}, "H-1"},
+		{"query", "query:order", Request{Method: "POST", Path: "/p", RawQuery: "a=1&order=Q%201"}, Source{Query, "order"}, "Q 1"},
+		{"query repeated with one value", "query:order", Request{Method: "POST", Path: "/p", RawQuery: "order=Q+1&a=1&order=Q%201"}, Source{Query, "order"}, "Q 1"},
 		{"first present wins", "json:order_id,form:order_id,header:X-Id,query:id",
 			Request{Method: "POST", Path: "/p", RawQuery: "id=q", Header: http.Header{"X-Id": {"h"}}, Body: []byte(`{"other":1}`)},
 			Source{Header, "X-Id"}, "h"},
@@ -130,6 +134,11 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"trailing garbage", "json:order_id", postJSON(`{"order_id":"A"} x`)},
 		{"truncated", "json:order_id", postJSON(`{"order_id":"A"`)},
 		{"invalid UTF-8", "json:order_id", postJSON("{\"order_id\":\"A\xff\"}")},
+		{"form field repeated with another value", "form:order_id", form("order_id=F-1&order_id=second")},
+		{"form field repeated, the second empty", "form:order_id", form("order_id=F-1&order_id=")},
+		{"form field repeated, the first empty", "form:order_id", form("order_id&order_id=F-1")},
+		{"header repeated with another value", "header:X-Order-Id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1", "H-2"}}}},
+		{"query repeated with another value", "query:order", Request{Method: "POST", Path: "/p", RawQuery: "order=1&order=2"}},
 		{"form field empty", "form:order_id", Request{ContentType: "application/x-www-form-urlencoded", Body: []byte("order_id=&x=1")}},
 		{"form field without value", "form:order_id", Request{ContentType: "application/x-www-form-urlencoded", Body: []byte("order_id")}},
 		{"form body with JSON content type", "form:order_id", Request{ContentType: "application/json", Body: []byte("order_id=1")}},

@@ -8,26 +8,42 @@ import (
 // text is what form and query scanning accept: a request body or a raw query.
 type text interface{ ~string | ~[]byte }
 
-// formValue returns the decoded value of the first field called name in the
+// formValue returns the decoded value of the field called name in the
 // application/x-www-form-urlencoded text s, appended to buf[:0]. Like
 // url.ParseQuery, it skips pairs that do not decode, and a field without '='
 // has an empty value; an empty value counts as absent, and so does the field.
+// A field given more than once counts as absent unless every value is the
+// same: applications differ on which one they read (Go's and Java's the
+// first, PHP's the last), so a key derived from one would be another order's
+// for a provider that reads the other.
 func formValue[T text](buf []byte, s T, name string) ([]byte, bool) {
+	n := -1 // the length of the first value, kept at buf[:n]; -1 before one
 	for len(s) > 0 {
 		var pair T
 		pair, s = cutByte(s, '&')
 		k, v := cutByte(pair, '=')
-		key, ok := unescapeForm(buf[:0], k)
-		if !ok || string(key) != name {
+		base := max(n, 0)
+		key, ok := unescapeForm(buf[:base], k)
+		if !ok || string(key[base:]) != name {
 			continue
 		}
-		val, ok := unescapeForm(key[:0], v)
+		val, ok := unescapeForm(key[:base], v)
 		if !ok {
 			continue
 		}
-		return val, len(val) > 0
+		if n < 0 {
+			buf, n = val, len(val)
+			continue
+		}
+		if string(val[n:]) != string(val[:n]) {
+			return val[:0], false
+		}
+		buf = val
 	}
-	return buf[:0], false
+	if n < 0 {
+		return buf[:0], false
+	}
+	return buf[:n], n > 0
 }
 
 // pair is one decoded form field: key and value as ranges of a buffer.
