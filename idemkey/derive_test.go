@@ -294,6 +294,7 @@ func FuzzDeriveJSONStdlib(f *testing.F) {
 	for _, s := range []string{
 		paymentBody, `{"a":{"b":"x"},"a":{}}`, `{"a":{"b":1e5}}`, `{"a":{"b":"\ud800"}}`, `{"a":{"b":""}}`,
 		`{"a":{"b":"x","b":null}}`, `{"a\u002e":{"b":"x"}}`, `{"a":[{"b":"x"}]}`,
+		`{"a":{"b":"x"},"a":{"b":"y"}}`, `{"a":{"b":"x"},"a":{"b":"x"}}`, `{"a":{"b":1,"b":"1"}}`, `{"a":{"b":"x","b":"y"}}`,
 	} {
 		f.Add(s)
 	}
@@ -313,26 +314,89 @@ func FuzzDeriveJSONStdlib(f *testing.F) {
 	})
 }
 
-// stdlibLookup returns a.b of body as encoding/json reads it.
+// stdlibLookup returns a.b of body as encoding/json's decoder reads it, with
+// the rule Derive adds: a key of the path that repeats in its object gives
+// no value unless every member gives the same one.
 func stdlibLookup(body string) (string, bool) {
 	if !json.Valid([]byte(body)) {
 		return "", false
 	}
 	d := json.NewDecoder(strings.NewReader(body))
 	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
+	v, err := decodeMembers(d)
+	if err != nil {
 		return "", false
 	}
-	top, _ := v.(map[string]any)
-	a, _ := top["a"].(map[string]any)
-	switch b := a["b"].(type) {
-	case string:
-		return b, b != ""
-	case json.Number:
-		return string(b), true
+	return lookupMembers(v, []string{"a", "b"})
+}
+
+// jsonMember is one object member; decodeMembers keeps every member of an
+// object, repeated keys included, in order.
+type jsonMember struct {
+	key string
+	val any
+}
+
+func decodeMembers(d *json.Decoder) (any, error) {
+	tok, err := d.Token()
+	if err != nil {
+		return nil, err
 	}
-	return "", false
+	switch tok {
+	case json.Delim('{'):
+		var obj []jsonMember
+		for d.More() {
+			k, err := d.Token()
+			if err != nil {
+				return nil, err
+			}
+			v, err := decodeMembers(d)
+			if err != nil {
+				return nil, err
+			}
+			obj = append(obj, jsonMember{k.(string), v})
+		}
+		_, err := d.Token()
+		return obj, err
+	case json.Delim('['):
+		for d.More() {
+			if _, err := decodeMembers(d); err != nil {
+				return nil, err
+			}
+		}
+		_, err := d.Token()
+		return []any(nil), err
+	}
+	return tok, nil
+}
+
+func lookupMembers(v any, path []string) (string, bool) {
+	obj, isObj := v.([]jsonMember)
+	if len(path) == 0 {
+		switch x := v.(type) {
+		case string:
+			return x, x != ""
+		case json.Number:
+			return string(x), true
+		}
+		return "", false
+	}
+	if !isObj {
+		return "", false
+	}
+	var val string
+	var found, seen bool
+	for _, m := range obj {
+		if m.key != path[0] {
+			continue
+		}
+		mv, mf := lookupMembers(m.val, path[1:])
+		if seen && (mf != found || mv != val) {
+			return "", false
+		}
+		val, found, seen = mv, mf, true
+	}
+	return val, found
 }
 
 // paymentBody is a realistic ~500-byte payment request.
