@@ -709,16 +709,22 @@ func (s *Store) ownerWrite(ctx context.Context, op string, id store.ID, owner, s
 	})
 }
 
-// Ping implements store.Store.Ping: the database answers and accepts writes
-// (it is not a standby left read-only by a failover).
+// Ping implements store.Store.Ping: the database answers and accepts writes:
+// it is not a standby left read-only by a failover, nor a primary whose
+// sessions are read-only (default_transaction_read_only, which some managed
+// databases turn on when their disk fills).
 func (s *Store) Ping(ctx context.Context) error {
 	return s.call(ctx, "ping", nil, func(ctx context.Context) error {
-		var standby bool
-		if err := s.pool.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&standby); err != nil {
+		var standby, readOnly bool
+		if err := s.pool.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'`).
+			Scan(&standby, &readOnly); err != nil {
 			return err
 		}
 		if standby {
 			return errors.New("the database is a read-only standby")
+		}
+		if readOnly {
+			return errors.New("the database's sessions are read-only (default_transaction_read_only)")
 		}
 		return nil
 	})

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -325,5 +326,57 @@ func TestLostClaimIsUndone(t *testing.T) {
 	if rec.State != store.Unknown || rec.Outcome.Attempts != 2 || !rec.Outcome.FirstSentAt.Equal(sent) || rec.Outcome.LastError != "timeout after send" {
 		t.Fatalf("unknown record after its lost resume = state %v owner %q outcome %+v, want unknown with 2 attempts first sent at %v",
 			rec.State, rec.Owner, rec.Outcome, sent)
+	}
+}
+
+// TestPingReadOnlyPrimary: a primary that turned read-only (the server's
+// default_transaction_read_only, as some managed databases set when their
+// disk fills) refuses every write, so Ping (readiness) must fail as it does
+// for a standby; once writes are allowed again it succeeds without a new
+// store.
+func TestPingReadOnlyPrimary(t *testing.T) {
+	_, url := pgtest.Own(t, pgtest.Options{})
+	ctx := context.Background()
+	s := open(t, url, time.Hour)
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	// This session keeps writing whatever the server's default.
+	if _, err := admin.Exec(ctx, `SET default_transaction_read_only = off`); err != nil {
+		t.Fatal(err)
+	}
+	readOnly := func(on bool) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET default_transaction_read_only = %t`, on)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readOnly(true)
+	defer readOnly(false)
+	// Sessions take the reloaded setting at their next command.
+	deadline := time.Now().Add(30 * time.Second)
+	for s.Ping(ctx) == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("Ping still succeeds 30 s after the database turned read-only")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Ping on a read-only primary = %v, want ErrUnavailable", err)
+	}
+	if _, _, err := s.Begin(ctx, store.ID{Key: "ro"}, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Begin on a read-only primary = %v, want ErrUnavailable", err)
+	}
+	readOnly(false)
+	for s.Ping(ctx) != nil {
+		if time.Now().After(deadline.Add(30 * time.Second)) {
+			t.Fatalf("Ping after writes were allowed again: %v", s.Ping(ctx))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
