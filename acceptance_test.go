@@ -205,6 +205,7 @@ func TestAcceptanceAmbiguousLength(t *testing.T) {
 		{"Content-Length 0 and chunked", "POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked},
 		{"Transfer-Encoding on HTTP/1.0", "POST /v1/payments HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 20\r\n\r\n" + body},
 		{"Content-Length twice", "POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\nContent-Length: 20\r\n\r\n" + body},
+		{"Transfer-Encoding folded over two lines", "POST /v1/payments HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\nContent-Length: 20\r\n\r\n" + chunked},
 		{"on a GET", "GET /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

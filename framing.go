@@ -42,7 +42,19 @@ type framing struct {
 	post                bool
 
 	remain int64 // body or chunk bytes still to come
+
+	// The Transfer-Encoding or Content-Length line being read, until the
+	// next line shows it has no continuation.
+	field      uint8 // fieldTE, fieldCL or 0
+	value      []byte
+	valueWhole bool
+	valueBuf   [64]byte
 }
+
+const (
+	fieldTE = 1 + iota
+	fieldCL
+)
 
 type framingState uint8
 
@@ -161,6 +173,7 @@ func (f *framing) feed(p []byte) {
 func (f *framing) startHead() {
 	f.state, f.line.n, f.headBytes, f.crlf = framingRequestLine, 0, 0, 0
 	f.http10, f.optionsStar, f.te, f.cls, f.chunked, f.length, f.post = false, false, 0, 0, false, 0, false
+	f.field, f.value = 0, f.valueBuf[:0]
 }
 
 // endLine handles the line just read, ending in LF.
@@ -187,23 +200,62 @@ func (f *framing) endLine() {
 	}
 }
 
-// header handles one line of a head; an empty one ends it.
+// header handles one line of a head; an empty one ends it. The value of a
+// Transfer-Encoding or Content-Length line is kept until the next line
+// that is not a continuation (obs-fold, which the server joins to it with a
+// space).
 func (f *framing) header(text []byte, whole bool) {
+	if len(text) > 0 && (text[0] == ' ' || text[0] == '\t') {
+		if f.field != 0 {
+			f.addValue(bytes.Trim(text, " \t"), whole)
+		}
+		return
+	}
+	if f.endField(); f.state == framingOff {
+		return
+	}
 	if len(text) == 0 {
 		f.endHead()
 		return
 	}
 	name, value, ok := bytes.Cut(text, []byte(":"))
-	if !ok || text[0] == ' ' || text[0] == '\t' {
-		return // a continuation line or a malformed one (the server refuses it)
-	}
 	switch {
+	case !ok: // malformed: the server refuses it
 	case bytes.EqualFold(name, []byte("Transfer-Encoding")):
-		f.te++
-		f.chunked = whole && bytes.EqualFold(bytes.Trim(value, " \t"), []byte("chunked"))
+		f.field = fieldTE
 	case bytes.EqualFold(name, []byte("Content-Length")):
-		n, ok := parseLength(bytes.Trim(value, " \t"))
-		if !whole || !ok || f.cls > 0 && n != f.length {
+		f.field = fieldCL
+	}
+	if f.field != 0 {
+		f.value, f.valueWhole = f.value[:0], true
+		f.addValue(bytes.Trim(value, " \t"), whole)
+	}
+}
+
+// addValue adds a line's part of the value of the field being read.
+func (f *framing) addValue(v []byte, whole bool) {
+	if len(f.value) > 0 && len(v) > 0 {
+		v = append([]byte{' '}, v...) // rare: a value folded over lines
+	}
+	if !whole || len(f.value)+len(v) > cap(f.value) {
+		f.valueWhole = false
+		return
+	}
+	f.value = append(f.value, v...)
+}
+
+// endField counts the Transfer-Encoding or Content-Length line just read,
+// its continuation lines included.
+func (f *framing) endField() {
+	field := f.field
+	f.field = 0
+	switch field {
+	case fieldTE:
+		f.te++
+		f.chunked = f.valueWhole && bytes.EqualFold(f.value, []byte("chunked"))
+	case fieldCL:
+		n, ok := parseLength(f.value)
+		if !f.valueWhole || !ok || f.cls > 0 && n != f.length {
 			f.state = framingOff // the server refuses it
 			return
 		}

@@ -37,6 +37,9 @@ func TestFramingMarksAmbiguousLength(t *testing.T) {
 		{"OPTIONS * is not the handler's", options + get + teCL, 2},
 		{"Transfer-Encoding on HTTP/1.0", get + te10, 2},
 		{"Content-Length twice", lengthPost + twoCL, 2},
+		{"folded Transfer-Encoding", get + "POST /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\nContent-Length: 3\r\n\r\n", 2},
+		{"folded Content-Length", "POST /k HTTP/1.1\r\nHost: x\r\nContent-Length:\r\n\t3\r\nTransfer-Encoding: chunked\r\n\r\n", 1},
+		{"folded, then well framed", "POST /l HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n 2\r\nContent-Length:\r\n 2\r\nX-B: 3\r\n\r\nokGET / HTTP/1.1\r\nHost: x\r\n\r\n" + teCL, 3},
 		{"quoted in a body", lengthPost + lengthPost, 0},
 		// The server refuses these and closes the connection itself.
 		{"after a malformed chunk", badChunk + teCL, 0},
