@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -258,6 +259,13 @@ func parseUpstream(raw string) (*url.URL, error) {
 	}
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return nil, errors.New("must not carry credentials, a query or a fragment")
+	}
+	if p := u.Port(); p != "" {
+		// url.Parse takes any digits: https://api.example:99999 would start
+		// and fail every request at the dial.
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("port %q: want 1 to 65535", p)
+		}
 	}
 	return u, nil
 }
