@@ -218,6 +218,7 @@ func TestBinaryRejectsBadConfig(t *testing.T) {
 		{"bad signature header name", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGNATURE_HEADER=X Sig"}, "IDEMPROXY_SIGNATURE_HEADER"},
 		{"nonce header is the timestamp header", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_NONCE_HEADER=X-Timestamp"}, "IDEMPROXY_NONCE_HEADER"},
 		{"listen address without a port", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_LISTEN_ADDR=bogus"}, "IDEMPROXY_LISTEN_ADDR"},
+		{"timestamp header is Content-Type", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_TIMESTAMP_HEADER=Content-Type"}, "IDEMPROXY_TIMESTAMP_HEADER"},
 		{"upstream port out of range", []string{"IDEMPROXY_UPSTREAM_URL=https://127.0.0.1:99999"}, "IDEMPROXY_UPSTREAM_URL"},
 		{"upstream port 0", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:0/base"}, "IDEMPROXY_UPSTREAM_URL"},
 		{"admin port out of range", []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:99999"}, "IDEMPROXY_ADMIN_ADDR"},

@@ -189,6 +189,12 @@ func (s *signer) setHeaders(cfg Config) error {
 		if slices.Contains(s.strip, v) || v == idemkey.HeaderName {
 			return fmt.Errorf("%w: %s: %s is already used for another purpose", ErrConfig, n.field, v)
 		}
+		if requestOwned(v) {
+			// The app's copy is stripped and idemproxy's value set in its
+			// place: TimestampHeader=Content-Type would send every body
+			// with a timestamp for its type.
+			return fmt.Errorf("%w: %s: %s describes the request itself", ErrConfig, n.field, v)
+		}
 		*n.dst = v
 		s.strip = append(s.strip, v)
 	}
@@ -245,6 +251,17 @@ func (s *signer) checkStatic(in http.Header) (http.Header, error) {
 	return out, nil
 }
 
+// requestOwned reports whether the canonical header name describes the
+// request itself (net/http manages all but Content-Type), so that no
+// signing or credential header may take its name.
+func requestOwned(canon string) bool {
+	switch canon {
+	case "Host", "Content-Length", "Transfer-Encoding", "Connection", "Content-Type":
+		return true
+	}
+	return false
+}
+
 // checkStaticEntry rejects a static header that would fight another layer.
 func (s *signer) checkStaticEntry(canon string, values []string) error {
 	switch {
@@ -254,7 +271,7 @@ func (s *signer) checkStaticEntry(canon string, values []string) error {
 		// Why: one key for all attempts of one operation comes from the
 		// client or the key layer; a fixed key would merge every operation.
 		return errors.New("Idempotency-Key cannot be static")
-	case canon == "Host" || canon == "Content-Length" || canon == "Transfer-Encoding" || canon == "Connection":
+	case requestOwned(canon) && canon != "Content-Type":
 		return errors.New("is managed by net/http")
 	case len(values) == 0:
 		return errors.New("no value")
