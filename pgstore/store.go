@@ -254,8 +254,8 @@ func (s *Store) Close() error {
 		s.loops.Wait()
 		s.lostMu.Lock()
 		if n := len(s.lost); n > 0 {
-			s.opt.Logger.Warn("closing with claims whose statements got no answer not yet undone: their keys are free once their leases end",
-				"claims", n)
+			s.opt.Logger.Warn("closing with in-flight records still to release (failed releases, claims whose statements got no answer): their keys are free once their leases end",
+				"records", n)
 		}
 		s.lostMu.Unlock()
 		s.pool.Close()
@@ -660,9 +660,19 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 	})
 }
 
-// Abandon implements store.Store.Abandon.
+// abandon deletes owner's in-flight record ($1 tenant, $2 key, $3 owner).
+const abandon = `DELETE FROM idemproxy_records WHERE ` + owned
+
+// Abandon implements store.Store.Abandon. One that fails for any reason
+// but ErrNotOwner is done again in the background once the database
+// answers (see lostClaim): the caller has given the key up, and waiting for
+// its lease to end would keep the app's retries out meanwhile.
 func (s *Store) Abandon(ctx context.Context, id store.ID, owner string) error {
-	return s.ownerWrite(ctx, "abandon", id, owner, `DELETE FROM idemproxy_records WHERE `+owned)
+	err := s.ownerWrite(ctx, "abandon", id, owner, abandon)
+	if err != nil && !errors.Is(err, store.ErrNotOwner) && !errors.Is(err, store.ErrClosed) && id.Key != "" {
+		s.releaseLater(id, owner)
+	}
+	return err
 }
 
 // Renew implements store.Store.Renew.

@@ -380,3 +380,44 @@ func TestPingReadOnlyPrimary(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestFailedAbandonDoneLater: an Abandon that fails while the database is
+// down (the proxy releasing a key after the provider answered and the answer
+// could not be stored) is done again once the database is back, so the app's
+// retry claims the key then instead of waiting out a lease nobody runs.
+func TestFailedAbandonDoneLater(t *testing.T) {
+	c, url := pgtest.Own(t, pgtest.Options{})
+	ctx := context.Background()
+	s, err := Open(ctx, Options{URL: url, CallTimeout: 2 * time.Second, SweepInterval: -1, AnalyzeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id, req := store.ID{Key: "released"}, store.Request{Fingerprint: []byte("fp")}
+	if _, created, err := s.Begin(ctx, id, req, "o", time.Hour); err != nil || !created {
+		t.Fatalf("Begin = %v, %v", created, err)
+	}
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Abandon(ctx, id, "o"); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Abandon with the database down = %v, want ErrUnavailable", err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rec, created, err := s.Begin(ctx, id, req, "next", time.Minute)
+		if err == nil && created {
+			if rec.Fence != 1 {
+				t.Fatalf("claim after the release = fence %d, want 1 (a new record)", rec.Fence)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key still held 30 s after the database came back: record %+v created=%v err=%v", rec, created, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -31,12 +31,17 @@ import (
 // lease had run out) is put back to unknown, keeping its outcome, so that
 // the next claim resumes it at once with the same key.
 
-// lostClaim is a claim whose statement may have committed unanswered.
+// lostClaim is a claim whose statement may have committed unanswered, or
+// (abandon) an Abandon that failed: the store deletes the record once the
+// database answers again, so that the key is free then rather than only
+// when its lease ends. An Abandon needs no wait for its session: deleting
+// twice is the same as once.
 type lostClaim struct {
-	id    store.ID
-	owner string
-	pid   uint32    // the server process of the session that sent it
-	since time.Time // when its statement failed
+	id      store.ID
+	owner   string
+	pid     uint32    // the server process of the session that sent it
+	since   time.Time // when its statement failed
+	abandon bool
 }
 
 const (
@@ -71,6 +76,17 @@ func mayHaveRun(err error) bool {
 		return false
 	}
 	return !pgconn.SafeToRetry(err)
+}
+
+// releaseLater remembers an Abandon that failed, to be done again.
+func (s *Store) releaseLater(id store.ID, owner string) {
+	s.lostMu.Lock()
+	s.lost = append(s.lost, lostClaim{id: id, owner: owner, since: time.Now(), abandon: true})
+	s.lostMu.Unlock()
+	select {
+	case s.lostKick <- struct{}{}:
+	default:
+	}
 }
 
 // lose remembers the claims among jobs, sent on the session of server
@@ -120,7 +136,9 @@ func (s *Store) undoLost(ctx context.Context) int {
 	}
 	pids := make([]int32, 0, len(pending))
 	for _, c := range pending {
-		pids = append(pids, int32(c.pid))
+		if !c.abandon {
+			pids = append(pids, int32(c.pid))
+		}
 	}
 	var alive []int32
 	err := s.call(ctx, "undo", nil, func(ctx context.Context) error {
@@ -143,18 +161,27 @@ func (s *Store) undoLost(ctx context.Context) int {
 	}
 	var done []lostClaim
 	for _, c := range pending {
-		if slices.Contains(alive, int32(c.pid)) && time.Since(c.since) < undoAnyway {
+		if !c.abandon && slices.Contains(alive, int32(c.pid)) && time.Since(c.since) < undoAnyway {
 			continue
 		}
 		var deleted, parked int64
 		err := s.call(ctx, "undo", &c.id, func(ctx context.Context) error {
+			if c.abandon {
+				tag, err := s.pool.Exec(ctx, abandon, []byte(c.id.Tenant), []byte(c.id.Key), c.owner)
+				deleted = tag.RowsAffected()
+				return err
+			}
 			return s.pool.QueryRow(ctx, undoClaim, []byte(c.id.Tenant), []byte(c.id.Key), c.owner).Scan(&deleted, &parked)
 		})
 		if err != nil {
 			s.opt.Logger.Debug("undoing a claim whose statement got no answer failed; trying again", "err", err)
 			continue
 		}
-		if deleted+parked > 0 {
+		switch {
+		case c.abandon && deleted > 0:
+			s.opt.Logger.Warn("an in-flight record whose release failed is released now that the database answers; the key is free",
+				"key", c.id.Key)
+		case deleted+parked > 0:
 			s.opt.Logger.Warn("a claim whose statement got no answer had been written after all; undone, the key is free",
 				"key", c.id.Key, "back_to_unknown", parked > 0)
 		}
