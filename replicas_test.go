@@ -108,15 +108,7 @@ func TestReplicasShareAStore(t *testing.T) {
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []*opsProc{a, b} {
-		deadline := time.Now().Add(time.Minute)
-		for getStatus(t, "http://"+p.admin+"/readyz") != http.StatusOK {
-			if time.Now().After(deadline) {
-				t.Fatalf("/readyz not 200 a minute after the database came back:\n%s", p.text())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	waitReady(t, "the database came back", a, b)
 	again := send(t, "POST", "http://"+b.proxy+"/v1/payments", `{"order_id":"shared-2","amount":"1"}`)
 	if again.status != 201 {
 		t.Fatalf("after the database came back: %d %s, want 201", again.status, again.body)
@@ -223,15 +215,7 @@ func TestRetryAfterHungDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	frozen = false
-	for _, p := range []*opsProc{a, b} {
-		deadline := time.Now().Add(time.Minute)
-		for getStatus(t, "http://"+p.admin+"/readyz") != http.StatusOK {
-			if time.Now().After(deadline) {
-				t.Fatalf("/readyz not 200 a minute after the database woke:\n%s", p.text())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	waitReady(t, "the database woke", a, b)
 	again := send(t, "POST", "http://"+b.proxy+"/v1/payments", order)
 	if again.status != http.StatusCreated || again.header.Get("Idempotency-Key") != key || again.header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("retry after the database woke: %d %s key=%q replayed=%q, want 201 executed under %q\n%s",
@@ -306,5 +290,20 @@ func TestSameKeyOnReplicasAtOnce(t *testing.T) {
 	defer prov.mu.Unlock()
 	if prov.execs[key] != 1 || prov.seen[key] != 1 || len(prov.seen) != 1 {
 		t.Fatalf("provider requests %v, executions %v; want one request under %q", prov.seen, prov.execs, key)
+	}
+}
+
+// waitReady waits up to a minute for every one of procs to answer /readyz
+// with 200, after what happened (for the failure's message).
+func waitReady(t *testing.T, after string, procs ...*opsProc) {
+	t.Helper()
+	for _, p := range procs {
+		deadline := time.Now().Add(time.Minute)
+		for getStatus(t, "http://"+p.admin+"/readyz") != http.StatusOK {
+			if time.Now().After(deadline) {
+				t.Fatalf("/readyz not 200 a minute after %s:\n%s", after, p.text())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 }
