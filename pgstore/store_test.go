@@ -302,19 +302,7 @@ func TestLostClaimIsUndone(t *testing.T) {
 	standby("")
 
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		rec, created, err := s.Begin(ctx, fresh, fp, "next", time.Minute)
-		if err == nil && created {
-			if rec.Fence != 1 {
-				t.Fatalf("claim after the lost one = fence %d, want 1 (a new record)", rec.Fence)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("key still held 30 s after its claim failed: record %+v created=%v err=%v", rec, created, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	claimAnew(t, s, fresh, fp, deadline, "its claim failed")
 	rec, err := s.Get(ctx, parked)
 	for err == nil && rec.State == store.InFlight && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
@@ -406,17 +394,24 @@ func TestFailedAbandonDoneLater(t *testing.T) {
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	claimAnew(t, s, id, req, time.Now().Add(30*time.Second), "the database came back")
+}
+
+// claimAnew claims id again until the claim creates a new record (fence 1),
+// failing the test at deadline: the key is still held that long after what
+// happened.
+func claimAnew(t *testing.T, s *Store, id store.ID, req store.Request, deadline time.Time, after string) {
+	t.Helper()
 	for {
-		rec, created, err := s.Begin(ctx, id, req, "next", time.Minute)
+		rec, created, err := s.Begin(context.Background(), id, req, "next", time.Minute)
 		if err == nil && created {
 			if rec.Fence != 1 {
-				t.Fatalf("claim after the release = fence %d, want 1 (a new record)", rec.Fence)
+				t.Fatalf("claim after %s = fence %d, want 1 (a new record)", after, rec.Fence)
 			}
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("key still held 30 s after the database came back: record %+v created=%v err=%v", rec, created, err)
+			t.Fatalf("key still held 30 s after %s: record %+v created=%v err=%v", after, rec, created, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
