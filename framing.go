@@ -83,13 +83,18 @@ type framingLine struct {
 	n     int
 }
 
-func (l *framingLine) add(c byte) {
+// add appends b, bytes of the line, to it.
+func (l *framingLine) add(b []byte) {
 	if l.n < len(l.start) {
-		l.start[l.n] = c
+		copy(l.start[l.n:], b)
 	}
-	l.n++
-	copy(l.tail[:], l.tail[1:])
-	l.tail[len(l.tail)-1] = c
+	l.n += len(b)
+	if len(b) >= len(l.tail) {
+		copy(l.tail[:], b[len(b)-len(l.tail):])
+		return
+	}
+	copy(l.tail[:], l.tail[len(b):])
+	copy(l.tail[len(l.tail)-len(b):], b)
 }
 
 // text is the line without its CR LF (or bare LF), and whether it was kept
@@ -155,14 +160,18 @@ func (f *framing) feed(p []byte) {
 			}
 			f.startHead()
 		default: // a line of a head, a chunk size or a trailer
-			c := p[0]
-			p = p[1:]
-			if f.headBytes++; f.headBytes > maxFramingHead {
+			seg := p // up to the line's LF, or all of p
+			i := bytes.IndexByte(p, '\n')
+			if i >= 0 {
+				seg = p[:i+1]
+			}
+			p = p[len(seg):]
+			if f.headBytes += len(seg); f.headBytes > maxFramingHead {
 				f.state = framingOff
 				return
 			}
-			f.line.add(c)
-			if c == '\n' {
+			f.line.add(seg)
+			if i >= 0 {
 				f.endLine()
 				f.line.n = 0
 			}
