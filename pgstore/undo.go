@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemproxy/idemproxy/store"
@@ -140,24 +141,17 @@ func (s *Store) undoLost(ctx context.Context) int {
 			pids = append(pids, int32(c.pid))
 		}
 	}
-	var alive []int32
-	err := s.call(ctx, "undo", nil, func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE pid = ANY($1::int4[])`, pids)
-		if err != nil {
+	var alive []int32 // the sessions still there; a failed release waits for none
+	if len(pids) > 0 {
+		err := s.call(ctx, "undo", nil, func(ctx context.Context) error {
+			rows, _ := s.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE pid = ANY($1::int4[])`, pids)
+			var err error
+			alive, err = pgx.CollectRows(rows, pgx.RowTo[int32])
 			return err
+		})
+		if err != nil {
+			return len(pending)
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var pid int32
-			if err := rows.Scan(&pid); err != nil {
-				return err
-			}
-			alive = append(alive, pid)
-		}
-		return rows.Err()
-	})
-	if err != nil {
-		return len(pending)
 	}
 	var done []lostClaim
 	for _, c := range pending {
