@@ -125,6 +125,13 @@ type heldProvider struct {
 	release chan struct{}
 }
 
+// newHeldProvider returns a heldProvider whose entered channel holds up to
+// entered keys.
+func newHeldProvider(entered int) *heldProvider {
+	return &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
+		entered: make(chan string, entered), release: make(chan struct{})}
+}
+
 func (p *heldProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
 	key := r.Header.Get("Idempotency-Key")
@@ -150,8 +157,7 @@ func (p *heldProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func TestSIGKILLMidRequestResumesWithSameKey(t *testing.T) {
-	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
-		entered: make(chan string, 1), release: make(chan struct{})}
+	prov := newHeldProvider(1)
 	up := httptest.NewServer(prov)
 	defer up.Close()
 	dataDir := t.TempDir()

@@ -243,8 +243,7 @@ func getStatus(t *testing.T, url string) int {
 }
 
 func TestSIGTERMDrainsInFlightOperation(t *testing.T) {
-	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
-		entered: make(chan string, 1), release: make(chan struct{})}
+	prov := newHeldProvider(1)
 	up := httptest.NewServer(prov)
 	defer up.Close()
 	env := baseEnv(up.URL, t.TempDir(), "IDEMPROXY_SHUTDOWN_GRACE=2m")
@@ -586,8 +585,7 @@ func TestNoSecretInLogs(t *testing.T) {
 // at the provider is logged and counted as client_gone; the operation finishes
 // and is stored, and the client's retry is a replay.
 func TestClientGoneOperationFinishes(t *testing.T) {
-	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
-		entered: make(chan string, 1), release: make(chan struct{})}
+	prov := newHeldProvider(1)
 	up := httptest.NewServer(prov)
 	defer up.Close()
 	p := launch(t, launchSpec{env: baseEnv(up.URL, t.TempDir(), "IDEMPROXY_INFLIGHT_WAIT=1m")})

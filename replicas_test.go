@@ -125,8 +125,7 @@ func TestReplicasShareAStore(t *testing.T) {
 // with the SAME key: the provider executes the order exactly once.
 func TestTakeoverAfterReplicaKilled(t *testing.T) {
 	url := pgtest.Database(t)
-	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
-		entered: make(chan string, 1), release: make(chan struct{})}
+	prov := newHeldProvider(1)
 	up := httptest.NewServer(prov)
 	defer up.Close()
 	env := sharedEnv(up.URL, url, "IDEMPROXY_STORE_LEASE=2s", "IDEMPROXY_INFLIGHT_WAIT=1m")
@@ -236,8 +235,7 @@ func TestRetryAfterHungDatabase(t *testing.T) {
 // sees one request.
 func TestSameKeyOnReplicasAtOnce(t *testing.T) {
 	url := pgtest.Database(t)
-	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
-		entered: make(chan string, 2), release: make(chan struct{})}
+	prov := newHeldProvider(2)
 	up := httptest.NewServer(prov)
 	defer up.Close()
 	released := false

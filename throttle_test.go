@@ -218,8 +218,7 @@ func TestSharedRateLimit(t *testing.T) {
 // whatever its store, throttle and heartbeat calls are waiting for.
 func TestShutdownWithDatabaseHung(t *testing.T) {
 	c, url := pgtest.Own(t, pgtest.Options{})
-	prov := &heldProvider{execs: map[string]int{}, seen: map[string]int{}, stored: map[string]string{},
-		entered: make(chan string, 1), release: make(chan struct{})}
+	prov := newHeldProvider(1)
 	up := httptest.NewServer(prov)
 	defer up.Close()
 	const grace = 3 * time.Second
