@@ -162,8 +162,8 @@ func renderRatios(b *strings.Builder, o *options, cs []*cell) {
 			r.base = "B"
 		}
 		ran := func(id string) bool { return slices.ContainsFunc(cs, func(c *cell) bool { return c.id == id }) }
-		if (r.id[0] == 'P' || len(r.id) > 1 && r.id[0] == 'B') && !ran(r.id) || r.base != "B" && !ran(r.base) {
-			continue // P and B's rows of several processes run only when asked for
+		if len(r.id) > 1 && !ran(r.id) || r.base != "B" && !ran(r.base) {
+			continue // P1, P3 and B3 run only when asked for
 		}
 		fmt.Fprintf(b, "| %s | %s |", r.name, r.what)
 		verdict := ""
