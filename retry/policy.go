@@ -186,28 +186,63 @@ func secondsDuration(digits string) time.Duration {
 }
 
 // ParseStatuses parses a comma list of HTTP statuses such as
-// "429,500,502,503,504" (IDEMPROXY_RETRY_STATUSES). Spaces and empty items
-// are ignored; an item that is not a status in 100–599 is an error.
+// "429,500,502,503,504" (IDEMPROXY_RETRY_STATUSES). An item may also be an
+// inclusive range such as "500-599", for a provider that says "retry every
+// status of 500 or more" (payments) or "retry any 5xx" (cards). Spaces and
+// empty items are ignored; an item that is not a status in 100–599, or a
+// range whose start is above its end, is an error, and so is any item that
+// takes in a status that can never be retried.
 func ParseStatuses(s string) (map[int]bool, error) {
 	out := make(map[int]bool)
 	for _, item := range splitList(s) {
-		n, err := strconv.Atoi(item)
-		if err != nil || n < 100 || n > 599 {
-			return nil, fmt.Errorf("retry: parse statuses: %q: %w", item, errBadStatus)
+		lo, hi, err := parseStatusItem(item)
+		if err != nil {
+			return nil, fmt.Errorf("retry: parse statuses: %q: %w", item, err)
 		}
-		if n < 400 || n == http.StatusUnauthorized || n == http.StatusForbidden {
-			// A success or a redirect is an answer, and a refused credential
-			// is refused again: retrying them would resend a done operation
-			// or hammer the provider until the budget ends.
-			return nil, fmt.Errorf("retry: parse statuses: %d: %w", n, errNotRetriable)
+		for n := lo; n <= hi; n++ {
+			if n < 400 || n == http.StatusUnauthorized || n == http.StatusForbidden {
+				// A success or a redirect is an answer, and a refused credential
+				// is refused again: retrying them would resend a done operation
+				// or hammer the provider until the budget ends.
+				return nil, fmt.Errorf("retry: parse statuses: %d: %w", n, errNotRetriable)
+			}
+			out[n] = true
 		}
-		out[n] = true
 	}
 	return out, nil
 }
 
+// parseStatusItem parses one item of a status list: a status, or a range
+// "A-B" of statuses with A <= B.
+func parseStatusItem(item string) (lo, hi int, err error) {
+	a, b, isRange := strings.Cut(item, "-")
+	if lo, err = parseStatus(a); err != nil {
+		return 0, 0, err
+	}
+	if !isRange {
+		return lo, lo, nil
+	}
+	if hi, err = parseStatus(b); err != nil {
+		return 0, 0, err
+	}
+	if lo > hi {
+		return 0, 0, errBadRange
+	}
+	return lo, hi, nil
+}
+
+func parseStatus(s string) (int, error) {
+	s = strings.TrimSpace(s)
+	n, err := strconv.Atoi(s)
+	if err != nil || !isDigits(s) || n < 100 || n > 599 {
+		return 0, errBadStatus
+	}
+	return n, nil
+}
+
 var (
-	errBadStatus    = errors.New("not an HTTP status (100-599)")
+	errBadStatus    = errors.New("not an HTTP status (100-599) or a range of them such as 500-599")
+	errBadRange     = errors.New("range starts above its end")
 	errNotRetriable = errors.New("1xx, 2xx, 3xx, 401 and 403 cannot be retried")
 )
 

@@ -200,6 +200,23 @@ func TestParseStatuses(t *testing.T) {
 		{"100", nil, true},
 		{"401", nil, true},
 		{"429,403", nil, true},
+		{"429,500-505", []int{429, 500, 501, 502, 503, 504, 505}, false},
+		{" 500 - 502 ,503", []int{500, 501, 502, 503}, false},
+		{"500-599", func() (s []int) {
+			for n := 500; n <= 599; n++ {
+				s = append(s, n)
+			}
+			return s
+		}(), false},
+		{"504-504", []int{504}, false},
+		{"599-500", nil, true},
+		{"500-600", nil, true},
+		{"500-", nil, true},
+		{"-500", nil, true},
+		{"500-502-504", nil, true},
+		{"+500", nil, true},
+		{"400-500", nil, true},
+		{"300-599", nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
