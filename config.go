@@ -76,7 +76,7 @@ type config struct {
 	RetryMaxDelay    time.Duration `env:"RETRY_MAX_DELAY" envDefault:"60s" doc:"cap per wait, Retry-After included"`
 	RetryBudget      time.Duration `env:"RETRY_BUDGET" envDefault:"2m" doc:"total time for one request's attempts (at most 24h)"`
 	AttemptTimeout   time.Duration `env:"ATTEMPT_TIMEOUT" envDefault:"30s" doc:"one upstream attempt (at most 24h)"`
-	RetryStatuses    string        `env:"RETRY_STATUSES" envDefault:"429,500,502,503,504" doc:"retriable HTTP statuses"`
+	RetryStatuses    string        `env:"RETRY_STATUSES" envDefault:"429,500,502,503,504" doc:"retriable HTTP statuses; an item may be a range such as 500-599"`
 	RetryCodes       string        `env:"RETRY_CODES" envDefault:"idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen" doc:"retriable business codes at error.code or code in a 4xx JSON body"`
 	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off; with replicas on PostgreSQL, their total"`
 	RateBurst        int           `env:"RATE_BURST" envDefault:"1" doc:"outbound burst"`

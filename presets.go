@@ -35,7 +35,9 @@ var presets = map[string]map[string]string{
 	},
 	// Payments: a new X-Nonce per attempt and a hex HMAC over method, path,
 	// timestamp, nonce, key and the body's SHA-256; every POST carries a key
-	// (one order_id, one key); 429 and 5xx are retried, no 4xx is.
+	// (one order_id, one key); 429 and every status of 500 or more are
+	// retried (its retry loop stops only on "status < 500 and not 429"), no
+	// 4xx is.
 	"payments": {
 		"SIGN_CANONICAL":    `{method}\n{path}\n{timestamp}\n{nonce}\n{idempotency_key}\n{body_sha256}`,
 		"SIGN_ENCODING":     "hex",
@@ -43,7 +45,7 @@ var presets = map[string]map[string]string{
 		"TIMESTAMP_HEADER":  "X-Timestamp",
 		"NONCE_HEADER":      "X-Nonce",
 		"KEY_SOURCES":       "json:order_id",
-		"RETRY_STATUSES":    "429,500,502,503,504",
+		"RETRY_STATUSES":    "429,500-599",
 		"INPROGRESS_STATUS": "409",
 		"INPROGRESS_CODE":   "idempotency_in_progress",
 		// "After a 504, first GET /payments/{payment_id}"; keys are kept
@@ -51,7 +53,7 @@ var presets = map[string]map[string]string{
 		"STATUS_PROBE":           "GET /payments/{resp.payment_id}",
 		"PROVIDER_KEY_RETENTION": "48h",
 	},
-	// Cards: a new signature ("new time") per retry; timeouts, 5xx, 503
+	// Cards: a new signature ("new time") per retry; timeouts, any 5xx, 503
 	// maintenance and 429 are retried with the same key, 4xx business codes
 	// are not. Card bodies carry no order id: card issue, top-up and close are
 	// keyed by a 10-minute fingerprint window; cardholders need no key, the
@@ -62,7 +64,7 @@ var presets = map[string]map[string]string{
 		"SIGNATURE_HEADER":  "X-Signature",
 		"TIMESTAMP_HEADER":  "X-Timestamp",
 		"KEY_SOURCES":       "json:order_id",
-		"RETRY_STATUSES":    "429,500,502,503,504",
+		"RETRY_STATUSES":    "429,500-599",
 		"ROUTES":            "POST /cardholders=unprotected; POST /cards=fingerprint:10m; POST /cards/*/topup=fingerprint:10m; POST /cards/*/close=fingerprint:10m",
 		"INPROGRESS_STATUS": "409",
 		"INPROGRESS_CODE":   "idempotency_in_progress",
