@@ -345,3 +345,77 @@ func TestSeedRetriedPerPreset(t *testing.T) {
 		})
 	}
 }
+
+// The payouts provider's own 429 ("Retry-After: 60", body
+// {"state":1,"message":"rate limit exceeded"}, no error code) pauses
+// everything idemproxy sends it, for Retry-After capped by
+// IDEMPROXY_RETRY_MAX_DELAY: other payouts, a status lookup and a GET sent
+// during the pause reach the provider only after it, spread out rather than
+// at one instant, and the 429'd payout is then sent again under its key,
+// freshly signed, and made.
+func TestSeedPayoutsRateLimitPausesAll(t *testing.T) {
+	const capped = 2 * time.Second
+	prov, url := newSeedProvider(t, "payouts")
+	p := launch(t, launchSpec{env: prov.env(t, url, "IDEMPROXY_RETRY_MAX_DELAY="+capped.String())})
+	base := "http://" + p.proxy
+	prov.then(scripted{429, map[string]string{"Retry-After": "60"}, `{"state":1,"message":"rate limit exceeded"}`})
+	first := goSend("POST", base+"/v1/payout", `{"order_id":"rl-first","amount":"25"}`)
+	p.waitLine(t, "provider asked to pause")
+	var during []<-chan sentReply
+	for i := range 4 {
+		during = append(during, goSend("POST", base+"/v1/payout", fmt.Sprintf(`{"order_id":"rl-%d","amount":"25"}`, i)))
+	}
+	during = append(during, goSend("POST", base+"/v1/payout/info", `{"order_id":"rl-0"}`),
+		goSend("GET", base+"/v1/balance", ""))
+	for i, c := range append(during, first) {
+		r := <-c
+		if r.err != nil || r.status == http.StatusTooManyRequests || r.status >= 500 {
+			t.Errorf("request %d: %d %s %v, want the provider's answer after the pause", i, r.status, r.body, r.err)
+		}
+	}
+	seen := prov.requests()
+	if len(seen) != 1+1+len(during) {
+		t.Fatalf("the provider saw %d requests, want %d (the 429, its retry, one each for the rest)", len(seen), 2+len(during))
+	}
+	pausedAt := seen[0].at
+	var lo, hi time.Time
+	for i, s := range seen[1:] {
+		if s.authErr != "" {
+			t.Errorf("request %d (%s %s) refused: %s", i+2, s.method, s.path, s.authErr)
+		}
+		// The pause runs from when idemproxy read the 429, a little after the
+		// provider wrote it.
+		if s.at.Before(pausedAt.Add(capped - 20*time.Millisecond)) {
+			t.Errorf("%s %s %s arrived %v after the 429, inside the %v pause", s.method, s.path, s.body,
+				s.at.Sub(pausedAt).Round(time.Millisecond), capped)
+		}
+		if lo.IsZero() || s.at.Before(lo) {
+			lo = s.at
+		}
+		if s.at.After(hi) {
+			hi = s.at
+		}
+		if s.at.After(pausedAt.Add(capped + 5*time.Second)) {
+			t.Errorf("%s %s arrived %v after the 429: held far past the %v pause", s.method, s.path, s.at.Sub(pausedAt), capped)
+		}
+	}
+	if hi.Sub(lo) < 20*time.Millisecond {
+		t.Errorf("the %d held requests reached the provider within %v of each other, want them spread out", len(seen)-1, hi.Sub(lo))
+	}
+	if k := seen[0].header.Get("Idempotency-Key"); k == "" || prov.keyOf("rl-first") != k {
+		t.Errorf("the 429'd payout was not made under its first key %q", k)
+	}
+}
+
+// keyOf is the Idempotency-Key of the last request the provider saw for the
+// order.
+func (p *seedProvider) keyOf(order string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := len(p.seen) - 1; i >= 0; i-- {
+		if jsonStr([]byte(p.seen[i].body), "order_id") == order {
+			return p.seen[i].header.Get("Idempotency-Key")
+		}
+	}
+	return ""
+}
