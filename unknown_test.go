@@ -331,3 +331,41 @@ func TestRetentionGuardRefusesBlindResend(t *testing.T) {
 		})
 	}
 }
+
+// TestUnknownOutlivesRecordTTL: an operation whose outcome is unknown is not
+// forgotten when RECORD_TTL runs out. Forgotten, the app's next request
+// would send it as a new operation, long after a provider that keeps keys
+// for a while (here a second) would execute it again; kept, it is still
+// refused with nothing sent, and still listed for operators.
+func TestUnknownOutlivesRecordTTL(t *testing.T) {
+	const retention, ttl = time.Second, 13 * time.Second // the shortest TTL the lease below allows
+	gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention})
+	up := httptest.NewServer(gw)
+	defer up.Close()
+	gw.set(1, true, "")
+	p := launch(t, launchSpec{env: baseEnv(up.URL, t.TempDir(),
+		"IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_RETRY_BUDGET=1s", "IDEMPROXY_ATTEMPT_TIMEOUT=1s",
+		"IDEMPROXY_STORE_LEASE=2s", "IDEMPROXY_RECORD_TTL="+ttl.String(),
+		"IDEMPROXY_PROVIDER_KEY_RETENTION="+retention.String())})
+
+	first := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	sent := time.Now()
+	if first.status != http.StatusBadGateway {
+		t.Fatalf("first POST = %d %s, want 502", first.status, first.body)
+	}
+	key := first.header.Get("Idempotency-Key")
+	// Past the TTL, rounded up to the next second as stores may round it.
+	time.Sleep(time.Until(sent.Add(ttl + 1500*time.Millisecond)))
+
+	list := send(t, "GET", "http://"+p.admin+"/admin/v1/records?state=unknown", "")
+	if !strings.Contains(list.body, `"key":"`+key+`"`) || !strings.Contains(list.body, `"expires_at":null`) {
+		t.Fatalf("unknown records past the TTL = %s, want %s listed, never expiring", list.body, key)
+	}
+	second := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	if second.status != http.StatusConflict || !strings.Contains(second.body, `"idempotency_key_expired"`) {
+		t.Fatalf("retry past the TTL = %d %s, want 409 idempotency_key_expired", second.status, second.body)
+	}
+	if _, n := onlyKey(t, mustPosts(gw)); n != 1 || gw.sb.Ledger().Executions != 1 {
+		t.Fatalf("provider saw %d POSTs and executed %d payments, want 1 and 1: nothing re-sent", n, gw.sb.Ledger().Executions)
+	}
+}

@@ -695,11 +695,13 @@ func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Out
 	if len(o.LastBody) > 0 {
 		lastBody = o.LastBody
 	}
+	// An unknown record never expires (store.Unknown): forgotten, its
+	// operation would be sent again as a new one.
 	return s.ownerWrite(ctx, "park", id, owner, `UPDATE idemproxy_records SET state = 3, lease_until = NULL,
-		first_sent_at = CASE WHEN first_sent_at IS NULL THEN $5::timestamptz ELSE least(first_sent_at, $5::timestamptz) END,
-		attempts = attempts + $6, last_error = $7, last_body = coalesce($8, last_body),
-		expires_at = `+expiry+` WHERE `+owned,
-		micros(s.opt.TTL), sent, o.Attempts, o.LastError, lastBody)
+		first_sent_at = CASE WHEN first_sent_at IS NULL THEN $4::timestamptz ELSE least(first_sent_at, $4::timestamptz) END,
+		attempts = attempts + $5, last_error = $6, last_body = coalesce($7, last_body),
+		expires_at = NULL WHERE `+owned,
+		sent, o.Attempts, o.LastError, lastBody)
 }
 
 // ownerWrite runs a write on owner's in-flight record (sql's condition is

@@ -62,7 +62,7 @@ const undoClaim = `WITH gone AS (
 	DELETE FROM idemproxy_records WHERE tenant = $1 AND key = $2 AND owner = $3 AND ` + inFlight + ` AND fence = 1
 	RETURNING 1
 ), parked AS (
-	UPDATE idemproxy_records SET state = 3, lease_until = NULL
+	UPDATE idemproxy_records SET state = 3, lease_until = NULL, expires_at = NULL
 	WHERE tenant = $1 AND key = $2 AND owner = $3 AND ` + inFlight + ` AND fence > 1
 	RETURNING 1
 )

@@ -56,8 +56,9 @@ const (
 	Final State = 2
 	// Unknown means an attempt sequence ended without a final answer after
 	// the provider may have acted (a timeout or a 5xx after sending). The
-	// record is kept, with no owner, until its TTL ends or the next Begin
-	// with the same fingerprint resumes it.
+	// record is kept, with no owner and no expiry, until the next Begin with
+	// the same fingerprint resumes it: forgotten, the operation would be sent
+	// again as a new one, perhaps after the provider forgot its key.
 	Unknown State = 3
 )
 
@@ -114,7 +115,7 @@ type Record struct {
 	// for operators. Records written before a store kept them have them empty.
 	Method, Path, UpstreamKey string
 	// ExpiresAt is when the record expires by the store's clock (its TTL
-	// after its last write); zero when it never does (no TTL, or
+	// after its last write); zero when it never does (no TTL, Unknown, or
 	// Superseded). Stores may round it to the second.
 	ExpiresAt time.Time
 	// Superseded marks a final record whose order an operator moved to its
@@ -222,8 +223,9 @@ var (
 // Store is a durable record store. Implementations are safe for concurrent
 // use, by goroutines and, for a shared store, by several processes.
 //
-// Time: every record expires TTL after its last write, by the store's clock
-// (TTL is a store option and must outlast any lease); an expired record is
+// Time: every record but an Unknown or Superseded one expires TTL after its
+// last write, by the store's clock (TTL is a store option and must outlast
+// any lease); an expired record is
 // treated exactly like a missing one by every method. Leases are measured by
 // the store's lease clock (the database's for a shared store), never by the
 // caller's. A lease that ran out is lost only once another Begin takes the
@@ -260,9 +262,10 @@ type Store interface {
 	// its next upstream attempt.
 	Renew(ctx context.Context, id ID, owner string, lease time.Duration) error
 	// Park turns owner's in-flight record into an Unknown one: the lease ends,
-	// the TTL restarts, the fingerprint and CreatedAt stay, and o is merged
-	// into Record.Outcome as Outcome.Merge does (earliest FirstSentAt,
-	// Attempts added, LastError replaced, LastBody replaced if o has one). The next Begin with the same fingerprint resumes it at once.
+	// it no longer expires, the fingerprint and CreatedAt stay, and o is
+	// merged into Record.Outcome as Outcome.Merge does (earliest FirstSentAt,
+	// Attempts added, LastError replaced, LastBody replaced if o has one).
+	// The next Begin with the same fingerprint resumes it at once.
 	// ErrNotOwner if owner does not hold the record.
 	Park(ctx context.Context, id ID, owner string, o Outcome) error
 	// Get returns id's record, or ErrNotFound if it is missing or expired.

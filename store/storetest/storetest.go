@@ -542,7 +542,7 @@ func testExpiry(t *testing.T, s store.Store, advance func(time.Duration)) {
 	inflight := newID("inflight")
 	mustBegin(t, s, inflight, fpA, "i", Long)
 	advance(4 * time.Second) // twice the TTL: past any rounding of expiry times
-	for _, x := range []store.ID{id, parked, inflight} {
+	for _, x := range []store.ID{id, inflight} {
 		_, err := s.Get(ctx, x)
 		wantErr(t, "Get after the TTL", err, store.ErrNotFound)
 	}
@@ -553,9 +553,15 @@ func testExpiry(t *testing.T, s store.Store, advance func(time.Duration)) {
 		t.Fatalf("Begin after expiry = %+v, want a new record", rec)
 	}
 	wantErr(t, "Complete of an expired record", s.Complete(ctx, inflight, "i", ok, time.Time{}), store.ErrNotOwner)
-	// An expired unknown record leaves nothing behind for the new one.
-	if rec := mustBegin(t, s, parked, fpA, "p2", Long); rec.Fence != 1 || !rec.Outcome.IsZero() {
-		t.Fatalf("Begin after an unknown record expired = %+v, want a new record with no outcome", rec)
+	// An unknown record never expires: forgetting it would let the next
+	// request send the operation as a new one, long after the provider may
+	// have forgotten its key. It is resumed, outcome and all.
+	if rec := get(t, s, parked); rec.State != store.Unknown || !rec.ExpiresAt.IsZero() || rec.Outcome.Attempts != 1 {
+		t.Fatalf("unknown record after the TTL = %+v, want it kept, unknown, never expiring", rec)
+	}
+	if rec := mustBegin(t, s, parked, fpA, "p2", Long); rec.Fence != 2 || rec.Outcome.Attempts != 1 ||
+		string(rec.Outcome.LastBody) != `{"payment_id":"p"}` {
+		t.Fatalf("Begin of an unknown record past the TTL = %+v, want it resumed (fence 2) with its outcome", rec)
 	}
 }
 
