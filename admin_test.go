@@ -155,6 +155,12 @@ func TestCommandUsage(t *testing.T) {
 	}{
 		{[]string{"version"}, 0, version + "\n", ""},
 		{[]string{"serve-please"}, 2, "", "unknown command"},
+		// Help is asked for, not a mistake: on stdout, exit 0.
+		{[]string{"--help"}, 0, usage, ""},
+		{[]string{"-h"}, 0, usage, ""},
+		{[]string{"help"}, 0, usage, ""},
+		{[]string{"records", "--help"}, 0, "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n", ""},
+		{[]string{"orders", "-h"}, 0, "usage: " + ordersUsage + "\n", ""},
 		{nil, 2, "", "IDEMPROXY_UPSTREAM_URL"}, // serving needs the upstream
 	}
 	for _, c := range cases {
@@ -165,6 +171,25 @@ func TestCommandUsage(t *testing.T) {
 				t.Errorf("exit %d stdout %q stderr %q; want %d %q %q", got, out.String(), errOut.String(), c.want, c.stdout, c.stderrWant)
 			}
 		})
+	}
+	// A subcommand's --help lists its flags on stdout.
+	for _, args := range [][]string{{"records", "get", "--help"}, {"records", "list", "-h"}, {"orders", "renew", "--help"}} {
+		var out, errOut bytes.Buffer
+		if got := command(args, nil, &out, &errOut); got != 0 || !strings.HasPrefix(out.String(), "usage: idemproxy "+args[0]) ||
+			!strings.Contains(out.String(), "-admin") || errOut.Len() != 0 {
+			t.Errorf("%v = exit %d stdout %q stderr %q; want 0 and the usage with the flags on stdout", args, got, out.String(), errOut.String())
+		}
+	}
+}
+
+// TestCLIAdminUnreachable: an admin address nothing listens on is said
+// plainly, with what to check.
+func TestCLIAdminUnreachable(t *testing.T) {
+	var out, errOut bytes.Buffer
+	got := command([]string{"records", "list", "--state", "unknown"}, []string{"IDEMPROXY_ADMIN_ADDR=127.0.0.1:" + freePort(t)}, &out, &errOut)
+	if got != 1 || !strings.Contains(errOut.String(), "cannot reach the admin API at http://") ||
+		!strings.Contains(errOut.String(), "IDEMPROXY_ADMIN_ADDR") {
+		t.Fatalf("exit %d stderr %q; want 1 saying the admin API cannot be reached and to check IDEMPROXY_ADMIN_ADDR", got, errOut.String())
 	}
 }
 

@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -64,13 +65,28 @@ func envValue(environ []string, name string) string {
 	return ""
 }
 
-// errAPI is an error answer of the admin API.
+// errAPI is an error answer of the admin API; hint, when not empty, says
+// what the operator can do about it.
 type errAPI struct {
 	status        int
 	code, message string
+	hint          string
 }
 
-func (e *errAPI) Error() string { return fmt.Sprintf("%d %s: %s", e.status, e.code, e.message) }
+func (e *errAPI) Error() string {
+	s := fmt.Sprintf("%d %s: %s", e.status, e.code, e.message)
+	if e.hint != "" {
+		s += "; " + e.hint
+	}
+	return s
+}
+
+// addrHint is what to check when the admin API cannot be reached;
+// otherHint when something else answers at its address.
+const (
+	addrHint  = "is idemproxy running, and is " + envPrefix + "ADMIN_ADDR (or --admin) its admin address?"
+	otherHint = "is " + envPrefix + "ADMIN_ADDR (or --admin) idemproxy's admin address, not its proxy address?"
+)
 
 // do calls the API and returns the answer's body, or an *errAPI.
 func (c *adminClient) do(method, path string, query url.Values, body io.Reader) ([]byte, error) {
@@ -90,43 +106,109 @@ func (c *adminClient) do(method, path string, query url.Values, body io.Reader) 
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, err
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the URL is said below, once
+		}
+		return nil, fmt.Errorf("cannot reach the admin API at %s: %w; %s", c.base, err, addrHint)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading the answer of %s: %w", c.base, err)
 	}
 	if resp.StatusCode >= 300 {
-		var e struct {
-			Error struct{ Code, Message string } `json:"error"`
-		}
-		json.Unmarshal(b, &e)
-		return nil, &errAPI{resp.StatusCode, e.Error.Code, e.Error.Message}
+		return nil, c.apiError(resp, b)
 	}
 	return b, nil
 }
 
+// apiError is the error for an answer with status 300 or more: the admin
+// API's own JSON error, with a hint for a refused token, or a note that
+// something else answered.
+func (c *adminClient) apiError(resp *http.Response, b []byte) error {
+	var e struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if resp.Header.Get(adminapi.Header) == "" || json.Unmarshal(b, &e) != nil || e.Error.Code == "" {
+		return fmt.Errorf("unexpected answer from %s: %s, not the admin API's; %s", c.base, resp.Status, otherHint)
+	}
+	out := &errAPI{status: resp.StatusCode, code: e.Error.Code, message: e.Error.Message}
+	if resp.StatusCode == http.StatusUnauthorized {
+		out.hint = "the token from " + envPrefix + "ADMIN_TOKEN (or _FILE) was refused: is it this instance's?"
+		if c.token == "" {
+			out.hint = "set " + envPrefix + "ADMIN_TOKEN (or " + envPrefix + "ADMIN_TOKEN_FILE) to the instance's admin token"
+		}
+	}
+	return out
+}
+
+// The operator commands' usage lines.
+const (
+	recordsGetUsage  = "idemproxy records get KEY [--client C] [--body] [--json] [--admin ADDR]"
+	recordsListUsage = "idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--body] [--json] [--admin ADDR]"
+	ordersUsage      = "idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json] [--admin ADDR]"
+)
+
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	switch arg {
+	case "help", "-h", "-help", "--help":
+		return true
+	}
+	return false
+}
+
+// parseFlags parses args into fs. Asked for help (-h, --help), it prints
+// usage and the flags to stdout and returns (0, false); on a bad flag, the
+// error and the same to stderr, and (2, false).
+func parseFlags(fs *flag.FlagSet, args []string, usage string, stdout, stderr io.Writer) (int, bool) {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		printUsage(stdout, fs, usage)
+		return 0, false
+	case err != nil:
+		fmt.Fprintf(stderr, "idemproxy %s: %v\n", fs.Name(), err)
+		printUsage(stderr, fs, usage)
+		return 2, false
+	}
+	return 0, true
+}
+
+// printUsage writes usage and fs's flags to w.
+func printUsage(w io.Writer, fs *flag.FlagSet, usage string) {
+	fmt.Fprintln(w, "usage: "+usage)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
 // records runs `idemproxy records get KEY` and `idemproxy records list`.
 func records(args, environ []string, stdout, stderr io.Writer) int {
-	usage := "usage: idemproxy records get KEY [--client C] [--body] [--json] [--admin ADDR]\n" +
-		"       idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--json]"
-	if len(args) > 0 && args[0] == "list" {
+	usage := "usage: " + recordsGetUsage + "\n       " + recordsListUsage
+	switch {
+	case len(args) > 0 && args[0] == "list":
 		return recordsList(args[1:], environ, stdout, stderr)
-	}
-	if len(args) == 0 || args[0] != "get" {
+	case len(args) > 0 && isHelp(args[0]):
+		fmt.Fprintln(stdout, usage)
+		return 0
+	case len(args) == 0 || args[0] != "get":
 		fmt.Fprintln(stderr, usage)
 		return 2
 	}
 	fs := flag.NewFlagSet("records get", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	client := fs.String("client", "", "client (tenant) of the record, with client tokens on")
 	body := fs.Bool("body", false, "show the stored answer's body")
 	asJSON := fs.Bool("json", false, "print the record as JSON")
 	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
 	key, flags := splitPositional(args[1:])
-	if err := fs.Parse(flags); err != nil || key == "" {
-		fmt.Fprintln(stderr, usage)
+	if code, ok := parseFlags(fs, flags, recordsGetUsage, stdout, stderr); !ok {
+		return code
+	}
+	if key == "" {
+		printUsage(stderr, fs, recordsGetUsage)
 		return 2
 	}
 	c, err := newAdminClient(*admin, environ)
@@ -245,17 +327,18 @@ func printRecord(w io.Writer, rec adminapi.Record) {
 
 // recordsList runs `idemproxy records list --state S [--limit N] [--cursor C]`.
 func recordsList(args, environ []string, stdout, stderr io.Writer) int {
-	usage := "usage: idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--body] [--json] [--admin ADDR]"
 	fs := flag.NewFlagSet("records list", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	state := fs.String("state", "", "in_flight, unknown or needs_review")
 	limit := fs.Int("limit", 100, "records per page (1-1000)")
 	cursor := fs.String("cursor", "", "next_cursor of the previous page")
 	body := fs.Bool("body", false, "include stored answers' bodies")
 	asJSON := fs.Bool("json", false, "print the page as JSON")
 	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
-	if err := fs.Parse(args); err != nil || *state == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, usage)
+	if code, ok := parseFlags(fs, args, recordsListUsage, stdout, stderr); !ok {
+		return code
+	}
+	if *state == "" || fs.NArg() > 0 {
+		printUsage(stderr, fs, recordsListUsage)
 		return 2
 	}
 	c, err := newAdminClient(*admin, environ)
@@ -313,21 +396,26 @@ func recordsList(args, environ []string, stdout, stderr io.Writer) int {
 
 // orders runs `idemproxy orders get|renew --method M --path P --value V [--client C]`.
 func orders(args, environ []string, stdout, stderr io.Writer) int {
-	usage := "usage: idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json] [--admin ADDR]"
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Fprintln(stdout, "usage: "+ordersUsage)
+		return 0
+	}
 	if len(args) == 0 || (args[0] != "get" && args[0] != "renew") {
-		fmt.Fprintln(stderr, usage)
+		fmt.Fprintln(stderr, "usage: "+ordersUsage)
 		return 2
 	}
 	fs := flag.NewFlagSet("orders "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	method := fs.String("method", "POST", "the order's request method")
 	path := fs.String("path", "", "the order's request path, e.g. /cards")
 	value := fs.String("value", "", "the value of its key source, e.g. the order_id")
 	client := fs.String("client", "", "client (tenant), with client tokens on")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
-	if err := fs.Parse(args[1:]); err != nil || *path == "" || *value == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, usage)
+	if code, ok := parseFlags(fs, args[1:], ordersUsage, stdout, stderr); !ok {
+		return code
+	}
+	if *path == "" || *value == "" || fs.NArg() > 0 {
+		printUsage(stderr, fs, ordersUsage)
 		return 2
 	}
 	c, err := newAdminClient(*admin, environ)

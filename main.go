@@ -60,9 +60,29 @@ func command(args, environ []string, stdout, stderr io.Writer) int {
 	case "orders":
 		return orders(args[1:], environ, stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "idemproxy: unknown command %q; usage: idemproxy [healthcheck|version|records|orders]\n", args[0])
+	if isHelp(args[0]) {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "idemproxy: unknown command %q\n%s", args[0], usage)
 	return 2
 }
+
+// usage is what `idemproxy --help` prints.
+const usage = `usage:
+  idemproxy              serve (proxy and admin listeners) until SIGTERM or SIGINT;
+                         configured by IDEMPROXY_* environment variables (see README.md)
+  idemproxy healthcheck  exit 0 if the idemproxy on IDEMPROXY_ADMIN_ADDR is ready, else 1
+  idemproxy version      print the version stamped at build time
+  ` + recordsGetUsage + `
+  ` + recordsListUsage + `
+  ` + ordersUsage + `
+
+The records and orders commands call a running instance's admin API: its address
+from --admin or IDEMPROXY_ADMIN_ADDR, its token from IDEMPROXY_ADMIN_TOKEN or
+IDEMPROXY_ADMIN_TOKEN_FILE. Their output is for people; --json prints the API's answer.
+Exit status: 0 done, 1 failed (the API refused, or could not be reached), 2 bad usage.
+`
 
 // serveFromEnv loads the configuration and serves until SIGTERM or SIGINT. A
 // second signal during the drain stops the process at once: what was in flight

@@ -101,8 +101,19 @@ func TestCLIRecordsGet(t *testing.T) {
 	if _, errOut, code := run([]string{"IDEMPROXY_ADMIN_TOKEN_FILE=" + tokenFile}, "records", "get", key); code != 0 {
 		t.Fatalf("with the token from a file = %d %s", code, errOut)
 	}
-	if _, errOut, code := run(nil, "records", "get", key); code != 1 || !strings.Contains(errOut, "401") {
-		t.Fatalf("without the token = %d %s, want exit 1 naming 401", code, errOut)
+	if _, errOut, code := run(nil, "records", "get", key); code != 1 || !strings.Contains(errOut, "401") ||
+		!strings.Contains(errOut, "set IDEMPROXY_ADMIN_TOKEN") {
+		t.Fatalf("without the token = %d %s, want exit 1 naming 401 and the variable to set", code, errOut)
+	}
+	if _, errOut, code := run([]string{"IDEMPROXY_ADMIN_TOKEN=wrong-token"}, "records", "get", key); code != 1 ||
+		!strings.Contains(errOut, "401") || !strings.Contains(errOut, "was refused") {
+		t.Fatalf("with a wrong token = %d %s, want exit 1 saying the token was refused", code, errOut)
+	}
+	// The proxy's address given for the admin one: the provider's answer
+	// is not taken for the API's.
+	if _, errOut, code := run(tok, "records", "get", key, "--admin", p.proxy); code != 1 ||
+		!strings.Contains(errOut, "not the admin API's") {
+		t.Fatalf("against the proxy port = %d %s, want exit 1 saying it is not the admin API", code, errOut)
 	}
 	if _, errOut, code := run(tok, "records", "get", "no-such-key"); code != 1 || !strings.Contains(errOut, "not_found") {
 		t.Fatalf("unknown key = %d %s, want exit 1 not_found", code, errOut)

@@ -23,6 +23,11 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
+// Header is on every answer of the API (value "v1"), so that a client can
+// tell them from another server's: a provider behind the proxy port may
+// answer 404 not_found too.
+const Header = "Idemproxy-Admin"
+
 // Store is what the API reads of the record store.
 type Store interface {
 	Get(ctx context.Context, id store.ID) (store.Record, error)
@@ -199,6 +204,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set(Header, "v1")
 	w.WriteHeader(status)
 	w.Write(append(b, '\n'))
 }

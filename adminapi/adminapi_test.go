@@ -101,6 +101,9 @@ func TestGetRecord(t *testing.T) {
 	if rec.ExpiresAt == nil || rec.ExpiresAt.Before(time.Now().Add(50*time.Minute)) || rec.ExpiresAt.After(time.Now().Add(70*time.Minute)) {
 		t.Fatalf("final record: expires_at = %v, want about an hour (the TTL) from now", rec.ExpiresAt)
 	}
+	if w.Header().Get(adminapi.Header) != "v1" {
+		t.Fatalf("answer without %s: v1: %v", adminapi.Header, w.Header())
+	}
 	hasFields(t, w.Body.Bytes(), "key", "upstream_key", "client", "state", "method", "path", "status", "attempts",
 		"created_at", "first_sent_at", "expires_at", "last_error")
 	w = call(t, h, "GET", "/admin/v1/records/k-final?body=1", "")
