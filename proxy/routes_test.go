@@ -215,6 +215,92 @@ func TestFingerprintWindowSurvivesRestart(t *testing.T) {
 	}
 }
 
+// An operation whose outcome is unknown is never replaced by a new one: a
+// retry that comes after the window resumes it with its key, whether the
+// period before the retry's was anchored by it or not; once the resumed
+// operation is final, a repeat in the same window replays it, and only a
+// request after that window is a new operation.
+func TestFingerprintWindowResumesUnknownOutcome(t *testing.T) {
+	const window = time.Minute
+	clk := fakeclock.New(time.Time{})
+	boundary := periodStart(window)
+	e := newRouteEnv(t, "POST /cards/*/topup=fingerprint:1m", clk, t.TempDir())
+	for _, c := range []struct {
+		name        string
+		first, late time.Time // the late retry comes more than a window after the first
+	}{
+		// The retry's previous period holds the operation's anchor, too old.
+		{"anchor in the period before", boundary.Add(time.Second), boundary.Add(window + 2*time.Second)},
+		// The retry's previous period has no anchor; the one before it has.
+		{"anchor two periods before", boundary.Add(3 * window).Add(-time.Second), boundary.Add(4*window + 30*time.Second)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			topup := `{"amount":"` + c.name + `"}`
+			clk.Set(c.first)
+			e.prov.mu.Lock()
+			e.prov.status = http.StatusGatewayTimeout // the provider may have acted
+			e.prov.mu.Unlock()
+			a := e.do(t, "POST", "/cards/c1/topup", topup)
+			key := a.header.Get("Idempotency-Key")
+			if a.status != http.StatusGatewayTimeout || key == "" {
+				t.Fatalf("first: %d key=%q, want 504 with a key", a.status, key)
+			}
+			e.prov.mu.Lock()
+			e.prov.status = 0
+			e.prov.mu.Unlock()
+			clk.Set(c.late)
+			b := e.do(t, "POST", "/cards/c1/topup", topup)
+			if k := b.header.Get("Idempotency-Key"); k != key || b.status != http.StatusCreated {
+				t.Fatalf("retry after the window, outcome unknown: %d key %q, want the unknown operation's %q resumed", b.status, k, key)
+			}
+			clk.Advance(20 * time.Second)
+			r := e.do(t, "POST", "/cards/c1/topup", topup)
+			if r.header.Get("Idempotency-Key") != key || r.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(r.body, b.body) {
+				t.Fatalf("repeat after the resumed operation ended: key %q replayed=%q, want %q replayed", r.header.Get("Idempotency-Key"), r.header.Get("Idempotent-Replayed"), key)
+			}
+			clk.Set(c.late.Add(window))
+			n := e.do(t, "POST", "/cards/c1/topup", topup)
+			if k := n.header.Get("Idempotency-Key"); k == key || k == "" || n.status != http.StatusCreated || n.header.Get("Idempotent-Replayed") != "" {
+				t.Fatalf("after the resumed operation's window: %d key %q replayed=%q, want a new operation", n.status, k, n.header.Get("Idempotent-Replayed"))
+			}
+			e.prov.mu.Lock()
+			sent, execs := e.prov.requests[key], e.prov.execs[key]
+			e.prov.mu.Unlock()
+			if sent != 2 || execs != 1 {
+				t.Errorf("the unknown operation's key: %d requests, %d executions; want 2 and 1", sent, execs)
+			}
+		})
+	}
+}
+
+// An operation still running when its window ends is not run a second time
+// by a request after the window: that request waits for it, as a repeat in
+// the window does, and gets its answer replayed.
+func TestFingerprintWindowWaitsForRunningOperation(t *testing.T) {
+	const window = time.Minute
+	clk := fakeclock.New(time.Time{})
+	clk.Set(periodStart(window).Add(10 * time.Second))
+	e := newRouteEnv(t, "POST /cards/*/topup=fingerprint:1m", clk, t.TempDir())
+	e.prov.hold = make(chan struct{})
+	e.prov.entered = make(chan string, 1)
+	first := e.goSend("POST", "/cards/c1/topup", `{"amount":"7"}`)
+	key := <-e.prov.entered
+	clk.Advance(window + time.Second)
+	late := e.goSend("POST", "/cards/c1/topup", `{"amount":"7"}`)
+	time.Sleep(100 * time.Millisecond) // let it reach the wait for the running operation
+	close(e.prov.hold)
+	a, b := <-first, <-late
+	if a.err != nil || b.err != nil {
+		t.Fatal(a.err, b.err)
+	}
+	if k := b.header.Get("Idempotency-Key"); k != key || b.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(a.body, b.body) {
+		t.Fatalf("request after the window of a running operation: %d key %q replayed=%q, want %q replayed", b.status, k, b.header.Get("Idempotent-Replayed"), key)
+	}
+	if total, _ := e.prov.counts(); total != 1 {
+		t.Errorf("provider saw %d requests, want 1", total)
+	}
+}
+
 func TestInProgressDialect(t *testing.T) {
 	e := newRouteEnv(t, "", nil, t.TempDir(), func(o *proxy.Options, _ *retry.Policy) {
 		o.InflightWait = 50 * time.Millisecond

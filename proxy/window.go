@@ -32,6 +32,18 @@ import (
 // serialised per fingerprint; across replicas on a shared store two identical
 // requests arriving within milliseconds of each other exactly at a period
 // boundary could still anchor two periods.
+//
+// The rule that matters most (never a new key for an operation whose outcome
+// is unknown) outranks the window: when a request comes after the window and
+// the fingerprint's last operation is still in flight or its outcome is
+// unknown, the request resumes that operation with its key instead of
+// starting a new one. Each anchor therefore names the operation its period
+// belongs to (in its record's UpstreamKey, set when the anchor is made, so
+// that it is readable from the first instant): its own period's key, or the
+// key of the earlier operation it carried on. The last operation is found
+// through the anchors of the two periods before the request's; a retry that
+// comes later than that after the fingerprint's last request starts a new
+// operation.
 
 // anchorLease bounds the in-flight anchor record, which lives only between
 // its Begin and Complete.
@@ -54,17 +66,81 @@ func (h *Handler) windowKey(ctx context.Context, tenant string, fp [32]byte, win
 	defer h.windows.lock(fp)()
 	now := h.opt.Now()
 	period := idemkey.WindowPeriod(now, window)
-	prev, err := h.anchorTime(ctx, anchorID(tenant, fp, window, period-1))
+	prev, err := h.readAnchor(ctx, tenant, fp, window, period-1)
 	if err != nil {
 		return "", err
 	}
-	if !prev.IsZero() && now.Sub(prev) < window {
-		return idemkey.WindowKey(fp, window, period-1, tenant), nil
+	if prev.found && now.Sub(prev.at) < window {
+		return prev.key, nil
 	}
-	if err := h.anchor(ctx, anchorID(tenant, fp, window, period), fp); err != nil {
-		return "", err
+	own, err := h.readAnchor(ctx, tenant, fp, window, period)
+	if err != nil || own.found {
+		return own.key, err
 	}
-	return idemkey.WindowKey(fp, window, period, tenant), nil
+	last := prev
+	if !last.found {
+		if last, err = h.readAnchor(ctx, tenant, fp, window, period-2); err != nil {
+			return "", err
+		}
+	}
+	key := own.key
+	if last.found {
+		open, err := h.unsettled(ctx, tenant, last.key)
+		if err != nil {
+			return "", err
+		}
+		if open {
+			key = last.key
+		}
+	}
+	named, err := h.anchor(ctx, anchorID(tenant, fp, window, period), fp, key)
+	if named == "" { // anchored first by an earlier version, naming no operation
+		named = own.key
+	}
+	return named, err
+}
+
+// anchorRef is what a period's anchor says: when the period's first request
+// came, and the key of the operation the period belongs to.
+type anchorRef struct {
+	found bool
+	at    time.Time
+	key   string
+}
+
+// readAnchor reads the anchor of period. Its key is the period's own window
+// key when the anchor names none (an anchor made before anchors named their
+// operation) or when there is no anchor.
+func (h *Handler) readAnchor(ctx context.Context, tenant string, fp [32]byte, window time.Duration, period int64) (anchorRef, error) {
+	ref := anchorRef{key: idemkey.WindowKey(fp, window, period, tenant)}
+	rec, err := h.opt.Store.Get(ctx, anchorID(tenant, fp, window, period))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return ref, nil
+	case err != nil:
+		return ref, storeError{err}
+	}
+	ref.found, ref.at = true, rec.CreatedAt
+	if rec.UpstreamKey != "" {
+		ref.key = rec.UpstreamKey
+	}
+	return ref, nil
+}
+
+// unsettled says whether the operation key of tenant is in flight or its
+// outcome unknown: one that a request must resume rather than replace.
+func (h *Handler) unsettled(ctx context.Context, tenant, key string) (bool, error) {
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	rec, err := h.opt.Store.Get(ctx, store.ID{Tenant: tenant, Key: key})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, storeError{err}
+	}
+	return rec.State == store.InFlight || rec.State == store.Unknown, nil
 }
 
 // anchorID names the anchor of one period. The key starts with
@@ -78,31 +154,20 @@ func anchorID(tenant string, fp [32]byte, window time.Duration, period int64) st
 	return store.ID{Tenant: tenant, Key: fmt.Sprintf("%s%s/%d/%d", store.WindowAnchorPrefix, hex.EncodeToString(fp[:]), int64(window), period)}
 }
 
-// anchorTime returns when the anchor id was made; the zero time if there is none.
-func (h *Handler) anchorTime(ctx context.Context, id store.ID) (time.Time, error) {
-	rec, err := h.opt.Store.Get(ctx, id)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return time.Time{}, nil
-	case err != nil:
-		return time.Time{}, storeError{err}
-	}
-	return rec.CreatedAt, nil
-}
-
-// anchor makes sure the anchor id exists, final, and made now if it did not
-// exist before.
-func (h *Handler) anchor(ctx context.Context, id store.ID, fp [32]byte) error {
+// anchor makes the anchor id, naming the operation key, unless another
+// request made it first, and returns the key the anchor names ("" for an
+// anchor that names none).
+func (h *Handler) anchor(ctx context.Context, id store.ID, fp [32]byte, key string) (string, error) {
 	owner := newOwner()
-	_, created, err := h.opt.Store.Begin(ctx, id, store.Request{Fingerprint: fp[:]}, owner, anchorLease)
+	rec, created, err := h.opt.Store.Begin(ctx, id, store.Request{Fingerprint: fp[:], UpstreamKey: key}, owner, anchorLease)
 	if err != nil {
-		return storeError{err}
+		return "", storeError{err}
 	}
 	if !created { // another request anchored this period first
-		return nil
+		return rec.UpstreamKey, nil
 	}
 	if err := h.opt.Store.Complete(ctx, id, owner, store.Response{Status: http.StatusNoContent}, time.Time{}); err != nil {
-		return storeError{err}
+		return "", storeError{err}
 	}
-	return nil
+	return key, nil
 }
