@@ -70,14 +70,37 @@ func New(opt Options) *Handler {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &Handler{opt: opt, token: sha256.Sum256([]byte(opt.Token)), mux: http.NewServeMux()}
-	h.mux.HandleFunc("GET /admin/v1/records/{key}", h.getRecord)
-	h.mux.HandleFunc("GET /admin/v1/records", h.listRecords)
-	h.mux.HandleFunc("GET /admin/v1/orders", h.getOrder)
-	h.mux.HandleFunc("POST /admin/v1/orders/renew", h.renewOrder)
+	calls := []struct {
+		method, path string
+		serve        http.HandlerFunc
+	}{
+		{http.MethodGet, "/admin/v1/records/{key}", h.getRecord},
+		{http.MethodGet, "/admin/v1/records", h.listRecords},
+		{http.MethodGet, "/admin/v1/orders", h.getOrder},
+		{http.MethodPost, "/admin/v1/orders/renew", h.renewOrder},
+	}
+	for _, c := range calls {
+		h.mux.HandleFunc(c.method+" "+c.path, c.serve)
+		// Another method on a call's path is 405, not 404 not_found: a
+		// script must not read "DELETE /admin/v1/records/{key}" as "no
+		// such record".
+		h.mux.HandleFunc(c.path, methodNotAllowed(c.method))
+	}
 	h.mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no such admin call")
 	})
 	return h
+}
+
+// methodNotAllowed answers a call made with another method than allow.
+func methodNotAllowed(allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if allow == http.MethodGet {
+			allow = "GET, HEAD"
+		}
+		w.Header().Set("Allow", allow)
+		writeError(w, http.StatusMethodNotAllowed, codeMethodNotAllowed, "this admin call takes "+allow)
+	}
 }
 
 // ServeHTTP checks the bearer token, then serves the call.
@@ -216,6 +239,7 @@ const (
 	codeStoreUnavailable = "store_unavailable"
 	codeUnauthorized     = "unauthorized"
 	codeNotFound         = "not_found"
+	codeMethodNotAllowed = "method_not_allowed"
 	codeRenewRefused     = "renew_refused"
 	codeInternal         = "internal"
 )

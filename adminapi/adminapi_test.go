@@ -60,6 +60,21 @@ func TestAuth(t *testing.T) {
 			}
 		})
 	}
+	// A known call with another method is 405 naming the right one, not
+	// 404 not_found, which reads as "no such record".
+	for _, c := range []struct{ method, target, allow string }{
+		{"DELETE", "/admin/v1/records/k-1", "GET, HEAD"},
+		{"POST", "/admin/v1/records", "GET, HEAD"},
+		{"GET", "/admin/v1/orders/renew", "POST"},
+	} {
+		w := call(t, h, c.method, c.target, "s3cret-admin-token")
+		if w.Code != 405 || w.Header().Get("Allow") != c.allow || !strings.Contains(w.Body.String(), `"method_not_allowed"`) {
+			t.Fatalf("%s %s = %d %v %s, want 405 method_not_allowed with Allow: %s", c.method, c.target, w.Code, w.Header(), w.Body, c.allow)
+		}
+	}
+	if w := call(t, h, "GET", "/admin/v1/nothing", "s3cret-admin-token"); w.Code != 404 || !strings.Contains(w.Body.String(), `"not_found"`) {
+		t.Fatalf("an unknown call = %d %s, want 404 not_found", w.Code, w.Body)
+	}
 	open := adminapi.New(adminapi.Options{Store: openStore(t), DefaultTenant: "default"})
 	if w := call(t, open, "GET", "/admin/v1/records/k-1", ""); w.Code != 404 {
 		t.Fatalf("without a configured token = %d, want 404 (open)", w.Code)
