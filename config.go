@@ -208,6 +208,9 @@ func (c *config) settings() (settings, error) {
 	if s.adminToken, err = secret("ADMIN_TOKEN", c.AdminToken, c.AdminTokenFile); err != nil {
 		return s, err
 	}
+	if err := checkBearer(s.adminToken); err != nil {
+		return s, bad("ADMIN_TOKEN", err)
+	}
 	if c.StatusProbe != "" {
 		if s.probe, err = probe.Parse(c.StatusProbe); err != nil {
 			return s, bad("STATUS_PROBE", err)
@@ -551,6 +554,20 @@ func checkClientHeader(name string, inUse []string) error {
 // client tokens, the signing secret, the admin token and the static header values (credentials
 // such as X-Public-Id).
 // keySecret reads KEY_SECRET, required when client authentication is on.
+// checkBearer refuses an admin token that no Authorization header can carry
+// as it is: HTTP drops white space around a header value, and a control
+// character cannot be sent. Such a token would lock every operator out.
+// The message does not quote the token.
+func checkBearer(token string) error {
+	if token != strings.TrimSpace(token) {
+		return errors.New("begins or ends with white space, which no Authorization header carries")
+	}
+	if strings.ContainsFunc(token, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return errors.New("holds a control character, which no Authorization header carries")
+	}
+	return nil
+}
+
 func (c *config) keySecret(clients bool) ([]byte, error) {
 	v, err := secret("KEY_SECRET", c.KeySecret, c.KeySecretFile)
 	switch {

@@ -115,3 +115,25 @@ func TestConfigEmptySecretFiles(t *testing.T) {
 		t.Errorf("a token file: %v, token %q", err, set.adminToken)
 	}
 }
+
+// An admin token that no Authorization header can carry as it is (HTTP
+// drops the white space around a header value) would lock every operator
+// out: it stops the start, naming the variable but not the token.
+func TestConfigAdminTokenShape(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}
+	spaced := filepath.Join(dir, "spaced")
+	if err := os.WriteFile(spaced, []byte("file-token-0123 \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"IDEMPROXY_ADMIN_TOKEN= lead-token-0123", "IDEMPROXY_ADMIN_TOKEN=trail-token-0123\t",
+		"IDEMPROXY_ADMIN_TOKEN=ctl-\x01-token", "IDEMPROXY_ADMIN_TOKEN_FILE=" + spaced} {
+		_, _, err := loadConfig(append(base, v))
+		if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_ADMIN_TOKEN") || strings.Contains(err.Error(), "-token") {
+			t.Errorf("%q: %v; want refused, naming IDEMPROXY_ADMIN_TOKEN, not quoting the token", v, err)
+		}
+	}
+	if _, set, err := loadConfig(append(base, "IDEMPROXY_ADMIN_TOKEN=inner space is fine")); err != nil || set.adminToken != "inner space is fine" {
+		t.Errorf("a token with inner spaces: %v, %q", err, set.adminToken)
+	}
+}
