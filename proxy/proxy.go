@@ -250,6 +250,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rule := h.rule(r)
 	switch rule.Policy {
 	case routes.Reject:
+		w.Header().Set("Allow", h.allowed(r.URL.EscapedPath()))
 		h.fail(w, sum, ErrRouteRejected)
 	case routes.Unprotected:
 		if !t.slot {
@@ -286,6 +287,18 @@ func drainRefused(r *http.Request, sum *Summary) {
 // unprotected).
 func (h *Handler) rule(r *http.Request) routes.Rule {
 	return h.ruleFor(r.Method, r.URL.EscapedPath())
+}
+
+// allowed is the Allow header of a 405 for escapedPath (RFC 9110, 15.5.6):
+// the usual methods no reject rule refuses there, empty when they all are.
+func (h *Handler) allowed(escapedPath string) string {
+	var ms []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions} {
+		if h.ruleFor(m, escapedPath).Policy != routes.Reject {
+			ms = append(ms, m)
+		}
+	}
+	return strings.Join(ms, ", ")
 }
 
 func (h *Handler) ruleFor(method, escapedPath string) routes.Rule {

@@ -99,6 +99,15 @@ func TestRouteReject(t *testing.T) {
 		if a.status != http.StatusMethodNotAllowed || errorCode(t, a) != "method_not_allowed" {
 			t.Errorf("%s: %d %s, want 405 method_not_allowed", m, a.status, a.body)
 		}
+		if allow, ok := a.header["Allow"]; !ok || len(allow) != 1 || allow[0] != "" {
+			t.Errorf("%s: Allow %q, want one empty Allow: no method is allowed there", m, allow)
+		}
+	}
+	// A rule for one method leaves the others allowed, and says so.
+	e = newRouteEnv(t, "DELETE /v1/cards/*=reject", nil, t.TempDir())
+	a := e.do(t, "DELETE", "/v1/cards/c1", "")
+	if a.status != http.StatusMethodNotAllowed || a.header.Get("Allow") != "GET, HEAD, POST, PUT, PATCH, OPTIONS" {
+		t.Errorf("DELETE rejected: %d Allow %q, want 405 with every other method allowed", a.status, a.header.Get("Allow"))
 	}
 	if total, _ := e.prov.counts(); total != 0 {
 		t.Errorf("provider saw %d requests, want none", total)
