@@ -287,4 +287,9 @@ func TestRenewAnswer(t *testing.T) {
 	if !maps.Equal(got, want) {
 		t.Fatalf("renew = %s, want exactly %v", w.Body, want)
 	}
+	// The method as a person may type it names the same order.
+	w = call(t, h, "GET", "/admin/v1/orders?method=post&path=/cards&value=F-1", "")
+	if !strings.Contains(w.Body.String(), `"key":"`+next+`"`) || !strings.Contains(w.Body.String(), `"generation":2`) {
+		t.Fatalf("order with method=post = %d %s, want the POST order at generation 2, key %s", w.Code, w.Body, next)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
@@ -112,6 +113,9 @@ func (h *Handler) orderFrom(r *http.Request, o orderQuery) (orderQuery, bool) {
 	if o.Client == "" {
 		o.Client = h.opt.DefaultTenant
 	}
+	// A person types "post": methods are upper case in every request the
+	// proxy takes, so no order has a lower-case one.
+	o.Method = strings.ToUpper(o.Method)
 	return o, o.Method != "" && o.Path != "" && o.Value != ""
 }
 
