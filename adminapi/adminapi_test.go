@@ -287,6 +287,13 @@ func TestRenewAnswer(t *testing.T) {
 	if !maps.Equal(got, want) {
 		t.Fatalf("renew = %s, want exactly %v", w.Body, want)
 	}
+	// A second renew in a row would skip a generation nothing was sent under.
+	r = httptest.NewRequest("POST", "/admin/v1/orders/renew", strings.NewReader(`{"method":"POST","path":"/cards","value":"F-1"}`))
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != 409 || !strings.Contains(w.Body.String(), `"renew_refused"`) {
+		t.Fatalf("second renew = %d %s, want 409 renew_refused", w.Code, w.Body)
+	}
 	// The method as a person may type it names the same order.
 	w = call(t, h, "GET", "/admin/v1/orders?method=post&path=/cards&value=F-1", "")
 	if !strings.Contains(w.Body.String(), `"key":"`+next+`"`) || !strings.Contains(w.Body.String(), `"generation":2`) {
