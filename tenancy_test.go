@@ -171,3 +171,43 @@ func TestBinaryKeysUnchangedWithoutClientTokens(t *testing.T) {
 		t.Errorf("answers name keys %q and %q", derived.header.Get("Idempotency-Key"), own.header.Get("Idempotency-Key"))
 	}
 }
+
+// An unprotected request with the app's own Idempotency-Key goes upstream
+// under the bound key, and a provider that echoes the key it saw (as the
+// seeds' providers do) must not show the app that bound key: the app sees
+// its own key in every answer, as for protected requests. The binary once
+// passed the echoed upstream key on to the app.
+func TestBinaryUnprotectedAnswerShowsTheAppsKey(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		seen = append(seen, key)
+		mu.Unlock()
+		if key != "" {
+			w.Header().Set("Idempotency-Key", key)
+		}
+		io.WriteString(w, `{"status":"found"}`)
+	}))
+	defer up.Close()
+	p := startBinary(t, tenancyEnv(up.URL, t.TempDir())...)
+	for _, method := range []string{http.MethodGet, http.MethodDelete} {
+		got := send(t, method, "http://"+p.addr+"/cards/c-1", "", "Idemproxy-Client-Token", tokenA, "Idempotency-Key", "app-a-own-key")
+		mu.Lock()
+		upstream := seen[len(seen)-1]
+		mu.Unlock()
+		if upstream == "" || upstream == "app-a-own-key" {
+			t.Fatalf("%s: the provider saw key %q, want app-a's key bound to it", method, upstream)
+		}
+		if got.status != http.StatusOK || got.header.Get("Idempotency-Key") != "app-a-own-key" {
+			t.Errorf("%s: answer %d with Idempotency-Key %q, want 200 with the app's own key (the upstream one is %s)",
+				method, got.status, got.header.Get("Idempotency-Key"), upstream)
+		}
+	}
+	// Without a key of the app's, whatever the provider says passes as it came.
+	got := send(t, http.MethodGet, "http://"+p.addr+"/cards/c-1", "", "Idemproxy-Client-Token", tokenA)
+	if got.status != http.StatusOK || got.header.Get("Idempotency-Key") != "" {
+		t.Errorf("GET without a key: %d with Idempotency-Key %q, want 200 and none", got.status, got.header.Get("Idempotency-Key"))
+	}
+}

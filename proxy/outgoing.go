@@ -17,6 +17,10 @@ import (
 type outgoingKey struct {
 	value      string // the key idemproxy sends; "" sends none
 	keepClient bool   // send the client's own key header as it came (unprotected requests)
+	// app is the app's own key when value is that key bound to its client
+	// (an unprotected request with client tokens): the answer shows the app
+	// this one where the provider echoes value.
+	app string
 }
 
 // replayLicenceHeaders are the other spelling of the key header that net/http
@@ -32,7 +36,29 @@ func (h *Handler) reverseProxy(key outgoingKey, ex *retry.Exchange) *httputil.Re
 	rp := *h.rp
 	rp.Rewrite = func(pr *httputil.ProxyRequest) { h.rewrite(pr, key) }
 	rp.Transport = ex
+	if key.app != "" {
+		rp.ModifyResponse = func(resp *http.Response) error {
+			showAppKey(resp.Header, key)
+			return nil
+		}
+	}
 	return &rp
+}
+
+// showAppKey replaces, in an answer's header, the bound key the provider
+// echoes with the app's own: the app sees its own key in every answer
+// (docs/contract.md, Tenancy), never the one only idemproxy can compute.
+func showAppKey(h http.Header, key outgoingKey) {
+	for k, vv := range h {
+		if !strings.EqualFold(k, KeyHeader) {
+			continue
+		}
+		for i, v := range vv {
+			if v == key.value {
+				vv[i] = key.app
+			}
+		}
+	}
 }
 
 // rewrite builds the upstream request. It runs after ReverseProxy removed the
@@ -224,5 +250,5 @@ func (h *Handler) unprotectedKey(r *http.Request, tenant string) (outgoingKey, e
 	if err != nil || !present {
 		return outgoingKey{}, err
 	}
-	return outgoingKey{value: h.upstreamKey(tenant, key)}, nil
+	return outgoingKey{value: h.upstreamKey(tenant, key), app: key}, nil
 }
