@@ -315,6 +315,14 @@ func TestHostileDotSegments(t *testing.T) {
 		"/x/%2e%2e;/provider-b",
 		"/x/..%3b/provider-b",
 		"/.;x/y",
+		// Decoded, a query or fragment delimiter (or a NUL a C-string
+		// upstream stops at) ends the segment at the dots: an upstream
+		// that decodes the path and parses it again sees "..".
+		"/x/%2e%2e%3f/y",
+		"/x/..%3Fa=1/provider-b",
+		"/x/..%23/provider-b",
+		"/x/.%23frag/y",
+		"/x/..%00/provider-b",
 	}
 	for _, path := range refused {
 		for _, method := range []string{"GET", "POST"} {

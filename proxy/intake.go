@@ -76,9 +76,11 @@ func hasAny(h http.Header, names []string) bool {
 
 // hasDotSegment reports a "." or ".." path segment (RFC 3986 §3.3), also when
 // its dots are percent-encoded (%2e), when a decoded segment hides one behind
-// an encoded slash or backslash ("..%2f", "..%5c"), or when a path parameter
-// follows it ("..;x"): an upstream or a gateway that decodes or drops path
-// parameters before it resolves would move up from the base path.
+// an encoded slash or backslash ("..%2f", "..%5c"), when a path parameter
+// follows it ("..;x"), or when an encoded query or fragment delimiter or a
+// NUL does ("..%3f", "..%23", "..%00"): an upstream or a gateway that
+// decodes the path and parses it again, drops path parameters, or stops at
+// a NUL before it resolves would move up from the base path.
 func hasDotSegment(escaped string) bool {
 	for rest := escaped; rest != ""; {
 		var seg string
@@ -93,8 +95,12 @@ func hasDotSegment(escaped string) bool {
 		for part := range strings.FieldsFuncSeq(dec, isSlash) {
 			// A path parameter does not hide one: servlet containers
 			// (Tomcat, Jetty) drop ";..." before they resolve, so
-			// "..;/admin" and "..;jsessionid=1" move up too.
-			part, _, _ = strings.Cut(part, ";")
+			// "..;/admin" and "..;jsessionid=1" move up too. Nor does
+			// a decoded "?" or "#", which a parser that sees the
+			// decoded path takes for the query or fragment, nor a NUL.
+			if i := strings.IndexAny(part, ";?#\x00"); i >= 0 {
+				part = part[:i]
+			}
 			if part == "." || part == ".." {
 				return true
 			}
