@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestBinaryUnprotectedStreams(t *testing.T) {
@@ -155,5 +156,79 @@ func TestBinaryUnprotectedStreamLikeARefusal(t *testing.T) {
 	resp = k.ask(t, "GET /p HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")
 	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/json" || errorCode(t, resp) != "bad_request" {
 		t.Errorf("malformed request after the answer: %d %q, want 400 application/json bad_request", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+}
+
+// A 3 MiB unprotected answer passes as it comes: the app reads its first
+// MiB while the provider still holds the rest back, so nothing buffers the
+// answer whole. The provider's hop-by-hop headers (those its Connection
+// header names included) stay on its side. A GET whose first attempt loses
+// its connection before any answer is sent again.
+func TestBinaryUnprotectedLargeAnswerAsItComes(t *testing.T) {
+	const size, half = 3 << 20, 3 << 19
+	rest, stop := make(chan struct{}), make(chan struct{})
+	var dropped atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/dropped" {
+			if dropped.Add(1) == 1 {
+				conn, _, _ := w.(http.Hijacker).Hijack()
+				conn.Close()
+				return
+			}
+			io.WriteString(w, "second try")
+			return
+		}
+		w.Header().Set("Content-Type", "text/csv")
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.Header().Set("Connection", "X-Provider-Hop")
+		w.Header().Set("X-Provider-Hop", "provider side only")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		w.Header().Set("Proxy-Authenticate", "Basic realm=provider")
+		io.WriteString(w, strings.Repeat("a", half))
+		w.(http.Flusher).Flush()
+		select { // the app has the first MiB before the rest leaves
+		case <-rest:
+		case <-stop:
+			return
+		}
+		io.WriteString(w, strings.Repeat("b", size-half))
+	}))
+	defer up.Close()
+	defer close(stop)
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir(),
+		"IDEMPROXY_RETRY_BASE_DELAY=1ms", "IDEMPROXY_RETRY_MAX_DELAY=2ms")
+
+	resp, err := http.Get("http://" + p.addr + "/statements/2026-11.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.ContentLength != size {
+		t.Fatalf("answer %d with length %d, want 200 with %d", resp.StatusCode, resp.ContentLength, size)
+	}
+	for _, h := range []string{"X-Provider-Hop", "Keep-Alive", "Proxy-Authenticate", "Connection"} {
+		if v := resp.Header.Values(h); len(v) > 0 {
+			t.Errorf("hop-by-hop header %s: %q reached the app", h, v)
+		}
+	}
+	first := make([]byte, 1<<20)
+	done := make(chan error, 1)
+	go func() { _, err := io.ReadFull(resp.Body, first); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("first MiB: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first MiB did not arrive while the provider held the rest: the answer is buffered")
+	}
+	close(rest)
+	tail, err := io.ReadAll(resp.Body)
+	if err != nil || len(first)+len(tail) != size || strings.Count(string(tail), "b") != size-half {
+		t.Errorf("rest of the answer: %d bytes, %v; want %d", len(tail), err, size-len(first))
+	}
+
+	if got := send(t, http.MethodGet, "http://"+p.addr+"/dropped", ""); got.status != http.StatusOK || got.body != "second try" || dropped.Load() != 2 {
+		t.Errorf("GET after a dropped connection: %d %q after %d attempts, want 200 \"second try\" after 2", got.status, got.body, dropped.Load())
 	}
 }
