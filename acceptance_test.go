@@ -13,7 +13,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -250,4 +253,132 @@ func TestAcceptanceAmbiguousLengthAfterOthers(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	checkRefusal(t, prov, reply{resp.StatusCode, resp.Header, string(b)}, http.StatusBadRequest, "bad_request")
+}
+
+// headeredProvider is the payments seed's provider for one order: it executes
+// a key once, holding the execution until release is closed, answers with
+// headers of its own (several values, a cookie, a location, hop-by-hop ones),
+// and replays a key it has seen with Idempotent-Replayed: true.
+type headeredProvider struct {
+	mu      sync.Mutex
+	execs   int
+	seen    int
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (p *headeredProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	p.mu.Lock()
+	p.seen++
+	again := p.execs > 0
+	p.mu.Unlock()
+	h := w.Header()
+	h.Set("Content-Type", "application/json; charset=utf-8")
+	if again {
+		h.Set("Idempotent-Replayed", "true")
+	} else {
+		p.entered <- struct{}{}
+		<-p.release
+		p.mu.Lock()
+		p.execs++
+		p.mu.Unlock()
+	}
+	h.Set("Location", "/payments/pay_1")
+	h.Set("Set-Cookie", "provider_session=s1; Path=/; HttpOnly")
+	h["X-Ratelimit"] = []string{"limit=100", "remaining=99"}
+	h.Set("Connection", "X-Provider-Hop")
+	h.Set("X-Provider-Hop", "provider side only")
+	h.Set("Keep-Alive", "timeout=5")
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, `{"payment_id":"pay_1","status":"succeeded","amount":"10.00"}`)
+}
+
+// The contract's replay and concurrency rules seen from the app: a repeat
+// while the order is in flight waits IDEMPROXY_INFLIGHT_WAIT, not the
+// default 10 s, and is then 409 idempotency_in_progress with Retry-After and
+// the key; one that waits long enough gets the first answer as a replay; so
+// does a repeat after a restart. A replay is the stored answer byte for byte
+// (status, every header the provider sent but the hop-by-hop ones, body)
+// plus Idempotent-Replayed: true, and the provider executed the order once.
+func TestAcceptanceReplayAndWaitBound(t *testing.T) {
+	prov := &headeredProvider{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	env := []string{"IDEMPROXY_UPSTREAM_URL=" + up.URL, "IDEMPROXY_DATA_DIR=" + t.TempDir(), "IDEMPROXY_INFLIGHT_WAIT=700ms"}
+	p := startBinary(t, env...)
+	url, body := "http://"+p.addr+"/payments", `{"order_id":"rw-1","amount":"10.00"}`
+	firstc := make(chan reply, 1)
+	go func() {
+		r, err := trySend(http.MethodPost, url, body)
+		if err != nil {
+			t.Error(err)
+		}
+		firstc <- r
+	}()
+	<-prov.entered
+
+	start := time.Now()
+	busy := send(t, http.MethodPost, url, body)
+	waited := time.Since(start)
+	if busy.status != http.StatusConflict || !strings.Contains(busy.body, `"idempotency_in_progress"`) ||
+		busy.header.Get("Retry-After") == "" || busy.header.Get("Idempotency-Key") == "" {
+		t.Errorf("repeat in flight: %d %s Retry-After=%q Idempotency-Key=%q, want 409 idempotency_in_progress with both",
+			busy.status, busy.body, busy.header.Get("Retry-After"), busy.header.Get("Idempotency-Key"))
+	}
+	if waited < 650*time.Millisecond || waited > 5*time.Second {
+		t.Errorf("repeat in flight answered after %v, want about IDEMPROXY_INFLIGHT_WAIT (700ms)", waited)
+	}
+
+	waiter := make(chan reply, 1)
+	go func() {
+		r, err := trySend(http.MethodPost, url, body)
+		if err != nil {
+			t.Error(err)
+		}
+		waiter <- r
+	}()
+	time.Sleep(200 * time.Millisecond) // the repeat waits for the order in flight
+	close(prov.release)
+	first, waited2 := <-firstc, <-waiter
+	if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first answer %d replayed=%q %s", first.status, first.header.Get("Idempotent-Replayed"), first.body)
+	}
+	if first.header.Get("Idempotency-Key") != busy.header.Get("Idempotency-Key") {
+		t.Errorf("first answer's key %q, the busy one's %q", first.header.Get("Idempotency-Key"), busy.header.Get("Idempotency-Key"))
+	}
+	for _, h := range []string{"X-Provider-Hop", "Keep-Alive", "Connection"} {
+		if v := first.header.Values(h); len(v) > 0 {
+			t.Errorf("hop-by-hop header %s: %q reached the app", h, v)
+		}
+	}
+	checkReplay := func(name string, got reply) {
+		t.Helper()
+		if got.status != first.status || got.body != first.body || got.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("%s: %d replayed=%q %s, want the first answer %d %s with Idempotent-Replayed: true",
+				name, got.status, got.header.Get("Idempotent-Replayed"), got.body, first.status, first.body)
+		}
+		want := first.header.Clone()
+		want.Set("Idempotent-Replayed", "true")
+		for k := range want {
+			if !slices.Equal(got.header.Values(k), want.Values(k)) {
+				t.Errorf("%s: header %s = %q, want %q", name, k, got.header.Values(k), want.Values(k))
+			}
+		}
+		for k := range got.header {
+			if _, ok := want[k]; !ok {
+				t.Errorf("%s: header %s = %q, not in the first answer", name, k, got.header.Values(k))
+			}
+		}
+	}
+	checkReplay("repeat that waited", waited2)
+	checkReplay("repeat after", send(t, http.MethodPost, url, body))
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+	checkReplay("repeat after a restart", send(t, http.MethodPost, "http://"+startBinary(t, env...).addr+"/payments", body))
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.execs != 1 || prov.seen != 1 {
+		t.Errorf("provider executed %d times and saw %d requests, want 1 and 1", prov.execs, prov.seen)
+	}
 }
