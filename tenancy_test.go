@@ -211,3 +211,74 @@ func TestBinaryUnprotectedAnswerShowsTheAppsKey(t *testing.T) {
 		t.Errorf("GET without a key: %d with Idempotency-Key %q, want 200 and none", got.status, got.header.Get("Idempotency-Key"))
 	}
 }
+
+// With client tokens, a request without exactly one known token is 401
+// unauthorized with nothing sent, even when it repeats another client's
+// stored order with that client's key: it never gets the stored answer. No
+// token, wrong ones included, and not the key secret, appears in the log
+// (at debug level), in an answer, or upstream.
+func TestBinaryTenancyRefusalsAndSecrets(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, append(tenancyEnv(up.URL, t.TempDir()), "IDEMPROXY_LOG_LEVEL=debug")...)
+	url, body := "http://"+p.addr+"/v1/payments", `{"order_id":"sec-1","amount":"5.00"}`
+	stored := send(t, http.MethodPost, url, body, "Idemproxy-Client-Token", tokenA, "Idempotency-Key", "a-key-1")
+	if stored.status != http.StatusCreated {
+		t.Fatalf("app-a's order: %d %s", stored.status, stored.body)
+	}
+	prov.take()
+	wrong := "token-of-nobody-0123456789"
+	var answers []reply
+	for _, c := range []struct{ name, raw string }{
+		{"no token", ""},
+		{"unknown token", "Idemproxy-Client-Token: " + wrong + "\n"},
+		{"app-a's token with a character more", "Idemproxy-Client-Token: " + tokenA + "x\n"},
+		{"app-a's token cut short", "Idemproxy-Client-Token: " + tokenA[:len(tokenA)-1] + "\n"},
+		{"two tokens", "Idemproxy-Client-Token: " + tokenA + "\nIdemproxy-Client-Token: " + tokenB + "\n"},
+		{"app-a's token twice", "Idemproxy-Client-Token: " + tokenA + "\nIdemproxy-Client-Token: " + tokenA + "\n"},
+		{"empty token", "Idemproxy-Client-Token: \n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, req := range []string{
+				rawPost(body, c.raw+"Idempotency-Key: a-key-1\n"),
+				"GET /v1/payments/op_1 HTTP/1.1\nHost: x\n" + c.raw + "\n",
+			} {
+				got := rawExchange(t, p.addr, req)
+				checkRefusal(t, prov, got, http.StatusUnauthorized, "unauthorized")
+				if got.header.Get("Idempotent-Replayed") != "" || strings.Contains(got.body, "op_") {
+					t.Errorf("refused request got the stored answer: %v %s", got.header, got.body)
+				}
+				answers = append(answers, got)
+			}
+		})
+	}
+	answers = append(answers, send(t, http.MethodPost, url, body, "Idemproxy-Client-Token", tokenA, "Idempotency-Key", "a-key-1"),
+		send(t, http.MethodGet, "http://"+p.addr+"/v1/payments/op_1", "", "Idemproxy-Client-Token", tokenB))
+	if r := answers[len(answers)-2]; r.status != http.StatusCreated || r.body != stored.body || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("app-a's repeat: %d %s, want its stored answer replayed", r.status, r.body)
+	}
+	seen := prov.take()
+	if len(seen) != 1 || seen[0].Method != http.MethodGet {
+		t.Errorf("provider saw %d requests after app-a's order, want app-b's GET only: %+v", len(seen), seen)
+	}
+	secrets := map[string]string{"app-a's token": tokenA, "app-b's token": tokenB, "key secret": keySecret, "unknown token": wrong}
+	for name, s := range secrets {
+		if strings.Contains(p.logText(), s) {
+			t.Errorf("%s appears in the log", name)
+		}
+		for _, a := range answers {
+			if strings.Contains(a.body, s) || strings.Contains(fmt.Sprint(a.header), s) {
+				t.Errorf("%s appears in an answer: %v %s", name, a.header, a.body)
+			}
+		}
+		for _, w := range seen {
+			if strings.Contains(fmt.Sprint(w.Header), s) || strings.Contains(w.URI, s) || strings.Contains(w.Body, s) {
+				t.Errorf("%s went upstream: %+v", name, w)
+			}
+		}
+	}
+	if !strings.Contains(p.logText(), `"level":"DEBUG"`) || strings.Contains(p.logText(), "[redacted]") {
+		t.Errorf("log not at debug level, or its safety net had to redact a secret:\n%s", p.logText())
+	}
+}
