@@ -23,6 +23,7 @@ import (
 // wireRequest is one request as the provider received it.
 type wireRequest struct {
 	Method, URI   string
+	Host          string // the Host the request named
 	Header        http.Header
 	Trailer       http.Header
 	ContentLength string // the Content-Length header; "" when none
@@ -41,7 +42,7 @@ type recordingProvider struct {
 
 func (p *recordingProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
-	wr := wireRequest{Method: r.Method, URI: r.RequestURI, Header: r.Header.Clone(), Trailer: r.Trailer.Clone(),
+	wr := wireRequest{Method: r.Method, URI: r.RequestURI, Host: r.Host, Header: r.Header.Clone(), Trailer: r.Trailer.Clone(),
 		ContentLength: r.Header.Get("Content-Length"), Chunked: len(r.TransferEncoding) > 0, Body: string(b)}
 	p.mu.Lock()
 	p.seen = append(p.seen, wr)
@@ -375,3 +376,58 @@ func TestHostileMalformedHeaders(t *testing.T) {
 		t.Errorf("provider received %d requests, want none: %+v", len(seen), seen)
 	}
 }
+
+// No request reaches any server but the configured upstream, under its base
+// path, whatever the client names: a Host header or forwarding headers
+// naming another server are not followed (the provider gets its own host,
+// and no forwarding header), a path that starts with "//host" stays a path,
+// and absolute-form request targets (forward-proxy use), to another server
+// or to the upstream itself, are 400 bad_request with nothing sent anywhere.
+func TestHostileHostAndAbsoluteForm(t *testing.T) {
+	prov, other := &recordingProvider{}, &recordingProvider{}
+	up, ou := httptest.NewServer(prov), httptest.NewServer(other)
+	defer up.Close()
+	defer ou.Close()
+	p := startBinary(t, hostileEnv(t, up.URL)...)
+	upHost, otherHost := strings.TrimPrefix(up.URL, "http://"), strings.TrimPrefix(ou.URL, "http://")
+	body := `{"order_id":"host-1"}`
+	for _, c := range []struct{ name, raw, uri string }{
+		{"Host of another server", "GET /x HTTP/1.1\nHost: " + otherHost + "\n\n", "/provider-a/x"},
+		{"forwarding headers", "GET /x HTTP/1.1\nHost: " + otherHost + "\nX-Forwarded-Host: " + otherHost +
+			"\nForwarded: host=" + otherHost + ";proto=https\nX-Forwarded-Proto: https\nX-Forwarded-For: 10.0.0.1\n\n", "/provider-a/x"},
+		{"protected, Host of another server", fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: %s\nX-Forwarded-Host: %s\nContent-Type: application/json\nContent-Length: %d\n\n%s",
+			otherHost, otherHost, len(body), body), "/provider-a/v1/payout"},
+		{"path that looks like an authority", "GET //" + otherHost + "/x HTTP/1.1\nHost: x\n\n", "/provider-a//" + otherHost + "/x"},
+		{"HTTP/1.0 without Host", "GET /x HTTP/1.0\n\n", "/provider-a/x"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := rawExchange(t, p.addr, c.raw)
+			seen := prov.take()
+			if got.status != http.StatusCreated || len(seen) != 1 {
+				t.Fatalf("answer %d %s, provider saw %d requests; want it forwarded once", got.status, got.body, len(seen))
+			}
+			if seen[0].URI != c.uri || seen[0].Host != upHost {
+				t.Errorf("provider saw %s %s with Host %q, want %s with Host %q", seen[0].Method, seen[0].URI, seen[0].Host, c.uri, upHost)
+			}
+			for _, h := range forwardingHeaderNames {
+				if v := seen[0].Header.Values(h); len(v) > 0 {
+					t.Errorf("%s: %q reached the provider", h, v)
+				}
+			}
+		})
+	}
+	for _, target := range []string{ou.URL + "/x", "https://" + otherHost + "/x", up.URL + "/provider-a/x", "http://" + upHost + "/x"} {
+		for _, method := range []string{"GET", "POST"} {
+			got := rawExchange(t, p.addr, fmt.Sprintf("%s %s HTTP/1.1\nHost: %s\nContent-Type: application/json\nContent-Length: %d\n\n%s",
+				method, target, otherHost, len(body), body))
+			if got.status != http.StatusBadRequest || !strings.Contains(got.body, `"bad_request"`) {
+				t.Errorf("%s %s: %d %s, want 400 bad_request", method, target, got.status, got.body)
+			}
+		}
+	}
+	if a, b := prov.take(), other.take(); len(a)+len(b) != 0 {
+		t.Errorf("absolute-form requests reached the provider (%d) or the other server (%d)", len(a), len(b))
+	}
+}
+
+var forwardingHeaderNames = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
