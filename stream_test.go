@@ -232,3 +232,48 @@ func TestBinaryUnprotectedLargeAnswerAsItComes(t *testing.T) {
 		t.Errorf("GET after a dropped connection: %d %q after %d attempts, want 200 \"second try\" after 2", got.status, got.body, dropped.Load())
 	}
 }
+
+// An unprotected request's body streams upstream as the app sends it when
+// the signature does not cover the body: the provider reads the first bytes
+// while the app still holds the rest back (README, Unprotected methods).
+func TestBinaryUnprotectedRequestBodyAsItComes(t *testing.T) {
+	first := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := make([]byte, len("part one;"))
+		io.ReadFull(r.Body, b)
+		first <- string(b)
+		rest, _ := io.ReadAll(r.Body)
+		io.WriteString(w, string(b)+string(rest))
+	}))
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir(),
+		"IDEMPROXY_SIGN_SECRET=stream-test-signing-secret", `IDEMPROXY_SIGN_CANONICAL={timestamp}\n{method}\n{path}`)
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	req, _ := http.NewRequest(http.MethodPut, "http://"+p.addr+"/documents/d-1", pr)
+	answer := make(chan reply, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answer <- reply{body: err.Error()}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		answer <- reply{status: resp.StatusCode, body: string(b)}
+	}()
+	io.WriteString(pw, "part one;")
+	select {
+	case got := <-first:
+		if got != "part one;" {
+			t.Errorf("provider read %q first", got)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the provider did not get the body's first part while the app held the rest: the request body is buffered")
+	}
+	io.WriteString(pw, "part two")
+	pw.Close()
+	if got := <-answer; got.status != http.StatusOK || got.body != "part one;part two" {
+		t.Errorf("answer %d %q, want 200 with the whole body echoed", got.status, got.body)
+	}
+}
