@@ -174,7 +174,9 @@ func (t *Template) Method() string { return t.method }
 // the query, query-escaped), so no value can change which resource is asked
 // for; values in the body are escaped as the inside of a JSON string, as the
 // body template puts them between quotes. A placeholder without a value
-// gives an error wrapping ErrUnfilled.
+// gives an error wrapping ErrUnfilled, and so does a path value that holds a
+// dot-segment (dotSegment): escaped, it would still lead above the resource
+// at an upstream that decodes the path before it resolves it.
 func (t *Template) Build(v Values) (Probe, error) {
 	var req, resp map[string]any // decoded on first use
 	lookup := func(p part) (string, error) {
@@ -211,8 +213,9 @@ func (t *Template) Build(v Values) (Probe, error) {
 	return pr, nil
 }
 
-// fill renders parts; escape gets the text before the value and the value.
-func fill(parts []part, lookup func(part) (string, error), escape func(before *strings.Builder, val string) string) (string, error) {
+// fill renders parts; escape gets the text before the value and the value,
+// and may refuse the value (an error wrapping ErrUnfilled).
+func fill(parts []part, lookup func(part) (string, error), escape func(before *strings.Builder, val string) (string, error)) (string, error) {
 	var b strings.Builder
 	for _, p := range parts {
 		if p.src == literal {
@@ -223,27 +226,53 @@ func fill(parts []part, lookup func(part) (string, error), escape func(before *s
 		if err != nil {
 			return "", err
 		}
-		b.WriteString(escape(&b, val))
+		esc, err := escape(&b, val)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(esc)
 	}
 	return b.String(), nil
 }
 
 // pathEscape escapes a value for where it lands: after a '?' it is a query
-// value, before it a path segment.
-func pathEscape(before *strings.Builder, val string) string {
+// value, before it a path segment. A value that holds a dot-segment
+// (dotSegment) is refused in the path: escaped, it would still lead above
+// the resource at an upstream that decodes the path before resolving it.
+func pathEscape(before *strings.Builder, val string) (string, error) {
 	if strings.Contains(before.String(), "?") {
-		return url.QueryEscape(val)
+		return url.QueryEscape(val), nil
 	}
-	if val == "." || val == ".." { // a dot-segment would climb out of the resource
-		return strings.ReplaceAll(val, ".", "%2E")
+	if dotSegment(val) {
+		return "", fmt.Errorf("%w: a value would be a dot-segment in the path", ErrUnfilled)
 	}
-	return url.PathEscape(val)
+	return url.PathEscape(val), nil
+}
+
+// dotSegment reports whether val, put in a path, holds a "." or ".."
+// segment once an upstream decodes it: split at slashes and backslashes,
+// each part cut at a path parameter, a query or fragment delimiter or a
+// NUL. These are the paths the proxy refuses from an app (proxy's
+// hasDotSegment).
+func dotSegment(val string) bool {
+	if !strings.Contains(val, ".") {
+		return false
+	}
+	for part := range strings.FieldsFuncSeq(val, func(r rune) bool { return r == '/' || r == '\\' }) {
+		if i := strings.IndexAny(part, ";?#\x00"); i >= 0 {
+			part = part[:i]
+		}
+		if part == "." || part == ".." {
+			return true
+		}
+	}
+	return false
 }
 
 // jsonEscape escapes val as the inside of a JSON string.
-func jsonEscape(_ *strings.Builder, val string) string {
+func jsonEscape(_ *strings.Builder, val string) (string, error) {
 	b, _ := json.Marshal(val) // a string always marshals
-	return string(b[1 : len(b)-1])
+	return string(b[1 : len(b)-1]), nil
 }
 
 // object decodes a JSON object, numbers kept as their text; anything else is

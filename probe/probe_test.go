@@ -1,6 +1,7 @@
 package probe_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/url"
 	"strings"
@@ -58,16 +59,34 @@ func TestBuildEscapesBodyValues(t *testing.T) {
 	}
 }
 
+// A value that would put a dot-segment into the probe's path, plain or
+// behind a slash, a backslash, a path parameter, a query or fragment
+// delimiter or a NUL (what the proxy refuses in an app's path, encoded or
+// not), leaves the probe unfilled: the operation is re-sent with its key
+// instead of a signed lookup reaching a path above the resource, at an
+// upstream that decodes the path before it resolves. Values whose dots are
+// not a segment, and any value in the query, fill the probe.
 func TestBuildRefusesDotSegments(t *testing.T) {
-	tmpl, _ := probe.Parse(`GET /payments/{resp.id}`)
-	for _, id := range []string{".", ".."} {
-		p, err := tmpl.Build(probe.Values{Response: []byte(`{"id":"` + id + `"}`)})
-		if err != nil {
-			t.Fatal(err)
+	tmpl, _ := probe.Parse(`GET /payments/{resp.id}?order={req.order_id}`)
+	resp := func(id string) []byte {
+		b, _ := json.Marshal(map[string]string{"id": id})
+		return b
+	}
+	for _, id := range []string{".", "..", "../admin", "a/../../admin", `..\admin`, "..;x", "..?x=1", "..#f", "..\x00", "x/./y"} {
+		p, err := tmpl.Build(probe.Values{Response: resp(id), Request: []byte(`{"order_id":"o-1"}`)})
+		if !errors.Is(err, probe.ErrUnfilled) {
+			t.Errorf("value %q: path %q, err %v; want ErrUnfilled", id, p.Path, err)
 		}
-		u, _ := url.Parse(p.Path)
-		if u.JoinPath().Path != u.Path || !strings.HasPrefix(p.Path, "/payments/%2E") {
-			t.Fatalf("value %q gave path %q", id, p.Path)
+	}
+	for _, id := range []string{"...", "..a", "a..b", ".hidden", "%2e%2e", "p_1"} {
+		p, err := tmpl.Build(probe.Values{Response: resp(id), Request: []byte(`{"order_id":"../.."}`)})
+		if err != nil {
+			t.Errorf("value %q: %v", id, err)
+			continue
+		}
+		u, err := url.Parse(p.Path)
+		if err != nil || u.JoinPath().Path != u.Path || u.Query().Get("order") != "../.." || !strings.HasPrefix(p.Path, "/payments/") {
+			t.Errorf("value %q gave %q", id, p.Path)
 		}
 	}
 }
