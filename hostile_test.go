@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -431,3 +432,49 @@ func TestHostileHostAndAbsoluteForm(t *testing.T) {
 }
 
 var forwardingHeaderNames = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// A client's copy of a header idemproxy owns never reaches the provider
+// under an underscore spelling either (Idempotency_Key, X_Signature,
+// X_Public_Id, the client token's): servers that map header names to
+// CGI-style variables (Rack, WSGI, PHP: HTTP_IDEMPOTENCY_KEY) read
+// Idempotency_Key as Idempotency-Key, so a copy would stand beside, or in
+// place of, the one idemproxy set (Puma's CVE-2024-45614). Before the fix
+// every one of them went upstream, on every attempt.
+func TestHostileUnderscoreSpellings(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_CLIENT_TOKENS=app-a="+tokenA, "IDEMPROXY_KEY_SECRET="+keySecret)...)
+	owned := []string{"Idempotency-Key", "X-Idempotency-Key", "X-Signature", "X-Timestamp", "X-Nonce", "X-Public-Id", "Idemproxy-Client-Token"}
+	forged := "Idempotency_Key: forged\nidempotency_key: forged\nX_Idempotency_Key: forged\nX_Signature: forged\nx-signature_: kept\n" +
+		"X_Timestamp: forged\nX_NONCE: forged\nX_Public_Id: forged\nX-Public_Id: forged\nIdemproxy_Client_Token: " + tokenA + "\nX_Other_Header: kept\n"
+	body := `{"order_id":"us-1"}`
+	for _, raw := range []string{
+		fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nIdemproxy-Client-Token: %s\nContent-Type: application/json\nContent-Length: %d\n%s\n%s", tokenA, len(body), forged, body),
+		fmt.Sprintf("GET /v1/payout/p-1 HTTP/1.1\nHost: x\nIdemproxy-Client-Token: %s\n%s\n", tokenA, forged),
+	} {
+		prov.dropNext(1) // two attempts: the retry carries what the first did
+		got := rawExchange(t, p.addr, raw)
+		seen := prov.take()
+		if got.status != http.StatusCreated || len(seen) != 2 {
+			t.Fatalf("answer %d %s, provider saw %d attempts; want 201 after 2", got.status, got.body, len(seen))
+		}
+		for _, w := range seen {
+			kept := 0
+			for name, vals := range w.Header {
+				if !strings.Contains(name, "_") {
+					continue
+				}
+				dashed := strings.ReplaceAll(name, "_", "-")
+				if slices.ContainsFunc(owned, func(o string) bool { return strings.EqualFold(o, dashed) }) {
+					t.Errorf("%s %s: %s: %q reached the provider", w.Method, w.URI, name, vals)
+				} else {
+					kept++
+				}
+			}
+			if kept != 2 {
+				t.Errorf("%s %s: %d other underscore headers reached the provider, want X_Other_Header and x-signature_: %v", w.Method, w.URI, kept, w.Header)
+			}
+		}
+	}
+}

@@ -81,8 +81,24 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, key outgoingKey) {
 			out.Set(KeyHeader, key.value)
 		}
 	}
+	h.dropUnderscored(out)
 	// Trailers arrive after the body and were never checked: none go upstream.
 	pr.Out.Trailer = nil
+}
+
+// dropUnderscored removes the client's headers that spell a header
+// idemproxy owns with underscores for dashes (Idempotency_Key, X_Signature,
+// Idemproxy_Client_Token). Rack, WSGI, PHP and other servers that turn
+// header names into CGI-style variables (HTTP_IDEMPOTENCY_KEY) read such a
+// header as the one idemproxy set, beside it or in its place (Puma's
+// CVE-2024-45614), so it would pass a key, signature or credential of the
+// client's own choosing, or the client's token, to the provider.
+func (h *Handler) dropUnderscored(out http.Header) {
+	for k := range out {
+		if strings.IndexByte(k, '_') >= 0 && h.underscored[textproto.CanonicalMIMEHeaderKey(strings.ReplaceAll(k, "_", "-"))] {
+			delete(out, k)
+		}
+	}
 }
 
 // outbound builds the upstream request of a protected operation, as

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"strings"
 	"sync"
@@ -128,6 +129,12 @@ type Options struct {
 	// the app's own keys included, so that no client can compute or claim
 	// another's upstream key. Required with Clients; unused without.
 	KeySecret []byte
+	// OwnedHeaders names the headers the attempt layer sets on every
+	// attempt besides the key (signature, timestamp, nonce, static
+	// credentials). A client header that spells one of them, the key's or
+	// the client token's with underscores for dashes is never forwarded
+	// (see rewrite).
+	OwnedHeaders []string
 	// OnDone, if set, is called once per request with its summary (logs, metrics).
 	OnDone func(Summary)
 	// Now is the clock; nil means time.Now.
@@ -145,6 +152,11 @@ type Handler struct {
 	flights    flights
 	windows    windowLocks
 	adm        *admission
+	// underscored holds the dashed canonical names of the headers
+	// idemproxy owns (Options.OwnedHeaders, the key's, the client
+	// token's): a client header that reads as one of them once its
+	// underscores are dashes is dropped (dropUnderscored).
+	underscored map[string]bool
 }
 
 // New checks opts and builds a Handler.
@@ -182,6 +194,14 @@ func New(opts Options) (*Handler, error) {
 	h := &Handler{opt: opts, protected: map[string]bool{}, inProgress: busyError(opts.InProgressStatus, opts.InProgressCode)}
 	for _, m := range opts.Protected {
 		h.protected[strings.ToUpper(m)] = true
+	}
+	h.underscored = map[string]bool{}
+	owned := append([]string{KeyHeader}, replayLicenceHeaders...)
+	if opts.Clients != nil {
+		owned = append(owned, opts.Clients.Header())
+	}
+	for _, n := range append(owned, opts.OwnedHeaders...) {
+		h.underscored[textproto.CanonicalMIMEHeaderKey(strings.ReplaceAll(n, "_", "-"))] = true
 	}
 	h.flights.m = map[store.ID]*flight{}
 	h.adm = newAdmission(opts.MaxInflight, opts.MaxInflightBytes)
