@@ -39,7 +39,7 @@ type config struct {
 	StoreURL         string        `env:"STORE_URL" doc:"postgres:// or postgresql:// URL of a database that replicas share; empty = the embedded Badger store in DATA_DIR, one process (secret)"`
 	StoreURLFile     string        `env:"STORE_URL_FILE,file" doc:"path of a file holding STORE_URL"`
 	StoreLease       time.Duration `env:"STORE_LEASE" envDefault:"20s" doc:"with STORE_URL: how long a replica owns a key it is running, renewed every third of it; a dead replica's keys are resumed by another after it"`
-	RecordTTL        time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept; must exceed RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s (in-flight records expire with it too; records whose outcome is unknown never do)"`
+	RecordTTL        time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept; must exceed RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s (records in flight or whose outcome is unknown never expire)"`
 	MaxBodyBytes     int64         `env:"MAX_BODY_BYTES" envDefault:"1048576" doc:"request body cap (413 above it); at most 64 MiB"`
 	MaxInflight      int64         `env:"MAX_INFLIGHT" envDefault:"0" doc:"requests served at once, from arrival to answer; past it 503 overloaded with Retry-After, nothing sent, key left free (repeats of stored orders are still replayed); 0 = three quarters of the client connections ulimit -n allows, at most 1024 (see Sizing limits)"`
 	MaxInflightBytes int64         `env:"MAX_INFLIGHT_BYTES" envDefault:"0" doc:"request body bytes held at once, reserved from Content-Length before reading (chunked bodies as they arrive); past it 503 overloaded as above; 0 = a quarter of the Go memory limit (a tenth of the container's), else 64 MiB; at least MAX_BODY_BYTES"`
@@ -393,11 +393,11 @@ func (c *config) checkNumbers() error {
 		// Bodies are held in memory while their operation runs: a cap in
 		// the terabytes is a typo that only an OOM kill would report.
 		{"MAX_BODY_BYTES", c.MaxBodyBytes > 0 && c.MaxBodyBytes <= maxBodyLimit, "a positive number of bytes up to 64 MiB (67108864)"},
-		// In-flight records expire with the TTL too: a TTL shorter than the
-		// lease would let a second sequence start while the first still runs.
 		{"MAX_INFLIGHT", c.MaxInflight >= 0, "0 (derived) or a positive number of requests"},
 		// A body at the cap must fit in the byte bound, or it is refused for ever.
 		{"MAX_INFLIGHT_BYTES", c.MaxInflightBytes == 0 || c.MaxInflightBytes >= c.MaxBodyBytes, "0 (derived) or at least MAX_BODY_BYTES"},
+		// A final answer kept for less than one attempt sequence could be
+		// gone before the app's own blind retries of it are over.
 		{"RECORD_TTL", c.RecordTTL > c.lease(), fmt.Sprintf("longer than the in-flight lease, RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s = %s", c.lease())},
 		{"INFLIGHT_WAIT", c.InflightWait > 0, "a positive duration"},
 		{"STORE_LEASE", c.StoreLease >= time.Second && c.StoreLease < c.RecordTTL, "from 1s to less than RECORD_TTL"},

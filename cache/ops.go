@@ -345,9 +345,10 @@ func (s *Store) put(txn *badger.Txn, key []byte, buf *[]byte, rec *store.Record,
 	s.lastPut.Store(now.UnixNano())
 	s.puts.Add(1)
 	e := badger.NewEntry(key, val).WithMeta(byte(rec.State))
-	// A superseded record is kept for good, and so is an unknown one until it
-	// is resumed: forgotten, its operation would be sent again as a new one.
-	if s.ttl > 0 && !rec.Superseded && rec.State != store.Unknown {
+	// Only a final record expires. A superseded one is kept for good, and an
+	// in-flight or unknown one until it is final: forgotten, its operation
+	// would be sent again as a new one.
+	if s.ttl > 0 && rec.State == store.Final && !rec.Superseded {
 		e.ExpiresAt = uint64(now.Add(s.ttl).Unix())
 	}
 	rec.ExpiresAt = expiresAt(e.ExpiresAt)

@@ -308,10 +308,6 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 const (
 	// live is the condition of a record that has not expired.
 	live = `(expires_at IS NULL OR expires_at > now())`
-	// expiry is the expires_at of a write: $4 (the TTL) microseconds from
-	// now, or never; batchExpiry is the same with the TTL in $1.
-	expiry      = `CASE WHEN $4::bigint = 0 THEN NULL ELSE now() + $4 * interval '1 microsecond' END`
-	batchExpiry = `CASE WHEN $1::bigint = 0 THEN NULL ELSE now() + $1 * interval '1 microsecond' END`
 	// columns are what readRecord scans.
 	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded,
 		method, path, upstream_key, expires_at, last_body`
@@ -321,17 +317,18 @@ const (
 // or take over an expired record or the same request's record whose lease
 // ran out or whose outcome is unknown. An expired record counts as missing:
 // everything is reset. Each row's conditions are the row's own, so a batch
-// claims exactly what one statement per key would. $1 is the TTL (expiry);
-// the arrays are one element per key: $2 tenant, $3 key, $4 fingerprint, $5
-// owner, $6 lease in microseconds, $7 method, $8 path, $9 upstream key.
+// claims exactly what one statement per key would. An in-flight record
+// never expires (store.InFlight): its expires_at is NULL. The arrays are one
+// element per key: $1 tenant, $2 key, $3 fingerprint, $4 owner, $5 lease in
+// microseconds, $6 method, $7 path, $8 upstream key.
 // Parameters are positional here and in the other writes of a request (pgx
 // rewrites a statement with named ones on every call).
 const claims = `
 INSERT INTO idemproxy_records AS r (tenant, key, state, fingerprint, owner, fence, lease_until, created_at, expires_at,
 	method, path, upstream_key)
-SELECT v.tenant, v.key, 1, v.fingerprint, v.owner, 1, now() + v.lease * interval '1 microsecond', now(), ` + batchExpiry + `,
+SELECT v.tenant, v.key, 1, v.fingerprint, v.owner, 1, now() + v.lease * interval '1 microsecond', now(), NULL,
 	v.method, v.path, v.upstream_key
-FROM unnest($2::bytea[], $3::bytea[], $4::bytea[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[])
+FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::text[])
 	AS v(tenant, key, fingerprint, owner, lease, method, path, upstream_key)
 ON CONFLICT (tenant, key) DO UPDATE SET
 	state = 1, owner = excluded.owner, lease_until = excluded.lease_until, expires_at = excluded.expires_at,
@@ -443,12 +440,12 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 	ttl := micros(s.opt.TTL)
 	switch {
 	case nf == 0:
-		rows, err = conn.Query(ctx, claims, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups)
+		rows, err = conn.Query(ctx, claims, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups)
 	case nc == 0:
 		rows, err = conn.Query(ctx, completes, ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
 	default:
-		rows, err = conn.Query(ctx, both, ttl, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups,
-			f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
+		rows, err = conn.Query(ctx, both, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups,
+			ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
 	}
 	if err != nil {
 		return err
@@ -592,20 +589,22 @@ const owned = `tenant = $1 AND key = $2 AND owner = $3 AND ` + inFlight + ` AND 
 
 // completesFrom is Complete's one statement, for a batch of keys (see
 // group): each row becomes final only if it is still its caller's live
-// in-flight record, as owned says for one. $1 is the TTL (expiry); the
-// arrays are one element per key, from $<first> on: tenant, key, owner,
-// status, header, body, first send (NULL keeps the kept one; least ignores
-// NULLs). It returns the keys it wrote.
-func completesFrom(first int) string {
+// in-flight record, as owned says for one. $<ttl> is the TTL in
+// microseconds, 0 for none: a final record expires that long after it is
+// written. The arrays are one element per key, from $<first> on: tenant,
+// key, owner, status, header, body, first send (NULL keeps the kept one;
+// least ignores NULLs). It returns the keys it wrote.
+func completesFrom(ttl, first int) string {
 	return fmt.Sprintf(`
 UPDATE idemproxy_records AS t SET state = 2, lease_until = NULL,
-	status = v.status, header = v.header, body = v.body, last_body = NULL, expires_at = `+batchExpiry+`,
+	status = v.status, header = v.header, body = v.body, last_body = NULL,
+	expires_at = CASE WHEN $%[1]d::bigint = 0 THEN NULL ELSE now() + $%[1]d * interval '1 microsecond' END,
 	first_sent_at = least(t.first_sent_at, v.sent)
-FROM unnest($%d::bytea[], $%d::bytea[], $%d::text[], $%d::integer[], $%d::bytea[], $%d::bytea[], $%d::timestamptz[])
+FROM unnest($%[2]d::bytea[], $%[3]d::bytea[], $%[4]d::text[], $%[5]d::integer[], $%[6]d::bytea[], $%[7]d::bytea[], $%[8]d::timestamptz[])
 	AS v(tenant, key, owner, status, header, body, sent)
 WHERE t.tenant = v.tenant AND t.key = v.key AND t.owner = v.owner AND t.`+inFlight+`
 	AND (t.expires_at IS NULL OR t.expires_at > now())
-RETURNING t.tenant, t.key`, first, first+1, first+2, first+3, first+4, first+5, first+6)
+RETURNING t.tenant, t.key`, ttl, first, first+1, first+2, first+3, first+4, first+5, first+6)
 }
 
 // The statements of a round (see writeBatch): claims alone, final answers
@@ -613,8 +612,8 @@ RETURNING t.tenant, t.key`, first, first+1, first+2, first+3, first+4, first+5, 
 // (a round holds each key once), and the rows of both come back, the final
 // answers' with placeholders for what only a claim returns.
 var (
-	completes = completesFrom(2)
-	both      = `WITH c AS (` + claims + `), f AS (` + completesFrom(10) + `)
+	completes = completesFrom(1, 2)
+	both      = `WITH c AS (` + claims + `), f AS (` + completesFrom(9, 10) + `)
 SELECT true, tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body FROM c
 UNION ALL
 SELECT false, tenant, key, 0, NULL, now(), NULL, NULL, 0, '', NULL FROM f`
@@ -681,8 +680,7 @@ func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time
 		return fmt.Errorf("pgstore: renew: lease %v is not positive", lease)
 	}
 	return s.ownerWrite(ctx, "renew", id, owner, `UPDATE idemproxy_records SET
-		lease_until = now() + $5 * interval '1 microsecond', expires_at = `+expiry+` WHERE `+owned,
-		micros(s.opt.TTL), micros(lease))
+		lease_until = now() + $4 * interval '1 microsecond', expires_at = NULL WHERE `+owned, micros(lease))
 }
 
 // Park implements store.Store.Park.

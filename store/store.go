@@ -115,8 +115,8 @@ type Record struct {
 	// for operators. Records written before a store kept them have them empty.
 	Method, Path, UpstreamKey string
 	// ExpiresAt is when the record expires by the store's clock (its TTL
-	// after its last write); zero when it never does (no TTL, Unknown, or
-	// Superseded). Stores may round it to the second.
+	// after its last write); zero when it never does (no TTL, InFlight,
+	// Unknown, or Superseded). Stores may round it to the second.
 	ExpiresAt time.Time
 	// Superseded marks a final record whose order an operator moved to its
 	// next key generation (see Supersede): requests for the order use the
@@ -223,9 +223,10 @@ var (
 // Store is a durable record store. Implementations are safe for concurrent
 // use, by goroutines and, for a shared store, by several processes.
 //
-// Time: every record but an Unknown or Superseded one expires TTL after its
-// last write, by the store's clock (TTL is a store option and must outlast
-// any lease); an expired record is
+// Time: a Final record that is not Superseded expires TTL after its last
+// write, by the store's clock; an InFlight or Unknown one never does (its
+// operation may have reached the provider, and forgotten it would be sent
+// again as a new one), nor does a Superseded one. An expired record is
 // treated exactly like a missing one by every method. Leases are measured by
 // the store's lease clock (the database's for a shared store), never by the
 // caller's. A lease that ran out is lost only once another Begin takes the

@@ -541,18 +541,35 @@ func testExpiry(t *testing.T, s store.Store, advance func(time.Duration)) {
 	}
 	inflight := newID("inflight")
 	mustBegin(t, s, inflight, fpA, "i", Long)
-	advance(4 * time.Second) // twice the TTL: past any rounding of expiry times
-	for _, x := range []store.ID{id, inflight} {
-		_, err := s.Get(ctx, x)
-		wantErr(t, "Get after the TTL", err, store.ErrNotFound)
+	if rec := get(t, s, inflight); !rec.ExpiresAt.IsZero() {
+		t.Fatalf("in-flight record expires at %v, want never", rec.ExpiresAt)
 	}
-	// Expired is missing: a new request with another body starts afresh, and
-	// the old owner lost its record.
+	advance(4 * time.Second) // twice the TTL: past any rounding of expiry times
+	_, err := s.Get(ctx, id)
+	wantErr(t, "Get of a final record after the TTL", err, store.ErrNotFound)
+	// Expired is missing: a new request with another body starts afresh.
 	rec := mustBegin(t, s, id, fpB, "o2", Long)
 	if rec.Fence != 1 || !bytes.Equal(rec.Fingerprint, fpB) {
 		t.Fatalf("Begin after expiry = %+v, want a new record", rec)
 	}
-	wantErr(t, "Complete of an expired record", s.Complete(ctx, inflight, "i", ok, time.Time{}), store.ErrNotOwner)
+	// An in-flight record never expires: its operation may have reached the
+	// provider (a replica that died mid-operation leaves it so), and
+	// forgotten it would be sent again as a new one. Its owner still holds it.
+	if rec, created := begin(t, s, inflight, fpA, "i2", Long); created || rec.Owner != "i" || rec.State != store.InFlight {
+		t.Fatalf("Begin of an in-flight record past the TTL = created %v, %+v; want it kept, held by its owner", created, rec)
+	}
+	if err := s.Renew(ctx, inflight, "i", Long); err != nil {
+		t.Fatalf("Renew past the TTL: %v", err)
+	}
+	if rec := get(t, s, inflight); !rec.ExpiresAt.IsZero() {
+		t.Fatalf("renewed in-flight record expires at %v, want never", rec.ExpiresAt)
+	}
+	if err := s.Complete(ctx, inflight, "i", ok, time.Time{}); err != nil {
+		t.Fatalf("Complete of an in-flight record past the TTL: %v", err)
+	}
+	if rec := get(t, s, inflight); rec.State != store.Final || rec.ExpiresAt.IsZero() {
+		t.Fatalf("completed record = %+v, want final with an expiry", rec)
+	}
 	// An unknown record never expires: forgetting it would let the next
 	// request send the operation as a new one, long after the provider may
 	// have forgotten its key. It is resumed, outcome and all.
