@@ -245,18 +245,21 @@ func TestTTL(t *testing.T) {
 		}
 	}
 	c.Advance(time.Minute)
-	for _, id := range []store.ID{final, inflight} {
-		if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
-			t.Fatalf("Get %s after TTL = %v, want store.ErrNotFound", id.Key, err)
-		}
-		if err := s.Complete(ctx, id, "owner-2", okRes, time.Time{}); !errors.Is(err, store.ErrNotOwner) {
-			t.Fatalf("Complete %s after TTL = %v, want store.ErrNotOwner", id.Key, err)
-		}
-		rec, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fpB}, "owner-3", time.Minute)
-		if err != nil || !created || !bytes.Equal(rec.Fingerprint, fpB) {
-			t.Fatalf("Begin %s after TTL = %+v created %v, %v; want a fresh record", id.Key, rec, created, err)
-		}
+	if _, err := s.Get(ctx, final); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get final after TTL = %v, want store.ErrNotFound", err)
 	}
+	if err := s.Complete(ctx, final, "owner-1", okRes, time.Time{}); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("Complete final after TTL = %v, want store.ErrNotOwner", err)
+	}
+	rec, created, err := s.Begin(ctx, final, store.Request{Fingerprint: fpB}, "owner-3", time.Minute)
+	if err != nil || !created || !bytes.Equal(rec.Fingerprint, fpB) {
+		t.Fatalf("Begin final after TTL = %+v created %v, %v; want a fresh record", rec, created, err)
+	}
+	// An in-flight record never expires: its owner still completes it.
+	if rec, err := s.Get(ctx, inflight); err != nil || rec.State != store.InFlight {
+		t.Fatalf("Get in-flight after TTL = %+v, %v; want it kept", rec, err)
+	}
+	mustComplete(t, s, inflight, "owner-2")
 }
 
 func TestTenantIsolation(t *testing.T) {
