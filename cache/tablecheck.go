@@ -46,6 +46,9 @@ func checkTables(dir string, bopts badger.Options) error {
 	if err := removeEmptyLogs(dir); err != nil {
 		return err
 	}
+	if err := checkManifestWhole(dir, bopts); err != nil {
+		return err
+	}
 	ids, ok := manifestTables(dir, bopts)
 	if !ok {
 		return nil
@@ -87,6 +90,68 @@ func removeEmptyLogs(dir string) error {
 		}
 	}
 	return nil
+}
+
+// checkManifestWhole refuses a directory whose MANIFEST lost table entries
+// that no crash can lose, before Badger opens it: Badger would start from
+// what is left and delete every table file the MANIFEST no longer names
+// (revertToManifest), so every record in them would be gone without a word.
+//
+//   - No MANIFEST, but table files: Badger creates the MANIFEST before any
+//     table and replaces it only by rename, so it is never missing once a
+//     table exists. Badger would start empty.
+//   - A MANIFEST that ends in a partial entry (cut short) while table files it
+//     does not name exist and no write-ahead log (*.mem) does. A crash can cut
+//     the last entry short (a power loss during its append), but Badger adds
+//     a table to the MANIFEST while the log it was flushed from, or the
+//     tables it was compacted from, are still there; and a store that was
+//     running always has a log, which only a clean Close deletes, after
+//     syncing the MANIFEST. Without a log the store was closed cleanly, so
+//     the MANIFEST was cut short after that: those tables hold records found
+//     nowhere else.
+//
+// A MANIFEST cut at an entry boundary, or cut short while a log exists, is
+// not caught: it looks like what a crash leaves.
+func checkManifestWhole(dir string, bopts badger.Options) error {
+	tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
+	if err != nil || len(tables) == 0 {
+		return err
+	}
+	f, err := os.Open(filepath.Join(dir, badger.ManifestFilename))
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s is missing but table files (*.sst) are there (%d): the store would start empty and delete them, "+
+			"losing every record in them; restore the directory from a backup, or move it aside to start empty", badger.ManifestFilename, len(tables))
+	}
+	if err != nil {
+		return nil // badger.Open reports it
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	m, end, err := badger.ReplayManifestFile(f, bopts.ExternalMagicVersion, bopts)
+	if err != nil || end >= st.Size() {
+		return nil // damage badger.Open refuses itself, or a whole MANIFEST
+	}
+	logs, err := filepath.Glob(filepath.Join(dir, "*.mem"))
+	if err != nil || len(logs) > 0 {
+		return err
+	}
+	var unnamed []string
+	for _, path := range tables {
+		if id, ok := table.ParseFileID(path); ok {
+			if _, named := m.Tables[id]; !named {
+				unnamed = append(unnamed, filepath.Base(path))
+			}
+		}
+	}
+	if len(unnamed) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s is cut short (%d of its %d bytes are whole) and no longer names table files of a store "+
+		"that was closed cleanly: the store would delete them, losing every record in them; restore the directory from a backup, "+
+		"or move it aside to start empty (unnamed: %s)", badger.ManifestFilename, end, st.Size(), strings.Join(unnamed, ", "))
 }
 
 // manifestTables returns the ids of the tables dir's MANIFEST references,

@@ -1,0 +1,123 @@
+package main
+
+// A data directory damaged between two runs: the start must stop with a
+// message naming IDEMPROXY_DATA_DIR, and must not delete what it could not
+// account for, so that the records come back once the damage is repaired.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A MANIFEST removed, or cut short, after a clean shutdown: Badger would
+// start from what is left and delete every table file the MANIFEST no longer
+// names, so that every acknowledged answer was gone and the next repeat of
+// each order reached the provider again (seen: 0 of 100 replayed, the start
+// logging nothing). The start is refused, the tables stay, and with the
+// MANIFEST put back every answer replays.
+func TestBinaryRefusesDamagedManifest(t *testing.T) {
+	prov := &crashProvider{size: 2000, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	for _, c := range []struct {
+		name   string
+		damage func(t *testing.T, manifest string)
+	}{
+		{"removed", func(t *testing.T, manifest string) {
+			if err := os.Remove(manifest); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"cut by a byte", func(t *testing.T, manifest string) { cutFile(t, manifest, 1) }},
+		{"cut to half", func(t *testing.T, manifest string) {
+			st, err := os.Stat(manifest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cutFile(t, manifest, st.Size()/2)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			env := baseEnv(up.URL, dir)
+			p := launch(t, launchSpec{env: env})
+			var all []acked
+			for i := range 100 {
+				a, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("%s-%d", c.name, i))
+				if !ok {
+					t.Fatalf("order %d refused:\n%s", i, p.text())
+				}
+				a.hits = prov.hitsOf(a.key)
+				all = append(all, a)
+			}
+			if err := p.terminate(t); err != nil { // Close flushes the records into a table
+				t.Fatalf("exit: %v\n%s", err, p.text())
+			}
+			tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+			if len(tables) == 0 {
+				t.Fatal("no table file after a clean shutdown; the test would prove nothing")
+			}
+			manifest := filepath.Join(dir, "MANIFEST")
+			whole, err := os.ReadFile(manifest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.damage(t, manifest)
+
+			out := startStopsWith(t, 1, env)
+			if !strings.Contains(out, "IDEMPROXY_DATA_DIR="+dir) || !strings.Contains(out, "MANIFEST") {
+				t.Errorf("start on the damaged directory does not name IDEMPROXY_DATA_DIR and the MANIFEST:\n%s", out)
+			}
+			for _, f := range tables {
+				if _, err := os.Stat(f); err != nil {
+					t.Errorf("table %s gone after the refused start: %v", f, err)
+				}
+			}
+
+			// Repaired (the MANIFEST from a backup): every answer is there.
+			if err := os.WriteFile(manifest, whole, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			p = launch(t, launchSpec{env: env})
+			verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+		})
+	}
+}
+
+// cutFile removes the last n bytes of path.
+func cutFile(t *testing.T, path string, n int64) {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, st.Size()-n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startStopsWith runs the binary with env, expects it to stop at start with
+// status, and returns what it printed. A binary that serves instead is killed
+// after 20 s, which fails the test.
+func startStopsWith(t *testing.T, status int, env []string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != status {
+		t.Fatalf("start: %v, want exit status %d; output:\n%s", err, status, out)
+	}
+	return string(out)
+}
