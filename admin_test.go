@@ -147,6 +147,9 @@ func TestHealthcheckCommand(t *testing.T) {
 }
 
 func TestCommandUsage(t *testing.T) {
+	var vars strings.Builder
+	printVariables(&vars)
+	variablesHelp := vars.String()
 	cases := []struct {
 		args       []string
 		want       int
@@ -156,9 +159,9 @@ func TestCommandUsage(t *testing.T) {
 		{[]string{"version"}, 0, version + "\n", ""},
 		{[]string{"serve-please"}, 2, "", "unknown command"},
 		// Help is asked for, not a mistake: on stdout, exit 0.
-		{[]string{"--help"}, 0, usage, ""},
-		{[]string{"-h"}, 0, usage, ""},
-		{[]string{"help"}, 0, usage, ""},
+		{[]string{"--help"}, 0, usage + variablesHelp, ""},
+		{[]string{"-h"}, 0, usage + variablesHelp, ""},
+		{[]string{"help"}, 0, usage + variablesHelp, ""},
 		{[]string{"records", "--help"}, 0, "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n", ""},
 		{[]string{"orders", "-h"}, 0, "usage: " + ordersUsage + "\n", ""},
 		{nil, 2, "", "IDEMPROXY_UPSTREAM_URL"}, // serving needs the upstream

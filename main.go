@@ -23,7 +23,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -64,6 +66,7 @@ func command(args, environ []string, stdout, stderr io.Writer) int {
 	}
 	if isHelp(args[0]) {
 		fmt.Fprint(stdout, usage)
+		printVariables(stdout)
 		return 0
 	}
 	fmt.Fprintf(stderr, "idemproxy: unknown command %q\n%s", args[0], usage)
@@ -85,6 +88,32 @@ from --admin or IDEMPROXY_ADMIN_ADDR, its token from IDEMPROXY_ADMIN_TOKEN or
 IDEMPROXY_ADMIN_TOKEN_FILE. Their output is for people; --json prints the API's answer.
 Exit status: 0 done, 1 failed (the API refused, or could not be reached), 2 bad usage.
 `
+
+// printVariables prints every configuration variable with its default and
+// meaning, from config's tags (as the README's table), for --help.
+func printVariables(w io.Writer) {
+	fmt.Fprint(w, `
+Configuration is environment variables only; a bad value stops the start with
+exit status 2 and a message naming the variable. <NAME>_FILE reads a secret
+from a file.
+
+`)
+	t := reflect.TypeFor[config]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
+		def, ok := f.Tag.Lookup("envDefault")
+		switch {
+		case strings.Contains(opts, "required"):
+			def = "required"
+		case !ok:
+			def = "default empty"
+		default:
+			def = "default " + def
+		}
+		fmt.Fprintf(w, "%s%s (%s)\n    %s\n", envPrefix, name, def, f.Tag.Get("doc"))
+	}
+}
 
 // serveFromEnv loads the configuration and serves until SIGTERM or SIGINT. A
 // second signal during the drain stops the process at once: what was in flight

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// `idemproxy --help` (and help, -h) prints every variable with the default of
+// the contract's table and exits 0; it once printed only the commands,
+// leaving an operator without the variables and their defaults at hand.
+func TestBinaryHelpListsVariablesAndDefaults(t *testing.T) {
+	// The contract's table (docs/contract.md, Configuration).
+	defaults := map[string]string{
+		"UPSTREAM_URL":           "required",
+		"LISTEN_ADDR":            "default :8080",
+		"ADMIN_ADDR":             "default :9090",
+		"DATA_DIR":               "default ./data",
+		"RECORD_TTL":             "default 72h",
+		"MAX_BODY_BYTES":         "default 1048576",
+		"INFLIGHT_WAIT":          "default 10s",
+		"KEY_SOURCES":            "default json:order_id",
+		"MISSING_KEY":            "default reject",
+		"SIGN_SECRET":            "default empty",
+		"SIGN_CANONICAL":         `default {timestamp}\n{method}\n{path}\n{body}`,
+		"SIGN_ENCODING":          "default hex",
+		"SIGNATURE_HEADER":       "default X-Signature",
+		"TIMESTAMP_HEADER":       "default X-Timestamp",
+		"NONCE_HEADER":           "default empty",
+		"STATIC_HEADERS":         "default empty",
+		"RETRY_MAX_ATTEMPTS":     "default 5",
+		"RETRY_BASE_DELAY":       "default 500ms",
+		"RETRY_MAX_DELAY":        "default 60s",
+		"RETRY_BUDGET":           "default 2m",
+		"ATTEMPT_TIMEOUT":        "default 30s",
+		"RETRY_STATUSES":         "default 429,500,502,503,504",
+		"RETRY_CODES":            "default idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen",
+		"RATE_LIMIT":             "default 0",
+		"RATE_BURST":             "default 1",
+		"STORE_URL":              "default empty",
+		"STORE_URL_FILE":         "default empty",
+		"STATUS_PROBE":           "default empty",
+		"PROVIDER_KEY_RETENTION": "default 0",
+		"ROUTES":                 "default empty",
+		"PRESET":                 "default empty",
+		"INPROGRESS_STATUS":      "default 409",
+		"INPROGRESS_CODE":        "default idempotency_in_progress",
+		"ADMIN_TOKEN":            "default empty",
+		"ADMIN_TOKEN_FILE":       "default empty",
+		"SIGN_SECRET_FILE":       "default empty",
+	}
+	for _, arg := range []string{"--help", "-h", "help"} {
+		t.Run(arg, func(t *testing.T) {
+			cmd := exec.Command(binPath, arg)
+			cmd.Env = []string{} // no configuration needed
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", arg, err, stderr.String())
+			}
+			for name, def := range defaults {
+				if want := "IDEMPROXY_" + name + " (" + def + ")\n"; !strings.Contains(string(out), want) {
+					t.Errorf("%s does not list %q", arg, strings.TrimSpace(want))
+				}
+			}
+		})
+	}
+}
