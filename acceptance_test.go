@@ -7,6 +7,7 @@ package main
 // Content-Type, and nothing sent upstream.
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -380,5 +381,35 @@ func TestAcceptanceReplayAndWaitBound(t *testing.T) {
 	defer prov.mu.Unlock()
 	if prov.execs != 1 || prov.seen != 1 {
 		t.Errorf("provider executed %d times and saw %d requests, want 1 and 1", prov.execs, prov.seen)
+	}
+}
+
+// A Content-Length over IDEMPROXY_MAX_BODY_BYTES is answered 413 at once,
+// whether or not the body follows: the answer once waited for the declared
+// body (net/http reads up to 256 KiB of an unread body before answering, to
+// keep the connection), so a client that declared more than it sent got its
+// 413 only at the read timeout, a minute later.
+func TestAcceptanceDeclaredLengthOverTheCapAnsweredAtOnce(t *testing.T) {
+	p, prov := plainBinary(t, "IDEMPROXY_MAX_BODY_BYTES=1000")
+	for _, c := range []struct{ name, body string }{
+		{"body short of its length", `{"order_id":"cl-1"}`},
+		{"no body yet", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", p.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			fmt.Fprintf(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n%s", c.body)
+			conn.SetReadDeadline(time.Now().Add(10 * time.Second)) // the read timeout is a minute
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("no answer within 10 s: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			checkRefusal(t, prov, reply{resp.StatusCode, resp.Header, string(b)}, http.StatusRequestEntityTooLarge, "body_too_large")
+		})
 	}
 }

@@ -256,6 +256,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if p := h.rule(r).Policy; p == routes.Key || p == routes.Fingerprint {
 			echoClientKey(w, r)
 		}
+		// Close after the answer: net/http would otherwise read the rest
+		// of a body under 256 KiB before answering, to keep the connection,
+		// and a client that declared more than it sends (or sends slowly)
+		// would wait for its 413 until the read timeout.
+		w.Header().Set("Connection", "close")
 		h.fail(w, sum, ErrBodyTooLong)
 		return
 	}
