@@ -167,3 +167,73 @@ func fill(t *testing.T, path string) {
 		t.Fatalf("%d blocks still free after filling %s", st.Bavail, path)
 	}
 }
+
+// The disk fills while idemproxy runs, and is freed again: a new order gets
+// 503 store_unavailable with its key and Retry-After and reaches no provider,
+// /readyz says 503; once the space is back, without a restart, /readyz says
+// 200 and the same order goes through at once, with the key the 503 named,
+// as a first send.
+func TestFullDiskRefusesThenRecovers(t *testing.T) {
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=300m"); err != nil {
+		t.Skipf("cannot mount a tmpfs for the data directory (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	prov := &crashProvider{size: 200, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := launch(t, launchSpec{env: baseEnv(up.URL, filepath.Join(mnt, "data"))})
+	client := &http.Client{Timeout: time.Minute}
+	if _, ok := postOrder(t.Context(), client, p.proxy, "room"); !ok {
+		t.Fatalf("order refused with the disk not full:\n%s", p.text())
+	}
+	filler := filepath.Join(mnt, "filler")
+	fill(t, filler)
+	waitReadyz(t, p.admin, http.StatusServiceUnavailable)
+
+	const body = `{"order_id":"no-room","amount":"1.00"}`
+	got := send(t, http.MethodPost, "http://"+p.proxy+"/v1/payouts", body)
+	key := got.header.Get("Idempotency-Key")
+	if got.status != http.StatusServiceUnavailable || !strings.Contains(got.body, `"store_unavailable"`) ||
+		got.header.Get("Retry-After") == "" || key == "" {
+		t.Fatalf("order on a full disk = %d %s (Retry-After %q, key %q); want 503 store_unavailable with Retry-After and the key",
+			got.status, got.body, got.header.Get("Retry-After"), key)
+	}
+	if h := prov.hitsOf(key); h != 0 {
+		t.Fatalf("the refused order reached the provider %d times; want none", h)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitReadyz(t, p.admin, http.StatusOK)
+	got = send(t, http.MethodPost, "http://"+p.proxy+"/v1/payouts", body)
+	if got.status != http.StatusCreated || got.header.Get("Idempotency-Key") != key || got.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("the order once space is back = %d %s (key %q, replayed %q); want 201, first sent, with key %q",
+			got.status, got.body, got.header.Get("Idempotency-Key"), got.header.Get("Idempotent-Replayed"), key)
+	}
+	if h := prov.hitsOf(key); h != 1 {
+		t.Errorf("provider saw the key %d times, want once", h)
+	}
+}
+
+// waitReadyz polls /readyz until it answers status (the store looks at the
+// free space about once a second).
+func waitReadyz(t *testing.T, admin string, status int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == status {
+			return
+		}
+	}
+	t.Fatalf("/readyz did not answer %d within a minute", status)
+}
