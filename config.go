@@ -609,3 +609,56 @@ func (s settings) secrets() []string {
 	}
 	return out
 }
+
+// warnUnknownVariables logs the IDEMPROXY_ variables that are no setting,
+// with the setting each is closest to: a misspelt IDEMPROXY_ADMIN_TOKEN or
+// IDEMPROXY_CLIENT_TOKENS would otherwise leave its feature off without a
+// word. They do not stop the start, since deployments set other
+// IDEMPROXY_ names for their own tools (IDEMPROXY_IMAGE for compose). Only
+// names are logged: a misspelt secret's value is still a secret.
+func warnUnknownVariables(environ []string, log *slog.Logger) {
+	var known []string
+	t := reflect.TypeFor[config]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("env"), ",")
+		known = append(known, envPrefix+name)
+	}
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, envPrefix) || slices.Contains(known, name) {
+			continue
+		}
+		closest, best := "", 4 // suggest only a name within 3 edits
+		for _, k := range known {
+			if d := editDistance(name, k); d < best {
+				closest, best = k, d
+			}
+		}
+		if closest != "" {
+			log.Warn("unknown variable ignored; a misspelling?", "variable", name, "did_you_mean", closest)
+		} else {
+			log.Warn("unknown variable ignored", "variable", name)
+		}
+	}
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

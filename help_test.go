@@ -67,3 +67,21 @@ func TestBinaryHelpListsVariablesAndDefaults(t *testing.T) {
 		})
 	}
 }
+
+// An IDEMPROXY_ variable that is no setting (a misspelt IDEMPROXY_ADMIN_TOKEN,
+// which left the admin API open without a word) is named in a warning at
+// start, with the setting it is closest to, and without its value.
+func TestBinaryWarnsOfUnknownVariables(t *testing.T) {
+	token := "tok_" + randomHex(t, 12)
+	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(),
+		"IDEMPROXY_ADMIN_TOKN="+token, "IDEMPROXY_MAX_BODY_BYTE=5000")})
+	for name, closest := range map[string]string{"IDEMPROXY_ADMIN_TOKN": "IDEMPROXY_ADMIN_TOKEN", "IDEMPROXY_MAX_BODY_BYTE": "IDEMPROXY_MAX_BODY_BYTES"} {
+		line := p.waitLine(t, `"variable":"`+name+`"`)
+		if !strings.Contains(line, `"level":"WARN"`) || jsonField(line, "did_you_mean") != closest {
+			t.Errorf("warning for %s = %s; want WARN naming %s", name, line, closest)
+		}
+	}
+	if strings.Contains(p.text(), token) {
+		t.Errorf("the misspelt variable's value is in the log:\n%s", p.text())
+	}
+}

@@ -125,6 +125,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 		return 2
 	}
 	log := newLogger(stderr, cfg.LogLevel, set.secrets())
+	warnUnknownVariables(environ, log)
 	setMemoryLimit(environ, cgroupLimitFiles, log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
