@@ -103,8 +103,9 @@ func Parse(s string) (*Template, error) {
 	return t, nil
 }
 
-// parseParts splits s into literals and placeholders. A '{' that does not
-// open a known placeholder is literal.
+// parseParts splits s into literals and placeholders. A '{' that opens no
+// name (JSON such as {"a":1}) is literal; one that opens an unknown name is
+// an error (see placeholder).
 func parseParts(s string) ([]part, error) {
 	var parts []part
 	lit := 0 // start of the pending literal
@@ -138,7 +139,9 @@ func parseParts(s string) ([]part, error) {
 
 // placeholder recognises the name between braces. ok is false for text that
 // is not a placeholder (JSON such as {"a":1}); err is set for one that looks
-// like a placeholder but is malformed ({req.} or {resp.a..b}).
+// like a placeholder but is malformed ({req.} or {resp.a..b}) or unknown
+// ({payment_id}, {key}): sent as literal text, it would ask the provider for
+// a resource named by the braces themselves.
 func placeholder(name string) (part, bool, error) {
 	if name == "idempotency_key" {
 		return part{src: keySource}, true, nil
@@ -150,6 +153,8 @@ func placeholder(name string) (part, bool, error) {
 		src, path = reqSource, name[len("req."):]
 	case strings.HasPrefix(name, "resp."):
 		src, path = respSource, name[len("resp."):]
+	case isName(name):
+		return part{}, false, fmt.Errorf("%w: unknown placeholder {%s}: the placeholders are {idempotency_key}, {req.<dotted.path>} and {resp.<dotted.path>}", ErrSyntax, name)
 	default:
 		return part{}, false, nil
 	}
@@ -162,6 +167,18 @@ func placeholder(name string) (part, bool, error) {
 		}
 	}
 	return part{src: src, text: path}, true, nil
+}
+
+// isName says whether s reads as a placeholder's name: a letter or '_',
+// then letters, digits, '_', '-' and '.'.
+func isName(s string) bool {
+	for i, c := range s {
+		letter := c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+		if !letter && (i == 0 || !(c == '-' || c == '.' || '0' <= c && c <= '9')) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // String returns the template as it was configured.
