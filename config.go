@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -404,7 +405,7 @@ func (c *config) checkNumbers() error {
 		{"RETRY_MAX_ATTEMPTS", c.RetryMaxAttempts >= 1 && c.RetryMaxAttempts <= retry.MaxAttemptsLimit, fmt.Sprintf("from 1 to %d", retry.MaxAttemptsLimit)},
 		{"RETRY_BASE_DELAY", c.RetryBaseDelay > 0, "a positive duration"},
 		{"RETRY_MAX_DELAY", c.RetryMaxDelay >= c.RetryBaseDelay, "at least RETRY_BASE_DELAY"},
-		{"RATE_LIMIT", c.RateLimit >= 0, "0 (off) or a positive rate"},
+		{"RATE_LIMIT", c.RateLimit >= 0 && !math.IsInf(c.RateLimit, 1), "0 (off) or a positive, finite rate"},
 		{"RATE_BURST", c.RateBurst >= 1, "at least 1"},
 		{"PROVIDER_KEY_RETENTION", c.ProviderKeyRetention >= 0, "0 (forever) or a positive duration"},
 		{"SHUTDOWN_GRACE", c.ShutdownGrace > 0, "a positive duration"},

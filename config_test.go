@@ -27,6 +27,11 @@ func TestConfigBounds(t *testing.T) {
 		{"absurd body cap", []string{"IDEMPROXY_MAX_BODY_BYTES=1099511627776"}, []string{"IDEMPROXY_MAX_BODY_BYTES", "64 MiB"}},
 		{"byte bound below the body cap", []string{"IDEMPROXY_MAX_BODY_BYTES=1048576", "IDEMPROXY_MAX_INFLIGHT_BYTES=1000000"}, []string{"IDEMPROXY_MAX_INFLIGHT_BYTES", "MAX_BODY_BYTES"}},
 		{"negative request bound", []string{"IDEMPROXY_MAX_INFLIGHT=-1"}, []string{"IDEMPROXY_MAX_INFLIGHT"}},
+		// +Inf once started with no limit at all, as if it were 0 (off).
+		{"infinite rate", []string{"IDEMPROXY_RATE_LIMIT=+Inf"}, []string{"IDEMPROXY_RATE_LIMIT"}},
+		{"rate not a number", []string{"IDEMPROXY_RATE_LIMIT=NaN"}, []string{"IDEMPROXY_RATE_LIMIT"}},
+		// An unknown placeholder once went to the provider as literal braces.
+		{"probe placeholder unknown", []string{"IDEMPROXY_STATUS_PROBE=GET /payments/{payment_id}"}, []string{"IDEMPROXY_STATUS_PROBE", "{payment_id}"}},
 		{"same listen and admin address", []string{"IDEMPROXY_LISTEN_ADDR=:8080", "IDEMPROXY_ADMIN_ADDR=:8080"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
 		// These once started, opened the store, and stopped with status 1
 		// and "listen bogus: ...", naming no variable.
