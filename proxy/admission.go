@@ -16,8 +16,8 @@ import (
 // written, so the same request with the same key may be sent again after
 // Retry-After.
 var (
-	ErrOverloaded      = &Error{http.StatusServiceUnavailable, CodeOverloaded, "too many requests in flight; nothing was sent upstream: retry with the same Idempotency-Key after Retry-After"}
-	ErrOverloadedBytes = &Error{http.StatusServiceUnavailable, CodeOverloaded, "too many request body bytes in flight; nothing was sent upstream: retry with the same Idempotency-Key after Retry-After"}
+	ErrOverloaded      = &Error{http.StatusServiceUnavailable, CodeOverloaded, "too many requests in flight; nothing was sent upstream: send the request again after Retry-After (with the same Idempotency-Key, if it has one)"}
+	ErrOverloadedBytes = &Error{http.StatusServiceUnavailable, CodeOverloaded, "too many request body bytes in flight; nothing was sent upstream: send the request again after Retry-After (with the same Idempotency-Key, if it has one)"}
 )
 
 // Limits named in Summary.Limit for an overloaded request.
