@@ -25,10 +25,12 @@ import (
 	"time"
 )
 
-func TestSIGTERMOnFullDisk(t *testing.T) {
+// smallDisk mounts a 300 MiB tmpfs for a data directory, unmounted at the
+// end: big enough for the store's default free-space reserve (260 MiB) plus
+// what a test's orders write, so that they are accepted until it fills.
+func smallDisk(t *testing.T) string {
+	t.Helper()
 	mnt := t.TempDir()
-	// Big enough for the store's default free-space reserve (260 MiB) plus
-	// what the orders below write, so that they are accepted.
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=300m"); err != nil {
 		t.Skipf("cannot mount a tmpfs for the data directory (needs root or CAP_SYS_ADMIN): %v", err)
 	}
@@ -37,6 +39,11 @@ func TestSIGTERMOnFullDisk(t *testing.T) {
 			t.Errorf("unmount %s: %v", mnt, err)
 		}
 	})
+	return mnt
+}
+
+func TestSIGTERMOnFullDisk(t *testing.T) {
+	mnt := smallDisk(t)
 	const size = 16 << 10
 	prov := &crashProvider{size: size, hits: map[string]int{}}
 	up := httptest.NewServer(prov)
@@ -174,15 +181,7 @@ func fill(t *testing.T, path string) {
 // 200 and the same order goes through at once, with the key the 503 named,
 // as a first send.
 func TestFullDiskRefusesThenRecovers(t *testing.T) {
-	mnt := t.TempDir()
-	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=300m"); err != nil {
-		t.Skipf("cannot mount a tmpfs for the data directory (needs root or CAP_SYS_ADMIN): %v", err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(mnt, 0); err != nil {
-			t.Errorf("unmount %s: %v", mnt, err)
-		}
-	})
+	mnt := smallDisk(t)
 	prov := &crashProvider{size: 200, hits: map[string]int{}}
 	up := httptest.NewServer(prov)
 	defer up.Close()
