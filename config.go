@@ -286,10 +286,16 @@ func parseMethods(s string) ([]string, error) {
 	return out, nil
 }
 
-// secret returns the value of NAME or NAME_FILE, never both.
+// secret returns the value of NAME or NAME_FILE, never both. A value of
+// white space only is refused, as an empty file is (emptySecretFiles): a
+// secret provisioned blank would turn its feature on with a key anyone can
+// guess, or be taken for none.
 func secret(name, val, fromFile string) (string, error) {
 	if val != "" && fromFile != "" {
 		return "", fmt.Errorf("%s%s and %s%s_FILE are both set; use one", envPrefix, name, envPrefix, name)
+	}
+	if val != "" && strings.TrimSpace(val) == "" {
+		return "", fmt.Errorf("%s%s holds only white space: unset it, or set the value", envPrefix, name)
 	}
 	if fromFile != "" {
 		return strings.TrimRight(fromFile, "\r\n"), nil

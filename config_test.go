@@ -27,6 +27,11 @@ func TestConfigBounds(t *testing.T) {
 		{"absurd body cap", []string{"IDEMPROXY_MAX_BODY_BYTES=1099511627776"}, []string{"IDEMPROXY_MAX_BODY_BYTES", "64 MiB"}},
 		{"byte bound below the body cap", []string{"IDEMPROXY_MAX_BODY_BYTES=1048576", "IDEMPROXY_MAX_INFLIGHT_BYTES=1000000"}, []string{"IDEMPROXY_MAX_INFLIGHT_BYTES", "MAX_BODY_BYTES"}},
 		{"negative request bound", []string{"IDEMPROXY_MAX_INFLIGHT=-1"}, []string{"IDEMPROXY_MAX_INFLIGHT"}},
+		// Secrets of white space only once started: signing with a key of
+		// three spaces, or client tokens that parse as none.
+		{"sign secret of spaces", []string{"IDEMPROXY_SIGN_SECRET=   "}, []string{"IDEMPROXY_SIGN_SECRET", "white space"}},
+		{"client tokens of spaces", []string{"IDEMPROXY_CLIENT_TOKENS= ", "IDEMPROXY_KEY_SECRET=0123456789abcdef"}, []string{"IDEMPROXY_CLIENT_TOKENS", "white space"}},
+		{"key secret of spaces", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=                "}, []string{"IDEMPROXY_KEY_SECRET", "white space"}},
 		// +Inf once started with no limit at all, as if it were 0 (off).
 		{"infinite rate", []string{"IDEMPROXY_RATE_LIMIT=+Inf"}, []string{"IDEMPROXY_RATE_LIMIT"}},
 		{"rate not a number", []string{"IDEMPROXY_RATE_LIMIT=NaN"}, []string{"IDEMPROXY_RATE_LIMIT"}},
