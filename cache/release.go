@@ -29,6 +29,11 @@ const releaseChunk = 1000
 // of an earlier sequence's Outcome, else the claim time, the earliest it
 // may have been sent) is kept, and with it the status probe and the
 // provider key retention guard that come before its re-send.
+//
+// It also takes the expiry off every Unknown record that has one: a
+// version before unknown records stopped expiring wrote them with the TTL,
+// and forgotten, their operation would start afresh as a new one, past the
+// retention guard and the probe. Those are not counted.
 func (s *Store) ReleaseInFlight() (int, error) {
 	const op = "release in-flight"
 	if err := s.enter(op); err != nil {
@@ -52,15 +57,15 @@ func (s *Store) ReleaseInFlight() (int, error) {
 	return released, nil
 }
 
-// inFlightKeys lists the keys of in-flight records from UserMeta alone,
-// without reading values.
+// inFlightKeys lists the keys of in-flight records, and of unknown ones
+// that expire (expiringUnknown), from UserMeta alone, without reading values.
 func (s *Store) inFlightKeys() ([][]byte, error) {
 	var keys [][]byte
 	err := s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(recordPrefix)})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
-			if it.Item().UserMeta() == byte(store.InFlight) {
+			if it.Item().UserMeta() == byte(store.InFlight) || expiringUnknown(it.Item()) {
 				keys = append(keys, it.Item().KeyCopy(nil))
 			}
 		}
@@ -75,6 +80,7 @@ func (s *Store) release(keys [][]byte) (int, error) {
 	var n int
 	err := s.update(context.Background(), "release", func(txn *badger.Txn, now time.Time) (bool, error) {
 		n = 0
+		kept := false
 		for _, k := range keys {
 			item, err := txn.Get(k)
 			if errors.Is(err, badger.ErrKeyNotFound) {
@@ -82,6 +88,13 @@ func (s *Store) release(keys [][]byte) (int, error) {
 			}
 			if err != nil {
 				return false, err
+			}
+			if expiringUnknown(item) {
+				if err := s.keepUnknown(txn, k, item, now); err != nil {
+					return false, err
+				}
+				kept = true
+				continue
 			}
 			if item.UserMeta() != byte(store.InFlight) {
 				continue
@@ -91,7 +104,7 @@ func (s *Store) release(keys [][]byte) (int, error) {
 			}
 			n++
 		}
-		return n > 0, nil
+		return n > 0 || kept, nil
 	})
 	if err != nil {
 		return 0, err
@@ -122,6 +135,28 @@ func (s *Store) releaseOne(txn *badger.Txn, k []byte, item *badger.Item, now tim
 		return txn.Delete(k) // a start must not fail on a nearly full disk
 	} else if err != nil {
 		return err
+	}
+	return nil
+}
+
+// expiringUnknown says whether item is an Unknown record with an expiry,
+// which only a version before unknown records stopped expiring wrote.
+func expiringUnknown(item *badger.Item) bool {
+	return item.UserMeta() == byte(store.Unknown) && item.ExpiresAt() != 0
+}
+
+// keepUnknown writes the Unknown record at k again as it is, which put
+// does without an expiry. One that cannot be decoded is left as it is.
+func (s *Store) keepUnknown(txn *badger.Txn, k []byte, item *badger.Item, now time.Time) error {
+	var rec store.Record
+	if err := item.Value(func(v []byte) (err error) {
+		rec, err = decodeRecord(v)
+		return err
+	}); err != nil {
+		return nil
+	}
+	if err := s.put(txn, k, nil, &rec, now); err != nil && !errors.Is(err, store.ErrNoSpace) {
+		return err // a start must not fail on a nearly full disk: it is kept as it was
 	}
 	return nil
 }

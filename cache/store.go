@@ -43,8 +43,9 @@ type Options struct {
 	// their write is fsynced; concurrent writers share each fsync
 	// (docs/design/durability.md).
 	SyncWrites bool
-	// TTL is the lifetime of records, final and in flight, counted from their
-	// last write. 0 keeps records forever.
+	// TTL is the lifetime of final records, counted from their last write
+	// (in-flight, unknown and superseded ones never expire). 0 keeps records
+	// forever.
 	TTL time.Duration
 	// GCInterval is the period of the value-log GC loop. 0 means 5 minutes; a
 	// negative value disables the loop.

@@ -306,8 +306,15 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
 const (
-	// live is the condition of a record that has not expired.
-	live = `(expires_at IS NULL OR expires_at > now())`
+	// live is the condition of a record that has not expired. Only a final
+	// record expires (store.Store): a version before 2ed6020 and 603e260
+	// wrote in-flight and unknown records with an expires_at, and replicas
+	// of it may still share the database, so theirs count as live whatever
+	// their expires_at says, as in expired.
+	live = `(state <> 2 OR expires_at IS NULL OR expires_at > now())`
+	// expired is the condition of a record of alias r that has expired:
+	// a final one past its expires_at.
+	expired = `(r.state = 2 AND r.expires_at <= now())`
 	// columns are what readRecord scans.
 	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded,
 		method, path, upstream_key, expires_at, last_body`
@@ -334,13 +341,13 @@ ON CONFLICT (tenant, key) DO UPDATE SET
 	state = 1, owner = excluded.owner, lease_until = excluded.lease_until, expires_at = excluded.expires_at,
 	fingerprint = excluded.fingerprint, status = 0, header = NULL, body = NULL,
 	method = excluded.method, path = excluded.path, upstream_key = excluded.upstream_key,
-	last_body     = CASE WHEN r.expires_at <= now() THEN NULL  ELSE r.last_body     END,
-	fence         = CASE WHEN r.expires_at <= now() THEN 1     ELSE r.fence + 1     END,
-	created_at    = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at    END,
-	first_sent_at = CASE WHEN r.expires_at <= now() THEN NULL  ELSE r.first_sent_at END,
-	attempts      = CASE WHEN r.expires_at <= now() THEN 0     ELSE r.attempts      END,
-	last_error    = CASE WHEN r.expires_at <= now() THEN ''    ELSE r.last_error    END
-WHERE r.expires_at <= now()
+	last_body     = CASE WHEN ` + expired + ` THEN NULL  ELSE r.last_body     END,
+	fence         = CASE WHEN ` + expired + ` THEN 1     ELSE r.fence + 1     END,
+	created_at    = CASE WHEN ` + expired + ` THEN now() ELSE r.created_at    END,
+	first_sent_at = CASE WHEN ` + expired + ` THEN NULL  ELSE r.first_sent_at END,
+	attempts      = CASE WHEN ` + expired + ` THEN 0     ELSE r.attempts      END,
+	last_error    = CASE WHEN ` + expired + ` THEN ''    ELSE r.last_error    END
+WHERE ` + expired + `
 	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now())
 RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body`
 
@@ -603,7 +610,6 @@ UPDATE idemproxy_records AS t SET state = 2, lease_until = NULL,
 FROM unnest($%[2]d::bytea[], $%[3]d::bytea[], $%[4]d::text[], $%[5]d::integer[], $%[6]d::bytea[], $%[7]d::bytea[], $%[8]d::timestamptz[])
 	AS v(tenant, key, owner, status, header, body, sent)
 WHERE t.tenant = v.tenant AND t.key = v.key AND t.owner = v.owner AND t.`+inFlight+`
-	AND (t.expires_at IS NULL OR t.expires_at > now())
 RETURNING t.tenant, t.key`, ttl, first, first+1, first+2, first+3, first+4, first+5, first+6)
 }
 

@@ -416,3 +416,56 @@ func claimAnew(t *testing.T, s *Store, id store.ID, req store.Request, deadline 
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestOpenRecordsOfThePreviousVersionNeverExpire: a version before in-flight
+// and unknown records stopped expiring wrote them with an expires_at, and
+// its replicas may share the database with this one during a rolling
+// upgrade. Such a record past its expires_at is still there: Get and List
+// find it, a sweep leaves it, and the same request takes it over keeping
+// what the earlier sequences left (first send, attempts) instead of
+// starting afresh as a new operation, which would skip the provider key
+// retention guard and the status probe.
+func TestOpenRecordsOfThePreviousVersionNeverExpire(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	s := open(t, url, time.Hour)
+	fp := []byte("fingerprint")
+	sent := time.Now().Add(-50 * time.Hour).Truncate(time.Microsecond)
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemproxy_records
+		(tenant, key, state, fingerprint, owner, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error)
+		VALUES ('t', 'unknown', 3, $1, '', 2, NULL, $2, now() - interval '1 s', $2, 3, 'timeout'),
+		       ('t', 'inflight', 1, $1, 'dead', 1, now() - interval '1 h', $2, now() - interval '1 s', NULL, 0, '')`,
+		fp, sent); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.sweep(ctx); err != nil || n != 0 {
+		t.Fatalf("sweep = %d, %v; want no unknown or in-flight record deleted", n, err)
+	}
+	for _, key := range []string{"unknown", "inflight"} {
+		id := store.ID{Tenant: "t", Key: key}
+		if _, err := s.Get(ctx, id); err != nil {
+			t.Fatalf("Get %s: %v; want the record", key, err)
+		}
+	}
+	recs, _, err := s.List(ctx, store.Filter{State: store.Unknown}, "", 10)
+	if err != nil || len(recs) != 1 || recs[0].ID.Key != "unknown" {
+		t.Fatalf("List unknown = %v, %v; want the unknown record", recs, err)
+	}
+	id := store.ID{Tenant: "t", Key: "unknown"}
+	rec, created, err := s.Begin(ctx, id, store.Request{Fingerprint: fp}, "o", time.Minute)
+	if err != nil || !created {
+		t.Fatalf("Begin = %v, %v; want a takeover", created, err)
+	}
+	if rec.Fence != 3 || rec.Outcome.Attempts != 3 || !rec.Outcome.FirstSentAt.Equal(sent) || !rec.CreatedAt.Equal(sent) || !rec.ExpiresAt.IsZero() {
+		t.Fatalf("taken over: fence %d, attempts %d, first sent %v, created %v, expires %v; want fence 3, 3 attempts and %v kept, no expiry",
+			rec.Fence, rec.Outcome.Attempts, rec.Outcome.FirstSentAt, rec.CreatedAt, rec.ExpiresAt, sent)
+	}
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 201}, time.Time{}); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	id = store.ID{Tenant: "t", Key: "inflight"}
+	rec, created, err = s.Begin(ctx, id, store.Request{Fingerprint: fp}, "o2", time.Minute)
+	if err != nil || !created || rec.Fence != 2 || !rec.CreatedAt.Equal(sent) {
+		t.Fatalf("Begin in-flight = fence %d, created at %v, %v, %v; want a takeover at fence 2 keeping %v", rec.Fence, rec.CreatedAt, created, err, sent)
+	}
+}

@@ -18,9 +18,9 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 		var n int64
 		err := s.call(ctx, "sweep", nil, func(ctx context.Context) error {
 			tag, err := s.pool.Exec(ctx, `DELETE FROM idemproxy_records r USING (
-				SELECT tenant, key FROM idemproxy_records WHERE expires_at <= now()
+				SELECT tenant, key FROM idemproxy_records WHERE expires_at <= now() AND state = 2
 				LIMIT $1 FOR UPDATE SKIP LOCKED) old
-				WHERE r.tenant = old.tenant AND r.key = old.key AND r.expires_at <= now()`, s.opt.SweepBatch)
+				WHERE r.tenant = old.tenant AND r.key = old.key AND `+expired, s.opt.SweepBatch)
 			n = tag.RowsAffected()
 			return err
 		})
