@@ -94,10 +94,10 @@ func New(opt Options) *Handler {
 
 // methodNotAllowed answers a call made with another method than allow.
 func methodNotAllowed(allow string) http.HandlerFunc {
+	if allow == http.MethodGet {
+		allow = "GET, HEAD" // set once: handlers run at once
+	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if allow == http.MethodGet {
-			allow = "GET, HEAD"
-		}
 		w.Header().Set("Allow", allow)
 		writeError(w, http.StatusMethodNotAllowed, codeMethodNotAllowed, "this admin call takes "+allow)
 	}

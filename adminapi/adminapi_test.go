@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -72,6 +73,24 @@ func TestAuth(t *testing.T) {
 			t.Fatalf("%s %s = %d %v %s, want 405 method_not_allowed with Allow: %s", c.method, c.target, w.Code, w.Header(), w.Body, c.allow)
 		}
 	}
+	// The first 405s of a new handler, served at once (the race detector
+	// watches the handler's state).
+	h = adminapi.New(adminapi.Options{Store: openStore(t), Token: "s3cret-admin-token", DefaultTenant: "default"})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := httptest.NewRequest("DELETE", "/admin/v1/records/k-1", nil)
+			r.Header.Set("Authorization", "Bearer s3cret-admin-token")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code != 405 || w.Header().Get("Allow") != "GET, HEAD" {
+				t.Errorf("concurrent DELETE = %d, Allow %q; want 405 with Allow: GET, HEAD", w.Code, w.Header().Get("Allow"))
+			}
+		}()
+	}
+	wg.Wait()
 	if w := call(t, h, "GET", "/admin/v1/nothing", "s3cret-admin-token"); w.Code != 404 || !strings.Contains(w.Body.String(), `"not_found"`) {
 		t.Fatalf("an unknown call = %d %s, want 404 not_found", w.Code, w.Body)
 	}
