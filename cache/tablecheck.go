@@ -101,7 +101,8 @@ func removeEmptyLogs(dir string) error {
 //     table and replaces it only by rename, so it is never missing once a
 //     table exists. Badger would start empty.
 //   - A MANIFEST that ends in a partial entry (cut short) while table files it
-//     does not name exist and no write-ahead log (*.mem) does. A crash can cut
+//     does not name, with entries newer than those it names, exist and no
+//     write-ahead log (*.mem) does. A crash can cut
 //     the last entry short (a power loss during its append), but Badger adds
 //     a table to the MANIFEST while the log it was flushed from, or the
 //     tables it was compacted from, are still there; and a store that was
@@ -109,6 +110,14 @@ func removeEmptyLogs(dir string) error {
 //     syncing the MANIFEST. Without a log the store was closed cleanly, so
 //     the MANIFEST was cut short after that: those tables hold records found
 //     nowhere else.
+//
+// Only unnamed tables that hold newer entries than every named one count
+// (newerThanNamed): a flush's table, whose records are found nowhere else.
+// A compaction's tables hold entries of the tables it compacted, which stay
+// named and on disk until its entry is whole; and a compaction can still
+// run while Close ends, after the last log was deleted, so a power loss
+// during its append leaves exactly that: a cut entry, its tables unnamed,
+// no log, and nothing lost.
 //
 // A MANIFEST cut at an entry boundary, or cut short while a log exists, is
 // not caught: it looks like what a crash leaves.
@@ -146,12 +155,55 @@ func checkManifestWhole(dir string, bopts badger.Options) error {
 			}
 		}
 	}
-	if len(unnamed) == 0 {
+	if len(unnamed) == 0 || !newerThanNamed(dir, m, unnamed) {
 		return nil
 	}
 	return fmt.Errorf("%s is cut short (%d of its %d bytes are whole) and no longer names table files of a store "+
 		"that was closed cleanly: the store would delete them, losing every record in them; restore the directory from a backup, "+
 		"or move it aside to start empty (unnamed: %s)", badger.ManifestFilename, end, st.Size(), strings.Join(unnamed, ", "))
+}
+
+// newerThanNamed reports whether one of the unnamed tables (file names in
+// dir) holds an entry newer than every table the MANIFEST m names that is
+// on disk: its index's largest version is above theirs. Versions are commit
+// timestamps, which only grow, so a flush's table holds the newest entries,
+// while a compaction writes only versions of the tables it compacted. A
+// table whose index cannot be read is not counted: Badger names a table
+// only once it is written whole, so such a table was never named. A named
+// table that cannot be read makes the answer yes: nothing says what it held.
+func newerThanNamed(dir string, m badger.Manifest, unnamed []string) bool {
+	var named uint64
+	for id := range m.Tables {
+		v, err := tableMaxVersion(table.NewFilename(id, dir))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return true
+		}
+		named = max(named, v)
+	}
+	for _, name := range unnamed {
+		if v, err := tableMaxVersion(filepath.Join(dir, name)); err == nil && v > named {
+			return true
+		}
+	}
+	return false
+}
+
+// tableMaxVersion returns the largest version of the entries of the table
+// at path, from its verified index.
+func tableMaxVersion(path string) (v uint64, err error) {
+	index, _, err := readIndex(path)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("index does not parse: %v", p)
+		}
+	}()
+	return fb.GetRootAsTableIndex(index, 0).MaxVersion(), nil
 }
 
 // manifestTables returns the ids of the tables dir's MANIFEST references,
@@ -174,50 +226,60 @@ func manifestTables(dir string, bopts badger.Options) (ids []uint64, ok bool) {
 	return ids, true
 }
 
-func checkTable(path string) (err error) {
-	f, err := os.Open(path)
+func checkTable(path string) error {
+	index, dataEnd, err := readIndex(path)
 	if err != nil {
 		return err
+	}
+	return checkBlockOffsets(index, dataEnd)
+}
+
+// readIndex reads the index of the table at path, verified against its
+// checksum, and where the index starts (the end of the data blocks).
+func readIndex(path string) (index []byte, dataEnd int64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	pos := st.Size()
 	chkLen, err := readU32(f, &pos)
 	if err != nil {
-		return fmt.Errorf("checksum length: %w", err)
+		return nil, 0, fmt.Errorf("checksum length: %w", err)
 	}
 	chkBytes, err := readBack(f, &pos, int64(chkLen))
 	if err != nil {
-		return fmt.Errorf("checksum: %w", err)
+		return nil, 0, fmt.Errorf("checksum: %w", err)
 	}
 	if len(chkBytes) == 0 {
-		return errors.New("checksum is empty")
+		return nil, 0, errors.New("checksum is empty")
 	}
 	var chk pb.Checksum
 	if err := proto.Unmarshal(chkBytes, &chk); err != nil {
-		return fmt.Errorf("checksum: %w", err)
+		return nil, 0, fmt.Errorf("checksum: %w", err)
 	}
 	if chk.Algo != pb.Checksum_CRC32C && chk.Algo != pb.Checksum_XXHash64 {
-		return fmt.Errorf("unknown checksum algorithm %d", chk.Algo)
+		return nil, 0, fmt.Errorf("unknown checksum algorithm %d", chk.Algo)
 	}
 	indexLen, err := readU32(f, &pos)
 	if err != nil {
-		return fmt.Errorf("index length: %w", err)
+		return nil, 0, fmt.Errorf("index length: %w", err)
 	}
-	index, err := readBack(f, &pos, int64(indexLen))
+	index, err = readBack(f, &pos, int64(indexLen))
 	if err != nil {
-		return fmt.Errorf("index: %w", err)
+		return nil, 0, fmt.Errorf("index: %w", err)
 	}
 	if len(index) == 0 {
-		return errors.New("index is empty")
+		return nil, 0, errors.New("index is empty")
 	}
 	if err := y.VerifyChecksum(index, &chk); err != nil {
-		return fmt.Errorf("index: %w", err)
+		return nil, 0, fmt.Errorf("index: %w", err)
 	}
-	return checkBlockOffsets(index, pos)
+	return index, pos, nil
 }
 
 // checkBlockOffsets parses the (checksum-verified) flatbuffer index and
