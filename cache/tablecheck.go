@@ -170,15 +170,14 @@ func checkManifestWhole(dir string, bopts badger.Options) error {
 // while a compaction writes only versions of the tables it compacted. A
 // table whose index cannot be read is not counted: Badger names a table
 // only once it is written whole, so such a table was never named. A named
-// table that cannot be read makes the answer yes: nothing says what it held.
+// table that is missing or cannot be read makes the answer yes: nothing
+// says what it held, and a crash never leaves one so (a compacted table is
+// deleted only after the entry that replaces it is whole).
 func newerThanNamed(dir string, m badger.Manifest, unnamed []string) bool {
 	var named uint64
 	for id := range m.Tables {
 		v, err := tableMaxVersion(table.NewFilename(id, dir))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
+		if err != nil { // missing too: Badger would delete the unnamed ones, then fail
 			return true
 		}
 		named = max(named, v)
