@@ -144,6 +144,7 @@ func nameVariables(err error, opts env.Options) error {
 		if errors.As(e, &pe) && vars[pe.Name] != "" {
 			e = fmt.Errorf("%s: cannot parse as %s: %w", vars[pe.Name], pe.Type, pe.Err)
 		}
+		e = denied(e, "read the file", "make it readable for that user (on the host: chown %[1]d, mode 400)")
 		out = append(out, e)
 	}
 	return errors.Join(out...)

@@ -33,7 +33,8 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 	}
 	s, err := cache.Open(storeOptions(cfg, log))
 	if err != nil {
-		return nil, 0, fmt.Errorf("open data directory %sDATA_DIR=%s: %w", envPrefix, cfg.DataDir, err)
+		err = fmt.Errorf("open data directory %sDATA_DIR=%s: %w", envPrefix, cfg.DataDir, err)
+		return nil, 0, denied(err, "write in it", "give the directory to that user (a bind mount: chown %[1]d:%[2]d on the host)")
 	}
 	m.StoreSize(s.Size)
 	m.StorePageOuts(s.PageOuts)

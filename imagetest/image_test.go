@@ -207,6 +207,48 @@ func TestImageBadConfigExits2(t *testing.T) {
 	}
 }
 
+// What an operator mounts as root, unchanged, and the image's user 65532
+// cannot use: a bind-mounted data directory it may not write in, and a secret
+// file (mode 600) it may not read. The start fails, and docker logs say which
+// variable, which user was denied and what to run on the host; "permission
+// denied" alone said neither.
+func TestImageNamesTheUserOnUnusableMounts(t *testing.T) {
+	t.Parallel()
+	img := need(t)
+	dataDir := t.TempDir() // 0700, the test's user: 65532 may not write in it
+	secretFile := filepath.Join(t.TempDir(), "sign_secret")
+	if err := os.WriteFile(secretFile, []byte(randomHex(16)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		exit string
+		want []string
+	}{
+		{"data directory", []string{"-v", dataDir + ":/data"}, "1",
+			[]string{"IDEMPROXY_DATA_DIR=/data", "permission denied", "uid 65532", "chown 65532:65532"}},
+		{"secret file", []string{"-v", secretFile + ":/run/secrets/sign_secret:ro",
+			"-e", "IDEMPROXY_SIGN_SECRET_FILE=/run/secrets/sign_secret"}, "2",
+			[]string{"IDEMPROXY_SIGN_SECRET_FILE", "permission denied", "uid 65532", "chown 65532"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--read-only", "--cap-drop", "ALL",
+				"-e", "IDEMPROXY_UPSTREAM_URL=http://provider:8081"}, tc.args...)
+			c := container(t, "unusable", append(args, img.proxy)...)
+			if code := waitExit(t, c); code != tc.exit {
+				t.Errorf("exit code %s, want %s", code, tc.exit)
+			}
+			out := logs(c)
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("docker logs do not say %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
+
 // result is an answer or the error of a request sent from a goroutine.
 type result struct {
 	reply
