@@ -300,6 +300,15 @@ func TestLostClaimIsUndone(t *testing.T) {
 		}
 	}
 	standby("")
+	// Clearing the setting releases the commits that wait for the standby
+	// only once the checkpointer has read it, which a busy machine (CI runs
+	// many packages at once) can delay past the deadline below; end the
+	// sessions still waiting instead, as a server restart would. Their
+	// claims are committed either way; what is tested is that the store
+	// undoes them once the sessions are gone.
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`); err != nil {
+		t.Fatal(err)
+	}
 
 	deadline := time.Now().Add(30 * time.Second)
 	claimAnew(t, s, fresh, fp, deadline, "its claim failed")
