@@ -11,7 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -246,12 +246,12 @@ func readyURL(addr string) (string, error) {
 // lookupEnv returns the value in environ of the variable of config's field, or
 // the field's envDefault when the variable is unset or empty (as env does).
 func lookupEnv(environ []string, field string) string {
-	f, _ := reflect.TypeFor[config]().FieldByName(field)
-	name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+	vars := configVars()
+	cv := vars[slices.IndexFunc(vars, func(v configVar) bool { return v.field == field })]
 	for _, kv := range environ {
-		if v, ok := strings.CutPrefix(kv, envPrefix+name+"="); ok && v != "" {
+		if v, ok := strings.CutPrefix(kv, cv.name+"="); ok && v != "" {
 			return v
 		}
 	}
-	return f.Tag.Get("envDefault")
+	return cv.tag.Get("envDefault")
 }

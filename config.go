@@ -116,7 +116,7 @@ func loadConfig(environ []string) (config, settings, error) {
 	opts := env.Options{Prefix: envPrefix, Environment: vars}
 	cfg, err := env.ParseAsWithOptions[config](opts)
 	if err != nil {
-		return cfg, settings{}, nameVariables(err, opts)
+		return cfg, settings{}, nameVariables(err)
 	}
 	if err := emptySecretFiles(cfg, vars); err != nil {
 		return cfg, settings{}, err
@@ -125,18 +125,36 @@ func loadConfig(environ []string) (config, settings, error) {
 	return cfg, s, err
 }
 
+// configVar is one of config's variables, read from its struct tags.
+type configVar struct {
+	field string            // the Go field
+	name  string            // the variable, with envPrefix
+	opts  string            // the env tag's options after the name (file, required)
+	tag   reflect.StructTag // envDefault, doc
+}
+
+// configVars lists config's variables in field order (index i is field i).
+func configVars() []configVar {
+	t := reflect.TypeFor[config]()
+	vars := make([]configVar, t.NumField())
+	for i := range vars {
+		f := t.Field(i)
+		name, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
+		vars[i] = configVar{field: f.Name, name: envPrefix + name, opts: opts, tag: f.Tag}
+	}
+	return vars
+}
+
 // nameVariables rewrites env's parse errors, which name the Go field, so that they
 // name the environment variable an operator has to fix.
-func nameVariables(err error, opts env.Options) error {
+func nameVariables(err error) error {
 	var agg env.AggregateError
 	if !errors.As(err, &agg) {
 		return err
 	}
 	vars := map[string]string{}
-	t := reflect.TypeFor[config]()
-	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("env"), ",")
-		vars[t.Field(i).Name] = opts.Prefix + name
+	for _, v := range configVars() {
+		vars[v.field] = v.name
 	}
 	out := make([]error, 0, len(agg.Errors))
 	for _, e := range agg.Errors {
@@ -157,14 +175,12 @@ func nameVariables(err error, opts env.Options) error {
 // embedded store instead of the database the replicas share.
 func emptySecretFiles(cfg config, vars map[string]string) error {
 	v := reflect.ValueOf(cfg)
-	t := v.Type()
-	for i := range t.NumField() {
-		name, opts, _ := strings.Cut(t.Field(i).Tag.Get("env"), ",")
-		if !slices.Contains(strings.Split(opts, ","), "file") || vars[envPrefix+name] == "" {
+	for i, cv := range configVars() {
+		if !slices.Contains(strings.Split(cv.opts, ","), "file") || vars[cv.name] == "" {
 			continue
 		}
 		if strings.TrimSpace(v.Field(i).String()) == "" {
-			return fmt.Errorf("%s%s: the file %s is empty", envPrefix, name, vars[envPrefix+name])
+			return fmt.Errorf("%s: the file %s is empty", cv.name, vars[cv.name])
 		}
 	}
 	return nil
@@ -626,10 +642,8 @@ func (s settings) secrets() []string {
 // names are logged: a misspelt secret's value is still a secret.
 func warnUnknownVariables(environ []string, log *slog.Logger) {
 	var known []string
-	t := reflect.TypeFor[config]()
-	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("env"), ",")
-		known = append(known, envPrefix+name)
+	for _, v := range configVars() {
+		known = append(known, v.name)
 	}
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")

@@ -21,18 +21,15 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// configVars are config's variables, by full name, with their defaults
+// configDefaults are config's variables, by full name, with their defaults
 // ("" when none).
-func configVars(t *testing.T) map[string]configVar {
-	vars := map[string]configVar{}
+func configDefaults(t *testing.T) map[string]string {
+	vars := map[string]string{}
 	for _, f := range configFields(t) {
-		vars[f.name] = configVar{def: f.tag.Get("envDefault")}
+		vars[f.name] = f.tag.Get("envDefault")
 	}
 	return vars
 }
-
-// configVar is one of config's variables.
-type configVar struct{ def string }
 
 // The manifest's objects, with the fields the example uses. Decoding refuses
 // any other key, so a misspelt one (readinesProbe, say), which Kubernetes
@@ -290,7 +287,7 @@ func readmeExamples(t *testing.T) string {
 // updated and drained without losing capacity or a running operation, with
 // its secrets from a Secret, locked down.
 func TestKubernetesExample(t *testing.T) {
-	vars := configVars(t)
+	vars := configDefaults(t)
 	m := readManifest(t)
 	d := m.deployment
 	pod := d.Template.Spec
@@ -417,7 +414,7 @@ func TestKubernetesExample(t *testing.T) {
 		if v, ok := env[name]; ok {
 			return v
 		}
-		return vars[name].def
+		return vars[name]
 	}
 	ports := map[string]int{}
 	for _, p := range c.Ports {
@@ -507,7 +504,7 @@ func TestKubernetesExample(t *testing.T) {
 // and each stop_grace_period outlasts IDEMPROXY_SHUTDOWN_GRACE. imagetest runs
 // these files; this catches a misspelt variable, which a run would not.
 func TestComposeVariables(t *testing.T) {
-	vars := configVars(t)
+	vars := configDefaults(t)
 	re := regexp.MustCompile(`^compose(\..+)?\.ya?ml$`)
 	entries, err := os.ReadDir(".")
 	if err != nil {
@@ -556,7 +553,7 @@ func TestComposeVariables(t *testing.T) {
 			}
 			proxies++
 			if grace == "" {
-				grace = vars["IDEMPROXY_SHUTDOWN_GRACE"].def
+				grace = vars["IDEMPROXY_SHUTDOWN_GRACE"]
 			}
 			g, err1 := time.ParseDuration(grace)
 			stop, err2 := time.ParseDuration(s.StopGracePeriod)

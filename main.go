@@ -23,7 +23,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -98,20 +97,17 @@ exit status 2 and a message naming the variable. <NAME>_FILE reads a secret
 from a file.
 
 `)
-	t := reflect.TypeFor[config]()
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
-		def, ok := f.Tag.Lookup("envDefault")
+	for _, v := range configVars() {
+		def, ok := v.tag.Lookup("envDefault")
 		switch {
-		case strings.Contains(opts, "required"):
+		case strings.Contains(v.opts, "required"):
 			def = "required"
 		case !ok:
 			def = "default empty"
 		default:
 			def = "default " + def
 		}
-		fmt.Fprintf(w, "%s%s (%s)\n    %s\n", envPrefix, name, def, f.Tag.Get("doc"))
+		fmt.Fprintf(w, "%s (%s)\n    %s\n", v.name, def, v.tag.Get("doc"))
 	}
 }
 

@@ -38,14 +38,11 @@ type configField struct {
 func configFields(t *testing.T) []configField {
 	t.Helper()
 	var fields []configField
-	ct := reflect.TypeFor[config]()
-	for i := range ct.NumField() {
-		f := ct.Field(i)
-		name, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
-		if name == "" || f.Tag.Get("doc") == "" {
-			t.Errorf("config.%s needs env and doc tags", f.Name)
+	for _, v := range configVars() {
+		if v.name == envPrefix || v.tag.Get("doc") == "" {
+			t.Errorf("config.%s needs env and doc tags", v.field)
 		}
-		fields = append(fields, configField{envPrefix + name, opts, f.Tag})
+		fields = append(fields, configField{v.name, v.opts, v.tag})
 	}
 	return fields
 }
