@@ -49,14 +49,9 @@ func (h *Handler) reverseProxy(key outgoingKey, ex *retry.Exchange) *httputil.Re
 // echoes with the app's own: the app sees its own key in every answer
 // (docs/contract.md, Tenancy), never the one only idemproxy can compute.
 func showAppKey(h http.Header, key outgoingKey) {
-	for k, vv := range h {
-		if !strings.EqualFold(k, KeyHeader) {
-			continue
-		}
-		for i, v := range vv {
-			if v == key.value {
-				vv[i] = key.app
-			}
+	for i, v := range h[KeyHeader] { // an answer's header names arrive canonical
+		if v == key.value {
+			h[KeyHeader][i] = key.app
 		}
 	}
 }

@@ -113,12 +113,9 @@ type anchorRef struct {
 // operation) or when there is no anchor.
 func (h *Handler) readAnchor(ctx context.Context, tenant string, fp [32]byte, window time.Duration, period int64) (anchorRef, error) {
 	ref := anchorRef{key: idemkey.WindowKey(fp, window, period, tenant)}
-	rec, err := h.opt.Store.Get(ctx, anchorID(tenant, fp, window, period))
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return ref, nil
-	case err != nil:
-		return ref, storeError{err}
+	rec, found, err := h.lookup(ctx, anchorID(tenant, fp, window, period))
+	if !found {
+		return ref, err
 	}
 	ref.found, ref.at = true, rec.CreatedAt
 	if rec.UpstreamKey != "" {
@@ -133,14 +130,21 @@ func (h *Handler) unsettled(ctx context.Context, tenant, key string) (bool, erro
 	if tenant == "" {
 		tenant = DefaultTenant
 	}
-	rec, err := h.opt.Store.Get(ctx, store.ID{Tenant: tenant, Key: key})
+	rec, found, err := h.lookup(ctx, store.ID{Tenant: tenant, Key: key})
+	return found && (rec.State == store.InFlight || rec.State == store.Unknown), err
+}
+
+// lookup reads id's record; found is false when there is none or the store
+// failed (err, a storeError).
+func (h *Handler) lookup(ctx context.Context, id store.ID) (rec store.Record, found bool, err error) {
+	rec, err = h.opt.Store.Get(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return false, nil
+		return rec, false, nil
 	case err != nil:
-		return false, storeError{err}
+		return rec, false, storeError{err}
 	}
-	return rec.State == store.InFlight || rec.State == store.Unknown, nil
+	return rec, true, nil
 }
 
 // anchorID names the anchor of one period. The key starts with
