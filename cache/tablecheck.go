@@ -46,10 +46,11 @@ func checkTables(dir string, bopts badger.Options) error {
 	if err := removeEmptyLogs(dir); err != nil {
 		return err
 	}
-	if err := checkManifestWhole(dir, bopts); err != nil {
+	mr := readManifest(dir, bopts)
+	if err := checkManifestWhole(dir, mr); err != nil {
 		return err
 	}
-	ids, ok := manifestTables(dir, bopts)
+	ids, ok := manifestTables(mr)
 	if !ok {
 		return nil
 	}
@@ -121,28 +122,19 @@ func removeEmptyLogs(dir string) error {
 //
 // A MANIFEST cut at an entry boundary, or cut short while a log exists, is
 // not caught: it looks like what a crash leaves.
-func checkManifestWhole(dir string, bopts badger.Options) error {
+func checkManifestWhole(dir string, mr manifestRead) error {
 	tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
 	if err != nil || len(tables) == 0 {
 		return err
 	}
-	f, err := os.Open(filepath.Join(dir, badger.ManifestFilename))
-	if errors.Is(err, fs.ErrNotExist) {
+	if mr.missing {
 		return fmt.Errorf("%s is missing but table files (*.sst) are there (%d): the store would start empty and delete them, "+
 			"losing every record in them; restore the directory from a backup, or move it aside to start empty", badger.ManifestFilename, len(tables))
 	}
-	if err != nil {
-		return nil // badger.Open reports it
+	if !mr.ok || mr.end >= mr.size {
+		return nil // damage badger.Open refuses or reports itself, or a whole MANIFEST
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil
-	}
-	m, end, err := badger.ReplayManifestFile(f, bopts.ExternalMagicVersion, bopts)
-	if err != nil || end >= st.Size() {
-		return nil // damage badger.Open refuses itself, or a whole MANIFEST
-	}
+	m := mr.m
 	logs, err := filepath.Glob(filepath.Join(dir, "*.mem"))
 	if err != nil || len(logs) > 0 {
 		return err
@@ -160,7 +152,7 @@ func checkManifestWhole(dir string, bopts badger.Options) error {
 	}
 	return fmt.Errorf("%s is cut short (%d of its %d bytes are whole) and no longer names table files of a store "+
 		"that was closed cleanly: the store would delete them, losing every record in them; restore the directory from a backup, "+
-		"or move it aside to start empty (unnamed: %s)", badger.ManifestFilename, end, st.Size(), strings.Join(unnamed, ", "))
+		"or move it aside to start empty (unnamed: %s)", badger.ManifestFilename, mr.end, mr.size, strings.Join(unnamed, ", "))
 }
 
 // newerThanNamed reports whether one of the unnamed tables (file names in
@@ -205,20 +197,39 @@ func tableMaxVersion(path string) (v uint64, err error) {
 	return fb.GetRootAsTableIndex(index, 0).MaxVersion(), nil
 }
 
-// manifestTables returns the ids of the tables dir's MANIFEST references,
-// read with Badger's own replay; ok is false when there is no MANIFEST or
-// Badger could not read it.
-func manifestTables(dir string, bopts badger.Options) (ids []uint64, ok bool) {
+// manifestRead is dir's MANIFEST as Badger's own replay reads it, read
+// once for every check at start.
+type manifestRead struct {
+	m         badger.Manifest
+	end, size int64 // the bytes of its whole entries; the file's size
+	missing   bool  // there is no MANIFEST
+	ok        bool  // it was opened and replayed
+}
+
+func readManifest(dir string, bopts badger.Options) manifestRead {
 	f, err := os.Open(filepath.Join(dir, badger.ManifestFilename))
 	if err != nil {
-		return nil, false
+		return manifestRead{missing: errors.Is(err, fs.ErrNotExist)}
 	}
 	defer f.Close()
-	m, _, err := badger.ReplayManifestFile(f, bopts.ExternalMagicVersion, bopts)
+	st, err := f.Stat()
 	if err != nil {
+		return manifestRead{}
+	}
+	m, end, err := badger.ReplayManifestFile(f, bopts.ExternalMagicVersion, bopts)
+	if err != nil {
+		return manifestRead{}
+	}
+	return manifestRead{m: m, end: end, size: st.Size(), ok: true}
+}
+
+// manifestTables returns the ids of the tables the MANIFEST references; ok
+// is false when there is no MANIFEST or Badger could not read it.
+func manifestTables(mr manifestRead) (ids []uint64, ok bool) {
+	if !mr.ok {
 		return nil, false
 	}
-	for id := range m.Tables {
+	for id := range mr.m.Tables {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)

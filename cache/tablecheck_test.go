@@ -66,7 +66,7 @@ func TestOpenRefusesDamagedReferencedTable(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ids, ok := manifestTables(dir, badgerOptions(withDefaults(Options{Dir: dir})))
+	ids, ok := manifestTables(readManifest(dir, badgerOptions(withDefaults(Options{Dir: dir}))))
 	if !ok || len(ids) == 0 {
 		t.Fatalf("manifestTables = %v, %v; want the flushed table", ids, ok)
 	}
