@@ -23,7 +23,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,7 +34,6 @@ import (
 	"github.com/idemproxy/idemproxy/probe"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/ratelimit"
-	"github.com/idemproxy/idemproxy/resign"
 	"github.com/idemproxy/idemproxy/upstream"
 )
 
@@ -184,7 +182,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		Store:            instrumented,
 		Clients:          set.clients,
 		KeySecret:        set.keySecret,
-		OwnedHeaders:     signingHeaders(set.sign),
+		OwnedHeaders:     set.sign.Headers(),
 		Protected:        set.protected,
 		KeySources:       set.sources,
 		MissingKey:       set.missingKey,
@@ -207,24 +205,6 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		DefaultTenant: proxy.DefaultTenant, OrderKey: handler.OrderKey, Logger: log}))
 	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, stopWaits: gate.Close, admin: adm,
 		connMetrics: m.ClientConnections}, log, ready)
-}
-
-// signingHeaders names the headers the signing layer sets on every attempt
-// (the signature's, the timestamp's, the nonce's, the static credentials),
-// with their defaults: the proxy drops a client's underscore spellings of
-// them.
-func signingHeaders(c resign.Config) []string {
-	names := []string{c.SignatureHeader, c.TimestampHeader, c.NonceHeader}
-	if names[0] == "" {
-		names[0] = "X-Signature"
-	}
-	if names[1] == "" {
-		names[1] = "X-Timestamp"
-	}
-	for name := range c.StaticHeaders {
-		names = append(names, name)
-	}
-	return slices.DeleteFunc(names, func(n string) bool { return n == "" })
 }
 
 // app is what serve runs: the proxy handler (wrapped for logs and metrics), the

@@ -559,6 +559,20 @@ func describeSettings(signing bool, tmpl *Template, enc, sig, ts, nonce string, 
 }
 
 // String describes the Config without its secret or static header values.
+// Headers names the headers the signing layer sets on every attempt: the
+// signature's and the timestamp's (their defaults when unset), the nonce's
+// when set, and the static ones.
+func (c Config) Headers() []string {
+	names := []string{cmp.Or(c.SignatureHeader, DefaultSignatureHeader), cmp.Or(c.TimestampHeader, DefaultTimestampHeader)}
+	if c.NonceHeader != "" {
+		names = append(names, c.NonceHeader)
+	}
+	for name := range c.StaticHeaders {
+		names = append(names, name)
+	}
+	return names
+}
+
 func (c Config) String() string {
 	return "resign.Config{" + describeSettings(len(c.Secret) > 0, c.Template, c.Encoding,
 		c.SignatureHeader, c.TimestampHeader, c.NonceHeader, c.StaticHeaders) + "}"
