@@ -21,7 +21,8 @@ import (
 // while an operation runs, and taken over once they run out).
 func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics, log *slog.Logger) (store.Store, time.Duration, error) {
 	if set.storeURL != "" {
-		s, err := pgstore.Open(ctx, pgstore.Options{URL: set.storeURL, TTL: cfg.RecordTTL, Logger: log})
+		s, err := pgstore.Open(ctx, pgstore.Options{URL: set.storeURL, TTL: cfg.RecordTTL, Logger: log,
+			OnOrphansParked: m.Released})
 		if err != nil {
 			return nil, 0, fmt.Errorf("open the store at %sSTORE_URL: %w", envPrefix, err)
 		}

@@ -52,6 +52,13 @@ type Options struct {
 	SweepInterval time.Duration
 	// SweepBatch is how many expired records one DELETE removes. 0 means 1000.
 	SweepBatch int
+	// OrphanAfter is how long past its lease's end an in-flight record that
+	// no request took over waits before a sweep parks it as Unknown (see
+	// parkOrphans). 0 means one minute.
+	OrphanAfter time.Duration
+	// OnOrphansParked, if set, is told how many such records a sweep
+	// parked (for the crash metric).
+	OnOrphansParked func(n int)
 	// AnalyzeInterval is how often the store checks whether the records
 	// table has doubled since PostgreSQL last measured it, and then
 	// measures it (see analyzeIfGrown). 0 means 2 s; negative disables it.
@@ -176,6 +183,9 @@ func withDefaults(o Options) Options {
 	}
 	if o.SweepBatch <= 0 {
 		o.SweepBatch = 1000
+	}
+	if o.OrphanAfter <= 0 {
+		o.OrphanAfter = time.Minute
 	}
 	if o.AnalyzeInterval == 0 {
 		o.AnalyzeInterval = 2 * time.Second

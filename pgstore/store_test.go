@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -476,5 +477,88 @@ func TestOpenRecordsOfThePreviousVersionNeverExpire(t *testing.T) {
 	rec, created, err = s.Begin(ctx, id, store.Request{Fingerprint: fp}, "o2", time.Minute)
 	if err != nil || !created || rec.Fence != 2 || !rec.CreatedAt.Equal(sent) {
 		t.Fatalf("Begin in-flight = fence %d, created at %v, %v, %v; want a takeover at fence 2 keeping %v", rec.Fence, rec.CreatedAt, created, err, sent)
+	}
+}
+
+// TestStoppedReplicasOperationsParkedAsUnknown: an in-flight record whose
+// lease ended long ago belongs to a replica that stopped mid-operation. The
+// sweep loop parks it as Unknown, as the embedded store does at start for
+// its dead process, so that operators list it with the operations whose
+// outcome is unknown; its first send becomes the claim time, its old owner
+// can no longer complete it, and the same request takes it over with the
+// next fence. A record whose lease ended within the grace, a live one, an
+// unknown one and a final one are left as they are; an in-flight
+// fingerprint-window anchor is deleted.
+func TestStoppedReplicasOperationsParkedAsUnknown(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	var parked atomic.Int64
+	s, err := Open(ctx, Options{URL: url, TTL: time.Hour, SweepInterval: 50 * time.Millisecond,
+		OrphanAfter: 10 * time.Minute, AnalyzeInterval: -1, OnOrphansParked: func(n int) { parked.Add(int64(n)) }})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	fp := []byte("fingerprint")
+	created := time.Now().Add(-2 * time.Hour).Truncate(time.Microsecond)
+	anchor := store.WindowAnchorPrefix + "POST /cards/1/topup"
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemproxy_records
+		(tenant, key, state, fingerprint, owner, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, status)
+		VALUES ('t', 'dead',    1, $1, 'gone', 1, now() - interval '1 h',   $2, NULL, NULL, 0, '', 0),
+		       ('t', 'grace',   1, $1, 'slow', 1, now() - interval '1 min', $2, NULL, NULL, 0, '', 0),
+		       ('t', 'live',    1, $1, 'busy', 1, now() + interval '1 h',   $2, NULL, NULL, 0, '', 0),
+		       ('t', 'unknown', 3, $1, 'was',  2, NULL,                     $2, NULL, $2,   2, 'timeout', 0),
+		       ('t', 'final',   2, $1, 'done', 1, NULL,                     $2, now() + interval '1 h', $2, 0, '', 201),
+		       ('t', $3,        1, $1, 'gone', 1, now() - interval '1 h',   $2, NULL, NULL, 0, '', 0)`,
+		fp, created, []byte(anchor)); err != nil {
+		t.Fatal(err)
+	}
+	get := func(key string) store.Record {
+		t.Helper()
+		rec, err := s.Get(ctx, store.ID{Tenant: "t", Key: key})
+		if err != nil {
+			t.Fatalf("Get %q: %v", key, err)
+		}
+		return rec
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for get("dead").State != store.Unknown || parked.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s of sweeps the stopped replica's record is %s and %d were reported parked; want unknown and 1",
+				get("dead").State, parked.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rec := get("dead")
+	if rec.Outcome.LastError != replicaStopped || !rec.Outcome.FirstSentAt.Equal(created) || !rec.LeaseUntil.IsZero() || !rec.ExpiresAt.IsZero() {
+		t.Fatalf("parked: last error %q, first sent %v, lease %v, expires %v; want %q, %v, no lease, no expiry",
+			rec.Outcome.LastError, rec.Outcome.FirstSentAt, rec.LeaseUntil, rec.ExpiresAt, replicaStopped, created)
+	}
+	for key, want := range map[string]store.State{"grace": store.InFlight, "live": store.InFlight, "unknown": store.Unknown, "final": store.Final} {
+		if got := get(key).State; got != want {
+			t.Errorf("%s record is %s after the sweeps; want %s", key, got, want)
+		}
+	}
+	if rec := get("unknown"); rec.Outcome.LastError != "timeout" || rec.Outcome.Attempts != 2 {
+		t.Errorf("unknown record changed: %+v", rec.Outcome)
+	}
+	if _, err := s.Get(ctx, store.ID{Tenant: "t", Key: anchor}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get of the stopped replica's window anchor: %v; want it deleted (ErrNotFound)", err)
+	}
+	if n := parked.Load(); n != 1 {
+		t.Errorf("OnOrphansParked told of %d records; want 1 (the anchor is deleted, not parked)", n)
+	}
+	recs, _, err := s.List(ctx, store.Filter{State: store.Unknown}, "", 10)
+	if err != nil || len(recs) != 2 || recs[0].ID.Key != "dead" || recs[1].ID.Key != "unknown" {
+		t.Fatalf("List unknown = %v, %v; want the parked record and the unknown one", recs, err)
+	}
+	id := store.ID{Tenant: "t", Key: "dead"}
+	if err := s.Complete(ctx, id, "gone", store.Response{Status: 201}, time.Time{}); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("Complete by the stopped replica's owner = %v; want ErrNotOwner", err)
+	}
+	rec, claimed, err := s.Begin(ctx, id, store.Request{Fingerprint: fp}, "next", time.Minute)
+	if err != nil || !claimed || rec.Fence != 2 || !rec.CreatedAt.Equal(created) || !rec.Outcome.FirstSentAt.Equal(created) {
+		t.Fatalf("Begin = fence %d, created %v, first sent %v, %v, %v; want a takeover at fence 2 keeping %v",
+			rec.Fence, rec.CreatedAt, rec.Outcome.FirstSentAt, claimed, err, created)
 	}
 }

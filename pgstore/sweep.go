@@ -3,6 +3,8 @@ package pgstore
 import (
 	"context"
 	"time"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // maxSweepBatches bounds one sweep, so that a large backlog is worked off
@@ -40,7 +42,78 @@ func (s *Store) sweepLoop() {
 		} else if n > 0 {
 			s.opt.Logger.Debug("expired records deleted", "count", n)
 		}
+		n, err = s.parkOrphans(context.Background())
+		if n > 0 && s.opt.OnOrphansParked != nil {
+			s.opt.OnOrphansParked(int(n))
+		}
+		if err != nil {
+			s.opt.Logger.Warn("parking the operations of stopped replicas failed", "parked", n, "err", err)
+		}
 	})
+}
+
+// replicaStopped is the LastError of an operation parked by parkOrphans.
+const replicaStopped = "the replica running the operation stopped renewing its lease mid-operation; an attempt may have reached the provider"
+
+// parkOrphans does for the in-flight records of replicas that stopped what
+// the embedded store does at start for those of its dead process
+// (cache.Store.ReleaseInFlight): a record whose lease ended more than
+// Options.OrphanAfter ago, with no request having taken it over, becomes
+// Unknown, so that operators find it among the operations whose outcome is
+// unknown instead of among those running. Its first send is the claim time
+// unless an earlier sequence left one, the earliest it may have been. A
+// fingerprint-window anchor is deleted instead: nothing was sent for it.
+//
+// Nothing changes for the app: its next request takes an Unknown record
+// over with the same key as it would the in-flight one, after the status
+// probe and the key retention check. A replica that is still running the
+// operation (cut off from the database for longer than its lease and the
+// grace) can no longer complete it; its answer is then the next request's,
+// resumed with the same key, as after any takeover.
+//
+// It returns how many records it parked.
+func (s *Store) parkOrphans(ctx context.Context) (int64, error) {
+	orphan := `state = 1 AND lease_until < now() - $1 * interval '1 microsecond'`
+	anchor := `substring(key from 1 for $2) = $3`
+	prefix := []byte(store.WindowAnchorPrefix)
+	var total int64
+	for range maxSweepBatches {
+		var n int64
+		err := s.call(ctx, "park orphans", nil, func(ctx context.Context) error {
+			if _, err := s.pool.Exec(ctx, `DELETE FROM idemproxy_records WHERE `+orphan+` AND `+anchor,
+				micros(s.opt.OrphanAfter), len(prefix), prefix); err != nil {
+				return err
+			}
+			rows, err := s.pool.Query(ctx, `UPDATE idemproxy_records r SET state = 3, lease_until = NULL, expires_at = NULL,
+				first_sent_at = coalesce(r.first_sent_at, r.created_at), last_error = $4
+				FROM (SELECT tenant, key FROM idemproxy_records WHERE `+orphan+` AND NOT `+anchor+`
+					LIMIT $5 FOR UPDATE SKIP LOCKED) o
+				WHERE r.tenant = o.tenant AND r.key = o.key AND r.`+orphan+`
+				RETURNING r.tenant, r.key, r.owner, r.created_at`,
+				micros(s.opt.OrphanAfter), len(prefix), prefix, replicaStopped, s.opt.SweepBatch)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var tenant, key []byte
+				var owner string
+				var created time.Time
+				if err := rows.Scan(&tenant, &key, &owner, &created); err != nil {
+					return err
+				}
+				n++
+				s.opt.Logger.Warn("operation of a stopped replica parked as unknown: its next request resumes it with the same key",
+					"client", string(tenant), "key", string(key), "owner", owner, "created_at", created)
+			}
+			return rows.Err()
+		})
+		total += n
+		if err != nil || n < int64(s.opt.SweepBatch) {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
 // every calls fn every d until the store is closed.
