@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -325,5 +326,61 @@ func testRecordFields(t *testing.T, shared bool) {
 	}
 	if nf := c.admin(t, "GET", "/admin/v1/records/no-such-key", ""); nf.status != http.StatusNotFound || !strings.Contains(nf.body, `"not_found"`) {
 		t.Errorf("GET unknown key = %d %s, want 404 not_found", nf.status, nf.body)
+	}
+}
+
+// TestRenewOrderKeyedByItsSecondSource: with IDEMPROXY_KEY_SOURCES
+// json:order_id,form:order_id, an order the app posts as a form has the form
+// source's key. The orders calls find it there: get shows its record (it
+// said "nothing sent under this key yet", the JSON source's key, for an order
+// the provider had executed), and renew moves it to its next generation (it
+// was refused for want of a record), which the app's next form post uses.
+func TestRenewOrderKeyedByItsSecondSource(t *testing.T) {
+	var mu sync.Mutex
+	var keys []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		n := len(keys)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if n == 1 {
+			io.WriteString(w, `{"id":"op_1","status":"failed"}`)
+			return
+		}
+		io.WriteString(w, `{"id":"op_2","status":"succeeded"}`)
+	}))
+	defer up.Close()
+	p := launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+adminToken,
+		"IDEMPROXY_KEY_SOURCES=json:order_id,form:order_id")})
+	form := []string{"Content-Type", "application/x-www-form-urlencoded"}
+	first := send(t, "POST", "http://"+p.proxy+"/pay", "order_id=FM-1&amount=5", form...)
+	key1 := first.header.Get("Idempotency-Key")
+	if first.status != http.StatusOK || !strings.Contains(first.body, `"failed"`) || key1 == "" {
+		t.Fatalf("form POST = %d %s key %q, want the failed operation", first.status, first.body, key1)
+	}
+	auth := []string{"Authorization", "Bearer " + adminToken}
+	o := send(t, "GET", "http://"+p.admin+"/admin/v1/orders?method=POST&path=/pay&value=FM-1", "", auth...)
+	if o.status != http.StatusOK || !strings.Contains(o.body, `"key":"`+key1+`"`) || !strings.Contains(o.body, `"state":"final"`) {
+		t.Fatalf("GET order = %d %s, want generation 1 under the form key %s with its final record", o.status, o.body, key1)
+	}
+	rn := send(t, "POST", "http://"+p.admin+"/admin/v1/orders/renew", `{"method":"POST","path":"/pay","value":"FM-1"}`, auth...)
+	var renewed struct {
+		Key        string
+		Generation int
+	}
+	if rn.status != http.StatusOK || json.Unmarshal([]byte(rn.body), &renewed) != nil || renewed.Generation != 2 {
+		t.Fatalf("renew = %d %s, want 200 generation 2", rn.status, rn.body)
+	}
+	second := send(t, "POST", "http://"+p.proxy+"/pay", "order_id=FM-1&amount=6", form...)
+	if second.status != http.StatusOK || second.header.Get("Idempotency-Key") != renewed.Key || strings.Contains(second.body, `"failed"`) {
+		t.Fatalf("form POST after renew = %d %s key %s, want a new operation under the renewed key %s",
+			second.status, second.body, second.header.Get("Idempotency-Key"), renewed.Key)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{key1, renewed.Key}; !reflect.DeepEqual(keys, want) {
+		t.Fatalf("keys sent upstream = %v, want %v", keys, want)
 	}
 }

@@ -43,10 +43,11 @@ type Options struct {
 	Token string
 	// DefaultTenant is the client of records when ?client= is absent.
 	DefaultTenant string
-	// OrderKey derives the key of an order's generation gen (1 first) from
-	// its request's method and path and the value of its key source, for
-	// client; the proxy's own derivation. Required for /admin/v1/orders.
-	OrderKey func(method, path, value, client string, gen int) (string, error)
+	// OrderKeys derives the keys of an order's generation gen (1 first)
+	// from its request's method and path and the value of its key source,
+	// for client: one per key source of its route, in their order; the
+	// proxy's own derivation. Required for /admin/v1/orders.
+	OrderKeys func(method, path, value, client string, gen int) ([]string, error)
 	// Logger receives one WARN line per change made through the API; nil
 	// discards them.
 	Logger *slog.Logger

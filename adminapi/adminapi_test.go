@@ -293,7 +293,10 @@ func TestRenewAnswer(t *testing.T) {
 	if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: []byte(`{"id":"op_1","status":"failed"}`)}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default", OrderKey: orderKey})
+	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default", OrderKeys: func(method, path, value, client string, gen int) ([]string, error) {
+		k, err := orderKey(method, path, value, client, gen)
+		return []string{k}, err
+	}})
 	r := httptest.NewRequest("POST", "/admin/v1/orders/renew", strings.NewReader(`{"method":"POST","path":"/cards","value":"F-1","client":""}`))
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)

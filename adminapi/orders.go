@@ -86,25 +86,46 @@ type orderQuery struct {
 const maxGenerations = 1000
 
 // current returns the order's current generation: the first whose record is
-// not superseded (nil when it has none yet).
-func (h *Handler) current(r *http.Request, o orderQuery) (store.ID, int, *store.Record, error) {
-	for gen := 1; gen <= maxGenerations; gen++ {
-		key, err := h.opt.OrderKey(o.Method, o.Path, o.Value, o.Client, gen)
-		if err != nil {
-			return store.ID{}, 0, nil, err
+// not superseded (nil when it has none yet), and which of its route's key
+// sources the order's requests have (src, an index into OrderKeys' keys).
+//
+// The source is the first whose generation 1 key has a record: the proxy
+// derives a request's key from the first source the request has, so an
+// order posted as a form is under the form source's key though a JSON source
+// comes first. With no record under any, it is the first source.
+func (h *Handler) current(r *http.Request, o orderQuery) (id store.ID, gen, src int, rec *store.Record, err error) {
+	keys, err := h.opt.OrderKeys(o.Method, o.Path, o.Value, o.Client, 1)
+	if err != nil {
+		return store.ID{}, 0, 0, nil, err
+	}
+	for i, key := range keys {
+		_, err := h.opt.Store.Get(r.Context(), store.ID{Tenant: o.Client, Key: key})
+		if err == nil {
+			src = i
+			break
 		}
-		id := store.ID{Tenant: o.Client, Key: key}
+		if !errors.Is(err, store.ErrNotFound) {
+			return store.ID{}, 0, 0, nil, errStore
+		}
+	}
+	for gen := 1; gen <= maxGenerations; gen++ {
+		if gen > 1 {
+			if keys, err = h.opt.OrderKeys(o.Method, o.Path, o.Value, o.Client, gen); err != nil {
+				return store.ID{}, 0, 0, nil, err
+			}
+		}
+		id := store.ID{Tenant: o.Client, Key: keys[src]}
 		rec, err := h.opt.Store.Get(r.Context(), id)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			return id, gen, nil, nil
+			return id, gen, src, nil, nil
 		case err != nil:
-			return store.ID{}, 0, nil, errStore
+			return store.ID{}, 0, 0, nil, errStore
 		case !rec.Superseded:
-			return id, gen, &rec, nil
+			return id, gen, src, &rec, nil
 		}
 	}
-	return store.ID{}, 0, nil, errors.New("too many generations")
+	return store.ID{}, 0, 0, nil, errors.New("too many generations")
 }
 
 var errStore = errors.New("store unavailable")
@@ -127,7 +148,7 @@ func (h *Handler) getOrder(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "method, path and value are required")
 		return
 	}
-	id, gen, rec, err := h.current(r, o)
+	id, gen, _, rec, err := h.current(r, o)
 	if err != nil {
 		h.orderError(w, err)
 		return
@@ -164,7 +185,7 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "method, path and value are required")
 		return
 	}
-	id, gen, rec, err := h.current(r, o)
+	id, gen, src, rec, err := h.current(r, o)
 	if err != nil {
 		h.orderError(w, err)
 		return
@@ -181,11 +202,12 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be written")
 		return
 	}
-	next, err := h.opt.OrderKey(o.Method, o.Path, o.Value, o.Client, gen+1)
+	keys, err := h.opt.OrderKeys(o.Method, o.Path, o.Value, o.Client, gen+1)
 	if err != nil {
 		h.orderError(w, err)
 		return
 	}
+	next := keys[src]
 	h.opt.Logger.Warn("admin: order renewed to its next key generation",
 		"who", who(r), "method", o.Method, "path", o.Path, "client", o.Client,
 		"from_key", id.Key, "from_generation", gen, "key", next, "generation", gen+1,

@@ -92,11 +92,11 @@ func checkOverloaded(t *testing.T, e *env, a answer, key string) {
 // orderKey is the key idemproxy derives for an order id.
 func orderKey(t *testing.T, e *env, orderID string) string {
 	t.Helper()
-	k, err := e.h.OrderKey(http.MethodPost, "/v1/payments", orderID, proxy.DefaultTenant, 1)
+	k, err := e.h.OrderKeys(http.MethodPost, "/v1/payments", orderID, proxy.DefaultTenant, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return k
+	return k[0]
 }
 
 func TestOverloadPastMaxInflight(t *testing.T) {

@@ -480,21 +480,28 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes
 // maxGenerations bounds how many renewed key generations one request follows.
 const maxGenerations = 1000
 
-// OrderKey is the key the proxy derives for client (DefaultTenant or "" for
-// none) from a request of method and the escaped path whose first key
-// source has value, in the order's key generation gen (1 first): what an
-// operator needs to find an order's record. It fails for requests that get
-// no derived key (unprotected, rejected or fingerprint routes).
-func (h *Handler) OrderKey(method, path, value, client string, gen int) (string, error) {
+// OrderKeys are the keys the proxy derives for client (DefaultTenant or ""
+// for none) from a request of method and the escaped path whose key source
+// has value, in the order's key generation gen (1 first): one per key source
+// of the request's route, in their order, since a request's key comes from
+// the first source it has (an order sent as a form has the form source's
+// key, though a JSON source is listed first). It is what an operator needs
+// to find an order's record. It fails for requests that get no derived key
+// (unprotected, rejected or fingerprint routes).
+func (h *Handler) OrderKeys(method, path, value, client string, gen int) ([]string, error) {
 	rule := h.ruleFor(method, path)
 	if rule.Policy != routes.Key || len(rule.Sources) == 0 {
-		return "", fmt.Errorf("%s %s gets no key derived from a source (policy %s)", method, path, rule.Policy)
+		return nil, fmt.Errorf("%s %s gets no key derived from a source (policy %s)", method, path, rule.Policy)
 	}
 	kr := idemkey.Request{Method: method, Path: path, Generation: gen}
 	if client != DefaultTenant {
 		kr.Tenant = client
 	}
-	return idemkey.KeyFor(rule.Sources[0], value, kr), nil
+	keys := make([]string, len(rule.Sources))
+	for i, src := range rule.Sources {
+		keys[i] = idemkey.KeyFor(src, value, kr)
+	}
+	return keys, nil
 }
 
 // newOwner returns a random owner token for an in-flight lease.
