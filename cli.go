@@ -89,16 +89,40 @@ const (
 )
 
 // do calls the API and returns the answer's body, or an *errAPI.
+//
+// With a token, the address is first asked without it whether it is the
+// admin API (every answer of which, a 401 included, carries adminapi.Header):
+// the proxy's address given for it by mistake would pass the token on to the
+// provider, a third party, with the request.
 func (c *adminClient) do(method, path string, query url.Values, body io.Reader) ([]byte, error) {
+	if c.token != "" {
+		if _, _, err := c.send(http.MethodGet, "/admin/v1/", nil, nil, false); err != nil {
+			return nil, err
+		}
+	}
+	resp, b, err := c.send(method, path, query, body, true)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 300 {
+		return nil, c.apiError(resp, b)
+	}
+	return b, nil
+}
+
+// send makes one call, with the token when withToken, and returns the
+// answer and its body; an answer that is not the admin API's is an error,
+// whatever its status.
+func (c *adminClient) send(method, path string, query url.Values, body io.Reader, withToken bool) (*http.Response, []byte, error) {
 	u := c.base + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}
 	req, err := http.NewRequest(method, u, body)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if c.token != "" {
+	if withToken && c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	if body != nil {
@@ -110,17 +134,18 @@ func (c *adminClient) do(method, path string, query url.Values, body io.Reader) 
 		if errors.As(err, &ue) {
 			err = ue.Err // the URL is said below, once
 		}
-		return nil, fmt.Errorf("cannot reach the admin API at %s: %w; %s", c.base, err, addrHint)
+		return nil, nil, fmt.Errorf("cannot reach the admin API at %s: %w; %s", c.base, err, addrHint)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
 	if err != nil {
-		return nil, fmt.Errorf("reading the answer of %s: %w", c.base, err)
+		return nil, nil, fmt.Errorf("reading the answer of %s: %w", c.base, err)
 	}
-	if resp.StatusCode >= 300 {
-		return nil, c.apiError(resp, b)
+	// A 200 from the provider behind the proxy's address is no record.
+	if resp.Header.Get(adminapi.Header) == "" {
+		return nil, nil, fmt.Errorf("unexpected answer from %s: %s, not the admin API's; %s", c.base, resp.Status, otherHint)
 	}
-	return b, nil
+	return resp, b, nil
 }
 
 // apiError is the error for an answer with status 300 or more: the admin
@@ -130,7 +155,7 @@ func (c *adminClient) apiError(resp *http.Response, b []byte) error {
 	var e struct {
 		Error struct{ Code, Message string } `json:"error"`
 	}
-	if resp.Header.Get(adminapi.Header) == "" || json.Unmarshal(b, &e) != nil || e.Error.Code == "" {
+	if json.Unmarshal(b, &e) != nil || e.Error.Code == "" {
 		return fmt.Errorf("unexpected answer from %s: %s, not the admin API's; %s", c.base, resp.Status, otherHint)
 	}
 	out := &errAPI{status: resp.StatusCode, code: e.Error.Code, message: e.Error.Message}

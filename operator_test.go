@@ -6,11 +6,13 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -148,5 +150,49 @@ func TestFinalRecordFirstSentAt(t *testing.T) {
 	}
 	if rec.State != "final" || rec.Attempts != 1 || rec.FirstSentAt == nil || rec.FirstSentAt.Before(rec.CreatedAt) {
 		t.Fatalf("record = %s, want final after 1 attempt, first_sent_at set and not before created_at", a.body)
+	}
+}
+
+// TestCLIProxyAddressGivenForAdmin: the proxy's address given for the admin
+// one, in front of a provider that answers any GET with 200 JSON. The
+// commands exit 1 saying it is not the admin API (they printed the
+// provider's answer as a record, or as the API's JSON with --json), and the
+// admin token never reaches the provider (it was sent with every call).
+func TestCLIProxyAddressGivenForAdmin(t *testing.T) {
+	var mu sync.Mutex
+	var auths []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auths = append(auths, r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"key":"k-1","state":"final","status":200,"records":[],"next_cursor":"","generation":1}`)
+	}))
+	defer up.Close()
+	p := launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)})
+	for _, args := range [][]string{
+		{"records", "get", "k-1"},
+		{"records", "get", "--json", "k-1"},
+		{"records", "list", "--state", "unknown"},
+		{"orders", "get", "--path", "/pay", "--value", "F-1"},
+	} {
+		cmd := exec.Command(binPath, append(args, "--admin", p.proxy)...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "IDEMPROXY_ADMIN_TOKEN=" + adminToken}
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(errOut.String(), "not the admin API's") {
+			t.Errorf("%v against the proxy port = %v\nstdout: %s\nstderr: %s\nwant exit 1 saying it is not the admin API", args, err, out.String(), errOut.String())
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(auths) == 0 {
+		t.Fatal("no call reached the provider: the test does not show what it should")
+	}
+	for _, a := range auths {
+		if strings.Contains(a, adminToken) {
+			t.Fatalf("the provider got the admin token (Authorization %q)", a)
+		}
 	}
 }
