@@ -9,6 +9,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -476,5 +478,63 @@ func TestHostileUnderscoreSpellings(t *testing.T) {
 				t.Errorf("%s %s: %d other underscore headers reached the provider, want X_Other_Header and x-signature_: %v", w.Method, w.URI, kept, w.Header)
 			}
 		}
+	}
+}
+
+// halfClosedExchange writes raw, a whole request, to addr, then shuts down
+// its write side, as HTTP/1.0-era clients and `nc -N` do once the request is
+// sent, and returns every byte the proxy wrote back before closing.
+func halfClosedExchange(t *testing.T, addr, raw string) string {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Minute)) // only a hung binary reaches it
+	if _, err := io.WriteString(conn, strings.ReplaceAll(raw, "\n", "\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(conn)
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("reading after the half-close: %v", err)
+	}
+	return string(b)
+}
+
+// A client that shuts down its write side once its request is sent is
+// taken for gone (net/http cancels the request at the end of its input), and
+// sees nothing, as docs/contract.md says of every client that leaves: no
+// made-up answer. Before the fix it was answered 499 client_closed_request,
+// a 4xx SPEC's error table does not have, while its payment went on to be
+// made; an app that takes an unknown 4xx as final marks the order failed. A
+// dropped connection is what a legacy app retries, and its retry gets the
+// stored answer.
+func TestHostileHalfClosedClientSeesNoMadeUpAnswer(t *testing.T) {
+	prov := newHeldProvider(2)
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir())
+	body := `{"order_id":"half-closed-1","amount":"7.00"}`
+	req := fmt.Sprintf("POST /v1/payments HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n\n%s", len(body), body)
+	if got := halfClosedExchange(t, p.addr, req); got != "" {
+		t.Errorf("the half-closed client was answered %q, want nothing", got)
+	}
+	close(prov.release)
+	got := rawExchange(t, p.addr, req)
+	if got.status != http.StatusCreated || !strings.Contains(got.body, `"succeeded"`) {
+		t.Fatalf("retry = %d %s, want the payment's 201", got.status, got.body)
+	}
+	key := got.header.Get("Idempotency-Key")
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.execs[key] != 1 || len(prov.execs) != 1 {
+		t.Errorf("provider executions %v, want one of %s", prov.execs, key)
+	}
+	if !strings.Contains(p.logText(), `"outcome":"client_gone"`) {
+		t.Errorf("no client_gone line in the log:\n%s", p.logText())
 	}
 }

@@ -47,10 +47,18 @@ func newSummary(r *http.Request, now time.Time) *Summary {
 	return &Summary{Method: r.Method, Path: r.URL.Path, Start: now}
 }
 
-// fail answers err and records it on the summary.
+// fail answers err and records it on the summary. A client that left gets
+// no answer: the connection is closed without one (docs/contract.md). Only
+// a client that shut down its write side once its request was sent, which
+// net/http takes for gone, could still read one, and a 499 it does not
+// know, taken as final by an app, would say its order failed while the
+// operation it started runs on; a dropped connection is what it retries.
 func (h *Handler) fail(w http.ResponseWriter, sum *Summary, err error) {
 	a := classify(err)
 	sum.settle(result{}, &a)
+	if a.Outcome == OutcomeClientGone {
+		panic(http.ErrAbortHandler) // the deferred summary still reports it
+	}
 	writeClassified(w, err, a, sum.Key)
 }
 
