@@ -538,3 +538,17 @@ func TestHostileHalfClosedClientSeesNoMadeUpAnswer(t *testing.T) {
 		t.Errorf("no client_gone line in the log:\n%s", p.logText())
 	}
 }
+
+// So is a half-closed client of an unprotected request: the attempt is
+// cancelled as for any client that left, and nothing is written back.
+// Before the fix it got 499 client_closed_request.
+func TestHostileHalfClosedClientUnprotected(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // held until idemproxy gives up the attempt
+	}))
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir())
+	if got := halfClosedExchange(t, p.addr, "GET /v1/payments/pay-1 HTTP/1.1\nHost: x\n\n"); got != "" {
+		t.Errorf("the half-closed client was answered %q, want nothing", got)
+	}
+}

@@ -356,12 +356,23 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, 
 	ex := &retry.Exchange{Transport: h.opt.Transport, Call: retry.Call{Mode: m}}
 	sw := &statusWriter{ResponseWriter: w}
 	h.reverseProxy(key, ex).ServeHTTP(sw, r)
+	if sw.clientGone { // logged as before, answered as a protected request (fail)
+		sum.settle(result{resp: store.Response{Status: ErrClientGone.Status}, report: ex.Report}, nil)
+		panic(http.ErrAbortHandler)
+	}
 	sum.settle(result{resp: store.Response{Status: sw.status}, report: ex.Report}, nil)
 }
 
 // upstreamError is the ReverseProxy's error handler (unprotected requests,
-// streamed): it answers the client.
+// streamed): it answers the client, unless the client left (forward then
+// closes the connection without an answer).
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		if sw, ok := w.(*statusWriter); ok {
+			sw.clientGone = true
+			return
+		}
+	}
 	if !errors.Is(err, context.Canceled) {
 		h.opt.Logger.Warn("upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}

@@ -17,6 +17,9 @@ import "net/http"
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	// clientGone: the attempt ended because the client left, and nothing
+	// was written (upstreamError).
+	clientGone bool
 }
 
 func (w *statusWriter) WriteHeader(code int) {
