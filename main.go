@@ -202,7 +202,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	}
 	adm := newAdmin(instrumented, m.Handler())
 	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
-		DefaultTenant: proxy.DefaultTenant, OrderKeys: handler.OrderKeys, Logger: log}))
+		DefaultTenant: proxy.DefaultTenant, Clients: set.clients.Names(), OrderKeys: handler.OrderKeys, Logger: log}))
 	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, stopWaits: gate.Close, admin: adm,
 		connMetrics: m.ClientConnections}, log, ready)
 }

@@ -282,3 +282,41 @@ func TestBinaryTenancyRefusalsAndSecrets(t *testing.T) {
 		t.Errorf("log not at debug level, or its safety net had to redact a secret:\n%s", p.logText())
 	}
 }
+
+// TestBinaryAdminCallsNameAClient: with client tokens on, every record
+// belongs to a client, so the admin calls that look one up must name the
+// client. Without ?client=, or naming a client that has no token, they are
+// refused with 400 saying which clients there are; they looked under a
+// client no request can have, and so GET /admin/v1/orders said of app-a's
+// executed order that nothing was sent for it (record null), and
+// /admin/v1/records/{key} that there was no such record.
+func TestBinaryAdminCallsNameAClient(t *testing.T) {
+	prov := &keyedProvider{ops: map[string]string{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, tenancyEnv(up.URL, t.TempDir())...)
+	a := send(t, http.MethodPost, "http://"+p.addr+"/cards", `{"order_id":"o-9","amount":"5.00"}`, "Idemproxy-Client-Token", tokenA)
+	if a.status != http.StatusCreated {
+		t.Fatalf("app-a: %d %s", a.status, a.body)
+	}
+	key := a.header.Get("Idempotency-Key")
+	admin := "http://" + p.admin
+	order := admin + "/admin/v1/orders?method=POST&path=/cards&value=o-9"
+	if r := send(t, http.MethodGet, order+"&client=app-a", ""); r.status != http.StatusOK ||
+		!strings.Contains(r.body, `"key":"`+key+`"`) || !strings.Contains(r.body, `"state":"final"`) {
+		t.Fatalf("app-a's order = %d %s, want its final record under %s", r.status, r.body, key)
+	}
+	for _, c := range []struct{ method, url, body string }{
+		{http.MethodGet, order, ""},
+		{http.MethodGet, order + "&client=app-c", ""},
+		{http.MethodGet, admin + "/admin/v1/records/" + key, ""},
+		{http.MethodGet, admin + "/admin/v1/records/" + key + "?client=default", ""},
+		{http.MethodPost, admin + "/admin/v1/orders/renew", `{"method":"POST","path":"/cards","value":"o-9"}`},
+	} {
+		r := send(t, c.method, c.url, c.body)
+		if r.status != http.StatusBadRequest || !strings.Contains(r.body, `"bad_request"`) ||
+			!strings.Contains(r.body, "app-a, app-b") {
+			t.Errorf("%s %s %s = %d %s, want 400 bad_request naming the clients app-a, app-b", c.method, c.url, c.body, r.status, r.body)
+		}
+	}
+}

@@ -13,8 +13,10 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,6 +45,12 @@ type Options struct {
 	Token string
 	// DefaultTenant is the client of records when ?client= is absent.
 	DefaultTenant string
+	// Clients, when not empty, are the clients of the client tokens: every
+	// record belongs to one of them, so a call that looks up a record or an
+	// order must name one (?client=, "client"); it is refused (400) without
+	// one, or naming another, instead of looking under a client that has no
+	// records and answering that nothing was sent.
+	Clients []string
 	// OrderKeys derives the keys of an order's generation gen (1 first)
 	// from its request's method and path and the value of its key source,
 	// for client: one per key source of its route, in their order; the
@@ -199,7 +207,12 @@ func optional(t time.Time) *time.Time {
 
 // getRecord is GET /admin/v1/records/{key}[?client=][&body=1].
 func (h *Handler) getRecord(w http.ResponseWriter, r *http.Request) {
-	id := store.ID{Tenant: h.client(r), Key: r.PathValue("key")}
+	client, err := h.client(r.URL.Query().Get("client"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+		return
+	}
+	id := store.ID{Tenant: client, Key: r.PathValue("key")}
 	rec, err := h.opt.Store.Get(r.Context(), id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -212,12 +225,19 @@ func (h *Handler) getRecord(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, view(id, rec, r.URL.Query().Get("body") == "1"))
 }
 
-// client is ?client=, or the default tenant.
-func (h *Handler) client(r *http.Request) string {
-	if c := r.URL.Query().Get("client"); c != "" {
-		return c
+// client is the client a call names (?client=, "client"), or the default
+// tenant when it names none; with client tokens on (Options.Clients) it must
+// name one of theirs.
+func (h *Handler) client(name string) (string, error) {
+	switch {
+	case len(h.opt.Clients) == 0 && name == "":
+		return h.opt.DefaultTenant, nil
+	case len(h.opt.Clients) == 0, slices.Contains(h.opt.Clients, name):
+		return name, nil
+	case name == "":
+		return "", fmt.Errorf("client is required with client tokens on: one of %s", strings.Join(h.opt.Clients, ", "))
 	}
-	return h.opt.DefaultTenant
+	return "", fmt.Errorf("no client %q has a client token: one of %s", name, strings.Join(h.opt.Clients, ", "))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -130,22 +130,30 @@ func (h *Handler) current(r *http.Request, o orderQuery) (id store.ID, gen, src 
 
 var errStore = errors.New("store unavailable")
 
-func (h *Handler) orderFrom(r *http.Request, o orderQuery) (orderQuery, bool) {
-	if o.Client == "" {
-		o.Client = h.opt.DefaultTenant
-	}
+// orderFrom checks the order a call names, and writes the error when it
+// cannot be looked up.
+func (h *Handler) orderFrom(w http.ResponseWriter, o orderQuery) (orderQuery, bool) {
 	// A person types "post": methods are upper case in every request the
 	// proxy takes, so no order has a lower-case one.
 	o.Method = strings.ToUpper(o.Method)
-	return o, o.Method != "" && o.Path != "" && o.Value != ""
+	if o.Method == "" || o.Path == "" || o.Value == "" {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "method, path and value are required")
+		return o, false
+	}
+	client, err := h.client(o.Client)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+		return o, false
+	}
+	o.Client = client
+	return o, true
 }
 
 // getOrder is GET /admin/v1/orders?method=POST&path=/cards&value=F-1[&client=].
 func (h *Handler) getOrder(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	o, ok := h.orderFrom(r, orderQuery{Method: q.Get("method"), Path: q.Get("path"), Value: q.Get("value"), Client: q.Get("client")})
+	o, ok := h.orderFrom(w, orderQuery{Method: q.Get("method"), Path: q.Get("path"), Value: q.Get("value"), Client: q.Get("client")})
 	if !ok {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "method, path and value are required")
 		return
 	}
 	id, gen, _, rec, err := h.current(r, o)
@@ -180,9 +188,8 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON {method, path, value, client}")
 		return
 	}
-	o, ok := h.orderFrom(r, in)
+	o, ok := h.orderFrom(w, in)
 	if !ok {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "method, path and value are required")
 		return
 	}
 	id, gen, src, rec, err := h.current(r, o)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 )
 
@@ -50,6 +51,20 @@ func ParseClientTokens(header, list string) (*ClientTokens, error) {
 
 // ErrUnauthorized is the contract's 401: client authentication is on and failed.
 var ErrUnauthorized = &Error{http.StatusUnauthorized, CodeUnauthorized, "missing or unknown client token"}
+
+// Names are the clients' names, sorted, each once (a client may have more
+// than one token, while it rotates them); nil for nil c (authentication off).
+func (c *ClientTokens) Names() []string {
+	if c == nil {
+		return nil
+	}
+	var names []string
+	for _, name := range c.byToken {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
 
 // Header is the request header that carries the token; idemproxy removes it
 // before anything goes upstream.
