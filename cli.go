@@ -325,6 +325,9 @@ func printRecord(w io.Writer, rec adminapi.Record) {
 	if rec.Reconciled {
 		line("reconciled", "yes: the answer is the status probe's")
 	}
+	if rec.Superseded {
+		line("renewed", "yes: the order's requests now go under its next key generation (orders get)")
+	}
 	line("attempts", fmt.Sprint(rec.Attempts))
 	line("created at", rec.CreatedAt.Format(time.RFC3339))
 	if rec.FirstSentAt != nil {
@@ -341,13 +344,18 @@ func printRecord(w io.Writer, rec adminapi.Record) {
 	line("last error", rec.LastError)
 	tw.Flush()
 	if len(rec.Body) > 0 {
-		body := []byte(rec.Body)
-		var text string
-		if json.Unmarshal(rec.Body, &text) == nil { // a body that is not JSON, as a string
-			body = []byte(text)
-		}
-		fmt.Fprintf(w, "body:\n%s\n", body)
+		fmt.Fprintf(w, "body:\n%s\n", bodyText(rec.Body))
 	}
+}
+
+// bodyText is a record's body as the API shows it, for a person: a body
+// that is not JSON is shown as it was, not as a JSON string.
+func bodyText(b json.RawMessage) []byte {
+	var text string
+	if json.Unmarshal(b, &text) == nil {
+		return []byte(text)
+	}
+	return b
 }
 
 // recordsList runs `idemproxy records list --state S [--limit N] [--cursor C]`.
@@ -411,6 +419,11 @@ func recordsList(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Key, r.Client, r.State, req, status, r.Attempts, sent, r.LastError)
 	}
 	tw.Flush()
+	for _, r := range page.Records {
+		if len(r.Body) > 0 {
+			fmt.Fprintf(stdout, "\nbody of %s:\n%s\n", r.Key, bodyText(r.Body))
+		}
+	}
 	fmt.Fprintf(stdout, "%d records", len(page.Records))
 	if page.NextCursor != "" {
 		fmt.Fprintf(stdout, "; more with --cursor %s", page.NextCursor)

@@ -384,3 +384,31 @@ func TestRenewOrderKeyedByItsSecondSource(t *testing.T) {
 		t.Fatalf("keys sent upstream = %v, want %v", keys, want)
 	}
 }
+
+// TestCLIShowsRenewedAndBodies: the people's output of the records commands
+// shows what their --json does: records get of an order's renewed generation
+// says it was renewed (it looked like any final record: a person could not
+// tell that the order's requests now go under another key), and records list
+// --body shows each record's body (the flag was taken and nothing shown).
+func TestCLIShowsRenewedAndBodies(t *testing.T) {
+	c := startCards(t, false)
+	failed := c.post(t, "F-1", sandbox.AmountFailed)
+	if !strings.Contains(failed.body, `"failed"`) {
+		t.Fatalf("POST F-1 = %d %s, want a failed operation", failed.status, failed.body)
+	}
+	review := c.post(t, "F-2", sandbox.AmountNeedsReview)
+	if !strings.Contains(review.body, `"needs_review"`) {
+		t.Fatalf("POST F-2 = %d %s, want needs_review", review.status, review.body)
+	}
+	if out, code := c.cli(t, "orders", "renew", "--path", "/cards", "--value", "F-1"); code != 0 {
+		t.Fatalf("orders renew = %d %s", code, out)
+	}
+	out, code := c.cli(t, "records", "get", failed.header.Get("Idempotency-Key"))
+	if code != 0 || !strings.Contains(out, "renewed") {
+		t.Errorf("records get of the renewed generation = %d\n%s\nwant it said renewed", code, out)
+	}
+	out, code = c.cli(t, "records", "list", "--state", "needs_review", "--body")
+	if code != 0 || !strings.Contains(out, review.body) {
+		t.Errorf("records list --body = %d\n%s\nwant the body %s", code, out, review.body)
+	}
+}
