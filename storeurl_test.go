@@ -10,13 +10,17 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemproxy/idemproxy/pgstore"
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 )
 
@@ -65,6 +69,74 @@ func TestStoreURLRefusedAtStart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStoreUserWithoutGrantsRefused: a database user lacking the privileges
+// the README lists stops the start with status 1, naming the variable and
+// what is missing: on an empty database, CREATE on its schema; once the
+// schema is in place, the table grants (a user with SELECT only was taken
+// as ready, and every protected request got 503).
+func TestStoreUserWithoutGrantsRefused(t *testing.T) {
+	ctx := context.Background()
+	role := "idemproxy_nogrants_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	admin, err := pgx.Connect(ctx, pgtest.Shared(t).URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	var cleanup []string
+	t.Cleanup(func() {
+		for _, u := range cleanup {
+			if c, err := pgx.Connect(context.Background(), u); err == nil {
+				c.Exec(context.Background(), `DROP OWNED BY `+role)
+				c.Close(context.Background())
+			}
+		}
+		admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	as := func(dbURL string) string {
+		cleanup = append(cleanup, dbURL)
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(role, storePassword)
+		return u.String()
+	}
+	start := func(dbURL string, want ...string) {
+		t.Helper()
+		out := startStops(t, 1, "PATH=/usr/bin:/bin", "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1",
+			"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", "IDEMPROXY_STORE_URL="+dbURL)
+		for _, w := range append(want, "IDEMPROXY_STORE_URL") {
+			if !strings.Contains(out, w) {
+				t.Errorf("output does not name %s:\n%s", w, out)
+			}
+		}
+		if strings.Contains(out, storePassword) {
+			t.Errorf("output shows the password:\n%s", out)
+		}
+	}
+
+	start(as(pgtest.Database(t)), "permission denied for schema public")
+
+	ready := pgtest.Database(t)
+	s, err := pgstore.Open(ctx, pgstore.Options{URL: ready, SweepInterval: -1, AnalyzeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	db, err := pgx.Connect(ctx, ready)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	if _, err := db.Exec(ctx, `GRANT SELECT ON ALL TABLES IN SCHEMA public TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	start(as(ready), role, "INSERT, UPDATE, DELETE on idemproxy_records")
 }
 
 // TestStoreUnreachableAtStart: with nothing listening at the URL's address

@@ -2,8 +2,11 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -113,5 +116,48 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 			return err
 		}
 	}
-	return nil
+	return checkGrants(ctx, conn)
 }
+
+// grantsMissing lists, one row per table, the privileges on idemproxy's
+// tables that the session's user lacks: SELECT, INSERT, UPDATE and DELETE on
+// the tables every request and the throttle write, SELECT on the schema's
+// version.
+const grantsMissing = `SELECT t, string_agg(p, ', ' ORDER BY o)
+	FROM (VALUES ('idemproxy_records'), ('idemproxy_throttle'), ('idemproxy_replicas')) tables (t),
+		(VALUES (1, 'SELECT'), (2, 'INSERT'), (3, 'UPDATE'), (4, 'DELETE')) privileges (o, p)
+	WHERE NOT has_table_privilege(t, p)
+	GROUP BY t
+	UNION ALL
+	SELECT 'idemproxy_schema', 'SELECT' WHERE NOT has_table_privilege('idemproxy_schema', 'SELECT')
+	ORDER BY 1`
+
+// checkGrants refuses a user who may read the schema but lacks a privilege
+// the request path needs: without it every protected request would fail
+// with 503 store_unavailable while /readyz said ready.
+func checkGrants(ctx context.Context, conn *pgxpool.Conn) error {
+	rows, err := conn.Query(ctx, grantsMissing)
+	if err != nil {
+		return err
+	}
+	missing, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
+		var table, privileges string
+		err := row.Scan(&table, &privileges)
+		return privileges + " on " + table, err
+	})
+	if err != nil {
+		return err
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	var user string
+	if err := conn.QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: the database user %q lacks %s; grant it SELECT, INSERT, UPDATE, DELETE on the idemproxy_ tables",
+		errMissingGrants, user, strings.Join(missing, "; "))
+}
+
+// errMissingGrants is checkGrants' refusal.
+var errMissingGrants = errors.New("missing privileges")

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -144,6 +146,64 @@ func TestOpenRefusedFails(t *testing.T) {
 	}
 	if msg := err.Error(); !strings.Contains(msg, "no_such_db") || strings.Contains(msg, "s3cret") {
 		t.Fatalf("Open error = %q, want the database named and no password", msg)
+	}
+}
+
+// TestOpenRefusesMissingGrants: a user who can read idemproxy's tables but
+// lacks a privilege the request path needs fails Open, naming the user, the
+// tables and the privileges, instead of starting ready and failing every
+// request. With the grants the README lists, it opens and works.
+func TestOpenRefusesMissingGrants(t *testing.T) {
+	ctx := context.Background()
+	dbURL := pgtest.Database(t)
+	open(t, dbURL, 0) // the schema, created by its owner
+	admin, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	role := "idemproxy_ro_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	for _, sql := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT SELECT ON ALL TABLES IN SCHEMA public TO ` + role,
+		`GRANT INSERT, UPDATE, DELETE ON idemproxy_throttle TO ` + role,
+	} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	s, err := Open(ctx, Options{URL: u.String(), SweepInterval: -1, AnalyzeInterval: -1})
+	if err == nil {
+		s.Close()
+		t.Fatal("Open as a user with only SELECT on the records succeeded")
+	}
+	for _, want := range []string{role, "INSERT, UPDATE, DELETE on idemproxy_records", "INSERT, UPDATE, DELETE on idemproxy_replicas"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Open error = %q, want it to name %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "on idemproxy_throttle") || strings.Contains(err.Error(), "on idemproxy_schema") {
+		t.Errorf("Open error = %q names a table whose grants are complete", err)
+	}
+	if _, err := admin.Exec(ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON idemproxy_records, idemproxy_replicas TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, u.String(), time.Hour)
+	id := store.ID{Key: "granted"}
+	if _, created, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte{1}}, "o", time.Minute); err != nil || !created {
+		t.Fatalf("Begin with the grants = %v, %v", created, err)
+	}
+	if err := s.Complete(ctx, id, "o", store.Response{Status: 201}, time.Now()); err != nil {
+		t.Fatalf("Complete with the grants: %v", err)
 	}
 }
 
