@@ -219,6 +219,13 @@ func (s *Store) migrateLoop() {
 			s.opt.Logger.Info("database reachable; schema in place")
 			return
 		}
+		if refused(err) {
+			// Reached, but it refuses (a wrong password, a missing
+			// database or grant, a newer schema): what Open would have
+			// failed with. Retried, since a person may fix it.
+			s.opt.Logger.Error("the database answers but refuses: not ready until this is fixed", "err", redact(err))
+			continue
+		}
 		s.opt.Logger.Warn("database still unreachable", "err", redact(err))
 	}
 }

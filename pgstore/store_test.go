@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -286,6 +288,67 @@ func TestOpenWhileDown(t *testing.T) {
 	if _, created, err := s.Begin(ctx, store.ID{Key: "k"}, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil || !created {
 		t.Fatalf("Begin after recovery = %v, %v", created, err)
 	}
+}
+
+// TestOpenWhileDownThenRefused: a store opened while the database is down
+// whose database, once up, refuses it (here: a schema newer than this
+// build's; a wrong password or a missing grant alike) says so at ERROR
+// with the cause, not that the database is still unreachable.
+func TestOpenWhileDownThenRefused(t *testing.T) {
+	c, url := pgtest.Own(t, pgtest.Options{})
+	ctx := context.Background()
+	s := open(t, url, 0)
+	if _, err := s.pool.Exec(ctx, `UPDATE idemproxy_schema SET version = version + 1`); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := c.Stop(false); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	s, err := Open(ctx, Options{URL: url, CallTimeout: time.Second, SweepInterval: -1, AnalyzeInterval: -1,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	if err != nil {
+		t.Fatalf("Open with the database down: %v (want a store that retries)", err)
+	}
+	defer s.Close()
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(logs.String(), "is newer than this build") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no line about the newer schema within a minute:\n%s", logs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "is newer than this build") &&
+			(!strings.Contains(line, `"level":"ERROR"`) || !strings.Contains(line, "refuses") || strings.Contains(line, "unreachable")) {
+			t.Errorf("the refusal is logged as: %s\nwant an ERROR saying the database refuses", line)
+		}
+	}
+	if s.Migrated() {
+		t.Fatal("the store took a schema newer than its own")
+	}
+}
+
+// syncBuffer collects a logger's lines; safe for its writes and a test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // TestLostClaimIsUndone: a claim whose statement got no answer within the
