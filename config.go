@@ -501,8 +501,10 @@ func (c *config) storeURL() (string, error) {
 		return raw, err
 	}
 	// The URL may hold a password: name the variable, not the content.
+	// The host is in the authority, or, for a Unix socket directory, in
+	// the query (postgres://user:password@/db?host=/run/postgresql).
 	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" && u.Query().Get("host") == "" {
 		return "", bad("STORE_URL", errors.New("want a URL such as postgres://user:password@host:5432/db"))
 	}
 	// Its parameters (sslmode, connect_timeout, pool_max_conns…) are checked

@@ -206,6 +206,34 @@ func TestStoreURLFromFile(t *testing.T) {
 	}
 }
 
+// TestStoreURLUnixSocket: a URL naming a Unix socket directory in its query
+// (postgres://user@/db?host=/dir, libpq's form, as a database proxy sidecar
+// offers) is taken, and the replica serves on it. It was refused at start
+// as not being a URL.
+func TestStoreURLUnixSocket(t *testing.T) {
+	c := pgtest.Shared(t)
+	u, err := url.Parse(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("host", c.SocketDir())
+	q.Set("port", u.Port())
+	u.Host, u.RawQuery = "", q.Encode()
+	prov := newDedupProvider()
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := launch(t, launchSpec{env: sharedEnv(up.URL, u.String())})
+	waitReady(t, "the database behind the socket", p)
+	r := send(t, "POST", "http://"+p.proxy+"/v1/payments", `{"order_id":"socket-1","amount":"1.00"}`)
+	if r.status != http.StatusCreated {
+		t.Fatalf("POST = %d %s, want 201", r.status, r.body)
+	}
+	if n := prov.total(); n != 1 {
+		t.Fatalf("provider saw %d requests, want 1", n)
+	}
+}
+
 // TestReplicasStartTogether: three replicas started at the same moment on an
 // empty database create the schema once between them, with no error, and
 // all serve.

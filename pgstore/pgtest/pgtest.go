@@ -251,6 +251,9 @@ func (c *Cluster) URL(db string) string {
 	return u.String()
 }
 
+// SocketDir returns the directory holding the server's Unix socket.
+func (c *Cluster) SocketDir() string { return c.dir }
+
 // NewDatabase creates an empty database and returns its URL.
 func (c *Cluster) NewDatabase(ctx context.Context) (string, error) {
 	name := fmt.Sprintf("t%d_%d", os.Getpid(), c.dbs.Add(1))
