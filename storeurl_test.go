@@ -234,6 +234,61 @@ func TestStoreURLUnixSocket(t *testing.T) {
 	}
 }
 
+// TestStoreURLTLSRefused: an sslmode the database cannot satisfy stops the
+// start with status 1, naming the variable and the cause, as a wrong
+// password does: TLS required of a server without it, or a certificate that
+// fails verify-full (issued for localhost, reached as 127.0.0.1). Both were
+// taken for an unreachable database: the replica started, never ready,
+// logging "database still unreachable" every few seconds. With verify-full
+// on the name in the certificate, the replica serves.
+func TestStoreURLTLSRefused(t *testing.T) {
+	withParams := func(raw string, params ...string) string {
+		t.Helper()
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		for i := 0; i+1 < len(params); i += 2 {
+			q.Set(params[i], params[i+1])
+		}
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	refuses := func(storeURL string, want ...string) {
+		t.Helper()
+		out := startStops(t, 1, "PATH=/usr/bin:/bin", "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1",
+			"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", "IDEMPROXY_STORE_URL="+storeURL)
+		for _, w := range append(want, "IDEMPROXY_STORE_URL") {
+			if !strings.Contains(out, w) {
+				t.Errorf("output does not name %s:\n%s", w, out)
+			}
+		}
+		if strings.Contains(out, storePassword) {
+			t.Errorf("output shows the password:\n%s", out)
+		}
+	}
+	refuses(withParams(withPassword(t, pgtest.Database(t)), "sslmode", "require"), "server refused TLS connection")
+
+	c, dbURL := pgtest.Own(t, pgtest.Options{TLS: true})
+	verified := withParams(dbURL, "sslmode", "verify-full", "sslrootcert", c.CertFile())
+	refuses(withPassword(t, verified), "certificate")
+
+	u, err := url.Parse(verified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = net.JoinHostPort("localhost", u.Port())
+	prov := newDedupProvider()
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := launch(t, launchSpec{env: sharedEnv(up.URL, u.String())})
+	waitReady(t, "the start with verify-full", p)
+	if r := send(t, "POST", "http://"+p.proxy+"/v1/payments", `{"order_id":"tls-1","amount":"1.00"}`); r.status != http.StatusCreated {
+		t.Fatalf("POST over TLS = %d %s, want 201", r.status, r.body)
+	}
+}
+
 // TestReplicasStartTogether: three replicas started at the same moment on an
 // empty database create the schema once between them, with no error, and
 // all serve.

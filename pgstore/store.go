@@ -12,6 +12,8 @@ package pgstore
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -233,6 +235,9 @@ func (s *Store) migrateLoop() {
 // refused says whether err is the database's answer rather than a failure to
 // reach it: retrying will not help.
 func refused(err error) bool {
+	if tlsRefused(err) {
+		return true
+	}
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
 		return !errors.Is(err, context.DeadlineExceeded) && !pgconn.SafeToRetry(err) && !isNetwork(err)
@@ -242,6 +247,21 @@ func refused(err error) bool {
 		return false
 	}
 	return true
+}
+
+// tlsRefused says whether err is a TLS failure that no retry mends, though
+// it comes as a failure to connect: the server does not offer TLS where
+// sslmode requires it, or its certificate fails the verification sslmode
+// asks for (verify-ca, verify-full).
+func tlsRefused(err error) bool {
+	var (
+		verify    *tls.CertificateVerificationError
+		authority x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+	)
+	return errors.As(err, &verify) || errors.As(err, &authority) || errors.As(err, &hostname) || errors.As(err, &invalid) ||
+		strings.Contains(err.Error(), "server refused TLS connection") // pgconn has no sentinel for it
 }
 
 func isNetwork(err error) bool {

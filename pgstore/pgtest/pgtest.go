@@ -10,8 +10,15 @@ package pgtest
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"net/url"
 	"os"
@@ -77,6 +84,9 @@ type Options struct {
 	// Settings are more postgresql.conf lines ("name = value"), written
 	// after the ones above, so that they override them.
 	Settings []string
+	// TLS turns ssl on with a self-signed certificate for the name
+	// localhost only (no IP address in it); CertFile returns it.
+	TLS bool
 }
 
 // Start creates and starts a cluster. The caller must Stop it and Remove it.
@@ -131,6 +141,12 @@ func (c *Cluster) init(opts Options) error {
 	}
 	conf := fmt.Sprintf("listen_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nfsync = %s\nfull_page_writes = %s\nmax_connections = %d\nshared_buffers = 64MB\nlog_min_messages = warning\n",
 		c.dir, fsync, fsync, max(opts.MaxConnections, 200))
+	if opts.TLS {
+		if err := c.writeCert(data); err != nil {
+			return err
+		}
+		conf += "ssl = on\n"
+	}
 	for _, line := range opts.Settings {
 		conf += line + "\n"
 	}
@@ -142,6 +158,55 @@ func (c *Cluster) init(opts Options) error {
 	_, err = f.WriteString(conf)
 	return err
 }
+
+// writeCert writes a self-signed certificate for localhost and its key as
+// server.crt and server.key in data, owned by the server's user.
+func (c *Cluster) writeCert(data string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "localhost"}, DNSNames: []string{"localhost"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"server.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		"server.key": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+	}
+	for name, b := range files {
+		path := filepath.Join(data, name)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return err
+		}
+		if c.as != "" {
+			u, err := user.Lookup(c.as)
+			if err != nil {
+				return err
+			}
+			uid, _ := strconv.Atoi(u.Uid)
+			gid, _ := strconv.Atoi(u.Gid)
+			if err := os.Chown(path, uid, gid); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// CertFile returns the server's certificate, with Options.TLS.
+func (c *Cluster) CertFile() string { return filepath.Join(c.dir, "data", "server.crt") }
 
 // run runs a PostgreSQL binary, as the postgres user when this is root.
 func (c *Cluster) run(name string, args ...string) ([]byte, error) {
