@@ -224,7 +224,7 @@ func records(args, environ []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fs := flag.NewFlagSet("records get", flag.ContinueOnError)
-	client := fs.String("client", "", "client (tenant) of the record, with client tokens on")
+	client := fs.String("client", "", "client (tenant) of the record; required with client tokens on")
 	body := fs.Bool("body", false, "show the stored answer's body")
 	asJSON := fs.Bool("json", false, "print the record as JSON")
 	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
@@ -446,7 +446,7 @@ func orders(args, environ []string, stdout, stderr io.Writer) int {
 	method := fs.String("method", "POST", "the order's request method")
 	path := fs.String("path", "", "the order's request path, e.g. /cards")
 	value := fs.String("value", "", "the value of its key source, e.g. the order_id")
-	client := fs.String("client", "", "client (tenant), with client tokens on")
+	client := fs.String("client", "", "client (tenant) of the order; required with client tokens on")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
 	if code, ok := parseFlags(fs, args[1:], ordersUsage, stdout, stderr); !ok {
