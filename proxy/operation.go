@@ -57,6 +57,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, b
 			}
 			continue
 		}
+		claimed := time.Now() // the lease ends no sooner than a lease after this
 		rec, created, err := h.opt.Store.Begin(ctx, id, req, owner, h.opt.Lease)
 		if err != nil {
 			if ctx.Err() != nil { // the client left; the store is fine
@@ -67,7 +68,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, b
 			return result{}, storeError{err}
 		}
 		if created {
-			return h.start(r, id, owner, body, resumed(rec), t), nil
+			return h.start(r, id, owner, claimed, body, resumed(rec), t), nil
 		}
 		if rec.State == store.Final && rec.Superseded {
 			return result{}, superseded{rec}
@@ -159,7 +160,7 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 //
 // before is what earlier sequences of this key left: non-zero when the record
 // was parked with its outcome unknown, so the first attempt is a re-send.
-func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome, t *ticket) result {
+func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time.Time, body []byte, before store.Outcome, t *ticket) result {
 	f := h.flights.open(id)
 	h.ops.Add(1)
 	t.hold() // the operation holds its slot and body bytes until it ends
@@ -167,7 +168,7 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte,
 		defer h.ops.Done()
 		defer t.release()
 		defer h.flights.close(id, f) // after f.res is set
-		f.res = h.run(r, id, owner, body, before, &f.lease)
+		f.res = h.run(r, id, owner, claimed, body, before, &f.lease)
 	}()
 	select {
 	case <-f.done:
@@ -181,13 +182,13 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, body []byte,
 // completed in the store before anyone sees it; a sequence after which the
 // provider may have acted parks the record as unknown; anything else releases
 // the key. Either way the next request resumes with the same key.
-func (h *Handler) run(r *http.Request, id store.ID, owner string, body []byte, before store.Outcome, l *leaseRenewal) result {
+func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.Time, body []byte, before store.Outcome, l *leaseRenewal) result {
 	ctx := context.WithoutCancel(r.Context())
 	call := retry.Call{Mode: retry.Protected}
 	if !before.IsZero() {
 		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt, LastBody: before.LastBody}
 	}
-	res, lost := h.leased(ctx, l, id, owner, func(stop *retry.Stop) result {
+	res, lost := h.leased(ctx, l, id, owner, claimed, func(stop *retry.Stop) result {
 		call.Stop = stop
 		return h.roundTrip(ctx, r, h.upstreamKey(id.Tenant, id.Key), body, call)
 	})
@@ -266,7 +267,12 @@ func (h *Handler) park(ctx context.Context, r *http.Request, id store.ID, owner 
 // If the lease is lost (another replica took the key over after this one
 // stalled), op's attempt sequence is stopped (retry.Stop, which op passes as
 // retry.Call.Stop) so that no further attempt is sent, and lost is true: the
-// new owner runs the operation, with the same key. A retry.Stop, not a
+// new owner runs the operation, with the same key. So it is when no renewal
+// reached the store for a whole lease (this replica cut off from the
+// database, its renewals failing): no attempt starts past the end of the
+// lease this replica knows it holds, a lease after the claim or the last
+// renewal was sent (claimed, then each renewal's send), which comes before
+// the store's own end of it, when another replica may take the key over. A retry.Stop, not a
 // cancellable context: it costs an attempt a few uncontended locks, and no
 // allocation, where a context would cost every attempt's context a
 // registration with it.
@@ -275,8 +281,9 @@ func (h *Handler) park(ctx context.Context, r *http.Request, id store.ID, owner 
 // per operation: most operations end long before their first renewal. l
 // holds the renewal's state; it lives in the operation's flight, which is
 // allocated anyway.
-func (h *Handler) leased(ctx context.Context, l *leaseRenewal, id store.ID, owner string, op func(*retry.Stop) result) (res result, lost bool) {
-	*l = leaseRenewal{h: h, ctx: ctx, id: id, owner: owner, next: time.Now().Add(h.opt.Lease / 3)}
+func (h *Handler) leased(ctx context.Context, l *leaseRenewal, id store.ID, owner string, claimed time.Time, op func(*retry.Stop) result) (res result, lost bool) {
+	*l = leaseRenewal{h: h, ctx: ctx, id: id, owner: owner, next: time.Now().Add(h.opt.Lease / 3), held: claimed.Add(h.opt.Lease)}
+	l.stop.Until(l.held)
 	l.mu.Lock()
 	l.timer = time.AfterFunc(h.opt.Lease/3, l.renew)
 	l.mu.Unlock()
@@ -284,7 +291,8 @@ func (h *Handler) leased(ctx context.Context, l *leaseRenewal, id store.ID, owne
 	l.mu.Lock() // waits for a renewal in progress
 	l.stopped = true
 	l.timer.Stop()
-	lost = l.lost
+	// Stopped by the lease's end, not only by a renewal that found it lost.
+	lost = l.lost || errors.Is(res.err, retry.ErrStopped)
 	l.mu.Unlock()
 	return res, lost
 }
@@ -300,6 +308,7 @@ type leaseRenewal struct {
 	mu      sync.Mutex // held while a renewal runs
 	timer   *time.Timer
 	next    time.Time // when the current renewal was due: renewals keep a third of the lease apart, as a ticker would
+	held    time.Time // the end of the lease as this process knows it: a lease after the last claim or renewal that succeeded was sent
 	stopped bool
 	lost    bool
 }
@@ -312,6 +321,7 @@ func (l *leaseRenewal) renew() {
 	}
 	h, period := l.h, l.h.opt.Lease/3
 	rctx, rcancel := context.WithTimeout(l.ctx, period)
+	sent := time.Now()
 	err := h.opt.Store.Renew(rctx, l.id, l.owner, h.opt.Lease)
 	rcancel()
 	if errors.Is(err, store.ErrNotOwner) {
@@ -320,7 +330,18 @@ func (l *leaseRenewal) renew() {
 		l.stop.Stop()
 		return
 	}
-	if err != nil {
+	if err == nil {
+		l.held = sent.Add(h.opt.Lease)
+		l.stop.Until(l.held)
+	} else if !time.Now().Before(l.held) {
+		// Another replica may take the key over now: the attempt in
+		// progress is cut and none follows.
+		h.opt.Logger.Warn("lease ran out with no renewal reaching the store; stopping this operation's attempts",
+			"key", l.id.Key, "err", err)
+		l.lost = true
+		l.stop.Stop()
+		return
+	} else {
 		h.opt.Logger.Warn("renewing the lease failed; retrying", "key", l.id.Key, "err", err)
 	}
 	// The next renewal is due a third of the lease after this one was due,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
 // ErrStopped is the cause Do wraps when [Call.Stop] ended the sequence.
@@ -21,6 +22,7 @@ var ErrStopped = errors.New("retry: sequence stopped")
 type Stop struct {
 	mu      sync.Mutex
 	stopped bool
+	until   time.Time          // with Until: no attempt or probe starts from then on
 	budget  context.CancelFunc // the sequence's budget context, once made
 	attempt context.CancelFunc // the attempt's or probe's context in progress
 }
@@ -39,14 +41,26 @@ func (st *Stop) Stop() {
 	}
 }
 
-// err is ErrStopped once Stop was called; nil for a nil Stop.
+// Until sets a time from which no attempt or probe starts, as if Stop had
+// been called then (the one in progress goes on until Stop). The proxy sets
+// it to the end of the lease it knows it holds, so that an operation whose
+// lease renewals cannot reach the store stops sending before another
+// replica may take its key over. The time is read on the monotonic clock.
+func (st *Stop) Until(t time.Time) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.until = t
+}
+
+// err is ErrStopped once Stop was called or the time set by Until has come;
+// nil for a nil Stop.
 func (st *Stop) err() error {
 	if st == nil {
 		return nil
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.stopped {
+	if st.stopped || !st.until.IsZero() && !time.Now().Before(st.until) {
 		return ErrStopped
 	}
 	return nil

@@ -243,6 +243,11 @@ func (s *sequence) attempt() (outcome, error) {
 	if err != nil {
 		return o, s.stopped(err)
 	}
+	if waited > 0 { // Call.Stop's time may have come during the wait
+		if err := s.callerErr(); err != nil {
+			return o, s.callerGone(err)
+		}
+	}
 	s.attempts++
 	o.start = s.t.now()
 	o.resp, o.body, o.err = s.send()
