@@ -6,6 +6,7 @@ package main
 
 import (
 	"bufio"
+	"compress/gzip"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -550,5 +551,69 @@ func TestHostileHalfClosedClientUnprotected(t *testing.T) {
 	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir())
 	if got := halfClosedExchange(t, p.addr, "GET /v1/payments/pay-1 HTTP/1.1\nHost: x\n\n"); got != "" {
 		t.Errorf("the half-closed client was answered %q, want nothing", got)
+	}
+}
+
+// gzipProvider compresses its answers for a request that accepts gzip, as a
+// provider behind a compressing gateway does. Its first answer to each key
+// is the payouts provider's retriable 409 payout.funds_maturing; the next
+// one executes the payout.
+type gzipProvider struct {
+	mu    sync.Mutex
+	seen  map[string]int
+	execs int
+}
+
+func (p *gzipProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	p.mu.Lock()
+	p.seen[r.Header.Get("Idempotency-Key")]++
+	first := p.seen[r.Header.Get("Idempotency-Key")] == 1
+	if !first {
+		p.execs++
+	}
+	p.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	status, body := http.StatusCreated, `{"id":"po_1","status":"succeeded"}`
+	if first {
+		status, body = http.StatusConflict, `{"error":{"code":"payout.funds_maturing","message":"funds are maturing"}}`
+	}
+	var out io.Writer = w
+	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		defer zw.Close()
+		out = zw
+	}
+	w.WriteHeader(status)
+	io.WriteString(out, body)
+}
+
+// A protected request's answer is read and stored as plain bytes whatever
+// Accept-Encoding the app sent: the app's Accept-Encoding never reaches the
+// provider on a protected request (Go's transport asks for gzip and decodes
+// it). Before the fix, an app's "Accept-Encoding: gzip" went upstream, so
+// the retriable 409 payout.funds_maturing came compressed, its code could not
+// be read, and it was stored as the payout's final answer; and a stored gzip
+// answer was replayed, Content-Encoding: gzip, to apps that never asked for it.
+func TestHostileAcceptEncodingNotStored(t *testing.T) {
+	prov := &gzipProvider{seen: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir(),
+		"IDEMPROXY_RETRY_BASE_DELAY=1ms", "IDEMPROXY_RETRY_MAX_DELAY=2ms")
+	body := `{"order_id":"gz-1","amount":"9.00"}`
+	const want = `{"id":"po_1","status":"succeeded"}`
+	for _, ae := range []string{"Accept-Encoding: gzip\n", "Accept-Encoding: gzip, deflate, br\n", ""} {
+		got := rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\n%sContent-Type: application/json\nContent-Length: %d\n\n%s",
+			ae, len(body), body))
+		if got.status != http.StatusCreated || got.body != want || got.header.Get("Content-Encoding") != "" {
+			t.Errorf("%q: answer %d Content-Encoding %q %q, want 201 %s as is", ae, got.status, got.header.Get("Content-Encoding"), got.body, want)
+		}
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.execs != 1 {
+		t.Errorf("the payout was executed %d times, want once", prov.execs)
 	}
 }

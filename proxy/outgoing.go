@@ -102,8 +102,9 @@ func (h *Handler) dropUnderscored(out http.Header) {
 // attempt layer as retry.Call.Body: each attempt gets its own reader over
 // it, so this request carries none), without hop-by-hop headers (those
 // its Connection header names included) and client-sent forwarding headers,
-// with unparsable query parameters dropped, then rewritten (rewrite: URL, key,
-// credential, trailers) and without Go's default User-Agent.
+// with unparsable query parameters dropped, without the client's
+// Accept-Encoding, then rewritten (rewrite: URL, key, credential, trailers)
+// and without Go's default User-Agent.
 func (h *Handler) outbound(ctx context.Context, r *http.Request, body []byte, key outgoingKey) *http.Request {
 	out := r.WithContext(ctx)
 	u := *r.URL
@@ -121,6 +122,11 @@ func (h *Handler) outbound(ctx context.Context, r *http.Request, body []byte, ke
 	for _, n := range forwardingHeaders {
 		delete(out.Header, n)
 	}
+	// The answer is read here, not by the app: its codes and status words
+	// decide retries, and its bytes are stored and replayed to any app
+	// that repeats the request. Without the app's Accept-Encoding, Go's
+	// transport asks for gzip itself and decodes it.
+	delete(out.Header, "Accept-Encoding")
 	out.URL.RawQuery = cleanQueryParams(out.URL.RawQuery)
 	pr := httputil.ProxyRequest{In: r, Out: out}
 	h.rewrite(&pr, key)
