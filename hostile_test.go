@@ -617,3 +617,48 @@ func TestHostileAcceptEncodingNotStored(t *testing.T) {
 		t.Errorf("the payout was executed %d times, want once", prov.execs)
 	}
 }
+
+// A reject rule cannot be passed by spelling its path as servers commonly
+// route it the same: an encoded slash or backslash, repeated or trailing
+// slashes, a path parameter. Each is 405 with nothing sent, as the plain
+// path is; other paths pass. Before the fix each of them was forwarded, to a
+// provider that (behind nginx's merge_slashes and decoding, a servlet
+// container, a lenient router) serves /internal/admin.
+func TestHostileRejectRuleSpellings(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_ROUTES=GET /internal/health=unprotected; * /internal/*=reject; POST /v1/refunds=reject")...)
+	for _, path := range []string{
+		"/internal/admin",
+		"/internal%2Fadmin", "/internal%2fadmin", "/internal%5Cadmin", "/internal\\admin",
+		"//internal/admin", "/internal//admin", "/internal/admin/", "///internal///admin//",
+		"/internal;x/admin", "/internal/admin;jsessionid=1", "/;x/internal/admin",
+		"/%69nternal/admin", "/internal%2F%2Fadmin%2F",
+		"/v1/refunds/", "//v1/refunds", "/v1%2Frefunds", "/v1/refunds;x",
+	} {
+		for _, method := range []string{"GET", "POST"} {
+			body := `{"order_id":"rj-1"}`
+			got := rawExchange(t, p.addr, fmt.Sprintf("%s %s HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n\n%s", method, path, len(body), body))
+			want := http.StatusMethodNotAllowed
+			if method == "GET" && strings.Contains(path, "refunds") {
+				want = http.StatusCreated // the refunds rule rejects POST only
+			}
+			if got.status != want {
+				t.Errorf("%s %s: %d %s, want %d", method, path, got.status, got.body, want)
+			}
+		}
+	}
+	for _, w := range prov.take() {
+		if w.Method != "GET" || !strings.Contains(w.URI, "refunds") {
+			t.Errorf("%s %s reached the provider", w.Method, w.URI)
+		}
+	}
+	// Paths no rule rejects still pass, whatever their spelling.
+	for _, path := range []string{"/internal/health", "//internal/health", "/internal/a/b", "/internals/admin", "/cards/a%2Fb", "/v1/refunds/r-1"} {
+		got := rawExchange(t, p.addr, fmt.Sprintf("GET %s HTTP/1.1\nHost: x\n\n", path))
+		if seen := prov.take(); got.status != http.StatusCreated || len(seen) != 1 {
+			t.Errorf("GET %s: %d %s, provider saw %d; want it forwarded", path, got.status, got.body, len(seen))
+		}
+	}
+}

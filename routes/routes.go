@@ -10,7 +10,9 @@
 // with '/'; a '*' segment matches exactly one non-empty path segment, any
 // other segment matches the same segment of the request path after
 // percent-decoding of each (so /cards/a%2Fb/topup has three segments and
-// /v1/payout/%69nfo is /v1/payout/info). The first rule that matches wins.
+// /v1/payout/%69nfo is /v1/payout/info). The first rule that matches wins;
+// a reject rule also matches the spellings of its path that servers commonly
+// route the same (see [Table.Match]).
 // POLICY is one of:
 //
 //	unprotected            streamed through, never stored
@@ -95,7 +97,8 @@ func (r Rule) String() string {
 // Table is a parsed route table. The zero Table has no rules and matches
 // nothing.
 type Table struct {
-	rules []Rule
+	rules  []Rule
+	reject bool // a rule has the Reject policy
 }
 
 // Rules returns the table's rules in order.
@@ -134,6 +137,7 @@ func Parse(s string) (Table, error) {
 			}
 		}
 		t.rules = append(t.rules, r)
+		t.reject = t.reject || r.Policy == Reject
 	}
 	return t, nil
 }
@@ -257,9 +261,27 @@ func (r Rule) covers(later Rule) bool {
 
 // Match returns the first rule matching method and the escaped request path
 // (url.URL.EscapedPath: what is forwarded), and whether one did.
+//
+// A Reject rule also matches the path as servers commonly route it (see
+// looseSegments): when the first rule matching that form is a Reject rule,
+// it is returned, so that "/internal%2Fadmin", "//internal/admin" or
+// "/internal/admin/" cannot pass a rule that rejects "/internal/*" and
+// reach a provider that routes them to /internal/admin.
 func (t Table) Match(method, escapedPath string) (Rule, bool) {
 	if len(t.rules) == 0 || !strings.HasPrefix(escapedPath, "/") {
 		return Rule{}, false
+	}
+	if t.reject {
+		if loose, ok := looseSegments(escapedPath); ok {
+			for _, r := range t.rules {
+				if r.matchesDecoded(method, loose) {
+					if r.Policy == Reject {
+						return r, true
+					}
+					break
+				}
+			}
+		}
 	}
 	segs := strings.Split(escapedPath[1:], "/")
 	for _, r := range t.rules {
@@ -268,6 +290,44 @@ func (t Table) Match(method, escapedPath string) (Rule, bool) {
 		}
 	}
 	return Rule{}, false
+}
+
+// looseSegments returns the segments of escapedPath as a lenient server
+// routes it: percent-decoded, split at slashes and backslashes, each cut at
+// a path parameter (";jsessionid=1", which servlet containers drop), empty
+// ones dropped (nginx merges repeated slashes; many routers ignore a
+// trailing one). ok is false when the path has none of these forms, so the
+// segments would be the exact ones, or does not decode.
+func looseSegments(escapedPath string) (segs []string, ok bool) {
+	if !strings.ContainsAny(escapedPath, "%;\\") && !strings.Contains(escapedPath, "//") && !strings.HasSuffix(escapedPath, "/") {
+		return nil, false
+	}
+	dec, err := url.PathUnescape(escapedPath)
+	if err != nil {
+		return nil, false
+	}
+	for part := range strings.FieldsFuncSeq(dec, func(c rune) bool { return c == '/' || c == '\\' }) {
+		if i := strings.IndexByte(part, ';'); i >= 0 {
+			part = part[:i]
+		}
+		if part != "" {
+			segs = append(segs, part)
+		}
+	}
+	return segs, true
+}
+
+// matchesDecoded is matches for segments already decoded.
+func (r Rule) matchesDecoded(method string, segs []string) bool {
+	if (r.Method != "*" && r.Method != method) || len(segs) != len(r.segs) {
+		return false
+	}
+	for i, want := range r.segs {
+		if want != "*" && segs[i] != want {
+			return false
+		}
+	}
+	return true
 }
 
 func (r Rule) matches(method string, segs []string) bool {
