@@ -662,3 +662,27 @@ func TestHostileRejectRuleSpellings(t *testing.T) {
 		}
 	}
 }
+
+// A request target with a fragment is refused with nothing sent: a request
+// never carries one (RFC 9112 §3.2), and net/http keeps it in the path, so
+// it went upstream, signed, as /v1/payout%23x, a path the app never named,
+// whose 404 was stored as the order's final answer.
+func TestHostileFragmentInTarget(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL)...)
+	body := `{"order_id":"frag-1"}`
+	for _, target := range []string{"/v1/payout#x", "/v1/payout#", "/v1/payout?a=1#x", "/v1/payout/#/../admin"} {
+		for _, method := range []string{"GET", "POST"} {
+			got := rawExchange(t, p.addr, fmt.Sprintf("%s %s HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n\n%s",
+				method, target, len(body), body))
+			if got.status != http.StatusBadRequest || !strings.Contains(got.body, `"bad_request"`) {
+				t.Errorf("%s %s: %d %s, want 400 bad_request", method, target, got.status, got.body)
+			}
+		}
+	}
+	if seen := prov.take(); len(seen) != 0 {
+		t.Errorf("provider received %d requests, want none: %+v", len(seen), seen)
+	}
+}

@@ -24,6 +24,10 @@ var methodOverrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", 
 //   - a method override header (methodOverrideHeaders);
 //   - declared trailers: they arrive after the body, could carry a key or a
 //     signature past every check, and are never forwarded;
+//   - a fragment in the request target ("/v1/payments#x"), which an HTTP
+//     request never carries (RFC 9112 §3.2): net/http keeps it in the path,
+//     and it would be forwarded, signed, as "/v1/payments%23x", a path the
+//     app never named, whose answer (a 404) would be stored as final;
 //   - a path with a dot-segment, plain or percent-encoded, that could take
 //     the request outside the upstream base path once joined to it;
 //   - a request whose length is ambiguous (MarkAmbiguousFraming).
@@ -35,6 +39,8 @@ func checkShape(r *http.Request) error {
 		return ErrMethod
 	case r.URL.IsAbs() || !strings.HasPrefix(r.RequestURI, "/"):
 		return ErrBadRequest
+	case strings.IndexByte(r.RequestURI, '#') >= 0:
+		return ErrFragment
 	case r.Method != strings.ToUpper(r.Method):
 		return ErrMethodCase
 	case r.Header.Get("Upgrade") != "":
