@@ -252,8 +252,28 @@ func refused(err error) bool {
 // tlsRefused says whether err is a TLS failure that no retry mends, though
 // it comes as a failure to connect: the server does not offer TLS where
 // sslmode requires it, or its certificate fails the verification sslmode
-// asks for (verify-ca, verify-full).
+// asks for (verify-ca, verify-full). Every way of connecting must have
+// failed so: under sslmode=prefer (the default) a server without TLS refuses
+// it and the connection is tried again without, and that attempt's failure
+// (the server starting up, out of connections) is what counts.
 func tlsRefused(err error) bool {
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		if joined, ok := errors.Unwrap(ce).(interface{ Unwrap() []error }); ok {
+			each := joined.Unwrap()
+			for _, e := range each {
+				if !tlsFailure(e) {
+					return false
+				}
+			}
+			return len(each) > 0
+		}
+	}
+	return tlsFailure(err)
+}
+
+// tlsFailure says whether err is one TLS failure tlsRefused counts.
+func tlsFailure(err error) bool {
 	var (
 		verify    *tls.CertificateVerificationError
 		authority x509.UnknownAuthorityError

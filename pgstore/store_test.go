@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
@@ -287,6 +288,60 @@ func TestOpenWhileDown(t *testing.T) {
 	}
 	if _, created, err := s.Begin(ctx, store.ID{Key: "k"}, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil || !created {
 		t.Fatalf("Begin after recovery = %v, %v", created, err)
+	}
+}
+
+// TestOpenPreferWhileFull: under sslmode=prefer (the default), a server
+// without TLS refuses it and the connection is tried again without; when
+// that fails for a passing reason (here: every connection slot taken, as
+// while the server starts up), Open waits for the database as for one it
+// cannot reach, and the store works once a slot is free. It failed Open, as
+// if TLS had been required, since the first try's refusal was counted.
+func TestOpenPreferWhileFull(t *testing.T) {
+	c, dbURL := pgtest.Own(t, pgtest.Options{Settings: []string{"max_connections = 5", "superuser_reserved_connections = 0"}})
+	ctx := context.Background()
+	var fillers []*pgx.Conn
+	defer func() {
+		for _, f := range fillers {
+			f.Close(ctx)
+		}
+	}()
+	for {
+		f, err := pgx.Connect(ctx, dbURL)
+		if err != nil {
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "53300" {
+				t.Fatalf("filling the connection slots: %v\n%s", err, c.Log())
+			}
+			break
+		}
+		fillers = append(fillers, f)
+		if len(fillers) > 50 {
+			t.Fatal("no connection refused after 50")
+		}
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("sslmode", "prefer")
+	u.RawQuery = q.Encode()
+	s, err := Open(ctx, Options{URL: u.String(), CallTimeout: time.Second, SweepInterval: -1, AnalyzeInterval: -1})
+	if err != nil {
+		t.Fatalf("Open with every slot taken: %v (want a store that waits for one)", err)
+	}
+	defer s.Close()
+	for _, f := range fillers {
+		f.Close(ctx)
+	}
+	fillers = nil
+	deadline := time.Now().Add(time.Minute)
+	for s.Ping(ctx) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("store not ready a minute after slots were freed: %v", s.Ping(ctx))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
