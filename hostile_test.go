@@ -620,10 +620,11 @@ func TestHostileAcceptEncodingNotStored(t *testing.T) {
 
 // A reject rule cannot be passed by spelling its path as servers commonly
 // route it the same: an encoded slash or backslash, repeated or trailing
-// slashes, a path parameter. Each is 405 with nothing sent, as the plain
-// path is; other paths pass. Before the fix each of them was forwarded, to a
-// provider that (behind nginx's merge_slashes and decoding, a servlet
-// container, a lenient router) serves /internal/admin.
+// slashes, a path parameter, another letter case. Each is 405 with nothing
+// sent, as the plain path is; other paths pass. Before the fix each of them
+// was forwarded, to a provider that (behind nginx's merge_slashes and
+// decoding, a servlet container, a lenient or case-insensitive router such
+// as Express's default) serves /internal/admin.
 func TestHostileRejectRuleSpellings(t *testing.T) {
 	prov := &recordingProvider{}
 	up := httptest.NewServer(prov)
@@ -636,12 +637,13 @@ func TestHostileRejectRuleSpellings(t *testing.T) {
 		"/internal;x/admin", "/internal/admin;jsessionid=1", "/;x/internal/admin",
 		"/%69nternal/admin", "/internal%2F%2Fadmin%2F",
 		"/v1/refunds/", "//v1/refunds", "/v1%2Frefunds", "/v1/refunds;x",
+		"/Internal/admin", "/INTERNAL/ADMIN", "/V1/Refunds", "//v1/REFUNDS/",
 	} {
 		for _, method := range []string{"GET", "POST"} {
 			body := `{"order_id":"rj-1"}`
 			got := rawExchange(t, p.addr, fmt.Sprintf("%s %s HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n\n%s", method, path, len(body), body))
 			want := http.StatusMethodNotAllowed
-			if method == "GET" && strings.Contains(path, "refunds") {
+			if method == "GET" && strings.Contains(strings.ToLower(path), "refunds") {
 				want = http.StatusCreated // the refunds rule rejects POST only
 			}
 			if got.status != want {
@@ -650,7 +652,7 @@ func TestHostileRejectRuleSpellings(t *testing.T) {
 		}
 	}
 	for _, w := range prov.take() {
-		if w.Method != "GET" || !strings.Contains(w.URI, "refunds") {
+		if w.Method != "GET" || !strings.Contains(strings.ToLower(w.URI), "refunds") {
 			t.Errorf("%s %s reached the provider", w.Method, w.URI)
 		}
 	}

@@ -264,26 +264,28 @@ func (r Rule) covers(later Rule) bool {
 //
 // A Reject rule also matches the path as servers commonly route it (see
 // looseSegments): when the first rule matching that form is a Reject rule,
-// it is returned, so that "/internal%2Fadmin", "//internal/admin" or
-// "/internal/admin/" cannot pass a rule that rejects "/internal/*" and
-// reach a provider that routes them to /internal/admin.
+// it is returned, so that "/internal%2Fadmin", "//internal/admin",
+// "/internal/admin/" or "/Internal/admin" cannot pass a rule that rejects
+// "/internal/*" and reach a provider that routes them to /internal/admin.
 func (t Table) Match(method, escapedPath string) (Rule, bool) {
 	if len(t.rules) == 0 || !strings.HasPrefix(escapedPath, "/") {
 		return Rule{}, false
 	}
+	segs := strings.Split(escapedPath[1:], "/")
 	if t.reject {
-		if loose, ok := looseSegments(escapedPath); ok {
-			for _, r := range t.rules {
-				if r.matchesDecoded(method, loose) {
-					if r.Policy == Reject {
-						return r, true
-					}
-					break
+		loose, ok := looseSegments(escapedPath)
+		if !ok { // nothing to decode, cut or drop: only letter case differs
+			loose = segs
+		}
+		for _, r := range t.rules {
+			if r.matchesDecoded(method, loose) {
+				if r.Policy == Reject {
+					return r, true
 				}
+				break
 			}
 		}
 	}
-	segs := strings.Split(escapedPath[1:], "/")
 	for _, r := range t.rules {
 		if r.matches(method, segs) {
 			return r, true
@@ -297,7 +299,8 @@ func (t Table) Match(method, escapedPath string) (Rule, bool) {
 // a path parameter (";jsessionid=1", which servlet containers drop), empty
 // ones dropped (nginx merges repeated slashes; many routers ignore a
 // trailing one). ok is false when the path has none of these forms, so the
-// segments would be the exact ones, or does not decode.
+// segments would be the exact ones, or does not decode. (Letter case, which
+// Express and ASP.NET routing ignore, is matchesDecoded's.)
 func looseSegments(escapedPath string) (segs []string, ok bool) {
 	if !strings.ContainsAny(escapedPath, "%;\\") && !strings.Contains(escapedPath, "//") && !strings.HasSuffix(escapedPath, "/") {
 		return nil, false
@@ -317,13 +320,17 @@ func looseSegments(escapedPath string) (segs []string, ok bool) {
 	return segs, true
 }
 
-// matchesDecoded is matches for segments already decoded.
+// matchesDecoded is matches for segments already decoded, ignoring letter
+// case (for Reject rules only: see Match).
 func (r Rule) matchesDecoded(method string, segs []string) bool {
 	if (r.Method != "*" && r.Method != method) || len(segs) != len(r.segs) {
 		return false
 	}
 	for i, want := range r.segs {
-		if want != "*" && segs[i] != want {
+		switch {
+		case want == "*" && segs[i] == "":
+			return false
+		case want != "*" && !strings.EqualFold(segs[i], want):
 			return false
 		}
 	}
