@@ -112,3 +112,48 @@ func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error
 	}
 	return rec, nil
 }
+
+// Resolve implements store.Store.Resolve in one transaction: the record is
+// read and written (or deleted) only while it is unknown, and a Begin that
+// resumed it meanwhile conflicts with the transaction, which then reads it
+// again and refuses.
+func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) (store.Record, error) {
+	const op = "resolve"
+	if err := checkID(op, id); err != nil {
+		return store.Record{}, err
+	}
+	if err := s.enter(op); err != nil {
+		return store.Record{}, err
+	}
+	defer s.life.RUnlock()
+	key, b := getKey(id)
+	defer opBufs.Put(b)
+	var rec store.Record
+	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
+		cur, _, err := s.read(txn, key, now)
+		if err != nil {
+			return false, err
+		}
+		if cur.State != store.Unknown {
+			return false, fmt.Errorf("%w: record is %s", store.ErrNotUnknown, cur.State)
+		}
+		if cur.ID == (store.ID{}) {
+			cur.ID = id // written by a build that did not keep it
+		}
+		if resp == nil {
+			rec = cur
+			return true, txn.Delete(key)
+		}
+		cur.State = store.Final
+		cur.LeaseUntil = time.Time{}
+		cur.Response = *resp
+		cur.Outcome.LastBody = nil
+		err = s.put(txn, key, &b.val, &cur, now)
+		rec = cur
+		return true, err
+	})
+	if err != nil {
+		return store.Record{}, fmt.Errorf("cache: %s: %w", op, err)
+	}
+	return rec, nil
+}

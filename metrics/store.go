@@ -173,3 +173,21 @@ func errorKind(err error) string {
 	}
 	return "other"
 }
+
+// Resolve implements store.Store; an operator's call. The unknown records
+// are counted again at the next scrape.
+func (s *InstrumentedStore) Resolve(ctx context.Context, id store.ID, resp *store.Response) (store.Record, error) {
+	defer s.observe("resolve", s.now())
+	rec, err := s.next.Resolve(ctx, id, resp)
+	if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrNotUnknown) {
+		s.fail("resolve", err)
+	}
+	s.m.unknownStale.Store(true)
+	if err == nil && resp != nil {
+		s.m.stored.Inc()
+		if retry.NeedsReview(resp.Body) {
+			s.m.needsReview.Inc()
+		}
+	}
+	return rec, err
+}

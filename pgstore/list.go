@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/idemproxy/idemproxy/store"
@@ -124,6 +126,49 @@ func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error
 			return err
 		}
 		return fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
+	})
+	return rec, err
+}
+
+// Resolve implements store.Store.Resolve with one statement whose condition
+// is that the record is unknown: a Begin that resumed it first leaves it in
+// flight, and the statement then changes nothing.
+func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) (store.Record, error) {
+	sql, args := `DELETE FROM idemproxy_records WHERE tenant = $1 AND key = $2 AND state = 3 RETURNING `+columns,
+		[]any{[]byte(id.Tenant), []byte(id.Key)}
+	if resp != nil {
+		header, err := json.Marshal(resp.Header)
+		if err != nil {
+			return store.Record{}, fmt.Errorf("pgstore: resolve: header: %w", err)
+		}
+		if n := int64(len(header) + len(resp.Body)); n > s.opt.MaxRecordBytes {
+			return store.Record{}, fmt.Errorf("pgstore: resolve: %w: %d bytes, limit %d", store.ErrTooLarge, n, s.opt.MaxRecordBytes)
+		}
+		if resp.Status < 0 || resp.Status > math.MaxInt32 {
+			return store.Record{}, fmt.Errorf("pgstore: resolve: status %d out of range", resp.Status)
+		}
+		// As Complete writes a final answer (see completesFrom).
+		sql = `UPDATE idemproxy_records SET state = 2, lease_until = NULL,
+			status = $3, header = $4, body = $5, last_body = NULL,
+			expires_at = CASE WHEN $6::bigint = 0 THEN NULL ELSE now() + $6 * interval '1 microsecond' END
+			WHERE tenant = $1 AND key = $2 AND state = 3 RETURNING ` + columns
+		args = append(args, int32(resp.Status), header, nonNil(resp.Body), micros(s.opt.TTL))
+	}
+	var rec store.Record
+	err := s.call(ctx, "resolve", &id, func(ctx context.Context) error {
+		r, err := readRecord(s.pool.QueryRow(ctx, sql, args...))
+		if err == nil {
+			rec = r
+			return nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		cur, err := s.get(ctx, id)
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: record is %s", store.ErrNotUnknown, cur.State)
 	})
 	return rec, err
 }

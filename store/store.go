@@ -8,6 +8,8 @@
 //	(none) --Begin--> InFlight --Complete--> Final
 //	                     |  \----Abandon---> (none)
 //	                     \------Park------> Unknown --Begin (same fingerprint)--> InFlight
+//	                                           |  \----Resolve (executed)------> Final
+//	                                           \-------Resolve (not executed)--> (none)
 //
 // An in-flight record is leased to one owner token. Owner tokens are unique
 // per Begin call (a random string), so they double as fencing tokens: once
@@ -218,6 +220,9 @@ var (
 	ErrNotFinal = errors.New("store: record is not final")
 	// ErrBadCursor is returned by List for a cursor it did not give.
 	ErrBadCursor = errors.New("store: bad list cursor")
+	// ErrNotUnknown is returned by Resolve when the record is not Unknown
+	// at that moment: in flight (a request resumed it) or final.
+	ErrNotUnknown = errors.New("store: record's outcome is not unknown")
 )
 
 // Store is a durable record store. Implementations are safe for concurrent
@@ -285,6 +290,19 @@ type Store interface {
 	// expiry, and returns it; superseding twice is allowed. ErrNotFound if
 	// there is no record, ErrNotFinal if it is in flight or unknown.
 	Supersede(ctx context.Context, id ID) (Record, error)
+	// Resolve settles id's Unknown record as an operator found its
+	// operation at the provider, and only if the record is Unknown at that
+	// moment: one a request resumed meanwhile (in flight) is never
+	// overwritten. With resp nil (the provider has no such operation) it
+	// deletes the record and returns it as it was: the next Begin creates
+	// it afresh, so that request is sent as a first send, under the same
+	// key. With resp (the operation happened and this was its answer) the
+	// record becomes Final holding resp, as Complete would make it (no
+	// lease, Outcome kept but for LastBody, expiring TTL from now, the
+	// fingerprint kept), and is returned. ErrNotFound if there is no
+	// record, ErrNotUnknown if it is in flight or final, ErrTooLarge if
+	// resp does not fit; nothing is written then.
+	Resolve(ctx context.Context, id ID, resp *Response) (Record, error)
 	// Ping checks that the store can be written now (readiness).
 	Ping(ctx context.Context) error
 	// MaxBodyBytes is the largest response body Complete accepts with

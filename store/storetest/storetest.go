@@ -67,6 +67,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"RequestFields", testRequestFields},
 		{"LastBody", testLastBody},
 		{"Supersede", testSupersede},
+		{"Resolve", testResolve},
+		{"ResolveRacesResume", testResolveRacesResume},
 		{"Ping", func(t *testing.T, s store.Store, _ func(time.Duration)) {
 			if err := s.Ping(context.Background()); err != nil {
 				t.Fatalf("Ping on a healthy store: %v", err)
