@@ -162,7 +162,7 @@ func TestCommandUsage(t *testing.T) {
 		{[]string{"--help"}, 0, usage + variablesHelp, ""},
 		{[]string{"-h"}, 0, usage + variablesHelp, ""},
 		{[]string{"help"}, 0, usage + variablesHelp, ""},
-		{[]string{"records", "--help"}, 0, "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n", ""},
+		{[]string{"records", "--help"}, 0, "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n       " + recordsResolveUsage + "\n", ""},
 		{[]string{"orders", "-h"}, 0, "usage: " + ordersUsage + "\n", ""},
 		{nil, 2, "", "IDEMPROXY_UPSTREAM_URL"}, // serving needs the upstream
 	}
@@ -176,7 +176,7 @@ func TestCommandUsage(t *testing.T) {
 		})
 	}
 	// A subcommand's --help lists its flags on stdout.
-	for _, args := range [][]string{{"records", "get", "--help"}, {"records", "list", "-h"}, {"orders", "renew", "--help"}} {
+	for _, args := range [][]string{{"records", "get", "--help"}, {"records", "list", "-h"}, {"records", "resolve", "--help"}, {"orders", "renew", "--help"}} {
 		var out, errOut bytes.Buffer
 		if got := command(args, nil, &out, &errOut); got != 0 || !strings.HasPrefix(out.String(), "usage: idemproxy "+args[0]) ||
 			!strings.Contains(out.String(), "-admin") || errOut.Len() != 0 {

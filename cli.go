@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -173,6 +174,8 @@ const (
 	recordsGetUsage  = "idemproxy records get KEY [--client C] [--body] [--json] [--admin ADDR]"
 	recordsListUsage = "idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--body] [--json] [--admin ADDR]"
 	ordersUsage      = "idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json] [--admin ADDR]"
+	// recordsResolveUsage is one line, like the others, for the help test.
+	recordsResolveUsage = "idemproxy records resolve KEY --outcome not_executed|executed [--status N] [--body B] [--header 'Name: value']... [--client C] [--json] [--admin ADDR]"
 )
 
 // isHelp reports whether arg asks for help.
@@ -212,10 +215,12 @@ func printUsage(w io.Writer, fs *flag.FlagSet, usage string) {
 
 // records runs `idemproxy records get KEY` and `idemproxy records list`.
 func records(args, environ []string, stdout, stderr io.Writer) int {
-	usage := "usage: " + recordsGetUsage + "\n       " + recordsListUsage
+	usage := "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n       " + recordsResolveUsage
 	switch {
 	case len(args) > 0 && args[0] == "list":
 		return recordsList(args[1:], environ, stdout, stderr)
+	case len(args) > 0 && args[0] == "resolve":
+		return recordsResolve(args[1:], environ, stdout, stderr)
 	case len(args) > 0 && isHelp(args[0]):
 		fmt.Fprintln(stdout, usage)
 		return 0
@@ -267,8 +272,9 @@ func records(args, environ []string, stdout, stderr io.Writer) int {
 }
 
 // splitPositional takes the first argument that is not a flag out of args,
-// so that `get KEY --json` and `get --json KEY` both work.
-func splitPositional(args []string) (string, []string) {
+// so that `get KEY --json` and `get --json KEY` both work. valued names
+// flags of the command that take a value besides takesValue's.
+func splitPositional(args []string, valued ...string) (string, []string) {
 	var rest []string
 	pos := ""
 	for i := 0; i < len(args); i++ {
@@ -281,7 +287,7 @@ func splitPositional(args []string) (string, []string) {
 			return pos, rest
 		case strings.HasPrefix(a, "-"):
 			rest = append(rest, a)
-			if !strings.Contains(a, "=") && takesValue(a) && i+1 < len(args) {
+			if !strings.Contains(a, "=") && (takesValue(a) || slices.Contains(valued, strings.TrimLeft(a, "-"))) && i+1 < len(args) {
 				i++
 				rest = append(rest, args[i])
 			}
@@ -495,5 +501,83 @@ func orders(args, environ []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	printRecord(stdout, *o.Record)
+	return 0
+}
+
+// headerFlags collects repeated --header 'Name: value' flags.
+type headerFlags map[string]string
+
+func (h headerFlags) String() string { return "" }
+
+func (h headerFlags) Set(v string) error {
+	name, value, ok := strings.Cut(v, ":")
+	if !ok || strings.TrimSpace(name) == "" {
+		return errors.New("want 'Name: value'")
+	}
+	h[strings.TrimSpace(name)] = strings.TrimSpace(value)
+	return nil
+}
+
+// recordsResolve runs `idemproxy records resolve KEY --outcome O`: an
+// operator's verdict on an operation whose outcome is unknown, after
+// checking with the provider (POST /admin/v1/records/resolve).
+func recordsResolve(args, environ []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("records resolve", flag.ContinueOnError)
+	outcome := fs.String("outcome", "", "not_executed (the provider has no such operation: the next request sends it again, same key) or executed (it happened: --status and --body are its answer, replayed to the next request)")
+	status := fs.Int("status", 0, "executed: the provider's status for the operation, 2xx or 4xx")
+	body := fs.String("body", "", "executed: the provider's answer body; JSON is stored as given, anything else as text")
+	headers := headerFlags{}
+	fs.Var(headers, "header", "executed: a header of the answer, 'Name: value' (repeatable; Content-Type defaults to application/json)")
+	client := fs.String("client", "", "client (tenant) of the record; required with client tokens on")
+	asJSON := fs.Bool("json", false, "print the answer as JSON")
+	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
+	key, flags := splitPositional(args, "outcome", "status", "body", "header")
+	if code, ok := parseFlags(fs, flags, recordsResolveUsage, stdout, stderr); !ok {
+		return code
+	}
+	if key == "" || *outcome == "" {
+		printUsage(stderr, fs, recordsResolveUsage)
+		return 2
+	}
+	in := map[string]any{"key": key, "client": *client, "outcome": *outcome}
+	if *status != 0 {
+		in["status"] = *status
+	}
+	if *body != "" {
+		if json.Valid([]byte(*body)) {
+			in["body"] = json.RawMessage(*body)
+		} else {
+			in["body"] = *body
+		}
+	}
+	if len(headers) > 0 {
+		in["headers"] = headers
+	}
+	c, err := newAdminClient(*admin, environ)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy records resolve:", err)
+		return 2
+	}
+	req, _ := json.Marshal(in)
+	b, err := c.do(http.MethodPost, "/admin/v1/records/resolve", nil, bytes.NewReader(req))
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy records resolve:", err)
+		return 1
+	}
+	if *asJSON {
+		stdout.Write(b)
+		return 0
+	}
+	var out adminapi.Resolved
+	if err := json.Unmarshal(b, &out); err != nil {
+		fmt.Fprintln(stderr, "idemproxy records resolve: unexpected answer:", err)
+		return 1
+	}
+	if out.Record == nil {
+		fmt.Fprintf(stdout, "resolved as not executed: the next request with key %s is sent to the provider again, with the same key\n", out.Key)
+		return 0
+	}
+	fmt.Fprintf(stdout, "resolved as executed: the next request with key %s gets this answer, and nothing is sent\n", out.Key)
+	printRecord(stdout, *out.Record)
 	return 0
 }

@@ -9,6 +9,7 @@
 //	idemproxy version      print the version stamped at build time
 //	idemproxy records get KEY [--client C] [--body] [--json]
 //	idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--json]
+//	idemproxy records resolve KEY --outcome not_executed|executed [--status N --body B] [--client C] [--json]
 //	idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json]
 //	                       operator commands, through a running instance's admin API
 package main
@@ -78,6 +79,7 @@ const usage = `usage:
   idemproxy version      print the version stamped at build time
   ` + recordsGetUsage + `
   ` + recordsListUsage + `
+  ` + recordsResolveUsage + `
   ` + ordersUsage + `
 
 The records and orders commands call a running instance's admin API: its address

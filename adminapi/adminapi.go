@@ -35,6 +35,7 @@ type Store interface {
 	Get(ctx context.Context, id store.ID) (store.Record, error)
 	List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error)
 	Supersede(ctx context.Context, id store.ID) (store.Record, error)
+	Resolve(ctx context.Context, id store.ID, resp *store.Response) (store.Record, error)
 }
 
 // Options configure a Handler.
@@ -67,6 +68,7 @@ type Options struct {
 //	GET  /admin/v1/records?state=S&limit=N&cursor=C       a page of records in_flight, unknown or needs_review
 //	GET  /admin/v1/orders?method=&path=&value=[&client=]  an order's current key, generation and record
 //	POST /admin/v1/orders/renew {method, path, value, client}  move a failed order to its next key generation
+//	POST /admin/v1/records/resolve {key, client, outcome, …}   settle an operation whose outcome is unknown
 type Handler struct {
 	opt   Options
 	token [sha256.Size]byte
@@ -87,9 +89,15 @@ func New(opt Options) *Handler {
 		{http.MethodGet, "/admin/v1/records", h.listRecords},
 		{http.MethodGet, "/admin/v1/orders", h.getOrder},
 		{http.MethodPost, "/admin/v1/orders/renew", h.renewOrder},
+		{http.MethodPost, "/admin/v1/records/resolve", h.resolveRecord},
 	}
 	for _, c := range calls {
 		h.mux.HandleFunc(c.method+" "+c.path, c.serve)
+		if c.path == "/admin/v1/records/resolve" {
+			// GET /admin/v1/records/resolve is the record of the key
+			// "resolve"; other methods get the 405 of records/{key}.
+			continue
+		}
 		// Another method on a call's path is 405, not 404 not_found: a
 		// script must not read "DELETE /admin/v1/records/{key}" as "no
 		// such record".
@@ -107,6 +115,10 @@ func methodNotAllowed(allow string) http.HandlerFunc {
 		allow = "GET, HEAD" // set once: handlers run at once
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
+		allow := allow
+		if r.URL.Path == "/admin/v1/records/resolve" { // also the record of the key "resolve"
+			allow = "GET, HEAD, POST"
+		}
 		w.Header().Set("Allow", allow)
 		writeError(w, http.StatusMethodNotAllowed, codeMethodNotAllowed, "this admin call takes "+allow)
 	}
@@ -262,6 +274,7 @@ const (
 	codeNotFound         = "not_found"
 	codeMethodNotAllowed = "method_not_allowed"
 	codeRenewRefused     = "renew_refused"
+	codeResolveRefused   = "resolve_refused"
 	codeInternal         = "internal"
 )
 

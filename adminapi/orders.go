@@ -230,7 +230,7 @@ func refusal(rec *store.Record) string {
 	case rec.State == store.InFlight:
 		return "the order is in flight; wait for its result"
 	case rec.State == store.Unknown:
-		return "the order's outcome is unknown: a new key could charge twice; resolve it first"
+		return "the order's outcome is unknown: a new key could charge twice; check with the provider and resolve it first (idemproxy records resolve)"
 	case retry.NeedsReview(rec.Response.Body):
 		return "the order needs review: the provider reports its outcome by an event; never retry it"
 	case rec.Response.Status >= 400 || retry.Failed(rec.Response.Body):

@@ -72,7 +72,7 @@ var (
 	ErrClientGone    = &Error{499, CodeClientClosed, "client closed the request"}
 	// ErrKeyExpired: the outcome is unknown and the provider may have
 	// forgotten the key, so a resend could execute the operation twice.
-	ErrKeyExpired = &Error{http.StatusConflict, CodeKeyExpired, "the outcome of this operation is unknown and it was first sent longer ago than the provider keeps idempotency keys; nothing was sent: an operator must resolve it"}
+	ErrKeyExpired = &Error{http.StatusConflict, CodeKeyExpired, "the outcome of this operation is unknown and it was first sent longer ago than the provider keeps idempotency keys; nothing was sent, and nothing will be for this key until an operator checks with the provider and runs: idemproxy records resolve KEY --outcome not_executed|executed (POST /admin/v1/records/resolve)"}
 )
 
 // busy is the answer while a key is in flight past the wait: ErrInProgress, or

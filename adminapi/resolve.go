@@ -1,0 +1,187 @@
+package adminapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/idemproxy/idemproxy/retry"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// The outcomes an operator can give an unknown operation.
+const (
+	NotExecuted = "not_executed"
+	Executed    = "executed"
+)
+
+// resolveQuery is the body of POST /admin/v1/records/resolve.
+type resolveQuery struct {
+	Key     string            `json:"key"`
+	Client  string            `json:"client"`
+	Outcome string            `json:"outcome"`
+	Status  int               `json:"status"`
+	Body    json.RawMessage   `json:"body"`
+	Headers map[string]string `json:"headers"`
+}
+
+// Resolved is the answer of POST /admin/v1/records/resolve: the record
+// stored now, null after not_executed (the next request for the key is
+// sent, and its answer stored as usual).
+type Resolved struct {
+	Key     string  `json:"key"`
+	Client  string  `json:"client"`
+	Outcome string  `json:"outcome"`
+	Record  *Record `json:"record"`
+}
+
+// maxResolveBody bounds the body of a resolve call, the answer given in it
+// included.
+const maxResolveBody = 1 << 20
+
+// resolveRecord is POST /admin/v1/records/resolve {key, client, outcome,
+// status, body, headers}: an operator's verdict on an operation whose
+// outcome is unknown, after asking the provider by hand. not_executed: the
+// provider has no such operation; the record is removed, and the app's next
+// request is sent again with the same key, as a first send (no key-retention
+// check, no probe). executed: it happened; the answer given becomes the
+// final record, marked reconciled, and is replayed to the next request.
+// Only an unknown record is changed: one a request resumed meanwhile is in
+// flight and is refused, as is a final one.
+func (h *Handler) resolveRecord(w http.ResponseWriter, r *http.Request) {
+	var in resolveQuery
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxResolveBody))
+	dec.DisallowUnknownFields() // a mistyped "statsu" must not store an empty answer
+	if err := dec.Decode(&in); err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest,
+			"body must be JSON {key, client, outcome, status, body, headers}: "+err.Error())
+		return
+	}
+	client, err := h.client(in.Client)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+		return
+	}
+	if in.Key == "" {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "key is required")
+		return
+	}
+	var resp *store.Response
+	switch in.Outcome {
+	case NotExecuted:
+		if in.Status != 0 || !isNull(in.Body) || in.Headers != nil {
+			writeError(w, http.StatusBadRequest, codeBadRequest, "status, body and headers are for outcome executed only")
+			return
+		}
+	case Executed:
+		if resp, err = answer(in); err != nil {
+			writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+			return
+		}
+	default:
+		writeError(w, http.StatusBadRequest, codeBadRequest, "outcome must be not_executed or executed")
+		return
+	}
+	id := store.ID{Tenant: client, Key: in.Key}
+	rec, err := h.opt.Store.Get(r.Context(), id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeError(w, http.StatusNotFound, codeNotFound, "no record for this key and client")
+		return
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be read")
+		return
+	case rec.State == store.InFlight:
+		writeError(w, http.StatusConflict, codeResolveRefused, "the operation is in flight (a request resumed it); wait for its result")
+		return
+	case rec.State != store.Unknown:
+		writeError(w, http.StatusConflict, codeResolveRefused, "the record is "+rec.State.String()+", not unknown: there is nothing to resolve")
+		return
+	}
+	rec, err = h.opt.Store.Resolve(r.Context(), id, resp)
+	switch {
+	case errors.Is(err, store.ErrNotUnknown):
+		writeError(w, http.StatusConflict, codeResolveRefused, "the record changed (a request resumed it); look it up again")
+		return
+	case errors.Is(err, store.ErrNotFound):
+		writeError(w, http.StatusNotFound, codeNotFound, "no record for this key and client")
+		return
+	case errors.Is(err, store.ErrTooLarge):
+		writeError(w, http.StatusBadRequest, codeBadRequest, "the answer is too large for a record")
+		return
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be written")
+		return
+	}
+	args := []any{"who", who(r), "outcome", in.Outcome, "client", client, "key", id.Key,
+		"upstream_key", rec.UpstreamKey, "method", rec.Method, "path", rec.Path,
+		"attempts", rec.Outcome.Attempts, "first_sent_at", rec.Outcome.FirstSentAt, "last_error", rec.Outcome.LastError}
+	out := Resolved{Key: id.Key, Client: client, Outcome: in.Outcome}
+	if resp != nil {
+		args = append(args, "status", resp.Status)
+		v := view(id, rec, false)
+		out.Record = &v
+	}
+	h.opt.Logger.Warn("admin: operation whose outcome was unknown resolved by an operator", args...)
+	writeJSON(w, http.StatusOK, out)
+}
+
+// answer is the final answer an executed resolve stores: the status (2xx
+// or 4xx), the body (a JSON string's text, or any other JSON value as
+// given) and the headers given, with Content-Type application/json unless
+// given, and marked as not the operation's own answer (reconciled).
+func answer(in resolveQuery) (*store.Response, error) {
+	if in.Status < 200 || in.Status > 299 && in.Status < 400 || in.Status > 499 {
+		return nil, errors.New("status must be the provider's answer, 2xx or 4xx")
+	}
+	resp := &store.Response{Status: in.Status, Header: http.Header{"Content-Type": {"application/json"}}}
+	if !isNull(in.Body) {
+		var text string
+		if json.Unmarshal(in.Body, &text) == nil {
+			resp.Body = []byte(text)
+		} else {
+			resp.Body = bytes.Clone(in.Body)
+		}
+	}
+	for name, value := range in.Headers {
+		if err := checkHeader(name, value); err != nil {
+			return nil, err
+		}
+		resp.Header.Set(name, value)
+	}
+	resp.Header.Set(retry.ReconciledHeader, "true")
+	return resp, nil
+}
+
+// isNull reports whether a JSON field was absent or null.
+func isNull(b json.RawMessage) bool { return len(b) == 0 || string(b) == "null" }
+
+// checkHeader refuses a header that is not a valid field, or one that
+// idemproxy or the HTTP framing sets: a stored Content-Length would not
+// match the body sent.
+func checkHeader(name, value string) error {
+	if name == "" || strings.IndexFunc(name, func(c rune) bool { return c > 0x7e || !isTokenChar(byte(c)) }) >= 0 {
+		return fmt.Errorf("header name %q is not valid", name)
+	}
+	if strings.ContainsAny(value, "\r\n\x00") {
+		return fmt.Errorf("header %s: the value holds a line break or NUL", name)
+	}
+	canon := http.CanonicalHeaderKey(name)
+	switch canon {
+	case "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Te", "Trailer", "Upgrade",
+		"Idempotency-Key", "Idempotent-Replayed":
+		return fmt.Errorf("header %s cannot be stored: idemproxy or HTTP sets it", canon)
+	}
+	if strings.HasPrefix(canon, "Idemproxy-") {
+		return fmt.Errorf("header %s cannot be stored: idemproxy sets it", canon)
+	}
+	return nil
+}
+
+// isTokenChar reports whether c may be in a header name (RFC 9110 tchar).
+func isTokenChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
