@@ -37,6 +37,23 @@ func withPassword(t *testing.T, u string) string {
 	return "postgres://postgres:" + storePassword + "@" + rest
 }
 
+// refusedStart starts the binary with IDEMPROXY_STORE_URL=storeURL, wants
+// it to stop with status, its output naming the variable and each of want,
+// and never showing the password.
+func refusedStart(t *testing.T, storeURL string, status int, want ...string) {
+	t.Helper()
+	out := startStops(t, status, "PATH=/usr/bin:/bin", "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1",
+		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", "IDEMPROXY_STORE_URL="+storeURL)
+	for _, w := range append(want, "IDEMPROXY_STORE_URL") {
+		if !strings.Contains(out, w) {
+			t.Errorf("output does not name %s:\n%s", w, out)
+		}
+	}
+	if strings.Contains(out, storePassword) {
+		t.Errorf("output shows the password:\n%s", out)
+	}
+}
+
 // TestStoreURLRefusedAtStart: a value that is not a usable PostgreSQL URL,
 // in its form or in one of its parameters, stops the start with status 2
 // naming the variable; a database that answers but refuses (here: no such
@@ -56,18 +73,7 @@ func TestStoreURLRefusedAtStart(t *testing.T) {
 		{"database refuses", refusing, 1, []string{"no_such_db"}},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			out := startStops(t, c.status, "PATH=/usr/bin:/bin", "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1",
-				"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", "IDEMPROXY_STORE_URL="+c.url)
-			for _, w := range append(c.want, "IDEMPROXY_STORE_URL") {
-				if !strings.Contains(out, w) {
-					t.Errorf("output does not name %s:\n%s", w, out)
-				}
-			}
-			if strings.Contains(out, storePassword) {
-				t.Errorf("output shows the password:\n%s", out)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { refusedStart(t, c.url, c.status, c.want...) })
 	}
 }
 
@@ -106,21 +112,8 @@ func TestStoreUserWithoutGrantsRefused(t *testing.T) {
 		u.User = url.UserPassword(role, storePassword)
 		return u.String()
 	}
-	start := func(dbURL string, want ...string) {
-		t.Helper()
-		out := startStops(t, 1, "PATH=/usr/bin:/bin", "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1",
-			"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", "IDEMPROXY_STORE_URL="+dbURL)
-		for _, w := range append(want, "IDEMPROXY_STORE_URL") {
-			if !strings.Contains(out, w) {
-				t.Errorf("output does not name %s:\n%s", w, out)
-			}
-		}
-		if strings.Contains(out, storePassword) {
-			t.Errorf("output shows the password:\n%s", out)
-		}
-	}
 
-	start(as(pgtest.Database(t)), "permission denied for schema public")
+	refusedStart(t, as(pgtest.Database(t)), 1, "permission denied for schema public")
 
 	ready := pgtest.Database(t)
 	s, err := pgstore.Open(ctx, pgstore.Options{URL: ready, SweepInterval: -1, AnalyzeInterval: -1})
@@ -136,7 +129,7 @@ func TestStoreUserWithoutGrantsRefused(t *testing.T) {
 	if _, err := db.Exec(ctx, `GRANT SELECT ON ALL TABLES IN SCHEMA public TO `+role); err != nil {
 		t.Fatal(err)
 	}
-	start(as(ready), role, "INSERT, UPDATE, DELETE on idemproxy_records")
+	refusedStart(t, as(ready), 1, role, "INSERT, UPDATE, DELETE on idemproxy_records")
 }
 
 // TestStoreUnreachableAtStart: with nothing listening at the URL's address
@@ -255,24 +248,11 @@ func TestStoreURLTLSRefused(t *testing.T) {
 		u.RawQuery = q.Encode()
 		return u.String()
 	}
-	refuses := func(storeURL string, want ...string) {
-		t.Helper()
-		out := startStops(t, 1, "PATH=/usr/bin:/bin", "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1",
-			"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", "IDEMPROXY_STORE_URL="+storeURL)
-		for _, w := range append(want, "IDEMPROXY_STORE_URL") {
-			if !strings.Contains(out, w) {
-				t.Errorf("output does not name %s:\n%s", w, out)
-			}
-		}
-		if strings.Contains(out, storePassword) {
-			t.Errorf("output shows the password:\n%s", out)
-		}
-	}
-	refuses(withParams(withPassword(t, pgtest.Database(t)), "sslmode", "require"), "server refused TLS connection")
+	refusedStart(t, withParams(withPassword(t, pgtest.Database(t)), "sslmode", "require"), 1, "server refused TLS connection")
 
 	c, dbURL := pgtest.Own(t, pgtest.Options{TLS: true})
 	verified := withParams(dbURL, "sslmode", "verify-full", "sslrootcert", c.CertFile())
-	refuses(withPassword(t, verified), "certificate")
+	refusedStart(t, withPassword(t, verified), 1, "certificate")
 
 	u, err := url.Parse(verified)
 	if err != nil {
