@@ -145,6 +145,9 @@ func (o *observer) probe(p retry.ProbeInfo) {
 	attrs := []slog.Attr{
 		slog.String("method", p.Method),
 		slog.String("path", p.Path),
+		slog.String("key", p.Key),
+		slog.String("probe_method", p.ProbeMethod),
+		slog.String("probe_path", p.ProbePath),
 		slog.String("result", string(p.Result)),
 		slog.Int("status", p.Status),
 	}

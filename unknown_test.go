@@ -185,11 +185,22 @@ func TestProbeTurns504IntoStoredResult(t *testing.T) {
 		t.Fatalf("repeat = %d %s, want the reconciled answer replayed", again.status, again.body)
 	}
 	posts, gets := gw.postCounts()
-	if _, n := onlyKey(t, posts); n != 1 || gets != 1 {
+	key, n := onlyKey(t, posts)
+	if n != 1 || gets != 1 {
 		t.Fatalf("provider saw %d POSTs and %d GETs, want 1 POST (no resend) and 1 probe", n, gets)
 	}
 	if l := gw.sb.Ledger(); l.Executions != 1 {
 		t.Fatalf("provider executed %d payments, want 1", l.Executions)
+	}
+	// The log names the operation, its key and the lookup that was sent.
+	var id struct{ ID string }
+	json.Unmarshal([]byte(r.body), &id)
+	line := p.waitLine(t, `"msg":"status probe"`)
+	for _, want := range []string{`"method":"POST"`, `"path":"/payments"`, `"key":"` + key + `"`,
+		`"probe_method":"GET"`, `"probe_path":"/payments/` + id.ID + `"`, `"result":"found"`, `"status":200`} {
+		if id.ID == "" || !strings.Contains(line, want) {
+			t.Errorf("status probe log line %s lacks %s (payment id %q)", line, want, id.ID)
+		}
 	}
 	if m := scrape(t, "http://"+p.admin+"/metrics"); m[`idemproxy_status_probes_total{result="found"}`] != 1 {
 		t.Fatalf("probes found = %v, want 1", m[`idemproxy_status_probes_total{result="found"}`])

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/idemproxy/idemproxy/idemkey"
 )
 
 // ReconciledHeader marks an answer that is the status probe's, not the
@@ -52,9 +54,14 @@ const (
 // carries no header, body or query.
 type ProbeInfo struct {
 	Method, Path string // the operation's
-	Result       ProbeResult
-	Status       int   // the probe's answer; 0 when none
-	Err          error // why no answer came, or why the lookup could not be built
+	// Key is the Idempotency-Key the operation is sent with upstream.
+	Key string
+	// ProbeMethod and ProbePath are the lookup's own; empty when it could
+	// not be built (ProbeUnfilled).
+	ProbeMethod, ProbePath string
+	Result                 ProbeResult
+	Status                 int   // the probe's answer; 0 when none
+	Err                    error // why no answer came, or why the lookup could not be built
 }
 
 // noteSent updates what the sequence knows about the operation after an
@@ -107,7 +114,7 @@ func (s *sequence) resolve() (*http.Response, error) {
 // probe sends the status lookup once, through the Gate and Next like any
 // attempt (so it is signed afresh), and classifies the answer.
 func (s *sequence) probe() (*http.Response, ProbeResult) {
-	info := ProbeInfo{Method: s.req.Method, Path: s.req.URL.Path}
+	info := ProbeInfo{Method: s.req.Method, Path: s.req.URL.Path, Key: s.req.Header.Get(idemkey.HeaderName)}
 	defer func() {
 		if s.t.OnProbe != nil {
 			s.t.OnProbe(info)
@@ -120,6 +127,7 @@ func (s *sequence) probe() (*http.Response, ProbeResult) {
 		info.Result, info.Err = ProbeUnfilled, err
 		return nil, info.Result
 	}
+	info.ProbeMethod, info.ProbePath = preq.Method, preq.URL.Path
 	if _, err := s.passGate(); err != nil {
 		info.Result, info.Err = ProbeOther, err
 		return nil, info.Result
