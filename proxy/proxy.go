@@ -485,6 +485,9 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes
 	case Passthrough:
 		return "", nil
 	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return "", ErrKeyMissingEncoded
+	}
 	return "", ErrKeyMissing
 }
 

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -403,6 +404,29 @@ func TestMissingAndInvalidKeys(t *testing.T) {
 				t.Errorf("upstream keyed=%v, want %v (%v)", !unkeyed, c.sentKey, execs)
 			}
 		})
+	}
+}
+
+// A protected request whose body has a Content-Encoding and no
+// Idempotency-Key is refused as any request without a key is, nothing sent,
+// but its message says why its order_id was not found: the body is encoded.
+func TestKeyMissingEncodedBody(t *testing.T) {
+	e := newEnv(t)
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	io.WriteString(w, `{"order_id":"gz-1","amount":"1"}`)
+	w.Close()
+	a := e.do(t, "POST", "/v1/payments", gz.String(), "Content-Encoding", "gzip")
+	if a.status != http.StatusUnprocessableEntity || errorCode(t, a) != "idempotency_key_missing" ||
+		!bytes.Contains(a.body, []byte("Content-Encoding")) {
+		t.Fatalf("gzip body without a key: %d %s, want 422 idempotency_key_missing naming the Content-Encoding", a.status, a.body)
+	}
+	plain := e.do(t, "POST", "/v1/payments", `{"amount":"1"}`, "Content-Encoding", "identity")
+	if plain.status != http.StatusUnprocessableEntity || bytes.Contains(plain.body, []byte("Content-Encoding")) {
+		t.Errorf("identity body without a source: %d %s, want the plain 422", plain.status, plain.body)
+	}
+	if total, _ := e.prov.counts(); total != 0 {
+		t.Errorf("upstream saw %d requests, want 0", total)
 	}
 }
 
