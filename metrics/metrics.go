@@ -127,10 +127,10 @@ func (m *Metrics) newUpstreamMetrics() {
 
 func (m *Metrics) newStoreMetrics() {
 	m.storeSeconds = m.histogramVec("store_operation_duration_seconds",
-		"Time of record store operations (begin, complete, abandon, get, ping), fsync included.",
+		"Time of record store operations (begin, complete, abandon, get, renew, park, ping; the operators' list, supersede, resolve), fsync included.",
 		storeBuckets, "op")
 	m.storeErrors = m.counterVec("store_errors_total",
-		"Record store operations that failed, by op and kind (not_owner, no_space, too_large, closed, canceled, other).",
+		"Record store operations that failed, by op and kind (not_owner, no_space, too_large, closed, unavailable, canceled, other).",
 		"op", "kind")
 	m.operations = m.gauge("operations_in_flight",
 		"Protected upstream operations holding an in-flight record: claimed and not yet stored or released.")
