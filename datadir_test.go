@@ -121,3 +121,38 @@ func startStopsWith(t *testing.T, status int, env []string) string {
 	}
 	return string(out)
 }
+
+// IDEMPROXY_DATA_DIR pointing at another program's directory (a mistyped
+// path, a volume shared with something else): the start stops with status 1
+// naming the variable and the files, and writes nothing there. It used to
+// start ready and scatter Badger's files (a 128 MiB value log, a WAL, LOCK,
+// MANIFEST) among that program's, the records then lost from view once the
+// setting was corrected.
+func TestBinaryRefusesForeignDataDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "other-program")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.json", "db.sqlite"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("not idemproxy's"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := startStopsWith(t, 1, baseEnv("http://127.0.0.1:1", dir))
+	for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, "config.json", "db.sqlite", "a directory of its own"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("start on another program's directory does not say %q:\n%s", want, out)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 2 {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("the refused start left %v in the directory, want only the program's two files", names)
+	}
+}

@@ -278,6 +278,9 @@ func (s *Store) open(opts Options) error {
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return fmt.Errorf("cache: open: create %s: %w", opts.Dir, err)
 	}
+	if err := checkOwnDir(opts.Dir); err != nil {
+		return fmt.Errorf("cache: open: %w", err)
+	}
 	unlock, err := lockDir(opts.Dir)
 	if err != nil {
 		return fmt.Errorf("cache: open: %w", err)
