@@ -8,12 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -154,5 +156,83 @@ func TestBinaryRefusesForeignDataDir(t *testing.T) {
 			names = append(names, e.Name())
 		}
 		t.Errorf("the refused start left %v in the directory, want only the program's two files", names)
+	}
+}
+
+// A data directory given to idemproxy's user while files in it still belong
+// to root (a run as root, a backup restored by root): the start stops naming
+// the user, and what it says to run is what fixes it, chown -R. It said
+// "chown 65532:65532" on the directory, which the operator had already done:
+// run again, the start failed the same way with the same advice.
+func TestBinaryDataDirFilesOfAnotherUser(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run the binary as another user")
+	}
+	const uid = 65532
+	base, err := os.MkdirTemp("", "idemproxy-owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(base, "idemproxy")
+	exe, err := os.ReadFile(binPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "data")
+	env := baseEnv("http://127.0.0.1:1", dir)
+	p := launch(t, launchSpec{env: env}) // as root: the store's files are root's
+	if err := p.terminate(t); err != nil {
+		t.Fatalf("exit: %v\n%s", err, p.text())
+	}
+	if err := os.Chown(dir, uid, uid); err != nil { // the directory alone
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("start as uid %d: %v, want exit status 1; output:\n%s", uid, err, out)
+	}
+	for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, "permission denied", "uid 65532", "chown -R 65532:65532"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("start on a directory whose files are root's does not say %q:\n%s", want, out)
+		}
+	}
+
+	// What it says to run, run: the start as that user succeeds.
+	if err := filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, uid)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Its proxy port is taken, so that the start stops right after the store
+	// opened: the error is then the port's, not the directory's.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cmd = exec.CommandContext(ctx, bin)
+	cmd.Env = append(env, "IDEMPROXY_LISTEN_ADDR="+taken.Addr().String())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	out, _ = cmd.CombinedOutput()
+	if strings.Contains(string(out), "permission denied") || !strings.Contains(string(out), "IDEMPROXY_LISTEN_ADDR") ||
+		!strings.Contains(string(out), "released in-flight records") {
+		t.Errorf("after chown -R, the store did not open as uid %d:\n%s", uid, out)
 	}
 }

@@ -35,7 +35,8 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 	s, err := cache.Open(storeOptions(cfg, log))
 	if err != nil {
 		err = fmt.Errorf("open data directory %sDATA_DIR=%s: %w", envPrefix, cfg.DataDir, err)
-		return nil, 0, denied(err, "write in it", "give the directory to that user (a bind mount: chown %[1]d:%[2]d on the host)")
+		return nil, 0, denied(err, "write in it",
+			"give the directory and everything in it to that user, with write permission (a bind mount: chown -R %[1]d:%[2]d on the host, and chmod u+rwx on the directory)")
 	}
 	m.StoreSize(s.Size)
 	m.StorePageOuts(s.PageOuts)

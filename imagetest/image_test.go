@@ -227,7 +227,7 @@ func TestImageNamesTheUserOnUnusableMounts(t *testing.T) {
 		want []string
 	}{
 		{"data directory", []string{"-v", dataDir + ":/data"}, "1",
-			[]string{"IDEMPROXY_DATA_DIR=/data", "permission denied", "uid 65532", "chown 65532:65532"}},
+			[]string{"IDEMPROXY_DATA_DIR=/data", "permission denied", "uid 65532", "chown -R 65532:65532"}},
 		{"secret file", []string{"-v", secretFile + ":/run/secrets/sign_secret:ro",
 			"-e", "IDEMPROXY_SIGN_SECRET_FILE=/run/secrets/sign_secret"}, "2",
 			[]string{"IDEMPROXY_SIGN_SECRET_FILE", "permission denied", "uid 65532", "chown 65532"}},
