@@ -80,37 +80,13 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 
 // Supersede implements store.Store.Supersede.
 func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error) {
-	const op = "supersede"
-	if err := checkID(op, id); err != nil {
-		return store.Record{}, err
-	}
-	if err := s.enter(op); err != nil {
-		return store.Record{}, err
-	}
-	defer s.life.RUnlock()
-	key, b := getKey(id)
-	defer opBufs.Put(b)
-	var rec store.Record
-	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
-		cur, _, err := s.read(txn, key, now)
-		if err != nil {
-			return false, err
-		}
+	return s.edit(ctx, "supersede", id, func(txn *badger.Txn, key []byte, val *[]byte, cur *store.Record, now time.Time) error {
 		if cur.State != store.Final {
-			return false, fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
+			return fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
 		}
 		cur.Superseded = true
-		if cur.ID == (store.ID{}) {
-			cur.ID = id // written by a build that did not keep it
-		}
-		err = s.put(txn, key, &b.val, &cur, now)
-		rec = cur
-		return true, err
+		return s.put(txn, key, val, cur, now)
 	})
-	if err != nil {
-		return store.Record{}, fmt.Errorf("cache: %s: %w", op, err)
-	}
-	return rec, nil
 }
 
 // Resolve implements store.Store.Resolve in one transaction: the record is
@@ -118,7 +94,26 @@ func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error
 // resumed it meanwhile conflicts with the transaction, which then reads it
 // again and refuses.
 func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) (store.Record, error) {
-	const op = "resolve"
+	return s.edit(ctx, "resolve", id, func(txn *badger.Txn, key []byte, val *[]byte, cur *store.Record, now time.Time) error {
+		if cur.State != store.Unknown {
+			return fmt.Errorf("%w: record is %s", store.ErrNotUnknown, cur.State)
+		}
+		if resp == nil {
+			return txn.Delete(key)
+		}
+		cur.State = store.Final
+		cur.LeaseUntil = time.Time{}
+		cur.Response = *resp
+		cur.Outcome.LastBody = nil
+		return s.put(txn, key, val, cur, now)
+	})
+}
+
+// edit is an operator's change to id's record (Supersede, Resolve), in one
+// transaction: change refuses the record as it reads it, or writes it (or
+// deletes it) through txn; the record as change left it is returned.
+func (s *Store) edit(ctx context.Context, op string, id store.ID,
+	change func(txn *badger.Txn, key []byte, val *[]byte, cur *store.Record, now time.Time) error) (store.Record, error) {
 	if err := checkID(op, id); err != nil {
 		return store.Record{}, err
 	}
@@ -134,23 +129,14 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 		if err != nil {
 			return false, err
 		}
-		if cur.State != store.Unknown {
-			return false, fmt.Errorf("%w: record is %s", store.ErrNotUnknown, cur.State)
-		}
 		if cur.ID == (store.ID{}) {
 			cur.ID = id // written by a build that did not keep it
 		}
-		if resp == nil {
-			rec = cur
-			return true, txn.Delete(key)
+		if err := change(txn, key, &b.val, &cur, now); err != nil {
+			return false, err
 		}
-		cur.State = store.Final
-		cur.LeaseUntil = time.Time{}
-		cur.Response = *resp
-		cur.Outcome.LastBody = nil
-		err = s.put(txn, key, &b.val, &cur, now)
 		rec = cur
-		return true, err
+		return true, nil
 	})
 	if err != nil {
 		return store.Record{}, fmt.Errorf("cache: %s: %w", op, err)

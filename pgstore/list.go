@@ -109,25 +109,9 @@ func decodeCursor(c string) (store.ID, error) {
 
 // Supersede implements store.Store.Supersede.
 func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error) {
-	var rec store.Record
-	err := s.call(ctx, "supersede", &id, func(ctx context.Context) error {
-		r, err := readRecord(s.pool.QueryRow(ctx, `UPDATE idemproxy_records SET superseded = true, expires_at = NULL
-			WHERE tenant = $1 AND key = $2 AND state = 2 AND `+live+` RETURNING `+columns,
-			[]byte(id.Tenant), []byte(id.Key)))
-		if err == nil {
-			rec = r
-			return nil
-		}
-		if !errors.Is(err, store.ErrNotFound) {
-			return err
-		}
-		cur, err := s.get(ctx, id)
-		if err != nil {
-			return err
-		}
-		return fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
-	})
-	return rec, err
+	return s.edit(ctx, "supersede", id, store.ErrNotFinal, `UPDATE idemproxy_records SET superseded = true, expires_at = NULL
+		WHERE tenant = $1 AND key = $2 AND state = 2 AND `+live+` RETURNING `+columns,
+		[]byte(id.Tenant), []byte(id.Key))
 }
 
 // Resolve implements store.Store.Resolve with one statement whose condition
@@ -154,8 +138,17 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 			WHERE tenant = $1 AND key = $2 AND state = 3 RETURNING ` + columns
 		args = append(args, int32(resp.Status), header, nonNil(resp.Body), micros(s.opt.TTL))
 	}
+	return s.edit(ctx, "resolve", id, store.ErrNotUnknown, sql, args...)
+}
+
+// edit runs an operator's change to id's record (Supersede, Resolve): one
+// statement, sql with args, whose condition is the state the change needs
+// and which returns the record's columns. When it changes nothing, a read
+// tells a missing record (store.ErrNotFound) from one in another state,
+// refused with wrong.
+func (s *Store) edit(ctx context.Context, op string, id store.ID, wrong error, sql string, args ...any) (store.Record, error) {
 	var rec store.Record
-	err := s.call(ctx, "resolve", &id, func(ctx context.Context) error {
+	err := s.call(ctx, op, &id, func(ctx context.Context) error {
 		r, err := readRecord(s.pool.QueryRow(ctx, sql, args...))
 		if err == nil {
 			rec = r
@@ -168,7 +161,7 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 		if err != nil {
 			return err
 		}
-		return fmt.Errorf("%w: record is %s", store.ErrNotUnknown, cur.State)
+		return fmt.Errorf("%w: record is %s", wrong, cur.State)
 	})
 	return rec, err
 }
