@@ -225,16 +225,24 @@ func (h *Handler) getRecord(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := store.ID{Tenant: client, Key: r.PathValue("key")}
+	if rec, ok := h.lookup(w, r, id); ok {
+		writeJSON(w, http.StatusOK, view(id, rec, r.URL.Query().Get("body") == "1"))
+	}
+}
+
+// lookup reads id's record, or answers 404 not_found (none) or 503
+// store_unavailable and reports false.
+func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id store.ID) (store.Record, bool) {
 	rec, err := h.opt.Store.Get(r.Context(), id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		writeError(w, http.StatusNotFound, codeNotFound, "no record for this key and client")
-		return
+		return rec, false
 	case err != nil:
 		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be read")
-		return
+		return rec, false
 	}
-	writeJSON(w, http.StatusOK, view(id, rec, r.URL.Query().Get("body") == "1"))
+	return rec, true
 }
 
 // client is the client a call names (?client=, "client"), or the default

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -86,13 +88,9 @@ func (h *Handler) resolveRecord(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := store.ID{Tenant: client, Key: in.Key}
-	rec, err := h.opt.Store.Get(r.Context(), id)
+	rec, ok := h.lookup(w, r, id)
 	switch {
-	case errors.Is(err, store.ErrNotFound):
-		writeError(w, http.StatusNotFound, codeNotFound, "no record for this key and client")
-		return
-	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be read")
+	case !ok:
 		return
 	case rec.State == store.InFlight:
 		writeError(w, http.StatusConflict, codeResolveRefused, "the operation is in flight (a request resumed it); wait for its result")
@@ -163,11 +161,11 @@ func isNull(b json.RawMessage) bool { return len(b) == 0 || string(b) == "null" 
 // idemproxy or the HTTP framing sets: a stored Content-Length would not
 // match the body sent.
 func checkHeader(name, value string) error {
-	if name == "" || strings.IndexFunc(name, func(c rune) bool { return c > 0x7e || !isTokenChar(byte(c)) }) >= 0 {
+	if !httpguts.ValidHeaderFieldName(name) {
 		return fmt.Errorf("header name %q is not valid", name)
 	}
-	if strings.ContainsAny(value, "\r\n\x00") {
-		return fmt.Errorf("header %s: the value holds a line break or NUL", name)
+	if !httpguts.ValidHeaderFieldValue(value) {
+		return fmt.Errorf("header %s: the value holds a line break or another control byte", name)
 	}
 	canon := http.CanonicalHeaderKey(name)
 	switch canon {
@@ -179,9 +177,4 @@ func checkHeader(name, value string) error {
 		return fmt.Errorf("header %s cannot be stored: idemproxy sets it", canon)
 	}
 	return nil
-}
-
-// isTokenChar reports whether c may be in a header name (RFC 9110 tchar).
-func isTokenChar(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
