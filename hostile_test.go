@@ -82,19 +82,29 @@ func (p *recordingProvider) dropNext(n int) {
 	p.mu.Unlock()
 }
 
-// rawExchange writes raw, an HTTP/1.1 request as bytes, to addr and reads one
-// answer. Raw bytes let a test send what Go's client would tidy up.
-func rawExchange(t *testing.T, addr, raw string) reply {
+// sendRaw dials addr and writes raw, an HTTP/1.1 request with "\n" line
+// ends, as bytes with "\r\n"; the connection has a minute's deadline, which
+// only a hung binary reaches.
+func sendRaw(t *testing.T, addr, raw string) net.Conn {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(time.Minute)) // only a hung binary reaches it
+	conn.SetDeadline(time.Now().Add(time.Minute))
 	if _, err := io.WriteString(conn, strings.ReplaceAll(raw, "\n", "\r\n")); err != nil {
+		conn.Close()
 		t.Fatal(err)
 	}
+	return conn
+}
+
+// rawExchange writes raw, an HTTP/1.1 request as bytes, to addr and reads one
+// answer. Raw bytes let a test send what Go's client would tidy up.
+func rawExchange(t *testing.T, addr, raw string) reply {
+	t.Helper()
+	conn := sendRaw(t, addr, raw)
+	defer conn.Close()
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
 		t.Fatalf("reading the answer to %q: %v", raw, err)
@@ -487,15 +497,8 @@ func TestHostileUnderscoreSpellings(t *testing.T) {
 // sent, and returns every byte the proxy wrote back before closing.
 func halfClosedExchange(t *testing.T, addr, raw string) string {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := sendRaw(t, addr, raw)
 	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(time.Minute)) // only a hung binary reaches it
-	if _, err := io.WriteString(conn, strings.ReplaceAll(raw, "\n", "\r\n")); err != nil {
-		t.Fatal(err)
-	}
 	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
 		t.Fatal(err)
 	}
