@@ -51,10 +51,10 @@ func TestPresetSettings(t *testing.T) {
 	if cfg.InProgressCode != "idempotency.in_progress" || !po.policy.Codes["payout.funds_maturing"] {
 		t.Errorf("payouts: in-progress %q, codes %v", cfg.InProgressCode, po.policy.Codes)
 	}
-	if r, ok := po.routes.Match("POST", "/v1/payout/info"); !ok || r.Policy != routes.Unprotected {
+	if r, ok := po.routes.Match("POST", "/v1/payout/info", true); !ok || r.Policy != routes.Unprotected {
 		t.Errorf("payouts: /v1/payout/info rule %v, want unprotected", r)
 	}
-	if _, ok := po.routes.Match("POST", "/v1/payout"); ok {
+	if _, ok := po.routes.Match("POST", "/v1/payout", true); ok {
 		t.Errorf("payouts: /v1/payout has a rule; want the default order_id key")
 	}
 	_, cards, err := loadEnv(t, "IDEMPROXY_PRESET=cards")
@@ -64,7 +64,7 @@ func TestPresetSettings(t *testing.T) {
 	want := map[string]routes.Policy{"/cardholders": routes.Unprotected, "/cards": routes.Fingerprint,
 		"/cards/c1/topup": routes.Fingerprint, "/cards/c1/close": routes.Fingerprint}
 	for path, p := range want {
-		if r, ok := cards.routes.Match("POST", path); !ok || r.Policy != p {
+		if r, ok := cards.routes.Match("POST", path, true); !ok || r.Policy != p {
 			t.Errorf("cards: POST %s rule %v, want %v", path, r, p)
 		}
 	}
@@ -129,7 +129,7 @@ func TestFingerprintWindowWithinTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := set.routes.Match("POST", "/x"); r.Window != 72*time.Hour {
+	if r, _ := set.routes.Match("POST", "/x", true); r.Window != 72*time.Hour {
 		t.Errorf("window %v", r.Window)
 	}
 }

@@ -327,7 +327,7 @@ func (h *Handler) allowed(escapedPath string) string {
 }
 
 func (h *Handler) ruleFor(method, escapedPath string) routes.Rule {
-	if rule, ok := h.opt.Routes.Match(method, escapedPath); ok {
+	if rule, ok := h.opt.Routes.Match(method, escapedPath, h.protected[method]); ok {
 		return rule
 	}
 	if h.protected[method] {

@@ -46,6 +46,8 @@ type provider struct {
 	leaked int
 	// chunked counts requests that arrived with a chunked body.
 	chunked int
+	// targets are the request targets (method and URI as sent) in arrival order.
+	targets []string
 }
 
 func newProvider() *provider {
@@ -58,6 +60,7 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.total++
 	p.requests[key]++
+	p.targets = append(p.targets, r.Method+" "+r.RequestURI)
 	if r.Header.Get(proxy.DefaultClientHeader) != "" {
 		p.leaked++
 	}
@@ -118,6 +121,15 @@ func (p *provider) record(key string, out []byte) {
 	if out != nil {
 		p.stored[key] = out
 	}
+}
+
+// takeTargets returns the request targets seen since the last call.
+func (p *provider) takeTargets() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.targets
+	p.targets = nil
+	return t
 }
 
 func (p *provider) counts() (total int, execs map[string]int) {

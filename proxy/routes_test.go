@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -89,6 +90,54 @@ func TestRouteUnprotectedIsNeverStored(t *testing.T) {
 	e.do(t, "POST", "/v1/payout", `{"order_id":"o-1"}`)
 	if r := e.do(t, "POST", "/v1/payout", `{"order_id":"o-1"}`); r.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("unmatched POST not replayed: %d %s", r.status, r.body)
+	}
+}
+
+// An unprotected rule applies to the spellings of its path a lenient provider
+// routes to it (nginx merges slashes and decodes, servlet containers drop
+// ';...', many routers ignore a trailing slash or letter case): such a status
+// lookup was taken for a protected POST, its answer stored as final and
+// replayed stale for every later lookup. Each spelling goes upstream as it
+// came; a protected path spelled so is still protected, under the key the
+// path as written derives.
+func TestRouteUnprotectedSpellings(t *testing.T) {
+	e := newRouteEnv(t, "POST /v1/payout/info=unprotected; POST /cards/*/topup=fingerprint:10m", nil, t.TempDir())
+	for _, path := range []string{
+		"//v1/payout/info", "/v1/payout/info/", "/v1//payout/info", "/v1/payout%2Finfo", "/v1%5Cpayout%5Cinfo",
+		"/v1/payout/info;v=2", "/V1/Payout/Info", "/v1/payout/%69nfo",
+	} {
+		for i := range 2 {
+			a := e.do(t, "POST", path, `{"order_id":"o-1"}`)
+			if a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "" || a.header.Get("Idempotency-Key") != "" {
+				t.Errorf("POST %s (%d): %d replayed=%q key=%q, want a fresh answer with no key", path, i, a.status,
+					a.header.Get("Idempotent-Replayed"), a.header.Get("Idempotency-Key"))
+			}
+		}
+		if got, want := e.prov.takeTargets(), []string{"POST " + path, "POST " + path}; !slices.Equal(got, want) {
+			t.Errorf("POST %s: provider saw %q, want %q: each lookup sent, as it came", path, got, want)
+		}
+	}
+	if _, execs := e.prov.counts(); len(execs) != 1 || execs[""] != 16 {
+		t.Errorf("provider executed %v, want 16 requests without a key", execs)
+	}
+	// A path that is not the lookup's, however close, stays protected: sent
+	// once with the key derived from order_id and the path as written, then
+	// replayed.
+	for _, path := range []string{"/v1/payout", "/v1/payout/infos", "/v1/payout/info/x", "/cards/c1/topup/", "//cards/c1/topup"} {
+		want := idemkey.KeyFor(idemkey.Source{Kind: idemkey.JSON, Name: "order_id"}, "o-2",
+			idemkey.Request{Method: "POST", Path: path})
+		for i := range 2 {
+			a := e.do(t, "POST", path, `{"order_id":"o-2"}`)
+			if a.status != http.StatusCreated || a.header.Get("Idempotency-Key") != want {
+				t.Errorf("POST %s (%d): %d key %q, want 201 with key %s", path, i, a.status, a.header.Get("Idempotency-Key"), want)
+			}
+			if replayed := a.header.Get("Idempotent-Replayed") == "true"; replayed != (i == 1) {
+				t.Errorf("POST %s (%d): replayed %v", path, i, replayed)
+			}
+		}
+		if got, want := e.prov.takeTargets(), []string{"POST " + path}; !slices.Equal(got, want) {
+			t.Errorf("POST %s: provider saw %q, want %q", path, got, want)
+		}
 	}
 }
 

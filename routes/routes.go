@@ -11,8 +11,8 @@
 // other segment matches the same segment of the request path after
 // percent-decoding of each (so /cards/a%2Fb/topup has three segments and
 // /v1/payout/%69nfo is /v1/payout/info). The first rule that matches wins;
-// a reject rule also matches the spellings of its path that servers commonly
-// route the same (see [Table.Match]).
+// rules also match the spellings of their path that servers commonly route
+// the same (see [Table.Match]).
 // POLICY is one of:
 //
 //	unprotected            streamed through, never stored
@@ -97,8 +97,7 @@ func (r Rule) String() string {
 // Table is a parsed route table. The zero Table has no rules and matches
 // nothing.
 type Table struct {
-	rules  []Rule
-	reject bool // a rule has the Reject policy
+	rules []Rule
 }
 
 // Rules returns the table's rules in order.
@@ -137,7 +136,6 @@ func Parse(s string) (Table, error) {
 			}
 		}
 		t.rules = append(t.rules, r)
-		t.reject = t.reject || r.Policy == Reject
 	}
 	return t, nil
 }
@@ -259,35 +257,67 @@ func (r Rule) covers(later Rule) bool {
 	return true
 }
 
-// Match returns the first rule matching method and the escaped request path
-// (url.URL.EscapedPath: what is forwarded), and whether one did.
+// Match returns the rule for a request of method to the escaped request path
+// (url.URL.EscapedPath: what is forwarded, unchanged), and whether a rule
+// applies; when none does, the request follows the defaults.
+// protectedByDefault says whether the defaults protect method
+// (IDEMPROXY_PROTECTED_METHODS).
 //
-// A Reject rule also matches the path as servers commonly route it (see
-// looseSegments): when the first rule matching that form is a Reject rule,
-// it is returned, so that "/internal%2Fadmin", "//internal/admin",
-// "/internal/admin/" or "/Internal/admin" cannot pass a rule that rejects
-// "/internal/*" and reach a provider that routes them to /internal/admin.
-func (t Table) Match(method, escapedPath string) (Rule, bool) {
+// A provider may read a path as written (each segment percent-decoded) or as
+// a lenient server routes it (see looseSegments: "//v1/payout/info",
+// "/v1/payout/info/", "/v1/payout%2Finfo", "/V1/Payout/Info" are
+// /v1/payout/info to nginx, servlet containers, Express or ASP.NET). A rule
+// is meant for the endpoint, however it is spelled, so Match reads the path
+// both ways, takes the first rule each reading matches, and decides:
+//
+//   - a Reject rule on the lenient reading refuses the request: no spelling
+//     of a rejected path reaches the provider;
+//   - when the two readings match rules that disagree on protection, the
+//     protecting one applies: the provider may read the path either way, and
+//     a money-moving request sent without a key can be charged twice, where a
+//     lookup answered from the store is only stale;
+//   - otherwise the rule matching the path as written applies, as it always
+//     did, so no key derived for such a request changes;
+//   - a path only the lenient reading matches gets an Unprotected rule (a
+//     status lookup spelled "/v1/payout/info/" is never stored and replayed
+//     stale), and a Key or Fingerprint rule only if protectedByDefault is
+//     false: such a request was protected by the defaults before, and keeps
+//     the key they derive (a new key for an operation in flight across an
+//     upgrade would be a second charge).
+//
+// The path is only read here: keys, fingerprints and what is sent upstream
+// use the path as written.
+func (t Table) Match(method, escapedPath string, protectedByDefault bool) (Rule, bool) {
 	if len(t.rules) == 0 || !strings.HasPrefix(escapedPath, "/") {
 		return Rule{}, false
 	}
 	segs := strings.Split(escapedPath[1:], "/")
-	if t.reject {
-		loose, ok := looseSegments(escapedPath)
-		if !ok { // nothing to decode, cut or drop: only letter case differs
-			loose = segs
-		}
-		for _, r := range t.rules {
-			if r.matchesDecoded(method, loose) {
-				if r.Policy == Reject {
-					return r, true
-				}
-				break
-			}
-		}
+	exact, eok := t.first(method, segs, Rule.matches)
+	loose, ok := looseSegments(escapedPath)
+	if !ok { // nothing to decode, cut or drop: only letter case differs
+		loose = segs
 	}
+	lenient, lok := t.first(method, loose, Rule.matchesDecoded)
+	switch {
+	case lok && lenient.Policy == Reject:
+		return lenient, true
+	case eok && lok && (exact.Policy == Unprotected) != (lenient.Policy == Unprotected):
+		if exact.Policy == Unprotected {
+			return lenient, true
+		}
+		return exact, true
+	case eok:
+		return exact, true
+	case lok && (lenient.Policy == Unprotected || !protectedByDefault):
+		return lenient, true
+	}
+	return Rule{}, false
+}
+
+// first returns the first rule that match says matches method and segs.
+func (t Table) first(method string, segs []string, match func(Rule, string, []string) bool) (Rule, bool) {
 	for _, r := range t.rules {
-		if r.matches(method, segs) {
+		if match(r, method, segs) {
 			return r, true
 		}
 	}
@@ -321,7 +351,7 @@ func looseSegments(escapedPath string) (segs []string, ok bool) {
 }
 
 // matchesDecoded is matches for segments already decoded, ignoring letter
-// case (for Reject rules only: see Match).
+// case (the lenient reading: see Match).
 func (r Rule) matchesDecoded(method string, segs []string) bool {
 	if (r.Method != "*" && r.Method != method) || len(segs) != len(r.segs) {
 		return false

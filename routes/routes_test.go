@@ -54,7 +54,7 @@ func TestParseEmpty(t *testing.T) {
 		if len(tab.Rules()) != 0 {
 			t.Errorf("Parse(%q) has rules: %v", s, tab)
 		}
-		if _, ok := tab.Match("POST", "/x"); ok {
+		if _, ok := tab.Match("POST", "/x", true); ok {
 			t.Errorf("empty table matched")
 		}
 	}
@@ -119,7 +119,7 @@ func TestMatch(t *testing.T) {
 		{"POST", "/v1/payout/info", "/v1/payout/info"},
 		{"POST", "/v1/payout/%69nfo", "/v1/payout/info"}, // the provider decodes it the same
 		{"GET", "/v1/payout/info", ""},
-		{"POST", "/v1/payout/info/", ""},
+		{"POST", "/v1/payout/info/", "/v1/payout/info"}, // an unprotected rule takes every spelling (TestMatchSpellings)
 		{"POST", "/v1/payout", ""},
 		{"POST", "/cards/c-1/topup", "/cards/*/topup"},
 		{"POST", "/cards/a%2Fb/topup", "/cards/*/topup"}, // one segment
@@ -134,7 +134,7 @@ func TestMatch(t *testing.T) {
 		{"POST", "cards", ""},
 	}
 	for _, c := range cases {
-		r, ok := tab.Match(c.method, c.path)
+		r, ok := tab.Match(c.method, c.path, true)
 		got := ""
 		if ok {
 			got = r.Path
@@ -145,12 +145,75 @@ func TestMatch(t *testing.T) {
 	}
 }
 
+// TestMatchSpellings: a rule applies to the spellings of its path that a
+// lenient provider routes to it, except where that would change the key of a
+// request the defaults protected.
+func TestMatchSpellings(t *testing.T) {
+	tab := mustParse(t, "POST /v1/payout/info=unprotected; PUT /cards/*/topup=key:json:id; POST /cards/*/topup=fingerprint:10m; "+
+		"POST /wide/*=unprotected; POST /wide/*/pay=key:json:id; POST /narrow/*/pay=key:json:id; POST /narrow/*=unprotected")
+	cases := []struct {
+		method, path string
+		protected    bool   // the defaults protect method
+		want         string // rule as written, "" for the defaults
+	}{
+		// An unprotected rule: every spelling is streamed, never stored.
+		{"POST", "/v1/payout/info", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "//v1/payout/info", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/v1/payout/info/", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/v1//payout/info", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/v1/payout%2Finfo", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/v1/payout%2finfo", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/v1%5Cpayout%5Cinfo", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/v1\\payout\\info", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/v1/payout/info;v=2", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/v1;x/payout/info", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/V1/Payout/INFO", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/%76%31/payout/info", true, "POST /v1/payout/info=unprotected"},
+		{"POST", "/v1/payout/infos", true, ""},
+		{"POST", "/v1/payout/info/x", true, ""},
+		{"GET", "/v1/payout/info/", false, ""},
+		// A key: or fingerprint: rule: its exact path as before; another
+		// spelling of a method the defaults protect keeps the defaults (and
+		// their key); of one they do not protect, the rule protects it.
+		{"POST", "/cards/c1/topup", true, "POST /cards/*/topup=fingerprint:10m0s"},
+		{"POST", "/cards/c%31/topup", true, "POST /cards/*/topup=fingerprint:10m0s"},
+		{"POST", "/cards/a%2Fb/topup", true, "POST /cards/*/topup=fingerprint:10m0s"},
+		{"POST", "/cards/c1/topup/", true, ""},
+		{"POST", "//cards/c1/topup", true, ""},
+		{"POST", "/Cards/c1/Topup", true, ""},
+		{"PUT", "/cards/c1/topup", false, "PUT /cards/*/topup=key:json:id"},
+		{"PUT", "/cards/c1/topup/", false, "PUT /cards/*/topup=key:json:id"},
+		{"PUT", "/cards;x/c1//topup", false, "PUT /cards/*/topup=key:json:id"},
+		{"PUT", "/CARDS/c1/TOPUP", false, "PUT /cards/*/topup=key:json:id"},
+		{"PUT", "/cards/c1/topup/", true, ""},
+		// Two rules that disagree on protection: the protecting one.
+		{"POST", "/wide/w1", true, "POST /wide/*=unprotected"},
+		{"POST", "/wide/w1%2Fpay", true, "POST /wide/*/pay=key:json:id"},
+		{"POST", "/narrow/n1/pay", true, "POST /narrow/*/pay=key:json:id"},
+		{"POST", "/narrow/n1%2Fpay", true, "POST /narrow/*/pay=key:json:id"},
+		{"POST", "/narrow/n1;x", true, "POST /narrow/*=unprotected"},
+		// An unprotected rule whose path a lenient reading takes elsewhere,
+		// to no rule: the rule as written, as before.
+		{"POST", "/wide/a%2Fb%2Fc", true, "POST /wide/*=unprotected"},
+	}
+	for _, c := range cases {
+		r, ok := tab.Match(c.method, c.path, c.protected)
+		got := ""
+		if ok {
+			got = r.String()
+		}
+		if got != c.want {
+			t.Errorf("Match(%s %s, protected %v) = %q, want %q", c.method, c.path, c.protected, got, c.want)
+		}
+	}
+}
+
 func TestMatchFirstWins(t *testing.T) {
 	tab := mustParse(t, "POST /cards/c1/topup=unprotected; POST /cards/*/topup=reject")
-	if r, _ := tab.Match("POST", "/cards/c1/topup"); r.Policy != Unprotected {
+	if r, _ := tab.Match("POST", "/cards/c1/topup", true); r.Policy != Unprotected {
 		t.Errorf("c1: %v, want the first rule", r)
 	}
-	if r, _ := tab.Match("POST", "/cards/c2/topup"); r.Policy != Reject {
+	if r, _ := tab.Match("POST", "/cards/c2/topup", true); r.Policy != Reject {
 		t.Errorf("c2: %v, want the second rule", r)
 	}
 }
@@ -181,7 +244,7 @@ func FuzzParse(f *testing.F) {
 		if again.String() != tab.String() {
 			t.Fatalf("round trip changed the table: %q -> %q", tab.String(), again.String())
 		}
-		r, ok := tab.Match(method, path)
+		r, ok := tab.Match(method, path, true)
 		if ok && (r.Policy < Unprotected || r.Policy > Reject) {
 			t.Fatalf("matched a rule with policy %v", r.Policy)
 		}
