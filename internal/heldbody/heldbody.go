@@ -54,13 +54,13 @@ func Unread(r io.Reader) ([]byte, bool) {
 	return h.b, true
 }
 
-// ErrRefused is ReadAll's error when grow refused more room.
+// ErrRefused is ReadAll's and ReadDeclared's error when grow refused more room.
 var ErrRefused = errors.New("heldbody: no room to grow the body")
 
 // ErrTooLarge is ReadAll's error when more bytes came than its limit.
 var ErrTooLarge = errors.New("heldbody: body over the limit")
 
-// MaxPrealloc bounds the first buffer ReadAll makes from a declared length,
+// MaxPrealloc bounds the first buffer ReadAll and ReadDeclared make from a declared length,
 // before any byte came: a declared length is the sender's word, not bytes
 // yet. A body longer than this grows its buffer as the bytes come.
 //
@@ -74,6 +74,50 @@ var ErrTooLarge = errors.New("heldbody: body over the limit")
 // paths the proxy's allocation budget measures are far smaller, so their
 // allocations per request are what they were with the retry loop's own copy.
 const MaxPrealloc = 64 << 10
+
+// ReadDeclared reads a body of the length n (n >= 0) its sender declared,
+// from a reader that ends it there (net/http's server does): exactly n
+// bytes, io.ErrUnexpectedEOF if fewer come.
+//
+// A body of up to MaxPrealloc bytes is read into one buffer of n bytes. A
+// longer one starts at MaxPrealloc and doubles as its bytes fill it, never
+// past n: a declared length is the sender's word, not bytes yet, and a
+// sender that declares a megabyte and sends a kilobyte, or sends slowly,
+// holds about what it sent (at most twice), not what it declared.
+//
+// grow, if not nil, is asked for every capacity before it is allocated: the
+// first buffer's, then each growth's added bytes. A refusal ends the read
+// with ErrRefused. The first ask comes before the first read.
+func ReadDeclared(r io.Reader, n int64, grow func(extra int64) bool) ([]byte, error) {
+	if n < 0 {
+		return nil, errors.New("heldbody: negative declared length")
+	}
+	c := min(n, MaxPrealloc)
+	if grow != nil && !grow(c) {
+		return nil, ErrRefused
+	}
+	b := make([]byte, c)
+	for read := 0; ; {
+		m, err := io.ReadFull(r, b[read:])
+		read += m
+		if errors.Is(err, io.EOF) { // nothing came for this buffer: the body ended early
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return nil, err
+		}
+		if int64(read) == n {
+			return b, nil
+		}
+		next := min(2*int64(len(b)), n)
+		if grow != nil && !grow(next-int64(len(b))) {
+			return nil, ErrRefused
+		}
+		grown := make([]byte, next)
+		copy(grown, b)
+		b = grown
+	}
+}
 
 // unknownSize is the first buffer of a body of unknown length (io.ReadAll's).
 const unknownSize = 512

@@ -131,3 +131,67 @@ func TestReadAllRefusesFirstBuffer(t *testing.T) {
 		t.Fatalf("grow refusing the first buffer: %q, %v after %d asks; want heldbody.ErrRefused after 1", b, err, calls)
 	}
 }
+
+func TestReadDeclared(t *testing.T) {
+	for _, n := range []int{0, 1, 300, heldbody.MaxPrealloc, heldbody.MaxPrealloc + 1, 5*heldbody.MaxPrealloc + 7} {
+		body := strings.Repeat("x", n)
+		var asks []int64
+		b, err := heldbody.ReadDeclared(oneByte{strings.NewReader(body)}, int64(n), func(extra int64) bool {
+			asks = append(asks, extra)
+			return true
+		})
+		if err != nil || string(b) != body {
+			t.Errorf("%d bytes declared and sent: %d bytes, %v; want them all", n, len(b), err)
+			continue
+		}
+		var granted int64
+		for _, a := range asks {
+			granted += a
+		}
+		if granted != int64(n) || int64(cap(b)) != granted {
+			t.Errorf("%d bytes: grow granted %v (%d), buffer capacity %d; want exactly the declared length", n, asks, granted, cap(b))
+		}
+		if first := min(int64(n), heldbody.MaxPrealloc); len(asks) == 0 || asks[0] != first {
+			t.Errorf("%d bytes: grow asked %v; want %d first", n, asks, first)
+		}
+		if n <= heldbody.MaxPrealloc && len(asks) != 1 {
+			t.Errorf("%d bytes: grow asked %v; a body up to MaxPrealloc is one buffer", n, asks)
+		}
+	}
+	if _, err := heldbody.ReadDeclared(strings.NewReader("short"), 10, nil); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("5 of 10 declared bytes: %v; want io.ErrUnexpectedEOF", err)
+	}
+	if _, err := heldbody.ReadDeclared(strings.NewReader(strings.Repeat("x", heldbody.MaxPrealloc)), heldbody.MaxPrealloc+10, nil); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("a body ending at the first buffer's end, short of its declared length: %v; want io.ErrUnexpectedEOF", err)
+	}
+}
+
+// TestReadDeclaredHoldsWhatCame reads a body declared at 1 MiB whose sender
+// stops after a few kilobytes (its connection then fails): grow is asked for
+// about what came, not for the declared megabyte.
+func TestReadDeclaredHoldsWhatCame(t *testing.T) {
+	const declared = 1 << 20
+	cut := errors.New("connection reset")
+	for _, sent := range []int{1, 3000, heldbody.MaxPrealloc + 1, 3 * heldbody.MaxPrealloc} {
+		var granted int64
+		r := io.MultiReader(strings.NewReader(strings.Repeat("x", sent)), iotest.ErrReader(cut))
+		b, err := heldbody.ReadDeclared(r, declared, func(extra int64) bool { granted += extra; return true })
+		if !errors.Is(err, cut) || b != nil {
+			t.Errorf("%d bytes sent of %d: %d bytes, %v; want the reader's error", sent, declared, len(b), err)
+		}
+		if limit := max(heldbody.MaxPrealloc, 2*int64(sent)); granted > limit {
+			t.Errorf("%d bytes sent of %d: grow granted %d; want at most %d", sent, declared, granted, limit)
+		}
+	}
+	var granted int64
+	b, err := heldbody.ReadDeclared(strings.NewReader(strings.Repeat("x", declared)), declared, func(extra int64) bool {
+		if granted+extra > 3*heldbody.MaxPrealloc {
+			return false
+		}
+		granted += extra
+		return true
+	})
+	if !errors.Is(err, heldbody.ErrRefused) || b != nil || granted > 3*heldbody.MaxPrealloc {
+		t.Errorf("growth refused: %d bytes, %v, %d granted; want heldbody.ErrRefused within what was granted", len(b), err, granted)
+	}
+}
