@@ -27,9 +27,17 @@ const (
 )
 
 // admission bounds the work in flight, so that overload gets a clear 503
-// before memory or file descriptors run out: requests counted from arrival
-// to answer (a detached operation until it ends), and request body bytes
-// held. A nil semaphore is no bound.
+// before memory or file descriptors run out: requests counted from the
+// moment they are ready to be served (a protected request once its body has
+// been read, an unprotected one at arrival) to their answer (a detached
+// operation until it ends), and request body bytes held, counted as they
+// arrive. A nil semaphore is no bound.
+//
+// What a client sends slowly is not counted as a request in flight: a
+// client that dribbles its body, or stalls in it, holds a connection (their
+// number is bounded on its own, connlimit.go) and a buffer for the bytes it
+// sent (readHeld), not one of MaxInflight nor the length it declared, so a
+// few such clients cannot make everyone else's requests overloaded.
 type admission struct {
 	requests, bytes *semaphore.Weighted
 }
@@ -52,16 +60,24 @@ type ticket struct {
 	a     *admission
 	slot  bool  // holds one of MaxInflight
 	bytes int64 // of MaxInflightBytes held
-	refs  atomic.Int32
+	// reading: the body's first bytes were reserved, so it may have been
+	// read from (and 100 Continue sent, see drainRefused).
+	reading bool
+	refs    atomic.Int32
 }
 
-// admit returns the ticket of a new request, with a request slot if one is
-// free (slot reports it).
+// admit returns the ticket of a new request, holding nothing yet.
 func (a *admission) admit() *ticket {
 	t := &ticket{a: a}
 	t.refs.Store(1)
-	t.slot = a.requests == nil || a.requests.TryAcquire(1)
 	return t
+}
+
+// takeSlot takes a request slot if one is free and reports whether the
+// ticket holds one. It is called once, before the ticket is shared (hold).
+func (t *ticket) takeSlot() bool {
+	t.slot = t.a.requests == nil || t.a.requests.TryAcquire(1)
+	return t.slot
 }
 
 // reserve takes n more body bytes, false past the bound.
@@ -73,6 +89,16 @@ func (t *ticket) reserve(n int64) bool {
 		return false
 	}
 	t.bytes += n
+	return true
+}
+
+// reserveBody is reserve for the body's buffers, which heldbody asks for
+// before it reads into them.
+func (t *ticket) reserveBody(n int64) bool {
+	if !t.reserve(n) {
+		return false
+	}
+	t.reading = true
 	return true
 }
 
@@ -95,21 +121,19 @@ func (t *ticket) release() {
 var errBodyBytes = errors.New("request body bytes in flight at the bound")
 
 // readHeld reads a request body into the one slice every layer and attempt
-// then shares (heldbody), reserving its bytes on t first: a declared length
-// (already within MaxBodyBytes) at once and into one allocation, a chunked
-// body as its buffer grows.
+// then shares (heldbody), reserving its bytes on t before they are read
+// into. A declared length (already within MaxBodyBytes) up to
+// heldbody.MaxPrealloc is reserved at once and read into one allocation; a
+// longer one, and a chunked body, as the buffer grows with the bytes that
+// came: a client that declares a megabyte and stalls holds what it sent.
 func readHeld(r io.Reader, declared int64, t *ticket) ([]byte, error) {
+	var b []byte
+	var err error
 	if declared > 0 {
-		if !t.reserve(declared) {
-			return nil, errBodyBytes
-		}
-		b := make([]byte, declared)
-		if _, err := io.ReadFull(r, b); err != nil { // the server ends the body at the declared length
-			return nil, err
-		}
-		return b, nil
+		b, err = heldbody.ReadDeclared(r, declared, t.reserveBody) // the server ends the body at the declared length
+	} else {
+		b, err = heldbody.ReadAll(r, -1, 0, t.reserveBody) // reserves its first buffer too
 	}
-	b, err := heldbody.ReadAll(r, -1, 0, t.reserve) // reserves its first buffer too
 	if errors.Is(err, heldbody.ErrRefused) {
 		return nil, errBodyBytes
 	}

@@ -98,15 +98,20 @@ type Options struct {
 	Routes routes.Table
 	// MaxBodyBytes caps request bodies (413 above). Zero means 1 MiB.
 	MaxBodyBytes int64
-	// MaxInflight bounds the requests served at once, from arrival to answer
-	// (an operation whose client left, until it ends). Past it a request is
+	// MaxInflight bounds the requests served at once, from the moment a
+	// request is ready to be served (a protected one once its body has been
+	// read, an unprotected one, streamed, at arrival) to its answer (an
+	// operation whose client left, until it ends). Past it a request is
 	// answered 503 overloaded with Retry-After, nothing sent and no record
-	// written; a repeat of a stored order is still replayed. Zero: no bound.
+	// written; a repeat of a stored order is still replayed. A client still
+	// sending its body does not count. Zero: no bound.
 	MaxInflight int64
-	// MaxInflightBytes bounds the request body bytes held at once: reserved
-	// from Content-Length before the body is read, or as a chunked body
-	// arrives, and held until the operation ends. Past it: 503 overloaded,
-	// as above. It should be at least MaxBodyBytes. Zero: no bound.
+	// MaxInflightBytes bounds the request body bytes held at once, reserved
+	// as the body is read into memory: a declared length up to 64 KiB
+	// (heldbody.MaxPrealloc) before it is read, a longer one and a chunked
+	// body as the bytes arrive (the buffer doubles, never past the declared
+	// length), held until the operation ends. Past it: 503 overloaded, as
+	// above. It should be at least MaxBodyBytes. Zero: no bound.
 	MaxInflightBytes int64
 	// InflightWait bounds how long a repeat waits for the same key in flight
 	// before 409 idempotency_in_progress. Zero means 10 s.
@@ -269,8 +274,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// body at it: only a body of unknown length needs the bound.
 		r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
 	}
-	defer drainRefused(r, sum) // after the ticket is released (defers run last first)
 	t := h.adm.admit()
+	defer drainRefused(r, sum, t) // after the ticket is released (defers run last first)
 	defer t.release()
 	rule := h.rule(r)
 	switch rule.Policy {
@@ -278,7 +283,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", h.allowed(r.URL.EscapedPath()))
 		h.fail(w, sum, ErrRouteRejected)
 	case routes.Unprotected:
-		if !t.slot {
+		// Streamed: it goes upstream as its body comes, so it is in
+		// flight from arrival.
+		if !t.takeSlot() {
 			h.fail(w, sum, ErrOverloaded)
 			return
 		}
@@ -289,20 +296,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.forward(w, r, modeFor(r.Method), key, sum)
 	default:
-		// Past MaxInflight a protected request is still read: if it repeats
-		// a stored order its answer is replayed (obtain), which sends
-		// nothing upstream and costs a store read.
+		// Its request slot is taken once its body is read (serveProtected).
 		h.serveProtected(w, r, tenant, rule, sum, t)
 	}
 }
 
-// drainRefused reads and drops the body of a request refused overloaded
-// before its body was read. Closing a connection with a body still arriving
-// resets it, and most clients then report the reset instead of the 503 and
-// its Retry-After. Draining holds no memory and no bound; a client that
-// asked for 100-continue was not sent it and sends no body.
-func drainRefused(r *http.Request, sum *Summary) {
-	if sum.Outcome == OutcomeOverloaded && !strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+// drainRefused reads and drops the rest of the body of a request refused
+// overloaded before its body was read whole. Closing a connection with a
+// body still arriving resets it, and most clients then report the reset
+// instead of the 503 and its Retry-After. Draining holds no memory and no
+// bound. A client that asked for 100-continue sends no body until its first
+// read (net/http sends 100 Continue then): refused before that, it was not
+// sent it and its body is left alone; refused part way through (the byte
+// bound at a growth of the buffer, t.reading), it is sending and is drained.
+func drainRefused(r *http.Request, sum *Summary, t *ticket) {
+	if sum.Outcome == OutcomeOverloaded && (t.reading || !strings.EqualFold(r.Header.Get("Expect"), "100-continue")) {
 		io.Copy(io.Discard, r.Body) // r.Body stops at MaxBodyBytes
 	}
 }
@@ -394,6 +402,13 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		h.fail(w, sum, fmt.Errorf("%w: %w", retry.ErrRequestBody, err))
 		return
 	}
+	// The request slot is taken now that the body is here, not at arrival:
+	// a client sending its body slowly, or stalling in it, holds only the
+	// bytes it sent (readHeld), and MaxInflight counts requests ready to be
+	// served. Past MaxInflight the request is still served if it repeats a
+	// stored order: its answer is replayed (obtain), which sends nothing
+	// upstream and costs a store read.
+	t.takeSlot()
 	// The escaped path is what goes upstream: /cards/a%2Fb and /cards/a/b are
 	// two resources and must be two keys.
 	kr := idemkey.Request{Method: r.Method, Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery,
