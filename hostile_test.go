@@ -2,7 +2,8 @@ package main
 
 // End-to-end tests of what a hostile or sloppy client sends, through the real
 // binary: hop-by-hop lists naming idemproxy's own headers, trailers, odd
-// methods and dot-segments. Each asserts on what the provider received.
+// methods, dot-segments, bodies sent slowly. Each asserts on what the
+// provider received.
 
 import (
 	"bufio"
@@ -689,5 +690,45 @@ func TestHostileFragmentInTarget(t *testing.T) {
 	}
 	if seen := prov.take(); len(seen) != 0 {
 		t.Errorf("provider received %d requests, want none: %+v", len(seen), seen)
+	}
+}
+
+// TestHostileSlowBodies: clients that send their headers and a kilobyte of a
+// body declared at a megabyte, then stall, do not make the binary's other
+// clients overloaded until the server's read timeout: they hold no slot of
+// IDEMPROXY_MAX_INFLIGHT (taken once a body is read) and not the lengths they
+// declared of IDEMPROXY_MAX_INFLIGHT_BYTES (reserved as the bytes come).
+func TestHostileSlowBodies(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir(),
+		"IDEMPROXY_MAX_INFLIGHT=2", "IDEMPROXY_MAX_INFLIGHT_BYTES=2097152") // two bodies of the 1 MiB cap
+	pad := strings.Repeat("x", 1000<<10)
+	for i := range 2 {
+		body := fmt.Sprintf(`{"order_id":"stalled-%d","note":%q}`, i, pad)
+		// 100 Continue comes when the proxy first reads the body: from
+		// then on the client is stalled in it.
+		conn := sendRaw(t, p.addr, fmt.Sprintf("POST /v1/payments HTTP/1.1\nHost: x\nContent-Type: application/json\nExpect: 100-continue\nContent-Length: %d\n\n", len(body)))
+		defer conn.Close()
+		if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+			t.Fatalf("stalled client %d: %q, %v; want 100 Continue", i, line, err)
+		}
+		if _, err := io.WriteString(conn, body[:1<<10]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := http.Post("http://"+p.addr+"/v1/payments", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"order_id":"normal","note":%q}`, pad[:600<<10])))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("an order next to two stalled clients: %d %s; want the provider's 201", resp.StatusCode, b)
+	}
+	if seen := prov.take(); len(seen) != 1 || !strings.Contains(seen[0].Body, `"order_id":"normal"`) {
+		t.Errorf("the provider saw %d requests; want the order once", len(seen))
 	}
 }
