@@ -55,8 +55,9 @@ func refusedStart(t *testing.T, storeURL string, status int, want ...string) {
 }
 
 // TestStoreURLRefusedAtStart: a value that is not a usable PostgreSQL URL,
-// in its form or in one of its parameters, stops the start with status 2
-// naming the variable; a database that answers but refuses (here: no such
+// in its form or in one of its parameters (a pool smaller than the 4
+// connections a replica uses at once among them), stops the start with
+// status 2 naming the variable and the parameter; a database that answers but refuses (here: no such
 // database) stops it with status 1, naming the variable and the cause.
 // Neither shows the password.
 func TestStoreURLRefusedAtStart(t *testing.T) {
@@ -70,6 +71,11 @@ func TestStoreURLRefusedAtStart(t *testing.T) {
 		{"not postgres", "mysql://u:" + storePassword + "@127.0.0.1/x", 2, nil},
 		{"bad sslmode", "postgres://u:" + storePassword + "@127.0.0.1:1/x?sslmode=sometimes", 2, []string{"sslmode"}},
 		{"bad connect_timeout", "postgres://u:" + storePassword + "@127.0.0.1:1/x?connect_timeout=soon", 2, nil},
+		{"pool too small", "postgres://u:" + storePassword + "@127.0.0.1:1/x?pool_max_conns=3", 2, []string{"pool_max_conns=3 is below 4"}},
+		{"pool minimum above its size", "postgres://u:" + storePassword + "@127.0.0.1:1/x?pool_max_conns=8&pool_min_conns=9", 2,
+			[]string{"pool_min_conns=9", "pool_max_conns=8"}},
+		{"no pool health check", "postgres://u:" + storePassword + "@127.0.0.1:1/x?pool_health_check_period=0s", 2,
+			[]string{"pool_health_check_period"}},
 		{"database refuses", refusing, 1, []string{"no_such_db"}},
 	}
 	for _, c := range cases {

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,7 +48,9 @@ type Options struct {
 	// MaxRecordBytes bounds a stored response's body and encoded headers
 	// together; Complete fails with store.ErrTooLarge above it. 0 means 1 MiB.
 	MaxRecordBytes int64
-	// MaxConns is the connection pool's size. 0 means 32.
+	// MaxConns is the connection pool's size, unless the URL gives
+	// pool_max_conns. 0 means 32. It bounds every connection the store
+	// opens, the Throttle's included; below 4, Open fails (see minConns).
 	MaxConns int32
 	// SweepInterval is how often expired records are deleted. 0 means one
 	// minute; negative disables the sweep.
@@ -85,6 +88,11 @@ type Store struct {
 	// one statement, and so one commit, per round for both (see writeBatch).
 	writes *group[writeArgs, store.Record]
 
+	// Throttles started on the store, closed by Close before the pool
+	// (each holds a pooled connection while it listens).
+	throttlesMu sync.Mutex
+	throttles   []*Throttle
+
 	// Claims whose statements got no answer, to undo (see lostClaim).
 	lostMu   sync.Mutex
 	lost     []lostClaim
@@ -100,25 +108,10 @@ var _ store.Store = (*Store)(nil)
 // missing privileges, a newer schema) fails Open.
 func Open(ctx context.Context, opt Options) (*Store, error) {
 	opt = withDefaults(opt)
-	cfg, err := pgxpool.ParseConfig(opt.URL)
+	cfg, err := poolConfig(opt)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: connection URL: %w", redact(err))
 	}
-	cfg.MaxConns = opt.MaxConns
-	cfg.ConnConfig.ConnectTimeout = opt.CallTimeout
-	// Records are durable before a call returns, whatever the server's
-	// default; the application name lets a DBA see idemproxy's sessions.
-	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
-	cfg.ConnConfig.RuntimeParams["application_name"] = "idemproxy"
-	// A statement is planned once per connection and again after each
-	// ANALYZE of its tables, not on every run: under the default, a
-	// statement of a few keys looks cheaper planned for its own arguments
-	// and is planned anew each time, which cost more than a third of the
-	// database's CPU (docs/design/postgres-writes.md). A plan made while
-	// the table was small is replaced once it has grown (analyzeIfGrown),
-	// and the statements are written so that the plan that fits any
-	// arguments is the one wanted (inFlight, listBatch).
-	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", redact(err))
@@ -145,11 +138,94 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	return s, nil
 }
 
+// minConns is the least pool size Open takes: the connections a replica
+// uses at once by design, each for a flow that should not wait for another's
+// statement to end (every wait for a pooled connection counts against the
+// call timeout). The throttle's LISTEN connection, held for as long as it
+// listens; the batched write statement (batchInFlight, one at a time);
+// the reads and a request's other writes (Get, Renew, Park, Abandon, List);
+// and the short background statements (the throttle's heartbeat and
+// buckets, the sweep, the ANALYZE check, the undoing of lost claims), which
+// run every few seconds and share one.
+const minConns = 1 + batchInFlight + 1 + 1
+
+// poolConfig is the pool Open makes for opt. What the URL says is honoured:
+// pool_max_conns (else opt.MaxConns), pgxpool's other pool_ parameters
+// (Open sets none of them), application_name (else "idemproxy", so that a
+// DBA sees the sessions), and a connect_timeout shorter than the call
+// timeout (a longer one could not act: every call, a connect included, ends
+// at the call timeout). Two settings are idemproxy's whatever the URL says
+// (see below). A pool smaller than minConns is refused, and so are settings
+// pgxpool cannot run with (checkPool).
+func poolConfig(opt Options) (*pgxpool.Config, error) {
+	// Whether the URL gives pool_max_conns is read from the connection's
+	// parse: pgxpool's takes it out, and puts its own default in its place.
+	conn, err := pgconn.ParseConfig(opt.URL)
+	if err != nil {
+		return nil, err
+	}
+	size := opt.MaxConns
+	if v, given := conn.RuntimeParams["pool_max_conns"]; given {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil {
+			return nil, errors.New("pool_max_conns is not a whole number")
+		}
+		size = int32(n)
+	}
+	if size < minConns { // before pgxpool, whose error for 0 names nothing
+		return nil, fmt.Errorf("pool_max_conns=%d is below %d, the connections a replica uses at once "+
+			"(one listening for provider pauses, one for the batched writes, one for reads, one for the heartbeat and the sweep)",
+			size, minConns)
+	}
+	cfg, err := pgxpool.ParseConfig(opt.URL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = size
+	if t := cfg.ConnConfig.ConnectTimeout; t <= 0 || t > opt.CallTimeout {
+		cfg.ConnConfig.ConnectTimeout = opt.CallTimeout
+	}
+	params := cfg.ConnConfig.RuntimeParams
+	if params["application_name"] == "" {
+		params["application_name"] = "idemproxy"
+	}
+	// Records are durable before a call returns, whatever the server's
+	// default or the URL (an answer lost in a database crash means the
+	// app's retry pays twice).
+	params["synchronous_commit"] = "on"
+	// A statement is planned once per connection and again after each
+	// ANALYZE of its tables, not on every run: under the default, a
+	// statement of a few keys looks cheaper planned for its own arguments
+	// and is planned anew each time, which cost more than a third of the
+	// database's CPU (docs/design/postgres-writes.md). A plan made while
+	// the table was small is replaced once it has grown (analyzeIfGrown),
+	// and the statements are written so that the plan that fits any
+	// arguments is the one wanted (inFlight, listBatch).
+	params["plan_cache_mode"] = "force_generic_plan"
+	return cfg, checkPool(cfg)
+}
+
+// checkPool refuses the pool settings idemproxy cannot work with. Its
+// errors name the parameter and never hold the URL.
+func checkPool(cfg *pgxpool.Config) error {
+	switch {
+	case cfg.MinConns > cfg.MaxConns:
+		return fmt.Errorf("pool_min_conns=%d is above the pool's size, pool_max_conns=%d", cfg.MinConns, cfg.MaxConns)
+	case cfg.MinIdleConns > cfg.MaxConns:
+		return fmt.Errorf("pool_min_idle_conns=%d is above the pool's size, pool_max_conns=%d", cfg.MinIdleConns, cfg.MaxConns)
+	case cfg.HealthCheckPeriod <= 0:
+		// pgxpool's health check would panic on its ticker.
+		return fmt.Errorf("pool_health_check_period=%v is not positive", cfg.HealthCheckPeriod)
+	}
+	return nil
+}
+
 // CheckURL reports whether Open would take url as a connection URL: its
-// form and its parameters (sslmode, connect_timeout, pool_max_conns…). It
-// connects to nothing. The error never holds the URL's password.
+// form and its parameters (sslmode, connect_timeout, pool_max_conns…), and
+// the pool they make (checkPool). It connects to nothing. The error never
+// holds the URL's password.
 func CheckURL(raw string) error {
-	_, err := pgxpool.ParseConfig(raw)
+	_, err := poolConfig(withDefaults(Options{URL: raw}))
 	if err == nil {
 		return nil
 	}
@@ -306,6 +382,12 @@ func redact(err error) error {
 // with store.ErrClosed.
 func (s *Store) Close() error {
 	s.once.Do(func() {
+		s.throttlesMu.Lock()
+		throttles := s.throttles
+		s.throttlesMu.Unlock()
+		for _, t := range throttles {
+			t.Close()
+		}
 		s.closed.Store(true)
 		close(s.stop)
 		s.loops.Wait()

@@ -56,8 +56,9 @@ type ThrottleOptions struct {
 //
 // Unlogged tables are not written to the WAL, so these writes do not wait
 // for a disk flush; a database crash empties them, which at worst ends a
-// pause early and forgets the bucket's recent use. Close stops its loops; it
-// must be called before the Store's Close.
+// pause early and forgets the bucket's recent use. Close stops its loops and
+// hands the LISTEN connection back; the Store's Close calls it for a
+// Throttle still open, since the pool cannot close while it is held.
 type Throttle struct {
 	s       *Store
 	healthy atomic.Bool // the last heartbeat succeeded
@@ -71,7 +72,7 @@ type Throttle struct {
 var _ ratelimit.Shared = (*Throttle)(nil)
 
 // Throttle starts the provider-wide throttle for opt.Name on this store: a
-// heartbeat loop and a LISTEN connection of its own.
+// heartbeat loop and a LISTEN connection, taken from the store's pool.
 func (s *Store) Throttle(opt ThrottleOptions) *Throttle {
 	if opt.Heartbeat <= 0 {
 		opt.Heartbeat = 2 * time.Second
@@ -81,6 +82,9 @@ func (s *Store) Throttle(opt ThrottleOptions) *Throttle {
 	}
 	t := &Throttle{s: s, opt: opt}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	s.throttlesMu.Lock()
+	s.throttles = append(s.throttles, t)
+	s.throttlesMu.Unlock()
 	t.loops.Go(t.heartbeatLoop)
 	t.loops.Go(t.listenLoop)
 	return t
@@ -241,29 +245,32 @@ type notice struct {
 	Us   int64  `json:"us"` // what was left of the pause when it was set
 }
 
-// listen connects, listens and passes pauses on until the connection fails
-// or Close; connected says whether it got as far as listening.
+// listen takes a connection from the store's pool, listens on it and passes
+// pauses on until the connection fails or Close; connected says whether it
+// got as far as listening. The connection is the pool's, held while it
+// listens, so that pool_max_conns bounds every connection a replica opens
+// (see minConns); it is closed at the end, never handed back listening.
 func (t *Throttle) listen() (connected bool, err error) {
 	cctx, cancel := context.WithTimeout(t.ctx, t.s.opt.CallTimeout)
-	conn, err := pgx.ConnectConfig(cctx, t.s.pool.Config().ConnConfig.Copy())
+	pooled, err := t.s.pool.Acquire(cctx)
 	if err == nil {
-		// A pause set while this connection was not listening is read
-		// first; one set between the read and LISTEN is found by the
-		// next heartbeat.
-		t.catchUp(cctx, conn)
-		_, err = conn.Exec(cctx, "LISTEN "+throttleChannel)
-	}
-	cancel()
-	if conn != nil {
 		defer func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			conn.Close(ctx)
+			pooled.Conn().Close(ctx)
+			pooled.Release() // closed: the pool drops it
 		}()
+		// A pause set while this connection was not listening is read
+		// first; one set between the read and LISTEN is found by the
+		// next heartbeat.
+		t.catchUp(cctx, pooled.Conn())
+		_, err = pooled.Exec(cctx, "LISTEN "+throttleChannel)
 	}
+	cancel()
 	if err != nil {
 		return false, err
 	}
+	conn := pooled.Conn()
 	for {
 		n, err := conn.WaitForNotification(t.ctx)
 		if err != nil {
