@@ -267,6 +267,17 @@ func writeClassified(w http.ResponseWriter, err error, a apiError, key string) {
 	if a.Attempts > 0 {
 		h.Set(AttemptsHeader, strconv.Itoa(a.Attempts))
 	}
+	// The in-progress answer says 1 on purpose, whatever is known of the
+	// operation in flight. Its answer can come at any moment, and a repeat
+	// that arrives meanwhile is not refused: it waits (up to InflightWait)
+	// and is replayed as soon as the answer is stored, so the sooner the
+	// app is back, the sooner it has its answer. A known lease end (another
+	// replica's record) is not when the operation ends: a live owner renews
+	// its lease every third of it, so a Retry-After counted to it would hold
+	// the app back past an answer already stored. Only a dead owner's lease
+	// end matters, and a repeat arriving before it waits for it too and
+	// takes the key over the moment it comes within its wait (README, The
+	// "busy" answer).
 	if a.Outcome == OutcomeInProgress || a.Status == http.StatusServiceUnavailable {
 		h.Set("Retry-After", "1")
 	}
