@@ -37,7 +37,7 @@ type config struct {
 	ListenAddr       string        `env:"LISTEN_ADDR" envDefault:":8080" doc:"where legacy apps connect"`
 	AdminAddr        string        `env:"ADMIN_ADDR" envDefault:":9090" doc:"health, readiness, metrics; must differ from LISTEN_ADDR"`
 	DataDir          string        `env:"DATA_DIR" envDefault:"./data" doc:"Badger directory (/data in the container); unused with STORE_URL"`
-	StoreURL         string        `env:"STORE_URL" doc:"postgres:// or postgresql:// URL of a database that replicas share; empty = the embedded Badger store in DATA_DIR, one process (secret)"`
+	StoreURL         string        `env:"STORE_URL" doc:"postgres:// or postgresql:// URL of a database that replicas share (its pool_max_conns, default 32 and at least 4, bounds each replica's connections); empty = the embedded Badger store in DATA_DIR, one process (secret)"`
 	StoreURLFile     string        `env:"STORE_URL_FILE,file" doc:"path of a file holding STORE_URL"`
 	StoreLease       time.Duration `env:"STORE_LEASE" envDefault:"20s" doc:"with STORE_URL: how long a replica owns a key it is running, renewed every third of it; a dead replica's keys are resumed by another after it"`
 	RecordTTL        time.Duration `env:"RECORD_TTL" envDefault:"72h" doc:"how long final responses are kept; must exceed RETRY_BUDGET + ATTEMPT_TIMEOUT + 10s (records in flight or whose outcome is unknown never expire)"`
