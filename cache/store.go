@@ -176,8 +176,9 @@ type Store struct {
 }
 
 // Open opens (or creates) the store. It fails with ErrLocked when another
-// process or Store has the directory, and with a plain error when Badger
-// cannot read it (a corrupt MANIFEST, say); it never panics on a bad
+// process or Store has the directory, and with a plain error when it is
+// damaged (a corrupt MANIFEST, a table whose index or one of whose data
+// blocks does not match its checksum: checkTables); it never panics on a bad
 // directory.
 func Open(opts Options) (*Store, error) {
 	opts = withDefaults(opts)
@@ -329,6 +330,11 @@ func badgerOptions(opts Options) badger.Options {
 		// (1e6 records): 640 MiB anonymous peak with Snappy, 270 MiB without.
 		// Bigger tables cost disk and reclaimable page cache instead.
 		WithCompression(options.None).
+		// Block checksums are checked at start instead (checkTables): with
+		// OnBlockRead Badger takes a failed block for the end of its table, in
+		// lookups ("not found") and in compactions (the rest of the table
+		// dropped for good).
+		WithChecksumVerificationMode(options.NoVerification).
 		WithMetricsEnabled(false).
 		WithLogger(badgerLogger{opts.Logger})
 }
