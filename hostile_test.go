@@ -11,9 +11,11 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -730,5 +732,72 @@ func TestHostileSlowBodies(t *testing.T) {
 	}
 	if seen := prov.take(); len(seen) != 1 || !strings.Contains(seen[0].Body, `"order_id":"normal"`) {
 		t.Errorf("the provider saw %d requests; want the order once", len(seen))
+	}
+}
+
+// goOrderProvider executes each Idempotency-Key once and reads order_id as a
+// Go provider does (encoding/json into a struct, whose member keys match in
+// any letter case, the last one winning; r.FormValue for forms), counting
+// executions per order.
+type goOrderProvider struct {
+	mu     sync.Mutex
+	keys   map[string]bool
+	orders map[string]int
+}
+
+func (p *goOrderProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	var in struct {
+		OrderID string `json:"order_id"`
+	}
+	if err := json.Unmarshal(b, &in); err != nil {
+		r.Body = io.NopCloser(strings.NewReader(string(b)))
+		in.OrderID = r.FormValue("order_id")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if key := r.Header.Get("Idempotency-Key"); !p.keys[key] {
+		p.keys[key] = true
+		p.orders[in.OrderID]++
+	}
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order_id":%q}`, in.OrderID)
+}
+
+// A body naming the order twice, once in another letter case, gives no key:
+// a Go provider (and ASP.NET, Json.NET) reads the last of
+// {"order_id":"c1","ORDER_ID":"c2"}, order c2, where idemproxy read c1. It was
+// sent with c1's key, and the app's own request for c2 then went with c2's:
+// order c2 executed twice, and c1 could no longer be placed (409
+// idempotency_conflict with the first). Now it is 422 with nothing sent, as
+// for a member repeated as written; a form field repeated in another letter
+// case (ASP.NET reads form fields without regard to case) is the same.
+func TestHostileKeyFieldInAnotherCase(t *testing.T) {
+	prov := &goOrderProvider{keys: map[string]bool{}, orders: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_KEY_SOURCES=json:order_id,form:order_id")...)
+	post := func(ctype, body string) reply {
+		return rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nContent-Type: %s\nContent-Length: %d\n\n%s", ctype, len(body), body))
+	}
+	for _, c := range []struct{ ctype, body string }{
+		{"application/json", `{"order_id":"c1","ORDER_ID":"c2","amount":5}`},
+		{"application/json", `{"Order_Id":"c2","order_id":"c1","amount":5}`},
+		{"application/x-www-form-urlencoded", "order_id=c1&Order_ID=c2&amount=5"},
+	} {
+		if got := post(c.ctype, c.body); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+			t.Errorf("%s: %d %s, want 422 idempotency_key_missing", c.body, got.status, got.body)
+		}
+	}
+	for _, order := range []string{"c1", "c2"} {
+		body := fmt.Sprintf(`{"order_id":%q,"amount":5}`, order)
+		if got := post("application/json", body); got.status != http.StatusCreated {
+			t.Errorf("%s: %d %s, want 201", body, got.status, got.body)
+		}
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if want := map[string]int{"c1": 1, "c2": 1}; !maps.Equal(prov.orders, want) {
+		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
 	}
 }

@@ -1,6 +1,7 @@
 package idemkey
 
 import (
+	"bytes"
 	"slices"
 	"strings"
 )
@@ -15,22 +16,27 @@ type text interface{ ~string | ~[]byte }
 // A field given more than once counts as absent unless every value is the
 // same: applications differ on which one they read (Go's and Java's the
 // first, PHP's the last), so a key derived from one would be another order's
-// for a provider that reads the other.
+// for a provider that reads the other. A field whose name differs only in
+// letter case is the same field to ASP.NET, so it is such a repeat too; a
+// field present only in another letter case counts as absent.
 func formValue[T text](buf []byte, s T, name string) ([]byte, bool) {
 	n := -1 // the length of the first value, kept at buf[:n]; -1 before one
+	exact := false
 	for len(s) > 0 {
 		var pair T
 		pair, s = cutByte(s, '&')
 		k, v := cutByte(pair, '=')
 		base := max(n, 0)
 		key, ok := unescapeForm(buf[:base], k)
-		if !ok || string(key[base:]) != name {
+		if !ok || !bytes.EqualFold(key[base:], []byte(name)) {
 			continue
 		}
+		isName := string(key[base:]) == name
 		val, ok := unescapeForm(key[:base], v)
 		if !ok {
 			continue
 		}
+		exact = exact || isName
 		if n < 0 {
 			buf, n = val, len(val)
 			continue
@@ -40,7 +46,7 @@ func formValue[T text](buf []byte, s T, name string) ([]byte, bool) {
 		}
 		buf = val
 	}
-	if n < 0 {
+	if n < 0 || !exact {
 		return buf[:0], false
 	}
 	return buf[:n], n > 0

@@ -538,12 +538,15 @@ func appendRune(dst []byte, r rune, canon bool) []byte {
 // valid JSON document whose top-level value is an object. Strings give their
 // decoded value, numbers their literal text; an empty string, null, a bool,
 // an object, an array, a missing member or invalid JSON give ok=false. A key
-// of the path that repeats in its object ({"order_id":"a","order_id":"b"})
-// gives ok=false unless every member gives the same value: parsers differ on
-// which member wins (encoding/json and JavaScript take the last, others the
-// first or refuse), so idemproxy cannot know which order the provider reads,
-// and a key derived from one would be another order's key for a provider
-// that reads the other. val is valid until the parser is reused.
+// of the path that repeats in its object ({"order_id":"a","order_id":"b"}),
+// also in another letter case ({"order_id":"a","Order_ID":"b"}), gives
+// ok=false unless every member gives the same value: parsers differ on which
+// member wins (encoding/json and JavaScript take the last, others the first
+// or refuse; encoding/json, ASP.NET and Json.NET match keys without regard to
+// case), so idemproxy cannot know which order the provider reads, and a key
+// derived from one would be another order's key for a provider that reads
+// the other. A key present only in another letter case counts as absent.
+// val is valid until the parser is reused.
 func (p *jsonParser) lookup(data []byte, path string) (val []byte, ok bool) {
 	p.reset(data, false)
 	p.skipWS()
@@ -572,9 +575,10 @@ func (p *jsonParser) lookupObject(path string, depth int) (found bool, err error
 		p.pos++
 		return false, nil
 	}
-	// prev is where the last member with key seg started, -1 before one;
-	// ambiguous is set when two such members give different values.
-	prev, ambiguous := -1, false
+	// prev is where the last member with key seg, in any letter case,
+	// started, -1 before one; ambiguous is set when two such members give
+	// different values; exact when one has key seg as written.
+	prev, ambiguous, exact := -1, false, false
 	for {
 		if p.peek() != '"' {
 			return false, p.fail("want an object key")
@@ -586,7 +590,12 @@ func (p *jsonParser) lookupObject(path string, depth int) (found bool, err error
 		if err := p.colon(); err != nil {
 			return false, err
 		}
-		if string(p.key) == seg {
+		// encoding/json (and ASP.NET's and Json.NET's defaults) match a
+		// member whose key differs in letter case too, the last one winning:
+		// {"order_id":"a","ORDER_ID":"b"} is order b to a Go provider and
+		// order a to others, a repeat like any other.
+		if bytes.EqualFold(p.key, []byte(seg)) {
+			exact = exact || string(p.key) == seg
 			start := p.pos
 			found, err = p.lookupMember(rest, nested, depth)
 			if err == nil && prev >= 0 && !ambiguous {
@@ -606,7 +615,7 @@ func (p *jsonParser) lookupObject(path string, depth int) (found bool, err error
 			p.skipWS()
 		case '}':
 			p.pos++
-			return found && !ambiguous, nil
+			return found && exact && !ambiguous, nil
 		default:
 			return false, p.fail("want ',' or '}' after an object member")
 		}
