@@ -737,8 +737,10 @@ func TestHostileSlowBodies(t *testing.T) {
 
 // goOrderProvider executes each Idempotency-Key once and reads order_id as a
 // Go provider does (encoding/json into a struct, whose member keys match in
-// any letter case, the last one winning; r.FormValue for forms), counting
-// executions per order.
+// any letter case, the last one winning; r.FormValue for forms), or, for a
+// body with neither, from X-Order-Id as PHP reads HTTP_X_ORDER_ID behind a
+// server that passes underscored names (X_Order_Id, sent last here, wins),
+// counting executions per order.
 type goOrderProvider struct {
 	mu     sync.Mutex
 	keys   map[string]bool
@@ -753,6 +755,12 @@ func (p *goOrderProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := json.Unmarshal(b, &in); err != nil {
 		r.Body = io.NopCloser(strings.NewReader(string(b)))
 		in.OrderID = r.FormValue("order_id")
+	}
+	if in.OrderID == "" {
+		in.OrderID = r.Header.Get("X-Order-Id")
+		if v := r.Header.Values("X_order_id"); len(v) > 0 {
+			in.OrderID = v[len(v)-1]
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -771,22 +779,28 @@ func (p *goOrderProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // order c2 executed twice, and c1 could no longer be placed (409
 // idempotency_conflict with the first). Now it is 422 with nothing sent, as
 // for a member repeated as written; a form field repeated in another letter
-// case (ASP.NET reads form fields without regard to case) is the same.
-func TestHostileKeyFieldInAnotherCase(t *testing.T) {
+// case (ASP.NET reads form fields without regard to case) is the same, and so
+// is a header source repeated with underscores for dashes.
+func TestHostileKeySourceInAnotherSpelling(t *testing.T) {
 	prov := &goOrderProvider{keys: map[string]bool{}, orders: map[string]int{}}
 	up := httptest.NewServer(prov)
 	defer up.Close()
-	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_KEY_SOURCES=json:order_id,form:order_id")...)
-	post := func(ctype, body string) reply {
-		return rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nContent-Type: %s\nContent-Length: %d\n\n%s", ctype, len(body), body))
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_KEY_SOURCES=json:order_id,form:order_id,header:X-Order-Id")...)
+	post := func(ctype, body string, hdr ...string) reply {
+		return rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nContent-Type: %s\n%sContent-Length: %d\n\n%s",
+			ctype, strings.Join(hdr, ""), len(body), body))
 	}
-	for _, c := range []struct{ ctype, body string }{
-		{"application/json", `{"order_id":"c1","ORDER_ID":"c2","amount":5}`},
-		{"application/json", `{"Order_Id":"c2","order_id":"c1","amount":5}`},
-		{"application/x-www-form-urlencoded", "order_id=c1&Order_ID=c2&amount=5"},
+	for _, c := range []struct {
+		ctype, body string
+		hdr         []string
+	}{
+		{"application/json", `{"order_id":"c1","ORDER_ID":"c2","amount":5}`, nil},
+		{"application/json", `{"Order_Id":"c2","order_id":"c1","amount":5}`, nil},
+		{"application/x-www-form-urlencoded", "order_id=c1&Order_ID=c2&amount=5", nil},
+		{"application/json", `{"amount":5}`, []string{"X-Order-Id: h1\n", "X_Order_Id: h2\n"}},
 	} {
-		if got := post(c.ctype, c.body); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
-			t.Errorf("%s: %d %s, want 422 idempotency_key_missing", c.body, got.status, got.body)
+		if got := post(c.ctype, c.body, c.hdr...); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+			t.Errorf("%s %q: %d %s, want 422 idempotency_key_missing", c.body, c.hdr, got.status, got.body)
 		}
 	}
 	for _, order := range []string{"c1", "c2"} {
@@ -795,9 +809,14 @@ func TestHostileKeyFieldInAnotherCase(t *testing.T) {
 			t.Errorf("%s: %d %s, want 201", body, got.status, got.body)
 		}
 	}
+	for _, order := range []string{"h1", "h2"} {
+		if got := post("application/json", `{"amount":5}`, "X-Order-Id: "+order+"\n"); got.status != http.StatusCreated {
+			t.Errorf("X-Order-Id %s: %d %s, want 201", order, got.status, got.body)
+		}
+	}
 	prov.mu.Lock()
 	defer prov.mu.Unlock()
-	if want := map[string]int{"c1": 1, "c2": 1}; !maps.Equal(prov.orders, want) {
+	if want := map[string]int{"c1": 1, "c2": 1, "h1": 1, "h2": 1}; !maps.Equal(prov.orders, want) {
 		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/google/uuid"
 )
@@ -53,12 +54,14 @@ var namespace = uuid.MustParse("37a209bb-1b51-5f69-bf68-a0460f24db7b")
 //     The number 12345 and the string "12345" give the same key, because
 //     legacy apps are inconsistent about quoting order ids and a retry that
 //     quotes differently must not become a second charge. A key of the
-//     path repeated with different values ({"order_id":"a","order_id":"b"})
-//     has no value: parsers differ on which member wins. Invalid JSON has
+//     path repeated with different values ({"order_id":"a","order_id":"b"},
+//     also in another letter case) has no value: parsers differ on which
+//     member wins. Invalid JSON has
 //     no values (it is still forwarded; the provider decides).
 //   - Form: the value of the field in an application/x-www-form-urlencoded
 //     body, or in a body without Content-Type that does not start with '{'.
-//   - Header: r.Header.Get(Name).
+//   - Header: r.Header.Get(Name); the same name spelt with underscores for
+//     dashes (X_Order_Id) with another value is a repeat.
 //   - Query: the value of the query parameter.
 //     A form field, query parameter or header given twice with different
 //     values has no value, as a repeated JSON member.
@@ -108,7 +111,8 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 		return st.val, ok
 	case Header:
 		vs := r.Header.Values(s.Name)
-		if len(vs) == 0 || slices.ContainsFunc(vs[1:], func(v string) bool { return v != vs[0] }) {
+		if len(vs) == 0 || slices.ContainsFunc(vs[1:], func(v string) bool { return v != vs[0] }) ||
+			underscoredDiffers(r.Header, s.Name, vs[0]) {
 			return nil, false // absent, or repeated with other values (see Form)
 		}
 		st.val = append(st.val[:0], vs[0]...)
@@ -154,4 +158,50 @@ func nameUUID(b []byte) string {
 	u[6] = u[6]&0x0f | 0x50 // version 5
 	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
 	return u.String()
+}
+
+// underscoredDiffers says whether h has name spelt with underscores for
+// dashes (X_Order_Id for X-Order-Id) with a value other than val. Servers
+// that turn header names into CGI-style variables (HTTP_X_ORDER_ID: PHP and
+// CGI behind a server that passes such names on) read both spellings as one
+// header, so such a pair is a repeat with another value, whichever one the
+// provider reads.
+func underscoredDiffers(h http.Header, name, val string) bool {
+	for k, vs := range h {
+		if strings.IndexByte(k, '_') < 0 || !sameCGIName(k, name) {
+			continue
+		}
+		if slices.ContainsFunc(vs, func(v string) bool { return v != val }) {
+			return true
+		}
+	}
+	return false
+}
+
+// sameCGIName says whether header names a and b are one CGI variable: equal
+// but for letter case and '_' for '-'.
+func sameCGIName(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == '_' {
+			x = '-'
+		}
+		if y == '_' {
+			y = '-'
+		}
+		if x != y && lower(x) != lower(y) {
+			return false
+		}
+	}
+	return true
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
 }

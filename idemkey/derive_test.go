@@ -80,6 +80,7 @@ func TestDerive(t *testing.T) {
 		{"form without content type", "form:order_id", Request{Method: "POST", Path: "/p", Body: []byte("order_id=7")}, Source{Form, "order_id"}, "7"},
 		{"header", "header:x-order-id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1"}}}, Source{Header, "X-Order-Id"}, "H-1"},
 		{"header repeated with one value", "header:x-order-id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1", "H-1"}}}, Source{Header, "X-Order-Id"}, "H-1"},
+		{"header repeated with underscores, same value", "header:x-order-id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1"}, "X_order_id": {"H-1"}, "X_order": {"H-2"}}}, Source{Header, "X-Order-Id"}, "H-1"},
 		{"query", "query:order", Request{Method: "POST", Path: "/p", RawQuery: "a=1&order=Q%201"}, Source{Query, "order"}, "Q 1"},
 		{"query repeated with one value", "query:order", Request{Method: "POST", Path: "/p", RawQuery: "order=Q+1&a=1&order=Q%201"}, Source{Query, "order"}, "Q 1"},
 		{"first present wins", "json:order_id,form:order_id,header:X-Id,query:id",
@@ -145,6 +146,11 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"parent only in another case", "json:payment.id", postJSON(`{"Payment":{"id":"x"}}`)},
 		{"form field repeated in another case", "form:order_id", form("order_id=F-1&ORDER_ID=F-2")},
 		{"form field only in another case", "form:order_id", form("Order_Id=F-1")},
+		// PHP behind a server passing underscored names reads both as
+		// HTTP_X_ORDER_ID: which one wins is the server's.
+		{"header repeated with underscores, another value", "header:X-Order-Id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1"}, "X_order_id": {"H-2"}}}},
+		{"header repeated with underscores, another value among", "header:X-Order-Id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1"}, "X_Order-Id": {"H-1", "H-2"}}}},
+		{"header only with underscores", "header:X-Order-Id", Request{Method: "POST", Path: "/p", Header: http.Header{"X_order_id": {"H-1"}}}},
 		{"query repeated in another case", "query:order", Request{Method: "POST", Path: "/p", RawQuery: "order=1&Order=2"}},
 		{"top-level array", "json:order_id", postJSON(`[{"order_id":"A"}]`)},
 		{"trailing garbage", "json:order_id", postJSON(`{"order_id":"A"} x`)},
