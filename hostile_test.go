@@ -799,8 +799,10 @@ func TestHostileKeySourceInAnotherSpelling(t *testing.T) {
 		{"application/x-www-form-urlencoded", "order_id=c1&Order_ID=c2&amount=5", nil},
 		{"application/json", `{"amount":5}`, []string{"X-Order-Id: h1\n", "X_Order_Id: h2\n"}},
 	} {
-		if got := post(c.ctype, c.body, c.hdr...); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
-			t.Errorf("%s %q: %d %s, want 422 idempotency_key_missing", c.body, c.hdr, got.status, got.body)
+		// The message says why a source that is there gave no key.
+		if got := post(c.ctype, c.body, c.hdr...); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) ||
+			!strings.Contains(got.body, "given twice with different values") {
+			t.Errorf("%s %q: %d %s, want 422 idempotency_key_missing saying a source was given twice", c.body, c.hdr, got.status, got.body)
 		}
 	}
 	for _, order := range []string{"c1", "c2"} {
