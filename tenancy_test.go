@@ -320,3 +320,25 @@ func TestBinaryAdminCallsNameAClient(t *testing.T) {
 		}
 	}
 }
+
+// TestBinaryClientTokensSpacedList: a token list written with white space
+// around '=' and ',' ("app-a = token , app-b = token", as lists are written
+// by hand) authenticates both apps. The tokens were kept with their spaces,
+// which no header carries (HTTP drops them around a value): the start
+// accepted the list and every request of those apps got 401 for ever.
+func TestBinaryClientTokensSpacedList(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir(),
+		"IDEMPROXY_CLIENT_TOKENS=app-a = "+tokenA+" , app-b =\t"+tokenB, "IDEMPROXY_KEY_SECRET="+keySecret)
+	for _, token := range []string{tokenA, tokenB} {
+		got := send(t, http.MethodPost, "http://"+p.addr+"/v1/payments", `{"order_id":"sp-1"}`, "Idemproxy-Client-Token", token)
+		if got.status != http.StatusCreated {
+			t.Errorf("token %s...: %d %s, want 201", token[:12], got.status, got.body)
+		}
+	}
+	if seen := prov.take(); len(seen) != 2 {
+		t.Errorf("provider saw %d requests, want 2", len(seen))
+	}
+}

@@ -818,6 +818,9 @@ func TestParseClientTokens(t *testing.T) {
 		{"a=short", "shorter than 16"},
 		{"a=0123456789abcdef,b=0123456789abcdef", "another client"},
 		{"=0123456789abcdef", "entry 1"},
+		{"a= 0123456789abcde ", "shorter than 16"},
+		{"a=0123456789abcdef, b = 0123456789abcdef", "another client"},
+		{"a=0123456789\x01abcdef", "control character"},
 	} {
 		_, err := proxy.ParseClientTokens("", c.list)
 		if (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
@@ -825,6 +828,24 @@ func TestParseClientTokens(t *testing.T) {
 		}
 		if err != nil && strings.Contains(err.Error(), "0123456789abcdef") {
 			t.Errorf("error %q shows a token", err)
+		}
+	}
+}
+
+// A token written with white space around it ("a = token", natural in a
+// list) is the token without it: HTTP drops white space around a header
+// value, so the client could never authenticate and got 401 for ever, from a
+// configuration the start accepted.
+func TestClientTokensAroundEquals(t *testing.T) {
+	clients, err := proxy.ParseClientTokens("", "a = 0123456789abcdef , b=\tfedcba9876543210\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for token, want := range map[string]string{"0123456789abcdef": "a", "fedcba9876543210": "b"} {
+		r := httptest.NewRequest("POST", "/v1/payout", nil)
+		r.Header.Set(proxy.DefaultClientHeader, token)
+		if got, err := clients.Tenant(r); err != nil || got != want {
+			t.Errorf("token of %s: Tenant = %q, %v; want %q", want, got, err, want)
 		}
 	}
 }

@@ -21,8 +21,9 @@ type ClientTokens struct {
 const DefaultClientHeader = "Idemproxy-Client-Token"
 
 // ParseClientTokens parses IDEMPROXY_CLIENT_TOKENS, a comma list of
-// client=token. An empty list means authentication is off (nil, nil). Errors
-// name the entry by position, never the token.
+// client=token; white space around a name or a token is not part of it. An
+// empty list means authentication is off (nil, nil). Errors name the entry by
+// position, never the token.
 func ParseClientTokens(header, list string) (*ClientTokens, error) {
 	if strings.TrimSpace(list) == "" {
 		return nil, nil
@@ -33,12 +34,17 @@ func ParseClientTokens(header, list string) (*ClientTokens, error) {
 	c := &ClientTokens{header: textproto.CanonicalMIMEHeaderKey(header), byToken: map[[32]byte]string{}}
 	for i, entry := range strings.Split(list, ",") {
 		name, token, ok := strings.Cut(strings.TrimSpace(entry), "=")
-		name = strings.TrimSpace(name)
+		// White space around the token, as around the name ("a = token"),
+		// is not part of it: HTTP drops it from every header value (RFC 9110
+		// §5.5), so a token kept with it would match no request.
+		name, token = strings.TrimSpace(name), strings.TrimSpace(token)
 		switch {
 		case !ok || name == "" || token == "":
 			return nil, fmt.Errorf("entry %d: want client=token", i+1)
 		case len(token) < 16:
 			return nil, fmt.Errorf("entry %d (%s): token shorter than 16 characters", i+1, name)
+		case strings.ContainsFunc(token, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }):
+			return nil, fmt.Errorf("entry %d (%s): token holds a control character, which no header carries", i+1, name)
 		}
 		sum := sha256.Sum256([]byte(token))
 		if _, dup := c.byToken[sum]; dup {
