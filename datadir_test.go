@@ -53,19 +53,7 @@ func TestBinaryRefusesDamagedManifest(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "data")
 			env := baseEnv(up.URL, dir)
-			p := launch(t, launchSpec{env: env})
-			var all []acked
-			for i := range 100 {
-				a, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("%s-%d", c.name, i))
-				if !ok {
-					t.Fatalf("order %d refused:\n%s", i, p.text())
-				}
-				a.hits = prov.hitsOf(a.key)
-				all = append(all, a)
-			}
-			if err := p.terminate(t); err != nil { // Close flushes the records into a table
-				t.Fatalf("exit: %v\n%s", err, p.text())
-			}
+			all := storeAndStop(t, env, prov, c.name)
 			tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
 			if len(tables) == 0 {
 				t.Fatal("no table file after a clean shutdown; the test would prove nothing")
@@ -91,7 +79,7 @@ func TestBinaryRefusesDamagedManifest(t *testing.T) {
 			if err := os.WriteFile(manifest, whole, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			p = launch(t, launchSpec{env: env})
+			p := launch(t, launchSpec{env: env})
 			verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
 		})
 	}
@@ -109,19 +97,7 @@ func TestBinaryRefusesDamagedDataBlock(t *testing.T) {
 	defer up.Close()
 	dir := filepath.Join(t.TempDir(), "data")
 	env := baseEnv(up.URL, dir)
-	p := launch(t, launchSpec{env: env})
-	var all []acked
-	for i := range 100 {
-		a, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("block-%d", i))
-		if !ok {
-			t.Fatalf("order %d refused:\n%s", i, p.text())
-		}
-		a.hits = prov.hitsOf(a.key)
-		all = append(all, a)
-	}
-	if err := p.terminate(t); err != nil { // Close flushes the records into a table
-		t.Fatalf("exit: %v\n%s", err, p.text())
-	}
+	all := storeAndStop(t, env, prov, "block")
 	tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
 	if len(tables) != 1 {
 		t.Fatalf("tables after a clean shutdown: %v, want one", tables)
@@ -159,7 +135,7 @@ func TestBinaryRefusesDamagedDataBlock(t *testing.T) {
 	if err := os.WriteFile(path, whole, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p = launch(t, launchSpec{env: env})
+	p := launch(t, launchSpec{env: env})
 	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
 }
 
@@ -318,4 +294,25 @@ func TestBinaryDataDirFilesOfAnotherUser(t *testing.T) {
 		!strings.Contains(string(out), "released in-flight records") {
 		t.Errorf("after chown -R, the store did not open as uid %d:\n%s", uid, out)
 	}
+}
+
+// storeAndStop starts the binary with env, stores 100 orders named
+// prefix-0 to prefix-99 and stops it cleanly (SIGTERM: Close flushes the
+// records into a table), returning what was acknowledged.
+func storeAndStop(t *testing.T, env []string, prov *crashProvider, prefix string) []acked {
+	t.Helper()
+	p := launch(t, launchSpec{env: env})
+	var all []acked
+	for i := range 100 {
+		a, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("%s-%d", prefix, i))
+		if !ok {
+			t.Fatalf("order %d refused:\n%s", i, p.text())
+		}
+		a.hits = prov.hitsOf(a.key)
+		all = append(all, a)
+	}
+	if err := p.terminate(t); err != nil {
+		t.Fatalf("exit: %v\n%s", err, p.text())
+	}
+	return all
 }
