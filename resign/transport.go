@@ -558,7 +558,6 @@ func describeSettings(signing bool, tmpl *Template, enc, sig, ts, nonce string, 
 		secret, tmplText, enc, sig, ts, nonce, names)
 }
 
-// String describes the Config without its secret or static header values.
 // Headers names the headers the signing layer sets on every attempt: the
 // signature's and the timestamp's (their defaults when unset), the nonce's
 // when set, and the static ones.
@@ -573,6 +572,14 @@ func (c Config) Headers() []string {
 	return names
 }
 
+// SignsBody says whether the signature covers the request body ({body} or
+// {body_sha256} in the template, as in DefaultCanonical): the signing layer
+// then reads a request's whole body before it sends anything.
+func (c Config) SignsBody() bool {
+	return len(c.Secret) > 0 && (c.Template == nil || c.Template.needsBody())
+}
+
+// String describes the Config without its secret or static header values.
 func (c Config) String() string {
 	return "resign.Config{" + describeSettings(len(c.Secret) > 0, c.Template, c.Encoding,
 		c.SignatureHeader, c.TimestampHeader, c.NonceHeader, c.StaticHeaders) + "}"

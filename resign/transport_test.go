@@ -650,3 +650,56 @@ func BenchmarkSign(b *testing.B) {
 		})
 	}
 }
+
+// countingBody counts the bytes read from it.
+type countingBody struct {
+	io.Reader
+	n int
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.Reader.Read(p)
+	b.n += n
+	return n, err
+}
+
+func (*countingBody) Close() error { return nil }
+
+// TestSignsBody: Config.SignsBody says whether RoundTrip reads the whole
+// body before Next is called, which the proxy relies on to take an
+// unprotected request's slot only once its body is read
+// (proxy.Options.SignsBody).
+func TestSignsBody(t *testing.T) {
+	const body = "a body to sign"
+	for _, tc := range []struct {
+		name, secret, template string
+		want                   bool
+	}{
+		{"default template", "s", "", true},
+		{"{body}", "s", `{timestamp}\n{body}`, true},
+		{"{body_sha256}", "s", `{timestamp}\n{body_sha256}`, true},
+		{"no body in the template", "s", `{timestamp}\n{method}\n{path}`, false},
+		{"no secret", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := resign.Config{Secret: []byte(tc.secret)}
+			if tc.template != "" {
+				cfg.Template = mustTemplate(t, tc.template)
+			}
+			in := &countingBody{Reader: strings.NewReader(body)}
+			var readFirst int
+			next := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				readFirst = in.n
+				return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+			})
+			req := post(t, "http://provider.test/v1/payout", "", "")
+			req.Body, req.ContentLength = in, int64(len(body))
+			if _, err := mustNew(t, cfg, next).RoundTrip(req); err != nil {
+				t.Fatal(err)
+			}
+			if got := readFirst == len(body); got != tc.want || cfg.SignsBody() != tc.want {
+				t.Errorf("SignsBody %v, body read whole before sending %v (%d bytes); want %v", cfg.SignsBody(), got, readFirst, tc.want)
+			}
+		})
+	}
+}
