@@ -192,6 +192,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		MaxBodyBytes:     cfg.MaxBodyBytes,
 		MaxInflight:      lim.maxInflight,
 		MaxInflightBytes: lim.maxInflightBytes,
+		SignsBody:        set.sign.SignsBody(),
 		InflightWait:     cfg.InflightWait,
 		InProgressStatus: cfg.InProgressStatus,
 		InProgressCode:   cfg.InProgressCode,

@@ -28,13 +28,14 @@ const (
 
 // admission bounds the work in flight, so that overload gets a clear 503
 // before memory or file descriptors run out: requests counted from the
-// moment they are ready to be served (a protected request once its body has
-// been read, an unprotected one at arrival) to their answer (a detached
-// operation until it ends), and request body bytes held, counted as they
-// arrive. A nil semaphore is no bound.
+// moment they are ready to be served (once the body has been read; an
+// unprotected request whose body is streamed upstream as it comes, at
+// arrival) to their answer (a detached operation until it ends), and request
+// body bytes held, counted as they arrive. A nil semaphore is no bound.
 //
-// What a client sends slowly is not counted as a request in flight: a
-// client that dribbles its body, or stalls in it, holds a connection (their
+// What a client sends slowly into memory is not counted as a request in
+// flight: a client that dribbles such a body, or stalls in it, holds a
+// connection (their
 // number is bounded on its own, connlimit.go) and a buffer for the bytes it
 // sent (readHeld), not one of MaxInflight nor the length it declared, so a
 // few such clients cannot make everyone else's requests overloaded.

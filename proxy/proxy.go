@@ -99,8 +99,8 @@ type Options struct {
 	// MaxBodyBytes caps request bodies (413 above). Zero means 1 MiB.
 	MaxBodyBytes int64
 	// MaxInflight bounds the requests served at once, from the moment a
-	// request is ready to be served (a protected one once its body has been
-	// read, an unprotected one, streamed, at arrival) to its answer (an
+	// request is ready to be served (once its body has been read; an
+	// unprotected one whose body is streamed, at arrival) to its answer (an
 	// operation whose client left, until it ends). Past it a request is
 	// answered 503 overloaded with Retry-After, nothing sent and no record
 	// written; a repeat of a stored order is still replayed. A client still
@@ -113,6 +113,13 @@ type Options struct {
 	// length), held until the operation ends. Past it: 503 overloaded, as
 	// above. It should be at least MaxBodyBytes. Zero: no bound.
 	MaxInflightBytes int64
+	// SignsBody says that Transport's signing layer signs over the request
+	// body (resign.Config.SignsBody), so that nothing is sent before a body
+	// has been read whole. An unprotected request's body is then read here
+	// first, within MaxInflightBytes, and the request takes its slot of
+	// MaxInflight once it is read, as a protected one does; otherwise the
+	// body is streamed upstream as it comes, from arrival.
+	SignsBody bool
 	// InflightWait bounds how long a repeat waits for the same key in flight
 	// before 409 idempotency_in_progress. Zero means 10 s.
 	InflightWait time.Duration
@@ -283,18 +290,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", h.allowed(r.URL.EscapedPath()))
 		h.fail(w, sum, ErrRouteRejected)
 	case routes.Unprotected:
-		// Streamed: it goes upstream as its body comes, so it is in
-		// flight from arrival.
-		if !t.takeSlot() {
-			h.fail(w, sum, ErrOverloaded)
-			return
-		}
-		key, err := h.unprotectedKey(r, tenant)
-		if err != nil {
-			h.fail(w, sum, err)
-			return
-		}
-		h.forward(w, r, modeFor(r.Method), key, sum)
+		h.serveUnprotected(w, r, tenant, sum, t)
 	default:
 		// Its request slot is taken once its body is read (serveProtected).
 		h.serveProtected(w, r, tenant, rule, sum, t)
@@ -369,6 +365,40 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, 
 		panic(http.ErrAbortHandler)
 	}
 	sum.settle(result{resp: store.Response{Status: sw.status}, report: ex.Report}, nil)
+}
+
+// serveUnprotected passes an unprotected request through. Its request slot
+// is taken when its attempt can start: at once when its body is streamed
+// upstream as it comes, but when the signature covers the body
+// (Options.SignsBody) nothing leaves before the body is read whole, so it
+// is read here first, its bytes reserved as for a protected request
+// (readHeld), and the slot taken after: a client sending such a body slowly,
+// or stalling in it, holds only the bytes it sent, not one of MaxInflight.
+func (h *Handler) serveUnprotected(w http.ResponseWriter, r *http.Request, tenant string, sum *Summary, t *ticket) {
+	key, err := h.unprotectedKey(r, tenant)
+	if err != nil {
+		h.fail(w, sum, err)
+		return
+	}
+	if h.opt.SignsBody && r.ContentLength != 0 {
+		body, err := readHeld(r.Body, r.ContentLength, t)
+		if errors.Is(err, errBodyBytes) {
+			h.fail(w, sum, ErrOverloadedBytes)
+			return
+		}
+		if err != nil { // nothing was sent
+			h.fail(w, sum, fmt.Errorf("%w: %w", retry.ErrRequestBody, err))
+			return
+		}
+		// Held whole, it goes with its length; the signer signs these
+		// bytes in place (heldbody.Unread).
+		r.Body, r.ContentLength, r.TransferEncoding = heldbody.New(body), int64(len(body)), nil
+	}
+	if !t.takeSlot() {
+		h.fail(w, sum, ErrOverloaded)
+		return
+	}
+	h.forward(w, r, modeFor(r.Method), key, sum)
 }
 
 // upstreamError is the ReverseProxy's error handler (unprotected requests,
