@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -732,6 +733,142 @@ func TestHostileSlowBodies(t *testing.T) {
 	}
 	if seen := prov.take(); len(seen) != 1 || !strings.Contains(seen[0].Body, `"order_id":"normal"`) {
 		t.Errorf("the provider saw %d requests; want the order once", len(seen))
+	}
+}
+
+// holdingProvider is a recordingProvider that holds a request to a path
+// with "/held-" in it, after saying so on entered, until release is closed.
+type holdingProvider struct {
+	recordingProvider
+	entered chan string
+	release chan struct{}
+}
+
+func (p *holdingProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.Contains(r.URL.Path, "/held-") {
+		p.entered <- r.URL.Path
+		<-p.release
+	}
+	p.recordingProvider.ServeHTTP(w, r)
+}
+
+// stallRaw sends a POST of body to path whose first sent bytes only are
+// written, and returns its connection and a reader of what comes back. It
+// asks for 100-continue and waits for it: it comes when the proxy first
+// reads the body, and from then on the client is stalled in it.
+func stallRaw(t *testing.T, addr, path, key, body string, sent int) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn := sendRaw(t, addr, fmt.Sprintf("POST %s HTTP/1.1\nHost: x\nContent-Type: application/json\nIdempotency-Key: %s\nExpect: 100-continue\nContent-Length: %d\n\n", path, key, len(body)))
+	t.Cleanup(func() { conn.Close() })
+	br := bufio.NewReader(conn)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+		t.Fatalf("stalled client %s: %q, %v; want 100 Continue", path, line, err)
+	}
+	if blank, err := br.ReadString('\n'); err != nil || blank != "\r\n" {
+		t.Fatalf("stalled client %s after 100 Continue: %q, %v", path, blank, err)
+	}
+	if _, err := io.WriteString(conn, body[:sent]); err != nil {
+		t.Fatal(err)
+	}
+	return conn, br
+}
+
+// checkRefusedOverloaded fails unless a is 503 overloaded with Retry-After.
+func checkRefusedOverloaded(t *testing.T, what string, a reply) {
+	t.Helper()
+	if a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, `"code":"overloaded"`) || a.header.Get("Retry-After") == "" {
+		t.Errorf("%s: %d %s, Retry-After %q; want 503 overloaded with Retry-After", what, a.status, a.body, a.header.Get("Retry-After"))
+	}
+}
+
+// TestHostileSlowUnprotectedSignedBodies: with a signature over the body
+// (the default template), an unprotected request is read whole before
+// anything is sent, so clients that send headers and part of such a body,
+// then stall, hold no slot of IDEMPROXY_MAX_INFLIGHT: another unprotected
+// request and an order are served and signed. Before, an unprotected request
+// took its slot at arrival, and two stalled clients made every other request
+// 503 overloaded until the server's read timeout. The bound still holds when
+// two requests are held at the provider: a third, and a stalled client
+// whose body then comes whole, get 503 overloaded with Retry-After and
+// nothing reaches the provider.
+func TestHostileSlowUnprotectedSignedBodies(t *testing.T) {
+	prov := &holdingProvider{entered: make(chan string, 2), release: make(chan struct{})}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	release := sync.OnceFunc(func() { close(prov.release) })
+	defer release()
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_MAX_INFLIGHT=2",
+		"IDEMPROXY_ROUTES=POST /v1/lookup/*=unprotected")...)
+	base := "http://" + p.addr
+	lookup := func(id string) string {
+		return fmt.Sprintf(`{"lookup_id":%q,"note":%q}`, id, strings.Repeat("x", 4<<10))
+	}
+
+	stalled, stalledAnswer := stallRaw(t, p.addr, "/v1/lookup/stalled-1", "k-stalled-1", lookup("stalled-1"), 100)
+	stallRaw(t, p.addr, "/v1/lookup/stalled-2", "k-stalled-2", lookup("stalled-2"), 100)
+
+	if a := send(t, http.MethodPost, base+"/v1/lookup/normal", lookup("normal"), "Idempotency-Key", "k-normal"); a.status != http.StatusCreated {
+		t.Errorf("an unprotected request next to two stalled clients: %d %s; want the provider's 201", a.status, a.body)
+	}
+	if a := send(t, http.MethodPost, base+"/v1/payments", `{"order_id":"normal"}`, "Idempotency-Key", "k-order"); a.status != http.StatusCreated {
+		t.Errorf("an order next to two stalled clients: %d %s; want the provider's 201", a.status, a.body)
+	}
+
+	held := make(chan error, 2)
+	for _, id := range []string{"held-1", "held-2"} {
+		go func() {
+			a, err := trySend(http.MethodPost, base+"/v1/lookup/"+id, lookup(id), "Idempotency-Key", "k-"+id)
+			if err == nil && a.status != http.StatusCreated {
+				err = fmt.Errorf("%s: %d %s; want the provider's 201", id, a.status, a.body)
+			}
+			held <- err
+		}()
+	}
+	for range 2 {
+		select {
+		case <-prov.entered:
+		case err := <-held:
+			t.Fatalf("a request to hold at the provider was answered before reaching it: %v", err)
+		}
+	}
+	checkRefusedOverloaded(t, "an unprotected request with two held at the provider",
+		send(t, http.MethodPost, base+"/v1/lookup/past-bound", lookup("past-bound"), "Idempotency-Key", "k-past-bound"))
+	checkRefusedOverloaded(t, "an order with two held at the provider",
+		send(t, http.MethodPost, base+"/v1/payments", `{"order_id":"past-bound"}`, "Idempotency-Key", "k-order-past-bound"))
+	if _, err := io.WriteString(stalled, lookup("stalled-1")[100:]); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(stalledAnswer, nil)
+	if err != nil {
+		t.Fatalf("the stalled client's answer once its body came: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	checkRefusedOverloaded(t, "a stalled client whose body came with two held at the provider", reply{resp.StatusCode, resp.Header, string(b)})
+
+	release()
+	for range 2 {
+		if err := <-held; err != nil {
+			t.Error(err)
+		}
+	}
+	// Each once, with its key, signed over its body, sent with its length.
+	want := map[string]string{"/provider-a/v1/lookup/normal": "k-normal", "/provider-a/v1/payments": "k-order",
+		"/provider-a/v1/lookup/held-1": "k-held-1", "/provider-a/v1/lookup/held-2": "k-held-2"}
+	for _, w := range prov.take() {
+		key, ok := want[w.URI]
+		if !ok {
+			t.Errorf("the provider saw %s %s (%s), which it should not have, or not twice", w.Method, w.URI, w.Header.Get("Idempotency-Key"))
+			continue
+		}
+		delete(want, w.URI)
+		checkOwned(t, w, key)
+		if w.Chunked || w.ContentLength != strconv.Itoa(len(w.Body)) {
+			t.Errorf("%s upstream with Content-Length %q (chunked %v) for %d bytes", w.URI, w.ContentLength, w.Chunked, len(w.Body))
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("the provider never saw %v", slices.Collect(maps.Keys(want)))
 	}
 }
 
