@@ -40,7 +40,7 @@ func (s *Store) analyzeIfGrown(ctx context.Context) (bool, error) {
 
 func (s *Store) analyzeLoop() {
 	s.every(s.opt.AnalyzeInterval, func() {
-		if did, err := s.analyzeIfGrown(context.Background()); err != nil {
+		if did, err := s.analyzeIfGrown(s.bg); err != nil {
 			s.opt.Logger.Debug("measuring the records table for the planner failed", "err", err)
 		} else if did {
 			s.opt.Logger.Debug("records table measured for the planner after it doubled")

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -83,6 +84,13 @@ type Store struct {
 	stop   chan struct{}
 	loops  sync.WaitGroup
 	once   sync.Once
+	// bg is the context of the background loops' calls, cancelled by
+	// Close: on a database that does not answer, a call would otherwise
+	// run out its timeout before Close could go on.
+	bg     context.Context
+	stopBg context.CancelFunc
+	// conns are the connections the pool has open (see closePool).
+	conns *connSet
 
 	// Claims and final answers of concurrent requests share statements:
 	// one statement, and so one commit, per round for both (see writeBatch).
@@ -112,16 +120,20 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: connection URL: %w", redact(err))
 	}
+	conns := &connSet{open: map[*trackedConn]struct{}{}}
+	cfg.ConnConfig.DialFunc = conns.dial(cfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", redact(err))
 	}
-	s := &Store{pool: pool, opt: opt, stop: make(chan struct{}), lostKick: make(chan struct{}, 1)}
+	s := &Store{pool: pool, opt: opt, stop: make(chan struct{}), lostKick: make(chan struct{}, 1), conns: conns}
+	s.bg, s.stopBg = context.WithCancel(context.Background())
 	s.writes = &group[writeArgs, store.Record]{run: s.writeBatch, timeout: opt.CallTimeout}
 	err = s.migrate(ctx)
 	switch {
 	case err == nil:
 	case refused(err):
+		s.stopBg()
 		pool.Close()
 		return nil, fmt.Errorf("pgstore: schema: %w", err)
 	default:
@@ -292,9 +304,12 @@ func (s *Store) migrateLoop() {
 			return
 		case <-time.After(wait):
 		}
-		err := s.migrate(context.Background())
+		err := s.migrate(s.bg)
 		if err == nil {
 			s.opt.Logger.Info("database reachable; schema in place")
+			return
+		}
+		if s.bg.Err() != nil { // closed meanwhile
 			return
 		}
 		if refused(err) {
@@ -379,7 +394,9 @@ func redact(err error) error {
 }
 
 // Close stops the background loops and closes the pool; later calls fail
-// with store.ErrClosed.
+// with store.ErrClosed. On a database that does not answer, it returns
+// within about closeWait (and the Throttles' own Close): calls still
+// waiting on it then fail.
 func (s *Store) Close() error {
 	s.once.Do(func() {
 		s.throttlesMu.Lock()
@@ -390,6 +407,7 @@ func (s *Store) Close() error {
 		}
 		s.closed.Store(true)
 		close(s.stop)
+		s.stopBg()
 		s.loops.Wait()
 		s.lostMu.Lock()
 		if n := len(s.lost); n > 0 {
@@ -397,9 +415,100 @@ func (s *Store) Close() error {
 				"records", n)
 		}
 		s.lostMu.Unlock()
-		s.pool.Close()
+		s.closePool()
 	})
 	return nil
+}
+
+// closeWait is how long Close lets the pool close its connections in order
+// (each told the session ends) before it cuts those still open.
+const closeWait = time.Second
+
+// closePool closes the pool, and if it has not closed within closeWait,
+// cuts every connection still open and refuses new ones. On a database that
+// does not answer, the pool's Close would wait for the statements still
+// running (up to the call timeout) and then up to 15 s for each connection
+// pgx dropped after cancelling a statement: pgx sends the server a cancel
+// request on a connection of its own and waits for the server to close it,
+// which a hung server never does. Cut, a connection fails at once, and so
+// does a cancel request's.
+func (s *Store) closePool() {
+	done := make(chan struct{})
+	go func() {
+		s.pool.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return
+	case <-time.After(closeWait):
+	}
+	if n := s.conns.cut(); n > 0 {
+		s.opt.Logger.Warn("database connections not closed in order within the wait; cut", "connections", n, "wait", closeWait.String())
+	}
+	<-done
+}
+
+// connSet holds the connections the pool opens, its cancel requests'
+// included, so that Close can cut them (see closePool).
+type connSet struct {
+	mu   sync.Mutex
+	open map[*trackedConn]struct{}
+	done bool // cut: no new connection
+}
+
+type trackedConn struct {
+	net.Conn
+	set *connSet
+}
+
+func (c *trackedConn) Close() error {
+	c.set.mu.Lock()
+	delete(c.set.open, c)
+	c.set.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// dial wraps the pool's dial function: the connections it makes are held in
+// the set; once cut, it makes none.
+func (cs *connSet) dial(next pgconn.DialFunc) pgconn.DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		cs.mu.Lock()
+		done := cs.done
+		cs.mu.Unlock()
+		if done {
+			return nil, errors.New("the store is closed")
+		}
+		conn, err := next(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		c := &trackedConn{Conn: conn, set: cs}
+		cs.mu.Lock()
+		defer cs.mu.Unlock()
+		if cs.done {
+			conn.Close()
+			return nil, errors.New("the store is closed")
+		}
+		cs.open[c] = struct{}{}
+		return c, nil
+	}
+}
+
+// cut closes every connection still open and refuses new ones; it returns
+// how many it closed.
+func (cs *connSet) cut() int {
+	cs.mu.Lock()
+	cs.done = true
+	open := make([]*trackedConn, 0, len(cs.open))
+	for c := range cs.open {
+		open = append(open, c)
+	}
+	cs.mu.Unlock()
+	for _, c := range open {
+		c.Close()
+	}
+	return len(open)
 }
 
 // MaxBodyBytes implements store.Store.

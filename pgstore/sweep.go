@@ -36,17 +36,20 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 
 func (s *Store) sweepLoop() {
 	s.every(s.opt.SweepInterval, func() {
-		n, err := s.sweep(context.Background())
+		n, err := s.sweep(s.bg)
+		if s.bg.Err() != nil { // closed meanwhile
+			return
+		}
 		if err != nil {
 			s.opt.Logger.Warn("deleting expired records failed", "deleted", n, "err", err)
 		} else if n > 0 {
 			s.opt.Logger.Debug("expired records deleted", "count", n)
 		}
-		n, err = s.parkOrphans(context.Background())
+		n, err = s.parkOrphans(s.bg)
 		if n > 0 && s.opt.OnOrphansParked != nil {
 			s.opt.OnOrphansParked(int(n))
 		}
-		if err != nil {
+		if err != nil && s.bg.Err() == nil {
 			s.opt.Logger.Warn("parking the operations of stopped replicas failed", "parked", n, "err", err)
 		}
 	})

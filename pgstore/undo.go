@@ -116,7 +116,7 @@ func (s *Store) undoLoop() {
 			return
 		case <-s.lostKick:
 		}
-		for s.undoLost(context.Background()) > 0 {
+		for s.undoLost(s.bg) > 0 {
 			select {
 			case <-s.stop:
 				return
