@@ -26,13 +26,15 @@ import (
 // wire relays connections to a PostgreSQL server and counts the messages
 // clients send by type (the frontend protocol's first byte): 'S' (Sync) and
 // 'Q' (simple Query) each end a round trip; 'P' (Parse) is a statement
-// prepared. While held, no client message goes on to the server.
+// prepared. While held, no client message goes on to the server; a message
+// holding holdAt starts the hold, itself held.
 type wire struct {
 	l      net.Listener
 	target string
 	mu     sync.Mutex
 	sent   map[byte]int
 	held   bool
+	holdAt string     // a client message holding this starts the hold (set before connections)
 	stuck  int        // messages stopped by the hold
 	free   *sync.Cond // on mu, broadcast when held ends
 }
@@ -99,7 +101,14 @@ func (w *wire) count(r io.Reader, server io.Writer) {
 		if _, err := io.ReadFull(r, head[:]); err != nil {
 			return
 		}
+		body := make([]byte, int64(binary.BigEndian.Uint32(head[1:]))-4)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return
+		}
 		w.mu.Lock()
+		if w.holdAt != "" && bytes.Contains(body, []byte(w.holdAt)) {
+			w.held = true
+		}
 		if w.held {
 			w.stuck++
 			for w.held {
@@ -109,10 +118,7 @@ func (w *wire) count(r io.Reader, server io.Writer) {
 		}
 		w.sent[head[0]]++
 		w.mu.Unlock()
-		if _, err := server.Write(head[:]); err != nil {
-			return
-		}
-		if _, err := io.CopyN(server, r, int64(binary.BigEndian.Uint32(head[1:]))-4); err != nil {
+		if _, err := server.Write(append(head[:], body...)); err != nil {
 			return
 		}
 	}

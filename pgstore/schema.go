@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,8 +65,9 @@ var migrations = []string{
 		ADD COLUMN last_body    bytea;`,
 }
 
-// migrate creates or upgrades the schema under an advisory lock.
-func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+// migrate creates or upgrades the schema under an advisory lock, released
+// within unlockWithin even when ctx has ended.
+func migrate(ctx context.Context, pool *pgxpool.Pool, unlockWithin time.Duration) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -74,7 +76,15 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(schemaLock)); err != nil {
 		return err
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(schemaLock))
+	defer func() {
+		// The unlock runs when ctx has ended too, but within a bound: on
+		// a database that stopped answering it would otherwise wait for
+		// ever. An unlock cut short drops the connection, and the lock
+		// goes with the session.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockWithin)
+		defer cancel()
+		conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", int64(schemaLock))
+	}()
 	// CREATE TABLE IF NOT EXISTS needs the CREATE privilege even when the
 	// table exists: a user with only the tables' grants may start once
 	// the schema is in place (README, Privileges).

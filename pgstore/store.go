@@ -289,7 +289,7 @@ func withDefaults(o Options) Options {
 func (s *Store) migrate(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 4*s.opt.CallTimeout)
 	defer cancel()
-	if err := migrate(ctx, s.pool); err != nil {
+	if err := migrate(ctx, s.pool, s.opt.CallTimeout); err != nil {
 		return err
 	}
 	s.ready.Store(true)
