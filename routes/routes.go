@@ -291,37 +291,123 @@ func (t Table) Match(method, escapedPath string, protectedByDefault bool) (Rule,
 	if len(t.rules) == 0 || !strings.HasPrefix(escapedPath, "/") {
 		return Rule{}, false
 	}
-	segs := strings.Split(escapedPath[1:], "/")
-	exact, eok := t.first(method, segs, Rule.matches)
-	loose, ok := looseSegments(escapedPath)
-	if !ok { // nothing to decode, cut or drop: only letter case differs
-		loose = segs
+	var exact, lenient int
+	if plainPath(escapedPath) {
+		exact, lenient = t.firstPlain(method, escapedPath[1:])
+	} else {
+		exact, lenient = t.firstSpelled(method, escapedPath)
 	}
-	lenient, lok := t.first(method, loose, Rule.matchesDecoded)
+	return t.decide(exact, lenient, protectedByDefault)
+}
+
+// decide applies Match's rules to the first rule matching the path as written
+// (exact) and the first matching the lenient reading (lenient), indexes in
+// t.rules or -1 for none.
+func (t Table) decide(exact, lenient int, protectedByDefault bool) (Rule, bool) {
+	eok, lok := exact >= 0, lenient >= 0
 	switch {
-	case lok && lenient.Policy == Reject:
-		return lenient, true
-	case eok && lok && (exact.Policy == Unprotected) != (lenient.Policy == Unprotected):
-		if exact.Policy == Unprotected {
-			return lenient, true
+	case lok && t.rules[lenient].Policy == Reject:
+		return t.rules[lenient], true
+	case eok && lok && (t.rules[exact].Policy == Unprotected) != (t.rules[lenient].Policy == Unprotected):
+		if t.rules[exact].Policy == Unprotected {
+			return t.rules[lenient], true
 		}
-		return exact, true
+		return t.rules[exact], true
 	case eok:
-		return exact, true
-	case lok && (lenient.Policy == Unprotected || !protectedByDefault):
-		return lenient, true
+		return t.rules[exact], true
+	case lok && (t.rules[lenient].Policy == Unprotected || !protectedByDefault):
+		return t.rules[lenient], true
 	}
 	return Rule{}, false
 }
 
-// first returns the first rule that match says matches method and segs.
-func (t Table) first(method string, segs []string, match func(Rule, string, []string) bool) (Rule, bool) {
-	for _, r := range t.rules {
-		if match(r, method, segs) {
-			return r, true
+// firstSpelled returns the index of the first rule matching each reading of
+// escapedPath, -1 for none, in one pass over the rules.
+func (t Table) firstSpelled(method, escapedPath string) (exact, lenient int) {
+	segs := strings.Split(escapedPath[1:], "/")
+	loose, ok := looseSegments(escapedPath)
+	if !ok { // nothing to decode, cut or drop: only letter case differs
+		loose = segs
+	}
+	exact, lenient = -1, -1
+	for i := range t.rules {
+		r := &t.rules[i]
+		if exact < 0 && r.matches(method, segs) {
+			exact = i
+		}
+		if lenient < 0 && r.matchesDecoded(method, loose) {
+			lenient = i
+		}
+		if exact >= 0 && lenient >= 0 {
+			break
 		}
 	}
-	return Rule{}, false
+	return exact, lenient
+}
+
+// firstPlain is firstSpelled for a path that plainPath accepts, p without its
+// leading '/', without allocating. Nothing in such a path is escaped and
+// looseSegments leaves its segments as they are, so the two readings differ
+// only in letter case: one walk of a rule's segments answers both, and the
+// rule matching p as written is also the first matching it leniently, or
+// comes after that one.
+func (t Table) firstPlain(method, p string) (exact, lenient int) {
+	n := strings.Count(p, "/") + 1
+	lenient = -1
+	for i := range t.rules {
+		r := &t.rules[i]
+		if (r.Method != "*" && r.Method != method) || len(r.segs) != n {
+			continue
+		}
+		same, fold := r.matchesPlain(p)
+		if fold && lenient < 0 {
+			lenient = i
+		}
+		if same {
+			return i, lenient
+		}
+	}
+	return -1, lenient
+}
+
+// matchesPlain reports whether r's segments match those of p (a path with
+// its leading '/' cut that plainPath accepts, with as many segments as r) as
+// written (same) and ignoring letter case (fold). Method is the caller's.
+func (r *Rule) matchesPlain(p string) (same, fold bool) {
+	same = true
+	for _, want := range r.segs {
+		got, rest, _ := strings.Cut(p, "/")
+		p = rest
+		switch {
+		case want == "*":
+			if got == "" {
+				return false, false
+			}
+		case got == want:
+		case strings.EqualFold(got, want):
+			same = false
+		default:
+			return false, false
+		}
+	}
+	return same, true
+}
+
+// plainPath reports whether escapedPath holds none of the forms looseSegments
+// undoes: no escape, path parameter, backslash, repeated or trailing slash.
+// This is what nearly every request looks like.
+func plainPath(escapedPath string) bool {
+	for i := 0; i < len(escapedPath); i++ {
+		switch escapedPath[i] {
+		case '%', ';', '\\':
+			return false
+		case '/':
+			if i+1 == len(escapedPath) || escapedPath[i+1] == '/' {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // looseSegments returns the segments of escapedPath as a lenient server
@@ -332,7 +418,7 @@ func (t Table) first(method string, segs []string, match func(Rule, string, []st
 // segments would be the exact ones, or does not decode. (Letter case, which
 // Express and ASP.NET routing ignore, is matchesDecoded's.)
 func looseSegments(escapedPath string) (segs []string, ok bool) {
-	if !strings.ContainsAny(escapedPath, "%;\\") && !strings.Contains(escapedPath, "//") && !strings.HasSuffix(escapedPath, "/") {
+	if plainPath(escapedPath) {
 		return nil, false
 	}
 	dec, err := url.PathUnescape(escapedPath)
@@ -352,7 +438,7 @@ func looseSegments(escapedPath string) (segs []string, ok bool) {
 
 // matchesDecoded is matches for segments already decoded, ignoring letter
 // case (the lenient reading: see Match).
-func (r Rule) matchesDecoded(method string, segs []string) bool {
+func (r *Rule) matchesDecoded(method string, segs []string) bool {
 	if (r.Method != "*" && r.Method != method) || len(segs) != len(r.segs) {
 		return false
 	}
@@ -367,7 +453,7 @@ func (r Rule) matchesDecoded(method string, segs []string) bool {
 	return true
 }
 
-func (r Rule) matches(method string, segs []string) bool {
+func (r *Rule) matches(method string, segs []string) bool {
 	if (r.Method != "*" && r.Method != method) || len(segs) != len(r.segs) {
 		return false
 	}
