@@ -92,6 +92,26 @@ func TestConfigAccepts(t *testing.T) {
 	}
 }
 
+// A client named default was given the records stored while client tokens
+// were off, every app's, and was replayed their answers: the name is
+// refused, however the list spaces it, and names that only start with it
+// are not. (loadConfig, not command: a list accepted would serve.)
+func TestConfigClientNamedDefault(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_KEY_SECRET=0123456789abcdef"}
+	for _, list := range []string{"default=0123456789abcdef", "app=0123456789abcdef, default =\tfedcba9876543210"} {
+		_, _, err := loadConfig(append(base, "IDEMPROXY_CLIENT_TOKENS="+list))
+		if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_CLIENT_TOKENS") || !strings.Contains(err.Error(), `client name "default" is reserved`) {
+			t.Errorf("CLIENT_TOKENS=%q: %v, want a refusal naming IDEMPROXY_CLIENT_TOKENS and the name", list, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "0123456789abcdef") {
+			t.Errorf("error %q shows a token", err)
+		}
+	}
+	if _, _, err := loadConfig(append(base, "IDEMPROXY_CLIENT_TOKENS=default-app=0123456789abcdef")); err != nil {
+		t.Errorf("client default-app refused: %v", err)
+	}
+}
+
 // A secret file that is empty stops the start: it once turned the feature
 // off silently (an empty IDEMPROXY_ADMIN_TOKEN_FILE left the admin API open).
 func TestConfigEmptySecretFiles(t *testing.T) {

@@ -134,6 +134,35 @@ func (p *opsProc) waitLine(t testing.TB, substr string) string {
 	}
 }
 
+// servesOrExits waits until the process logs that it listens (true, its
+// addresses noted) or exits without doing so (false, p.done closed). The
+// one-minute bound only keeps a broken binary from hanging the run.
+func (p *opsProc) servesOrExits(t testing.TB) bool {
+	t.Helper()
+	bound := time.After(time.Minute)
+	for i := 0; ; {
+		p.mu.Lock()
+		for ; i < len(p.lines); i++ {
+			if line := p.lines[i]; strings.Contains(line, `"msg":"idemproxy listening"`) {
+				p.mu.Unlock()
+				p.proxy, p.admin = jsonField(line, "proxy"), jsonField(line, "admin")
+				return true
+			}
+		}
+		more, ended := p.more, p.ended
+		p.mu.Unlock()
+		if ended {
+			<-p.done
+			return false
+		}
+		select {
+		case <-more:
+		case <-bound:
+			t.Fatalf("neither listening nor exited within a minute:\n%s", p.text())
+		}
+	}
+}
+
 // text is the whole log so far.
 func (p *opsProc) text() string {
 	p.mu.Lock()

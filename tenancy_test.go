@@ -7,10 +7,12 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -340,5 +342,61 @@ func TestBinaryClientTokensSpacedList(t *testing.T) {
 	}
 	if seen := prov.take(); len(seen) != 2 {
 		t.Errorf("provider saw %d requests, want 2", len(seen))
+	}
+}
+
+// TestBinaryClientNamedDefaultRefused: records stored without client tokens
+// live under the client "default". A token list that named a client
+// "default" gave that client those records, every app's: its order with
+// another app's order_id and body was answered with that app's stored
+// answer, and nothing went to the provider. Such a list now stops the start
+// with status 2 naming IDEMPROXY_CLIENT_TOKENS and the name (no token), and
+// the records stored without tokens are left as they were.
+func TestBinaryClientNamedDefaultRefused(t *testing.T) {
+	prov := &keyedProvider{ops: map[string]string{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	dir, order := t.TempDir(), `{"order_id":"o-1","amount":"900.00"}`
+	before := launch(t, launchSpec{env: baseEnv(up.URL, dir)})
+	stored := send(t, http.MethodPost, "http://"+before.proxy+"/cards", order)
+	if stored.status != http.StatusCreated {
+		t.Fatalf("order without tokens: %d %s", stored.status, stored.body)
+	}
+	if err := before.terminate(t); err != nil {
+		t.Fatalf("SIGTERM: %v\n%s", err, before.text())
+	}
+
+	p := startProc(t, launchSpec{env: baseEnv(up.URL, dir,
+		"IDEMPROXY_CLIENT_TOKENS=app-a="+tokenA+",default="+tokenB, "IDEMPROXY_KEY_SECRET="+keySecret)})
+	if p.servesOrExits(t) {
+		got := send(t, http.MethodPost, "http://"+p.proxy+"/cards", order, "Idemproxy-Client-Token", tokenB)
+		t.Fatalf("started with a client named default; its order got %d %s (Idempotent-Replayed %q), "+
+			"the answer stored without tokens being %s; the provider saw %d requests",
+			got.status, got.body, got.header.Get("Idempotent-Replayed"), stored.body, len(prov.received()))
+	}
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) || ee.ExitCode() != 2 {
+		t.Errorf("exit %v, want status 2", p.err)
+	}
+	out := p.text()
+	for _, want := range []string{"IDEMPROXY_CLIENT_TOKENS", `client name "default" is reserved`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output does not say %s:\n%s", want, out)
+		}
+	}
+	for _, s := range []string{tokenA, tokenB, keySecret} {
+		if strings.Contains(out, s) {
+			t.Errorf("output shows a secret:\n%s", out)
+		}
+	}
+
+	// Without tokens, as before, the order is replayed from its record.
+	after := launch(t, launchSpec{env: baseEnv(up.URL, dir)})
+	again := send(t, http.MethodPost, "http://"+after.proxy+"/cards", order)
+	if again.status != http.StatusCreated || again.body != stored.body || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("order repeated without tokens: %d %s, want its stored answer %s replayed", again.status, again.body, stored.body)
+	}
+	if n := len(prov.received()); n != 1 {
+		t.Errorf("provider saw %d requests, want 1", n)
 	}
 }

@@ -821,6 +821,10 @@ func TestParseClientTokens(t *testing.T) {
 		{"a= 0123456789abcde ", "shorter than 16"},
 		{"a=0123456789abcdef, b = 0123456789abcdef", "another client"},
 		{"a=0123456789\x01abcdef", "control character"},
+		// "default" names the records stored without tokens.
+		{"default=0123456789abcdef", `entry 1: the client name "default" is reserved`},
+		{"a=0123456789abcdef, default = fedcba9876543210", "entry 2: the client name \"default\" is reserved"},
+		{"default-app=0123456789abcdef", ""},
 	} {
 		_, err := proxy.ParseClientTokens("", c.list)
 		if (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {

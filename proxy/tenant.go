@@ -23,7 +23,8 @@ const DefaultClientHeader = "Idemproxy-Client-Token"
 // ParseClientTokens parses IDEMPROXY_CLIENT_TOKENS, a comma list of
 // client=token; white space around a name or a token is not part of it. An
 // empty list means authentication is off (nil, nil). Errors name the entry by
-// position, never the token.
+// position, never the token. A client may not be named DefaultTenant: that
+// namespace holds the records stored while authentication was off.
 func ParseClientTokens(header, list string) (*ClientTokens, error) {
 	if strings.TrimSpace(list) == "" {
 		return nil, nil
@@ -41,6 +42,11 @@ func ParseClientTokens(header, list string) (*ClientTokens, error) {
 		switch {
 		case !ok || name == "" || token == "":
 			return nil, fmt.Errorf("entry %d: want client=token", i+1)
+		case name == DefaultTenant:
+			// Its records would be the ones stored without tokens, every
+			// app's: that client would be replayed their answers, and its
+			// orders would collide with their keys.
+			return nil, fmt.Errorf("entry %d: the client name %q is reserved for the records stored without client tokens; give that client another name", i+1, name)
 		case len(token) < 16:
 			return nil, fmt.Errorf("entry %d (%s): token shorter than 16 characters", i+1, name)
 		case strings.ContainsFunc(token, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }):
