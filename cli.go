@@ -329,7 +329,9 @@ func printRecord(w io.Writer, rec adminapi.Record) {
 		line("needs review", "yes: never retried; the provider reports the outcome")
 	}
 	if rec.Reconciled {
-		line("reconciled", "yes: the answer is the status probe's")
+		// The mark says the outcome was unknown and then settled; the
+		// record does not say by whom (the probe or records resolve).
+		line("reconciled", "yes: settled after the outcome was unknown, by the status probe or an operator's records resolve")
 	}
 	if rec.Superseded {
 		line("renewed", "yes: the order's requests now go under its next key generation (orders get)")

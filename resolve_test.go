@@ -134,6 +134,11 @@ func testResolveUnknownPastRetention(t *testing.T, shared bool) {
 	if code != 0 || !strings.Contains(out, "executed") || !strings.Contains(out, "201") {
 		t.Fatalf("records resolve --outcome executed = %d\n%s", code, out)
 	}
+	// The record printed is marked reconciled by the operator's answer: the
+	// line must not credit the status probe alone, which never ran here.
+	if line := lineOf(out, "reconciled"); !strings.Contains(line, "records resolve") {
+		t.Fatalf("records resolve --outcome executed printed the reconciled line %q, want it to name the operator's records resolve\n%s", line, out)
+	}
 	if line := adm.waitLine(t, `"outcome":"executed"`); jsonField(line, "key") != doneKey || !strings.Contains(line, `"status":201`) {
 		t.Fatalf("resolve log line = %s, want the key %s and status 201", line, doneKey)
 	}
@@ -153,4 +158,14 @@ func testResolveUnknownPastRetention(t *testing.T, shared bool) {
 	if out, code := cli(lostKey, "--outcome", "not_executed"); code != 1 || !strings.Contains(out, "resolve_refused") {
 		t.Fatalf("records resolve of a final record = %d\n%s, want exit 1 with resolve_refused", code, out)
 	}
+}
+
+// lineOf returns the first line of out that starts with prefix, or "".
+func lineOf(out, prefix string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
 }
