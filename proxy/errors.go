@@ -107,8 +107,17 @@ type storeError struct{ err error }
 func (e storeError) Error() string { return "record store: " + e.err.Error() }
 func (e storeError) Unwrap() error { return e.err }
 
+// storeAfterSend is ErrStoreAfterSend for a sequence that made attempts
+// attempts: the answer, the request log and the metrics count them, since
+// the operation may have run.
+type storeAfterSend struct{ attempts int }
+
+func (e storeAfterSend) Error() string { return ErrStoreAfterSend.Error() }
+func (e storeAfterSend) Unwrap() error { return ErrStoreAfterSend }
+
 // errorBody is the contract's error shape; Key and Attempts are filled for
-// upstream_unavailable so the app can retry with the same key.
+// upstream_unavailable, and store_unavailable after sending, so the app can
+// retry with the same key.
 type errorBody struct {
 	Error struct {
 		Code     string `json:"code"`
@@ -125,7 +134,7 @@ type apiError struct {
 	Status   int
 	Code     string
 	Message  string
-	Attempts int // upstream attempts made, for upstream_unavailable
+	Attempts int // upstream attempts made, for upstream_unavailable and store_unavailable after sending
 	Outcome  Outcome
 	Limit    string // for OutcomeOverloaded: LimitRequests or LimitBytes
 }
@@ -150,12 +159,17 @@ func classify(err error) apiError {
 		ex  *retry.ExhaustedError
 		mbe *http.MaxBytesError
 		se  storeError
+		sa  storeAfterSend
 	)
 	switch {
 	case errors.Is(err, context.Canceled):
 		return answer(ErrClientGone, OutcomeClientGone)
 	case errors.As(err, &b):
 		return answer(b.e, OutcomeInProgress)
+	case errors.As(err, &sa):
+		a := answer(ErrStoreAfterSend, OutcomeStoreError)
+		a.Attempts = sa.attempts
+		return a
 	case errors.As(err, &pe):
 		return classifyOwn(pe)
 	case errors.As(err, &mbe):
@@ -255,7 +269,7 @@ func writeError(w http.ResponseWriter, err error, key string) {
 func writeClassified(w http.ResponseWriter, err error, a apiError, key string) {
 	var body errorBody
 	body.Error.Code, body.Error.Message = a.Code, a.Message
-	if a.Outcome == OutcomeUnavailable || err == ErrStoreAfterSend {
+	if a.Outcome == OutcomeUnavailable || errors.Is(err, ErrStoreAfterSend) {
 		body.Error.Key, body.Error.Attempts = key, a.Attempts
 	}
 	if a.Outcome == OutcomeUnavailable && key != "" { // an unprotected request has no key to retry with

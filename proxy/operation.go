@@ -213,7 +213,7 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 		} else {
 			h.opt.Logger.Error("storing the final response failed after the upstream answered; key released",
 				"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status, "err", err)
-			res = result{err: ErrStoreAfterSend}
+			res = result{err: storeAfterSend{res.report.Attempts}}
 		}
 	}
 	if err := h.opt.Store.Abandon(ctx, id, owner); err != nil {

@@ -658,6 +658,47 @@ func TestStoreUnavailableSendsNothing(t *testing.T) {
 	}
 }
 
+// TestStoreFailsAfterSend: the provider answers, but the answer cannot be
+// stored (the store closes while the attempt runs). The app gets 503
+// store_unavailable with its key, saying the operation may have run, and
+// the one attempt the request made, in the answer (body and
+// Idemproxy-Attempts) and in its Summary, which the request log and the
+// metrics read: not zero, as for a request refused before anything left.
+func TestStoreFailsAfterSend(t *testing.T) {
+	done := make(chan proxy.Summary, 1)
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) {
+		o.OnDone = func(s proxy.Summary) { done <- s }
+	})
+	e.prov.hold, e.prov.entered = make(chan struct{}), make(chan string, 1)
+	r := e.goSend("POST", "/v1/payments", order)
+	key := <-e.prov.entered
+	e.store.Close()
+	close(e.prov.hold)
+	a := <-r
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	var eb struct {
+		Error struct {
+			Code     string
+			Message  string
+			Key      string `json:"idempotency_key"`
+			Attempts int    `json:"attempts"`
+		} `json:"error"`
+	}
+	json.Unmarshal(a.body, &eb)
+	if a.status != http.StatusServiceUnavailable || eb.Error.Code != "store_unavailable" ||
+		!strings.Contains(eb.Error.Message, "may have been executed") || eb.Error.Key != key {
+		t.Fatalf("got %d %s, want 503 store_unavailable saying the operation may have run, with key %q", a.status, a.body, key)
+	}
+	if eb.Error.Attempts != 1 || a.header.Get(proxy.AttemptsHeader) != "1" {
+		t.Errorf("answer %s %s=%q, want attempts 1 in the body and the header", a.body, proxy.AttemptsHeader, a.header.Get(proxy.AttemptsHeader))
+	}
+	if s := <-done; s.Outcome != proxy.OutcomeStoreError || s.Attempts != 1 {
+		t.Errorf("summary: outcome %s attempts %d, want %s and 1", s.Outcome, s.Attempts, proxy.OutcomeStoreError)
+	}
+}
+
 func TestUnprotectedForwarded(t *testing.T) {
 	e := newEnv(t)
 	a := e.do(t, "GET", "/v1/payments/pay_1?x=1", "")
