@@ -507,6 +507,12 @@ func (c *config) storeURL() (string, error) {
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" && u.Query().Get("host") == "" {
 		return "", bad("STORE_URL", errors.New("want a URL such as postgres://user:password@host:5432/db"))
 	}
+	// url.Parse lowers the scheme; PostgreSQL's clients (libpq, pgx) take
+	// only postgres:// or postgresql:// as written, and pgx would read any
+	// other spelling as key=value settings ("invalid keyword/value").
+	if !strings.HasPrefix(raw, u.Scheme+"://") {
+		return "", bad("STORE_URL", errors.New("the scheme must be postgres:// or postgresql://, in lower case"))
+	}
 	// Its parameters (sslmode, connect_timeout, pool_max_conns…) are checked
 	// here too, so that a bad one stops the start as any bad value does.
 	if err := pgstore.CheckURL(raw); err != nil {

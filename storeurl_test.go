@@ -69,6 +69,9 @@ func TestStoreURLRefusedAtStart(t *testing.T) {
 		want   []string
 	}{
 		{"not postgres", "mysql://u:" + storePassword + "@127.0.0.1/x", 2, nil},
+		// PostgreSQL's clients (libpq, pgx) take only the lower-case scheme
+		// as a URL; pgx read this one as key=value settings and said so.
+		{"scheme in capitals", "POSTGRES://u:" + storePassword + "@127.0.0.1/x", 2, []string{"in lower case"}},
 		{"bad sslmode", "postgres://u:" + storePassword + "@127.0.0.1:1/x?sslmode=sometimes", 2, []string{"sslmode"}},
 		{"bad connect_timeout", "postgres://u:" + storePassword + "@127.0.0.1:1/x?connect_timeout=soon", 2, nil},
 		{"pool too small", "postgres://u:" + storePassword + "@127.0.0.1:1/x?pool_max_conns=3", 2, []string{"pool_max_conns=3 is below 4"}},
