@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	mrand "math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -67,6 +68,7 @@ type Throttle struct {
 	cancel  context.CancelFunc
 	loops   sync.WaitGroup
 	once    sync.Once
+	jitter  func() float64 // in [0, 1), spreads the listener's retries
 }
 
 var _ ratelimit.Shared = (*Throttle)(nil)
@@ -80,7 +82,7 @@ func (s *Store) Throttle(opt ThrottleOptions) *Throttle {
 	if opt.Replica == "" {
 		opt.Replica = replicaName()
 	}
-	t := &Throttle{s: s, opt: opt}
+	t := &Throttle{s: s, opt: opt, jitter: mrand.Float64}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	s.throttlesMu.Lock()
 	s.throttles = append(s.throttles, t)
@@ -216,25 +218,49 @@ func (t *Throttle) beat() {
 	}
 }
 
-// listenLoop keeps a connection listening for pauses, reconnecting with a
-// backoff when it breaks, until Close.
+// The listener's retries: the first comes within listenRetryFirst of the
+// connection's loss, and each failed attempt doubles the wait up to
+// listenRetryMax, the default heartbeat, so that once the database answers
+// again the listener is back within about a heartbeat, not after a backoff
+// grown through a long outage. Each wait is drawn between half and all of
+// it, so that replicas that lost the database together do not reconnect in
+// step. Each attempt ends within the call timeout (see listen).
+const (
+	listenRetryFirst = 250 * time.Millisecond
+	listenRetryMax   = 2 * time.Second
+)
+
+// listenRetry is the wait before the next attempt after failures failed
+// ones in a row (0 when the connection was just lost); jitter, in [0, 1),
+// places it between half and all of the backoff.
+func listenRetry(failures int, jitter float64) time.Duration {
+	wait := listenRetryMax
+	if failures < 8 {
+		wait = min(listenRetryFirst<<failures, listenRetryMax)
+	}
+	return wait/2 + time.Duration(jitter*float64(wait/2))
+}
+
+// listenLoop keeps a connection listening for pauses until Close,
+// reconnecting after listenRetry when it breaks or cannot be had.
 func (t *Throttle) listenLoop() {
-	wait := time.Second
+	failures := 0
 	for {
-		connected, err := t.listen()
+		listened, err := t.listen()
 		if t.ctx.Err() != nil {
 			return
 		}
-		if connected {
-			wait = time.Second
+		if listened {
+			failures = 0
 		}
-		t.s.opt.Logger.Debug("throttle: listening connection lost", "err", redact(err))
+		wait := listenRetry(failures, t.jitter())
+		failures++
+		t.s.opt.Logger.Debug("throttle: not listening for pauses", "err", redact(err), "retry_in", wait.String())
 		select {
 		case <-t.ctx.Done():
 			return
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, 15*time.Second)
 	}
 }
 
