@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 )
 
@@ -101,5 +103,101 @@ func TestThrottleListenerBackSoonAfterOutage(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatalf("no pause heard within 5s of the database's return (outage %v, %d listener failures)",
 			up.Sub(down).Round(time.Millisecond), failures.n.Load())
+	}
+}
+
+// A listener's connection is given up and replaced when its lifetime in the
+// pool (pool_max_conn_lifetime=2s) is over, as the pool does with the
+// others, and the new one reads the pause: one written behind the
+// listeners' back (no NOTIFY, heartbeats an hour apart) is heard after the
+// replacement. Throughout, the replica's sessions stay within its pool
+// (pool_max_conns=4), one of them listening. Before, the listening session
+// was kept for ever and the pause never heard.
+func TestThrottleListenerRetiresAtLifetime(t *testing.T) {
+	url := pgtest.Database(t)
+	const app, lifetime = "idemproxy-lifetime", 2 * time.Second
+	s := open(t, url+"&pool_max_conns=4&pool_max_conn_lifetime="+lifetime.String()+"&application_name="+app, 0)
+	got := newPauses()
+	throttle(t, s, ThrottleOptions{Name: "p", Replica: "replica-b", Heartbeat: time.Hour, OnPause: got.on})
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	// listener returns the listening session's pid (0 for none) and age,
+	// and how many sessions the replica has.
+	listener := func() (pid int32, age time.Duration, all int) {
+		t.Helper()
+		var listening int
+		var us *int64
+		var p *int32
+		err := admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE query = 'LISTEN `+throttleChannel+`'),
+				min(pid) FILTER (WHERE query = 'LISTEN `+throttleChannel+`'),
+				(extract(epoch FROM now() - min(backend_start) FILTER (WHERE query = 'LISTEN `+throttleChannel+`')) * 1000000)::bigint
+			FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, app).Scan(&all, &listening, &p, &us)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if listening > 1 {
+			t.Errorf("%d sessions listening, want 1", listening)
+		}
+		if p != nil {
+			pid, age = *p, time.Duration(*us)*time.Microsecond
+		}
+		return pid, age, all
+	}
+	var first int32
+	for deadline := time.Now().Add(time.Minute); first == 0; time.Sleep(10 * time.Millisecond) {
+		if first, _, _ = listener(); first == 0 && time.Now().After(deadline) {
+			t.Fatal("no session listening within a minute")
+		}
+	}
+	if _, err := admin.Exec(ctx, `INSERT INTO idemproxy_throttle (name, paused_until) VALUES ('p', now() + interval '1 minute')
+		ON CONFLICT (name) DO UPDATE SET paused_until = excluded.paused_until`); err != nil {
+		t.Fatal(err)
+	}
+	written := time.Now()
+	pids := map[int32]bool{first: true}
+	var oldest time.Duration
+	most := 0
+	watch := func() {
+		pid, age, all := listener()
+		if pid != 0 {
+			pids[pid] = true
+			oldest = max(oldest, age)
+		}
+		most = max(most, all)
+	}
+	heard := false
+	// Two replacements at least, the pause heard after the first.
+	for deadline := time.Now().Add(30 * time.Second); !heard || len(pids) < 3; {
+		select {
+		case d := <-got.c:
+			if !heard {
+				t.Logf("pause written behind the listeners' back heard %v later (%v left)", time.Since(written).Round(time.Millisecond), d)
+			}
+			heard = true
+			got.mu.Lock()
+			if from := got.got[len(got.got)-1]; from != "" {
+				t.Errorf("pause heard from %q, want \"\" (read by the new listener, no NOTIFY was sent)", from)
+			}
+			got.mu.Unlock()
+		case <-time.After(50 * time.Millisecond):
+			watch()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s: pause heard %v, %d listening sessions seen (want 3: two replacements), the oldest %v old",
+				heard, len(pids), oldest.Round(time.Millisecond))
+		}
+	}
+	watch()
+	t.Logf("%d listening sessions seen in %v, the oldest %v old; at most %d sessions of the replica",
+		len(pids), time.Since(written).Round(time.Millisecond), oldest.Round(time.Millisecond), most)
+	if oldest > lifetime+8*time.Second {
+		t.Errorf("a listening session %v old, want about the lifetime %v", oldest, lifetime)
+	}
+	if most > 4 {
+		t.Errorf("%d sessions of the replica, want at most pool_max_conns=4", most)
 	}
 }

@@ -122,6 +122,7 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	}
 	conns := &connSet{open: map[*trackedConn]struct{}{}}
 	cfg.ConnConfig.DialFunc = conns.dial(cfg.ConnConfig.DialFunc)
+	cfg.AfterConnect = stampRetire(cfg.MaxConnLifetime, cfg.MaxConnLifetimeJitter)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", redact(err))
@@ -154,11 +155,12 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 // uses at once by design, each for a flow that should not wait for another's
 // statement to end (every wait for a pooled connection counts against the
 // call timeout). The throttle's LISTEN connection, held for as long as it
-// listens; the batched write statement (batchInFlight, one at a time);
-// the reads and a request's other writes (Get, Renew, Park, Abandon, List);
-// and the short background statements (the throttle's heartbeat and
-// buckets, the sweep, the ANALYZE check, the undoing of lost claims), which
-// run every few seconds and share one.
+// listens (up to the pool's connection lifetime, then replaced); the batched
+// write statement (batchInFlight, one at a time); the reads and a request's
+// other writes (Get, Renew, Park, Abandon, List); and the short background
+// statements (the throttle's heartbeat and buckets, the sweep, the ANALYZE
+// check, the undoing of lost claims), which run every few seconds and share
+// one.
 const minConns = 1 + batchInFlight + 1 + 1
 
 // poolConfig is the pool Open makes for opt. What the URL says is honoured:

@@ -241,14 +241,20 @@ func listenRetry(failures int, jitter float64) time.Duration {
 	return wait/2 + time.Duration(jitter*float64(wait/2))
 }
 
-// listenLoop keeps a connection listening for pauses until Close,
-// reconnecting after listenRetry when it breaks or cannot be had.
+// listenLoop keeps a connection listening for pauses until Close: it
+// reconnects at once when the connection's lifetime is over (errRetired), and
+// after listenRetry when it breaks or cannot be had.
 func (t *Throttle) listenLoop() {
 	failures := 0
 	for {
 		listened, err := t.listen()
 		if t.ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errRetired) {
+			t.s.opt.Logger.Debug("throttle: listening connection retired at its lifetime; listening on another")
+			failures = 0
+			continue
 		}
 		if listened {
 			failures = 0
@@ -264,6 +270,9 @@ func (t *Throttle) listenLoop() {
 	}
 }
 
+// errRetired ends a listening connection whose lifetime in the pool is over.
+var errRetired = errors.New("the connection's lifetime is over")
+
 // notice is the payload of a pause notification.
 type notice struct {
 	Name string `json:"name"`
@@ -272,11 +281,13 @@ type notice struct {
 }
 
 // listen takes a connection from the store's pool, listens on it and passes
-// pauses on until the connection fails or Close; connected says whether it
-// got as far as listening. The connection is the pool's, held while it
-// listens, so that pool_max_conns bounds every connection a replica opens
-// (see minConns); it is closed at the end, never handed back listening.
-func (t *Throttle) listen() (connected bool, err error) {
+// pauses on until the connection fails, its lifetime is over (errRetired) or
+// Close; listened says whether it got as far as listening. The connection is
+// the pool's, held while it listens, so that pool_max_conns bounds every
+// connection a replica opens (see minConns), and no longer than the pool
+// would keep it (pool_max_conn_lifetime, see retireAt); it is closed at the
+// end, never handed back listening.
+func (t *Throttle) listen() (listened bool, err error) {
 	cctx, cancel := context.WithTimeout(t.ctx, t.s.opt.CallTimeout)
 	pooled, err := t.s.pool.Acquire(cctx)
 	if err == nil {
@@ -286,20 +297,25 @@ func (t *Throttle) listen() (connected bool, err error) {
 			pooled.Conn().Close(ctx)
 			pooled.Release() // closed: the pool drops it
 		}()
-		// A pause set while this connection was not listening is read
-		// first; one set between the read and LISTEN is found by the
-		// next heartbeat.
-		t.catchUp(cctx, pooled.Conn())
-		_, err = pooled.Exec(cctx, "LISTEN "+throttleChannel)
+		err = t.startListening(cctx, pooled.Conn())
 	}
 	cancel()
 	if err != nil {
 		return false, err
 	}
 	conn := pooled.Conn()
+	ctx := t.ctx
+	if at, ok := retireAt(conn, time.Now()); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(t.ctx, at)
+		defer cancel()
+	}
 	for {
-		n, err := conn.WaitForNotification(t.ctx)
+		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
+			if t.ctx.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return true, errRetired
+			}
 			return true, err
 		}
 		var p notice
@@ -312,14 +328,71 @@ func (t *Throttle) listen() (connected bool, err error) {
 	}
 }
 
-// catchUp reads the pause on a new listening connection, so that one set
-// while none was listening is known at once rather than at the next
-// heartbeat.
-func (t *Throttle) catchUp(ctx context.Context, conn *pgx.Conn) {
+// startListening listens on conn, and then reads the pause: one set from
+// LISTEN on comes as a notification, and one set before, while no connection
+// listened, is in the row, known at once rather than at the next heartbeat.
+// (Each is its own statement: a LISTEN takes effect when its transaction
+// commits, so a read in the same transaction could miss a pause set between
+// the two.) It then runs LISTEN again, a no-op that leaves plain "LISTEN
+// idemproxy_throttle" as the session's statement in pg_stat_activity only
+// once the pause is read (the first is marked): a session shown listening
+// there has read the pause too, and a pause set from then on comes as a
+// notification, naming the replica that set it.
+func (t *Throttle) startListening(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, "LISTEN "+throttleChannel+" /* the pause is read next */"); err != nil {
+		return err
+	}
 	var left int64
 	err := conn.QueryRow(ctx, `SELECT (extract(epoch FROM paused_until - now()) * 1000000)::bigint
 		FROM idemproxy_throttle WHERE name = $1`, t.opt.Name).Scan(&left)
-	if err == nil && left > 0 && t.opt.OnPause != nil {
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	if left > 0 && t.opt.OnPause != nil {
 		t.opt.OnPause(time.Duration(left)*time.Microsecond, "")
 	}
+	_, err = conn.Exec(ctx, "LISTEN "+throttleChannel)
+	return err
+}
+
+// retireKey holds, in a connection's CustomData, when its lifetime in the
+// pool is over (stampRetire).
+const retireKey = "idemproxy.retire"
+
+// stampRetire is the pool's AfterConnect: it notes on each new connection
+// when its lifetime is over, as pgxpool reckons it (pool_max_conn_lifetime
+// and a random part of pool_max_conn_lifetime_jitter, from its connecting).
+// pgxpool retires a connection only when it is handed back or idle, never
+// while it is held; the listener, which holds its connection, retires it
+// itself at that time (retireAt). A lifetime of 0 or less is none.
+func stampRetire(lifetime, jitter time.Duration) func(context.Context, *pgx.Conn) error {
+	return func(_ context.Context, c *pgx.Conn) error {
+		if lifetime > 0 {
+			c.PgConn().CustomData()[retireKey] = time.Now().Add(lifetime + mrand.N(max(jitter, 0)+1))
+		}
+		return nil
+	}
+}
+
+// listenMinHold is the least a listener holds a connection before retiring
+// it: with a tiny lifetime, the listener would otherwise reconnect in a
+// tight loop.
+const listenMinHold = time.Second
+
+// retireAt is when the listener gives conn up: at the end of its lifetime in
+// the pool, at least listenMinHold after now. A connection without a
+// lifetime has none (ok false).
+func retireAt(conn *pgx.Conn, now time.Time) (at time.Time, ok bool) {
+	at, ok = conn.PgConn().CustomData()[retireKey].(time.Time)
+	if !ok {
+		return time.Time{}, false
+	}
+	return later(at, now.Add(listenMinHold)), true
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
