@@ -73,9 +73,12 @@ func TestThrottleListenerBackSoonAfterOutage(t *testing.T) {
 	}
 	t.Cleanup(func() { sb.Close() })
 	got := newPauses()
-	throttle(t, sb, ThrottleOptions{Name: "p", Replica: "replica-b", Heartbeat: time.Hour, OnPause: got.on})
+	beat := make(chan int, 1)
+	throttle(t, sb, ThrottleOptions{Name: "p", Replica: "replica-b", Heartbeat: time.Hour, OnPause: got.on,
+		OnReplicas: func(n int) { beat <- n }})
 	a := throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Replica: "replica-a", Heartbeat: time.Hour})
 	waitListening(t, sb, 2)
+	waitBeat(t, beat) // the next is an hour later
 	if err := c.Stop(true); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +121,10 @@ func TestThrottleListenerRetiresAtLifetime(t *testing.T) {
 	const app, lifetime = "idemproxy-lifetime", 2 * time.Second
 	s := open(t, url+"&pool_max_conns=4&pool_max_conn_lifetime="+lifetime.String()+"&application_name="+app, 0)
 	got := newPauses()
-	throttle(t, s, ThrottleOptions{Name: "p", Replica: "replica-b", Heartbeat: time.Hour, OnPause: got.on})
+	beat := make(chan int, 1)
+	throttle(t, s, ThrottleOptions{Name: "p", Replica: "replica-b", Heartbeat: time.Hour, OnPause: got.on,
+		OnReplicas: func(n int) { beat <- n }})
+	waitBeat(t, beat) // before the pause is written; the next is an hour later
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, url)
 	if err != nil {

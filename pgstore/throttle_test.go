@@ -94,10 +94,14 @@ func TestThrottlePause(t *testing.T) {
 	a := throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Replica: "replica-a", Heartbeat: time.Hour})
 	got := newPauses()
 	sb := open(t, url, 0)
-	throttle(t, sb, ThrottleOptions{Name: "p", Replica: "replica-b", Heartbeat: time.Hour, OnPause: got.on})
-	// Both listen before the pause (the heartbeats, an hour apart, have
-	// run once already, before it): only NOTIFY can bring it.
+	beat := make(chan int, 1)
+	throttle(t, sb, ThrottleOptions{Name: "p", Replica: "replica-b", Heartbeat: time.Hour, OnPause: got.on,
+		OnReplicas: func(n int) { beat <- n }})
+	// Both listen before the pause, and b's first heartbeat (the next is
+	// an hour later) has read the pause row before it: only NOTIFY can
+	// bring it.
 	waitListening(t, sb, 2)
+	waitBeat(t, beat)
 	ctx := context.Background()
 	start := time.Now()
 	if err := a.Pause(ctx, 3*time.Second); err != nil {
@@ -117,6 +121,17 @@ func TestThrottlePause(t *testing.T) {
 	}
 	if d := <-got.c; d < 3*time.Second-time.Since(start) {
 		t.Errorf("after a shorter pause, %v left; want the longer one kept", d)
+	}
+}
+
+// waitBeat waits for a Throttle's first heartbeat, reported on beat by its
+// OnReplicas.
+func waitBeat(t *testing.T, beat <-chan int) {
+	t.Helper()
+	select {
+	case <-beat:
+	case <-time.After(time.Minute):
+		t.Fatal("no heartbeat within a minute")
 	}
 }
 
