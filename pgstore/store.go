@@ -939,8 +939,16 @@ func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time
 		lease_until = now() + $4 * interval '1 microsecond', expires_at = NULL WHERE `+owned, micros(lease))
 }
 
-// Park implements store.Store.Park.
-func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error {
+// park turns owner's in-flight record into an unknown one ($1 tenant, $2
+// key, $3 owner; parkArgs gives the rest). An unknown record never expires
+// (store.Unknown): forgotten, its operation would be sent again as a new one.
+const park = `UPDATE idemproxy_records SET state = 3, lease_until = NULL,
+	first_sent_at = CASE WHEN first_sent_at IS NULL THEN $4::timestamptz ELSE least(first_sent_at, $4::timestamptz) END,
+	attempts = attempts + $5, last_error = $6, last_body = coalesce($7, last_body),
+	expires_at = NULL WHERE ` + owned
+
+// parkArgs are park's $4 on for o.
+func parkArgs(o store.Outcome) []any {
 	var sent *time.Time
 	if !o.FirstSentAt.IsZero() {
 		sent = &o.FirstSentAt
@@ -949,13 +957,20 @@ func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Out
 	if len(o.LastBody) > 0 {
 		lastBody = o.LastBody
 	}
-	// An unknown record never expires (store.Unknown): forgotten, its
-	// operation would be sent again as a new one.
-	return s.ownerWrite(ctx, "park", id, owner, `UPDATE idemproxy_records SET state = 3, lease_until = NULL,
-		first_sent_at = CASE WHEN first_sent_at IS NULL THEN $4::timestamptz ELSE least(first_sent_at, $4::timestamptz) END,
-		attempts = attempts + $5, last_error = $6, last_body = coalesce($7, last_body),
-		expires_at = NULL WHERE `+owned,
-		sent, o.Attempts, o.LastError, lastBody)
+	return []any{sent, o.Attempts, o.LastError, lastBody}
+}
+
+// Park implements store.Store.Park. One that fails for any reason but
+// ErrNotOwner is done again in the background once the database answers
+// (see lostClaim), as long as owner still holds the record then: the
+// operation may have run, and left in flight it would be listed among the
+// running ones until its lease ends, with what its owner knew of it lost.
+func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error {
+	err := s.ownerWrite(ctx, "park", id, owner, park, parkArgs(o)...)
+	if err != nil && !errors.Is(err, store.ErrNotOwner) && !errors.Is(err, store.ErrClosed) && id.Key != "" && owner != "" {
+		s.parkLater(id, owner, o)
+	}
+	return err
 }
 
 // ownerWrite runs a write on owner's in-flight record (sql's condition is

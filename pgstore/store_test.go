@@ -585,6 +585,91 @@ func TestFailedAbandonDoneLater(t *testing.T) {
 	claimAnew(t, s, id, req, time.Now().Add(30*time.Second), "the database came back")
 }
 
+// TestFailedParkDoneLater: a Park that fails while the database is down
+// (the proxy keeping as unknown an operation the provider answered and whose
+// answer could not be stored) is done again once the database is back: the
+// record becomes unknown with the outcome Park was given, once, instead of
+// staying in flight with that outcome lost (or, as when the proxy released
+// such a key, being deleted). A deferred park of an owner that no longer
+// holds the record leaves the record alone.
+func TestFailedParkDoneLater(t *testing.T) {
+	c, url := pgtest.Own(t, pgtest.Options{})
+	ctx := context.Background()
+	s, err := Open(ctx, Options{URL: url, CallTimeout: 2 * time.Second, SweepInterval: -1, AnalyzeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id, req := store.ID{Key: "answered"}, store.Request{Fingerprint: []byte("fp")}
+	if _, created, err := s.Begin(ctx, id, req, "o", time.Hour); err != nil || !created {
+		t.Fatalf("Begin = %v, %v", created, err)
+	}
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	o := store.Outcome{FirstSentAt: time.Now().Add(-time.Minute).Truncate(time.Microsecond).UTC(), Attempts: 2,
+		LastError: "status 201 from upstream, but the answer could not be stored", LastBody: []byte(`{"id":"pay_1"}`)}
+	if err := s.Park(ctx, id, "o", o); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Park with the database down = %v, want ErrUnavailable", err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var rec store.Record
+	for {
+		rec, err = s.Get(ctx, id)
+		if err == nil && rec.State == store.Unknown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record 30 s after the database came back: %+v, %v; want it unknown", rec, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	waitNoneLost(t, s)
+	rec, err = s.Get(ctx, id)
+	if err != nil || rec.State != store.Unknown || !rec.Outcome.FirstSentAt.Equal(o.FirstSentAt) || rec.Outcome.Attempts != 2 ||
+		rec.Outcome.LastError != o.LastError || string(rec.Outcome.LastBody) != string(o.LastBody) || !rec.LeaseUntil.IsZero() {
+		t.Fatalf("record after the deferred park = %+v, %v; want unknown with outcome %+v, parked once", rec, err, o)
+	}
+	// The next claim resumes it at once, keeping what the park kept.
+	got, created, err := s.Begin(ctx, id, req, "next", time.Minute)
+	if err != nil || !created || got.Fence != 2 || !got.Outcome.FirstSentAt.Equal(o.FirstSentAt) {
+		t.Fatalf("claim after the deferred park = %+v, %v, %v; want it resumed (fence 2) with its first send", got, created, err)
+	}
+
+	// A park remembered for an owner that lost the record changes nothing.
+	taken := store.ID{Key: "taken"}
+	if _, created, err := s.Begin(ctx, taken, req, "new", time.Hour); err != nil || !created {
+		t.Fatalf("Begin = %v, %v", created, err)
+	}
+	s.parkLater(taken, "old", o)
+	waitNoneLost(t, s)
+	if rec, err := s.Get(ctx, taken); err != nil || rec.State != store.InFlight || rec.Owner != "new" || !rec.Outcome.IsZero() {
+		t.Fatalf("record of another owner after a stale deferred park = %+v, %v; want it in flight, untouched", rec, err)
+	}
+}
+
+// waitNoneLost waits until s has no lost claim or failed write left to
+// redo, for up to 30 s.
+func waitNoneLost(t *testing.T, s *Store) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s.lostMu.Lock()
+		n := len(s.lost)
+		s.lostMu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lost claims or failed writes still pending after 30 s", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // claimAnew claims id again until the claim creates a new record (fence 1),
 // failing the test at deadline: the key is still held that long after what
 // happened.

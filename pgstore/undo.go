@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -35,15 +36,25 @@ import (
 // lostClaim is a claim whose statement may have committed unanswered, or
 // (abandon) an Abandon that failed: the store deletes the record once the
 // database answers again, so that the key is free then rather than only
-// when its lease ends. An Abandon needs no wait for its session: deleting
-// twice is the same as once.
+// when its lease ends; or (park) a Park that failed: the store parks the
+// record as unknown with that outcome once the database answers, so that
+// what the owner knew of an operation that may have run (its first send,
+// the provider's last answer) is kept. Neither waits for its session: both
+// are owner writes on the in-flight record, which a second run finds no
+// longer in flight, and a record the owner no longer holds (taken over
+// meanwhile) is left alone.
 type lostClaim struct {
 	id      store.ID
 	owner   string
 	pid     uint32    // the server process of the session that sent it
 	since   time.Time // when its statement failed
 	abandon bool
+	park    *store.Outcome
 }
+
+// deferred says whether c is a failed owner write (an Abandon or a Park)
+// rather than a claim that got no answer.
+func (c lostClaim) deferred() bool { return c.abandon || c.park != nil }
 
 const (
 	// undoRetry is how often the store tries again to undo lost claims
@@ -83,6 +94,18 @@ func mayHaveRun(err error) bool {
 func (s *Store) releaseLater(id store.ID, owner string) {
 	s.lostMu.Lock()
 	s.lost = append(s.lost, lostClaim{id: id, owner: owner, since: time.Now(), abandon: true})
+	s.lostMu.Unlock()
+	select {
+	case s.lostKick <- struct{}{}:
+	default:
+	}
+}
+
+// parkLater remembers a Park that failed, to be done again.
+func (s *Store) parkLater(id store.ID, owner string, o store.Outcome) {
+	o.LastBody = bytes.Clone(o.LastBody) // the caller's buffer is not the store's
+	s.lostMu.Lock()
+	s.lost = append(s.lost, lostClaim{id: id, owner: owner, since: time.Now(), park: &o})
 	s.lostMu.Unlock()
 	select {
 	case s.lostKick <- struct{}{}:
@@ -137,11 +160,11 @@ func (s *Store) undoLost(ctx context.Context) int {
 	}
 	pids := make([]int32, 0, len(pending))
 	for _, c := range pending {
-		if !c.abandon {
+		if !c.deferred() {
 			pids = append(pids, int32(c.pid))
 		}
 	}
-	var alive []int32 // the sessions still there; a failed release waits for none
+	var alive []int32 // the sessions still there; a failed release or park waits for none
 	if len(pids) > 0 {
 		err := s.call(ctx, "undo", nil, func(ctx context.Context) error {
 			rows, _ := s.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE pid = ANY($1::int4[])`, pids)
@@ -155,11 +178,17 @@ func (s *Store) undoLost(ctx context.Context) int {
 	}
 	var done []lostClaim
 	for _, c := range pending {
-		if !c.abandon && slices.Contains(alive, int32(c.pid)) && time.Since(c.since) < undoAnyway {
+		if !c.deferred() && slices.Contains(alive, int32(c.pid)) && time.Since(c.since) < undoAnyway {
 			continue
 		}
 		var deleted, parked int64
 		err := s.call(ctx, "undo", &c.id, func(ctx context.Context) error {
+			if c.park != nil {
+				args := append([]any{[]byte(c.id.Tenant), []byte(c.id.Key), c.owner}, parkArgs(*c.park)...)
+				tag, err := s.pool.Exec(ctx, park, args...)
+				parked = tag.RowsAffected()
+				return err
+			}
 			if c.abandon {
 				tag, err := s.pool.Exec(ctx, abandon, []byte(c.id.Tenant), []byte(c.id.Key), c.owner)
 				deleted = tag.RowsAffected()
@@ -172,6 +201,12 @@ func (s *Store) undoLost(ctx context.Context) int {
 			continue
 		}
 		switch {
+		case c.park != nil && parked > 0:
+			s.opt.Logger.Warn("an operation that may have run, whose record could not be parked as unknown, is parked now that the database answers; its next request resumes it with the same key",
+				"key", c.id.Key, "last_error", c.park.LastError)
+		case c.park != nil:
+			// Parked after all, completed, or taken over: the record is
+			// someone else's now.
 		case c.abandon && deleted > 0:
 			s.opt.Logger.Warn("an in-flight record whose release failed is released now that the database answers; the key is free",
 				"key", c.id.Key)
