@@ -180,8 +180,8 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time
 
 // run performs the attempt sequence and records its outcome: a final response is
 // completed in the store before anyone sees it; a sequence after which the
-// provider may have acted parks the record as unknown; anything else releases
-// the key. Either way the next request resumes with the same key.
+// provider may have acted, or whose final answer could not be stored, parks
+// the record as unknown; anything else releases the key. Either way the next request resumes with the same key.
 func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.Time, body []byte, before store.Outcome, l *leaseRenewal) result {
 	ctx := context.WithoutCancel(r.Context())
 	call := retry.Call{Mode: retry.Protected}
@@ -204,22 +204,53 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 		if err == nil {
 			return res
 		}
-		if errors.Is(err, store.ErrTooLarge) {
-			// Refusing it would refuse it on every retry for ever: the app gets
-			// the provider's answer unstored, and its retry reaches the
-			// provider again with the same key.
-			h.opt.Logger.Warn("final response too large for a record (headers included); passed on unstored, key released",
-				"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status)
-		} else {
-			h.opt.Logger.Error("storing the final response failed after the upstream answered; key released",
-				"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status, "err", err)
-			res = result{err: storeAfterSend{res.report.Attempts}}
+		if !errors.Is(err, store.ErrTooLarge) {
+			return h.unstored(ctx, r, id, owner, res, err)
 		}
+		// Refusing it would refuse it on every retry for ever: the app gets
+		// the provider's answer unstored, and its retry reaches the
+		// provider again with the same key.
+		h.opt.Logger.Warn("final response too large for a record (headers included); passed on unstored, key released",
+			"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status)
 	}
 	if err := h.opt.Store.Abandon(ctx, id, owner); err != nil {
 		h.opt.Logger.Error("releasing in-flight record failed", "err", err)
 	}
 	return res
+}
+
+// unstored ends a sequence whose final answer the store refused (err, not
+// store.ErrTooLarge): the app gets 503 store_unavailable saying the
+// operation may have run, with the attempts made. The provider did run it,
+// so the record is parked as unknown, never released: released, the app's
+// retry would be a first send, with no status probe and no key retention
+// check, and a provider that has forgotten the key by then would execute it
+// again. The answer's body is kept for the status probe's {resp.…}
+// placeholders (a payment id). A lost lease (store.ErrNotOwner) writes
+// nothing: the new owner answers the app's retry.
+func (h *Handler) unstored(ctx context.Context, r *http.Request, id store.ID, owner string, res result, err error) result {
+	out := result{err: storeAfterSend{res.report.Attempts}}
+	if errors.Is(err, store.ErrNotOwner) {
+		h.opt.Logger.Error("storing the final response failed after the upstream answered: the lease was lost; the new owner resumes the key",
+			"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status, "err", err)
+		return out
+	}
+	h.opt.Logger.Error("storing the final response failed after the upstream answered; keeping the operation as unknown",
+		"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status, "err", err)
+	o := store.Outcome{
+		FirstSentAt: res.report.FirstSentAt,
+		Attempts:    res.report.Attempts,
+		LastError: "status " + strconv.Itoa(res.resp.Status) +
+			" from upstream, but the answer could not be stored: " + err.Error(),
+		LastBody: lastBody(res.resp.Body),
+	}
+	if res.resp.Header.Get(retry.ReconciledHeader) != "" {
+		// The status probe's answer: the record keeps the earlier ambiguous
+		// answer the probe was filled from.
+		o.LastBody = nil
+	}
+	h.park(ctx, r, id, owner, o)
+	return out
 }
 
 // unknownOutcome says whether a sequence ended with the operation's outcome
@@ -250,8 +281,11 @@ func lastBody(b []byte) []byte {
 }
 
 // park keeps the record in state unknown with what is known of the attempts.
-// If that fails the record stays in flight until its lease ends, and is then
-// resumed with the same key like an unknown one.
+// If that fails the record stays in flight, never deleted: a store may park
+// it later (pgstore does once the database answers), else it is taken over
+// once its lease ends, or released as unknown at the next start (Badger),
+// and resumed with the same key like an unknown one, its claim time standing
+// in for its first send.
 func (h *Handler) park(ctx context.Context, r *http.Request, id store.ID, owner string, o store.Outcome) {
 	if err := h.opt.Store.Park(ctx, id, owner, o); err != nil {
 		h.opt.Logger.Error("keeping an operation whose outcome is unknown failed",

@@ -57,7 +57,8 @@ const (
 	// Final means a final response is stored and is replayed on repeats.
 	Final State = 2
 	// Unknown means an attempt sequence ended without a final answer after
-	// the provider may have acted (a timeout or a 5xx after sending). The
+	// the provider may have acted (a timeout or a 5xx after sending), or
+	// with a final answer the store could not take (Complete failed). The
 	// record is kept, with no owner and no expiry, until the next Begin with
 	// the same fingerprint resumes it: forgotten, the operation would be sent
 	// again as a new one, perhaps after the provider forgot its key.
@@ -272,7 +273,10 @@ type Store interface {
 	// merged into Record.Outcome as Outcome.Merge does (earliest FirstSentAt,
 	// Attempts added, LastError replaced, LastBody replaced if o has one).
 	// The next Begin with the same fingerprint resumes it at once.
-	// ErrNotOwner if owner does not hold the record.
+	// ErrNotOwner if owner does not hold the record. A store may do a Park
+	// that failed otherwise again later, once it can be written, and only
+	// while owner still holds the record (pgstore does); it never deletes
+	// the record instead.
 	Park(ctx context.Context, id ID, owner string, o Outcome) error
 	// Get returns id's record, or ErrNotFound if it is missing or expired.
 	Get(ctx context.Context, id ID) (Record, error)
