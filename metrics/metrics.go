@@ -130,7 +130,7 @@ func (m *Metrics) newStoreMetrics() {
 		"Time of record store operations (begin, complete, abandon, get, renew, park, ping; the operators' list, supersede, resolve), fsync included.",
 		storeBuckets, "op")
 	m.storeErrors = m.counterVec("store_errors_total",
-		"Record store operations that failed, by op and kind (not_owner, no_space, too_large, closed, unavailable, canceled, other).",
+		"Record store operations that failed, by op and kind (not_owner, no_space, too_large, closed, unavailable: the store unreachable or not answering in time, a timeout included; canceled: the caller went away; other).",
 		"op", "kind")
 	m.operations = m.gauge("operations_in_flight",
 		"Protected upstream operations holding an in-flight record: claimed and not yet stored or released.")

@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -315,7 +316,9 @@ func TestErrorKind(t *testing.T) {
 		{errors.Join(errors.New("cache: complete"), store.ErrNoSpace), "no_space"},
 		{store.ErrTooLarge, "too_large"},
 		{store.ErrClosed, "closed"},
-		{context.DeadlineExceeded, "canceled"},
+		{context.DeadlineExceeded, "unavailable"},
+		{fmt.Errorf("pgstore: ping: %w", context.DeadlineExceeded), "unavailable"},
+		{fmt.Errorf("pgstore: get: %w", context.Canceled), "canceled"},
 		{errors.New("disk on fire"), "other"},
 	}
 	for _, c := range cases {

@@ -152,7 +152,13 @@ func (s *InstrumentedStore) now() time.Time {
 	return time.Now()
 }
 
-// errorKind names the store's sentinel errors for the kind label.
+// errorKind names the store's sentinel errors for the kind label. A
+// deadline that ran out (the store's call timeout, a readiness probe's or a
+// lease renewal's bound) is the store not answering in time: unavailable,
+// like the failures a store wraps in store.ErrUnavailable, so that an alert
+// on kind="unavailable" also fires for a hung database with no traffic but
+// the readiness probes. Only a cancelled context, a caller that went away
+// (a client that left), is canceled.
 func errorKind(err error) string {
 	kinds := []struct {
 		err  error
@@ -164,7 +170,7 @@ func errorKind(err error) string {
 		{store.ErrClosed, "closed"},
 		{store.ErrUnavailable, "unavailable"},
 		{context.Canceled, "canceled"},
-		{context.DeadlineExceeded, "canceled"},
+		{context.DeadlineExceeded, "unavailable"},
 	}
 	for _, k := range kinds {
 		if errors.Is(err, k.err) {
