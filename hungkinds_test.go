@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,5 +69,80 @@ func TestReadyzOnHungDatabaseCountsUnavailable(t *testing.T) {
 	}
 	if m[unavailable] != 1 {
 		t.Errorf("a /readyz whose client left: %s = %v, want it still 1", unavailable, m[unavailable])
+	}
+}
+
+// TestRepeatWaitingWhenDatabaseDrops: while replica a runs an order (the
+// provider holds it), the same order on replica b waits for it; the
+// database then stops. b answers 503 store_unavailable, and neither its
+// answer nor its log says the key was left free or that nothing was sent
+// upstream: the operation is in flight on a. The answer says nothing was
+// sent by this request and to retry with the same key. Before, b answered
+// "nothing was sent upstream" and logged "key left free".
+func TestRepeatWaitingWhenDatabaseDrops(t *testing.T) {
+	c, url := pgtest.Own(t, pgtest.Options{})
+	prov := newHeldProvider(2)
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	released := false
+	defer func() {
+		if !released {
+			close(prov.release)
+		}
+	}()
+	env := sharedEnv(up.URL, url, "IDEMPROXY_INFLIGHT_WAIT=1m")
+	a := launch(t, launchSpec{env: env})
+	b := launch(t, launchSpec{env: env})
+	order := `{"order_id":"waiting-1","amount":"3.00"}`
+
+	ra := goSend("POST", "http://"+a.proxy+"/v1/payments", order)
+	key := <-prov.entered
+	rb := goSend("POST", "http://"+b.proxy+"/v1/payments", order)
+	// b finds the key in flight and polls it.
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case r := <-rb:
+		t.Fatalf("b answered before the database stopped: %+v", r)
+	default:
+	}
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	var got sentReply
+	select {
+	case got = <-rb:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("b still waiting 30 s after the database stopped:\n%s", b.text())
+	}
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal([]byte(got.reply.body), &e); err != nil || got.reply.status != http.StatusServiceUnavailable || e.Error.Code != "store_unavailable" {
+		t.Fatalf("b with the database stopped: %d %s, want 503 store_unavailable", got.reply.status, got.reply.body)
+	}
+	if got.reply.header.Get("Idempotency-Key") != key {
+		t.Errorf("b's answer carries key %q, want %q", got.reply.header.Get("Idempotency-Key"), key)
+	}
+	msg := e.Error.Message
+	if strings.Contains(msg, "nothing was sent upstream") || !strings.Contains(msg, "nothing was sent by this request") ||
+		!strings.Contains(msg, "may be running or done") || !strings.Contains(msg, "retry with the same Idempotency-Key") {
+		t.Errorf("b's message %q: want it to say nothing was sent by this request, that the key's operation may be running or done, and to retry with the same key; not that nothing was sent upstream", msg)
+	}
+	if log := b.text(); strings.Contains(log, "key left free") || !strings.Contains(log, "nothing sent by this request") {
+		t.Errorf("b's log says the key was left free, or not that nothing was sent by this request:\n%s", log)
+	}
+
+	close(prov.release)
+	released = true
+	if r := <-ra; r.err != nil {
+		t.Fatal(r.err)
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.seen[key] != 1 || len(prov.seen) != 1 {
+		t.Errorf("provider saw %v, want one request, from a", prov.seen)
 	}
 }

@@ -35,6 +35,7 @@ func TestClassify(t *testing.T) {
 		{"in progress", busyError(0, ""), http.StatusConflict, CodeInProgress, OutcomeInProgress, "", 0},
 		{"in progress, provider's dialect", busyError(http.StatusServiceUnavailable, "idempotency.in_progress"), http.StatusServiceUnavailable, "idempotency.in_progress", OutcomeInProgress, "", 0},
 		{"store before sending", storeError{errors.New("disk full")}, http.StatusServiceUnavailable, CodeStoreUnavailable, OutcomeStoreError, "", 0},
+		{"store while waiting for the key in flight elsewhere", storeErrorWaiting{errors.New("connection refused")}, http.StatusServiceUnavailable, CodeStoreUnavailable, OutcomeStoreError, "", 0},
 		{"store after sending", ErrStoreAfterSend, http.StatusServiceUnavailable, CodeStoreUnavailable, OutcomeStoreError, "", 0},
 		{"store after sending, with attempts", storeAfterSend{2}, http.StatusServiceUnavailable, CodeStoreUnavailable, OutcomeStoreError, "", 2},
 		{"overloaded", ErrOverloaded, http.StatusServiceUnavailable, CodeOverloaded, OutcomeOverloaded, LimitRequests, 0},

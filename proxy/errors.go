@@ -56,6 +56,11 @@ var (
 	ErrInProgress  = &Error{http.StatusConflict, CodeInProgress, "a request with this Idempotency-Key is still in flight; retry later with the same key"}
 	ErrBodyTooLong = &Error{http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "request body exceeds the configured limit"}
 	ErrStore       = &Error{http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency record store cannot be written; nothing was sent upstream"}
+	// ErrStoreWaiting is store_unavailable for a request that found its key
+	// in flight for another request (on this replica or another) and lost
+	// the store while waiting for it: it sent nothing, but the key is not
+	// free, its operation may be running or done.
+	ErrStoreWaiting = &Error{http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency record store cannot be written; nothing was sent by this request, but the operation for this Idempotency-Key was in flight for another request and may be running or done: retry with the same Idempotency-Key"}
 	// ErrStoreAfterSend is store_unavailable after the upstream answered: the
 	// operation may have been executed, so the app must retry with the same key.
 	ErrStoreAfterSend = &Error{http.StatusServiceUnavailable, CodeStoreUnavailable, "the upstream answered but the answer could not be stored; the operation may have been executed: retry with the same Idempotency-Key"}
@@ -106,6 +111,14 @@ type storeError struct{ err error }
 
 func (e storeError) Error() string { return "record store: " + e.err.Error() }
 func (e storeError) Unwrap() error { return e.err }
+
+// storeErrorWaiting is a store failure of a request that waited for its key's
+// operation in flight for another request: ErrStoreWaiting, the log keeping
+// the cause.
+type storeErrorWaiting struct{ err error }
+
+func (e storeErrorWaiting) Error() string { return "record store: " + e.err.Error() }
+func (e storeErrorWaiting) Unwrap() error { return e.err }
 
 // storeAfterSend is ErrStoreAfterSend for a sequence that made attempts
 // attempts: the answer, the request log and the metrics count them, since
@@ -159,6 +172,7 @@ func classify(err error) apiError {
 		ex  *retry.ExhaustedError
 		mbe *http.MaxBytesError
 		se  storeError
+		sw  storeErrorWaiting
 		sa  storeAfterSend
 	)
 	switch {
@@ -176,6 +190,8 @@ func classify(err error) apiError {
 		return answer(ErrBodyTooLong, OutcomeRejected)
 	case errors.Is(err, idemkey.ErrInvalidKey):
 		return answer(ErrKeyInvalid, OutcomeRejected)
+	case errors.As(err, &sw):
+		return answer(ErrStoreWaiting, OutcomeStoreError)
 	case errors.As(err, &se):
 		return answer(ErrStore, OutcomeStoreError)
 	case errors.Is(err, retry.ErrKeyExpired):
@@ -243,7 +259,7 @@ func classifyOwn(e *Error) apiError {
 		return answer(e, OutcomeConflict)
 	case ErrInProgress:
 		return answer(e, OutcomeInProgress)
-	case ErrStore, ErrStoreAfterSend:
+	case ErrStore, ErrStoreWaiting, ErrStoreAfterSend:
 		return answer(e, OutcomeStoreError)
 	case ErrClientGone:
 		return answer(e, OutcomeClientGone)

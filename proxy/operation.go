@@ -48,10 +48,12 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, b
 	deadline := h.opt.Now().Add(h.opt.InflightWait)
 	owner := newOwner()
 	req := store.Request{Fingerprint: fp, Method: r.Method, Path: r.URL.EscapedPath(), UpstreamKey: upstreamKey}
+	held := false // the key was seen in flight for another request
 	for {
 		if h.flights.wait(id) != nil {
 			// This process runs the key: whatever the clocks say about its
 			// lease (a VM resume, an NTP step), never take it over.
+			held = true
 			if err := h.awaitOwn(ctx, id, fp, deadline); err != nil {
 				return result{}, err
 			}
@@ -62,6 +64,13 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, b
 		if err != nil {
 			if ctx.Err() != nil { // the client left; the store is fine
 				return result{}, ctx.Err()
+			}
+			if held {
+				// Not free: its operation was in flight for another
+				// request (here or on another replica), and may still run.
+				h.opt.Logger.Error("claiming the key in the store failed while waiting for its operation in flight elsewhere; nothing sent by this request, the operation may be running or done",
+					"method", r.Method, "path", r.URL.Path, "key", id.Key, "err", err)
+				return result{}, storeErrorWaiting{err}
 			}
 			h.opt.Logger.Error("claiming the key in the store failed; nothing sent, key left free",
 				"method", r.Method, "path", r.URL.Path, "key", id.Key, "err", err)
@@ -79,6 +88,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, b
 		if rec.State == store.Final {
 			return result{resp: rec.Response, replayed: true}, nil
 		}
+		held = true
 		if err := h.awaitOther(ctx, id, deadline); err != nil {
 			return result{}, err
 		}
