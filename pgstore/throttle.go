@@ -171,6 +171,13 @@ func (t *Throttle) Take(ctx context.Context, n int, perSecond float64, burst int
 	return time.Duration(max(lead, 0)) * time.Microsecond, nil
 }
 
+// pauseLeft is what is left of a throttle row's pause, in microseconds, 0
+// when none runs. A row the rate limit created (Take) and no pause has
+// touched holds paused_until '-infinity', which PostgreSQL cannot subtract
+// from now() (SQLSTATE 22008): read as it stood, every heartbeat failed and
+// no listener could start once the bucket's row was there.
+const pauseLeft = `(extract(epoch FROM greatest(paused_until, now()) - now()) * 1000000)::bigint`
+
 // heartbeatLoop writes this replica's heartbeat row and reads the live
 // replica count and the pause, every Heartbeat until Close.
 func (t *Throttle) heartbeatLoop() {
@@ -199,8 +206,7 @@ func (t *Throttle) beat() {
 			)
 			SELECT 1 + (SELECT count(*) FROM idemproxy_replicas
 					WHERE replica <> @replica::text AND seen_at > now() - @live::bigint * interval '1 microsecond'),
-				(SELECT (extract(epoch FROM paused_until - now()) * 1000000)::bigint
-					FROM idemproxy_throttle WHERE name = @name::text)`,
+				(SELECT `+pauseLeft+` FROM idemproxy_throttle WHERE name = @name::text)`,
 			pgx.NamedArgs{"replica": t.opt.Replica, "name": t.opt.Name, "live": micros(3 * t.opt.Heartbeat)}).Scan(&n, &left)
 	})
 	t.healthy.Store(err == nil)
@@ -343,8 +349,7 @@ func (t *Throttle) startListening(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	}
 	var left int64
-	err := conn.QueryRow(ctx, `SELECT (extract(epoch FROM paused_until - now()) * 1000000)::bigint
-		FROM idemproxy_throttle WHERE name = $1`, t.opt.Name).Scan(&left)
+	err := conn.QueryRow(ctx, `SELECT `+pauseLeft+` FROM idemproxy_throttle WHERE name = $1`, t.opt.Name).Scan(&left)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}

@@ -249,3 +249,51 @@ func TestThrottleGateFallsBackWhenDatabaseStops(t *testing.T) {
 		t.Errorf("%d failures reported, want 1 (the database is not asked again at once): %v", len(failures), failures)
 	}
 }
+
+// A throttle row the rate limit created, never paused, holds paused_until
+// '-infinity': a replica starting then still beats (and counts the
+// replicas), listens, and hears the next pause at once.
+func TestThrottleBucketRowNeverPaused(t *testing.T) {
+	url := pgtest.Database(t)
+	a := throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Replica: "replica-a", Heartbeat: time.Hour})
+	ctx := context.Background()
+	if _, err := a.Take(ctx, 1, 10, 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var never bool
+	if err := a.s.pool.QueryRow(ctx, `SELECT paused_until = '-infinity' FROM idemproxy_throttle WHERE name = 'p'`).Scan(&never); err != nil || !never {
+		t.Fatalf("the bucket's row: paused_until is -infinity %v (%v), want true: this test needs it", never, err)
+	}
+	got := newPauses()
+	sb := open(t, url, 0)
+	beat := make(chan int, 1)
+	throttle(t, sb, ThrottleOptions{Name: "p", Replica: "replica-b", Heartbeat: time.Hour, OnPause: got.on,
+		OnReplicas: func(n int) { beat <- n }})
+	select {
+	case n := <-beat:
+		if n != 2 {
+			t.Errorf("replica-b's first heartbeat counts %d replicas, want 2", n)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("replica-b's first heartbeat did not succeed within 15 s of its start")
+	}
+	select {
+	case d := <-got.c:
+		t.Fatalf("a pause of %v reported before any was set", d)
+	default:
+	}
+	waitListening(t, sb, 2)
+	if err := a.Pause(ctx, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-got.c:
+	case <-time.After(15 * time.Second):
+		t.Fatal("replica-b did not hear the pause within 15 s")
+	}
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	if got.got[0] != "replica-a" {
+		t.Errorf("pause from %q, want replica-a (by NOTIFY)", got.got[0])
+	}
+}
