@@ -10,6 +10,7 @@ import (
 	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/metrics"
 	"github.com/idemproxy/idemproxy/pgstore"
+	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/ratelimit"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -108,8 +109,15 @@ func countUnknown(s store.Store) func(ctx context.Context) (int, time.Time, erro
 // process owns a Badger directory, so every in-flight record here is dead: the
 // first retry then resumes at once with the same key. A shared store must not
 // do this: its in-flight records may be other replicas' live operations.
+//
+// On a disk below the store's free-space reserve a record cannot be
+// rewritten: it stays in flight (kept), never deleted, since its operation
+// may have reached the provider. The start goes on, and a line names those
+// records: each is taken over once its dead owner's lease has run out, by
+// the app's retry with the same request, and resumed as an operation whose
+// outcome is unknown, or released at the next start with space.
 func releaseInFlight(s *cache.Store, m *metrics.Metrics, log *slog.Logger) error {
-	n, err := s.ReleaseInFlight()
+	n, kept, err := s.ReleaseInFlight()
 	m.Released(n)
 	if err != nil {
 		return fmt.Errorf("release in-flight records: %w", err)
@@ -119,7 +127,31 @@ func releaseInFlight(s *cache.Store, m *metrics.Metrics, log *slog.Logger) error
 		level = slog.LevelWarn // a crash or a kill left them
 	}
 	log.Log(context.Background(), level, "released in-flight records left by a previous process", "count", n)
+	if len(kept) > 0 {
+		log.Warn("in-flight records left by a previous process kept in flight: the disk is below the store's free-space reserve, "+
+			"so they could not be marked unknown; their operations may have reached the provider. "+
+			"Each is taken over as unknown by the app's retry once the dead process's lease has run out (the next start with space releases them); "+
+			"free space, and see `idemproxy records list --state in_flight`",
+			"count", len(kept), "keys", keptKeys(kept))
+	}
 	return nil
+}
+
+// maxKeptKeys bounds the keys the kept-in-flight line names.
+const maxKeptKeys = 20
+
+// keptKeys names up to maxKeptKeys records for a log line: the key, and the
+// client when it is not the default one.
+func keptKeys(ids []store.ID) []string {
+	keys := make([]string, 0, min(len(ids), maxKeptKeys))
+	for _, id := range ids[:min(len(ids), maxKeptKeys)] {
+		k := id.Key
+		if id.Tenant != proxy.DefaultTenant {
+			k += " (client " + id.Tenant + ")"
+		}
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 func closeStore(s store.Store, log *slog.Logger) error {

@@ -30,31 +30,40 @@ const releaseChunk = 1000
 // may have been sent) is kept, and with it the status probe and the
 // provider key retention guard that come before its re-send.
 //
+// On a disk below the free-space reserve (store.ErrNoSpace) a record cannot
+// be rewritten, and is left in flight as it is, never deleted: deleted, the
+// app's retry would be a first send, with no probe and no retention check.
+// Its ID is returned in kept, for the caller to log. Once its dead owner's
+// lease has run out, the first request with the same fingerprint takes it
+// over, and the proxy resumes it as an operation whose outcome is unknown,
+// first sent when an earlier sequence was, else when it was claimed, as
+// after a release; the next start with space releases it.
+//
 // It also takes the expiry off every Unknown record that has one: a
 // version before unknown records stopped expiring wrote them with the TTL,
 // and forgotten, their operation would start afresh as a new one, past the
 // retention guard and the probe. Those are not counted.
-func (s *Store) ReleaseInFlight() (int, error) {
+func (s *Store) ReleaseInFlight() (released int, kept []store.ID, err error) {
 	const op = "release in-flight"
 	if err := s.enter(op); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer s.life.RUnlock()
 	keys, err := s.inFlightKeys()
 	if err != nil {
-		return 0, fmt.Errorf("cache: %s: scan: %w", op, err)
+		return 0, nil, fmt.Errorf("cache: %s: scan: %w", op, err)
 	}
-	released := 0
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), releaseChunk)]
 		keys = keys[len(chunk):]
-		n, err := s.release(chunk)
+		n, k, err := s.release(chunk)
 		released += n
+		kept = append(kept, k...)
 		if err != nil {
-			return released, fmt.Errorf("cache: %s: %w", op, err)
+			return released, kept, fmt.Errorf("cache: %s: %w", op, err)
 		}
 	}
-	return released, nil
+	return released, kept, nil
 }
 
 // inFlightKeys lists the keys of in-flight records, and of unknown ones
@@ -75,11 +84,10 @@ func (s *Store) inFlightKeys() ([][]byte, error) {
 }
 
 // release parks the keys that are still in flight as Unknown, in one
-// transaction.
-func (s *Store) release(keys [][]byte) (int, error) {
-	var n int
-	err := s.update(context.Background(), "release", func(txn *badger.Txn, now time.Time) (bool, error) {
-		n = 0
+// transaction; left lists those left in flight for lack of space.
+func (s *Store) release(keys [][]byte) (n int, left []store.ID, err error) {
+	err = s.update(context.Background(), "release", func(txn *badger.Txn, now time.Time) (bool, error) {
+		n, left = 0, nil
 		kept := false
 		for _, k := range keys {
 			item, err := txn.Get(k)
@@ -99,7 +107,12 @@ func (s *Store) release(keys [][]byte) (int, error) {
 			if item.UserMeta() != byte(store.InFlight) {
 				continue
 			}
-			if err := s.releaseOne(txn, k, item, now); err != nil {
+			id, err := s.releaseOne(txn, k, item, now)
+			if errors.Is(err, store.ErrNoSpace) {
+				left = append(left, id)
+				continue
+			}
+			if err != nil {
 				return false, err
 			}
 			n++
@@ -107,9 +120,9 @@ func (s *Store) release(keys [][]byte) (int, error) {
 		return n > 0 || kept, nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return n, nil
+	return n, left, nil
 }
 
 // releaseOne parks the in-flight record at k as Unknown, with what a dead
@@ -117,26 +130,27 @@ func (s *Store) release(keys [][]byte) (int, error) {
 // time as the first send. A record that cannot be decoded is deleted, and so
 // is a fingerprint-window anchor (store.IsWindowAnchor), which nothing was
 // sent for: the next request of its window anchors its period again.
-func (s *Store) releaseOne(txn *badger.Txn, k []byte, item *badger.Item, now time.Time) error {
+//
+// On a disk below the free-space reserve it returns store.ErrNoSpace with
+// the record's ID and writes nothing: the record stays in flight, since it
+// may have been sent (see ReleaseInFlight), and the start goes on.
+func (s *Store) releaseOne(txn *badger.Txn, k []byte, item *badger.Item, now time.Time) (store.ID, error) {
 	var rec store.Record
 	err := item.Value(func(v []byte) (err error) {
 		rec, err = decodeRecord(v)
 		return err
 	})
 	if err != nil || store.IsWindowAnchor(rec.ID) {
-		return txn.Delete(k)
+		return rec.ID, txn.Delete(k)
 	}
 	if rec.Outcome.FirstSentAt.IsZero() { // also when the outcome holds attempts or an error
 		rec.Outcome.FirstSentAt = rec.CreatedAt
 	}
 	rec.Outcome.LastError = processDied
 	rec.State, rec.LeaseUntil = store.Unknown, time.Time{}
-	if err := s.put(txn, k, nil, &rec, now); errors.Is(err, store.ErrNoSpace) {
-		return txn.Delete(k) // a start must not fail on a nearly full disk
-	} else if err != nil {
-		return err
-	}
-	return nil
+	// put checks the space before it sets anything in txn: a refusal leaves
+	// the record as it was.
+	return rec.ID, s.put(txn, k, nil, &rec, now)
 }
 
 // expiringUnknown says whether item is an Unknown record with an expiry,

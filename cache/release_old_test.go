@@ -57,7 +57,7 @@ func TestUnknownOfThePreviousVersionKeptAfterStart(t *testing.T) {
 	}
 
 	s = openStore(t, dir, c, ttl)
-	if n, err := s.ReleaseInFlight(); err != nil || n != 0 {
+	if n, _, err := s.ReleaseInFlight(); err != nil || n != 0 {
 		t.Fatalf("ReleaseInFlight = %d, %v; want 0 released", n, err)
 	}
 	c.Advance(2 * ttl)

@@ -299,7 +299,7 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 	}
 
 	s = openStore(t, dir, c, 0)
-	n, err := s.ReleaseInFlight()
+	n, _, err := s.ReleaseInFlight()
 	if err != nil || n != len(inflight) {
 		t.Fatalf("ReleaseInFlight = %d, %v; want %d", n, err, len(inflight))
 	}
@@ -320,7 +320,7 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 	if err != nil || rec.State != store.Final || !reflect.DeepEqual(rec.Response, okRes) {
 		t.Fatalf("final record after release = %+v, %v", rec, err)
 	}
-	if n, err := s.ReleaseInFlight(); err != nil || n != len(inflight) {
+	if n, _, err := s.ReleaseInFlight(); err != nil || n != len(inflight) {
 		t.Fatalf("second ReleaseInFlight = %d, %v; want the %d new records", n, err, len(inflight))
 	}
 }
@@ -340,7 +340,7 @@ func diesWhileResumed(t *testing.T, s *Store, dir string, c *fakeclock.Clock, id
 		t.Fatal(err)
 	}
 	s = openStore(t, dir, c, 0)
-	if n, err := s.ReleaseInFlight(); err != nil || n != 1 {
+	if n, _, err := s.ReleaseInFlight(); err != nil || n != 1 {
 		t.Fatalf("ReleaseInFlight = %d, %v; want 1", n, err)
 	}
 	return s
@@ -381,7 +381,7 @@ func TestReleaseDeletesWindowAnchors(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openStore(t, dir, c, 0)
-	if n, err := s.ReleaseInFlight(); err != nil || n != 2 {
+	if n, _, err := s.ReleaseInFlight(); err != nil || n != 2 {
 		t.Fatalf("ReleaseInFlight = %d, %v; want 2", n, err)
 	}
 	if rec, err := s.Get(ctx, anchor); !errors.Is(err, store.ErrNotFound) {
@@ -390,6 +390,72 @@ func TestReleaseDeletesWindowAnchors(t *testing.T) {
 	unknown, _, err := s.List(ctx, store.Filter{State: store.Unknown}, "", 10)
 	if err != nil || len(unknown) != 1 || unknown[0].ID != op {
 		t.Errorf("unknown list after release = %+v, %v; want only %v", unknown, err, op)
+	}
+}
+
+// TestReleaseOnFullDiskKeepsInFlight: a start on a disk below the
+// free-space reserve (here a reserve above the free space) cannot rewrite an
+// in-flight record as unknown. It keeps it in flight as it was, returned in
+// kept, never deleted (its operation may have been sent); a window anchor,
+// for which nothing was sent, is still deleted, which the reserve allows.
+// Once its lease has run out, the same request takes it over (Fence 2, the
+// claim time kept, which the proxy reads as an unknown outcome); a start
+// with space releases it as unknown.
+func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
+	dir := t.TempDir()
+	c := newClock()
+	s := openStore(t, dir, c, 0)
+	op := store.ID{Tenant: "acme", Key: "crashed"}
+	anchor := store.ID{Tenant: "default", Key: store.WindowAnchorPrefix + "0a0a/600000000000/2948"}
+	claim := mustBegin(t, s, op, fpA, "dead-process")
+	mustBegin(t, s, anchor, fpA, "dead-process")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	free, err := freeBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without SyncWrites, Close closes Badger even below the reserve.
+	full, err := Open(Options{Dir: dir, Now: c.Now, MinFreeBytes: int64(free) + 1<<30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, kept, err := full.ReleaseInFlight()
+	if err != nil || n != 1 || !reflect.DeepEqual(kept, []store.ID{op}) {
+		t.Fatalf("ReleaseInFlight below the reserve = %d released, kept %v, %v; want the anchor deleted and %v kept", n, kept, err, op)
+	}
+	rec, err := full.Get(ctx, op)
+	if err != nil || rec.State != store.InFlight || rec.Owner != "dead-process" || !rec.LeaseUntil.Equal(claim.LeaseUntil) ||
+		rec.Fence != 1 || !rec.CreatedAt.Equal(claim.CreatedAt) {
+		t.Fatalf("record after a release below the reserve = %+v, %v; want it in flight as claimed (%+v)", rec, err, claim)
+	}
+	if rec, err := full.Get(ctx, anchor); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("anchor after a release below the reserve = %+v, %v; want it deleted", rec, err)
+	}
+	if err := full.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Its lease over, the same request takes it over as a resumed claim.
+	c.Advance(time.Minute)
+	s = openStore(t, dir, c, 0)
+	got, created, err := s.Begin(ctx, op, store.Request{Fingerprint: fpA}, "new-process", time.Minute)
+	if err != nil || !created || got.Fence != 2 || !got.CreatedAt.Equal(claim.CreatedAt) {
+		t.Fatalf("takeover after the lease = %+v created %v, %v; want Fence 2 and the claim time kept", got, created, err)
+	}
+	// A start with space releases it as unknown, first sent at its claim.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, c, 0)
+	if n, kept, err := s.ReleaseInFlight(); err != nil || n != 1 || len(kept) != 0 {
+		t.Fatalf("ReleaseInFlight with space = %d released, kept %v, %v; want 1, none kept", n, kept, err)
+	}
+	rec, err = s.Get(ctx, op)
+	if err != nil || rec.State != store.Unknown || !rec.Outcome.FirstSentAt.Equal(claim.CreatedAt) {
+		t.Fatalf("record released with space = %+v, %v; want unknown, first sent at its claim", rec, err)
 	}
 }
 
@@ -421,7 +487,7 @@ func TestReleaseInFlightManyChunks(t *testing.T) {
 		mustBegin(t, s, store.ID{Key: fmt.Sprint(i)}, fpA, "o")
 	}
 	mustComplete(t, s, store.ID{Key: "0"}, "o")
-	if got, err := s.ReleaseInFlight(); err != nil || got != n-1 {
+	if got, _, err := s.ReleaseInFlight(); err != nil || got != n-1 {
 		t.Fatalf("ReleaseInFlight = %d, %v; want %d", got, err, n-1)
 	}
 }
@@ -538,7 +604,7 @@ func TestClose(t *testing.T) {
 		"Abandon":  s.Abandon(ctx, store.ID{Key: "k"}, "o"),
 		"Get":      func() error { _, err := s.Get(ctx, store.ID{Key: "k"}); return err }(),
 		"Ping":     s.Ping(ctx),
-		"Release":  func() error { _, err := s.ReleaseInFlight(); return err }(),
+		"Release":  func() error { _, _, err := s.ReleaseInFlight(); return err }(),
 	}
 	for name, err := range calls {
 		if !errors.Is(err, store.ErrClosed) {
