@@ -2,16 +2,12 @@ package main
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/idemproxy/idemproxy/sandbox"
 )
 
 // TestReleaseOnFullDiskKeepsInFlight: idemproxy is killed while the
@@ -27,14 +23,7 @@ import (
 func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 	mnt := smallDisk(t)
 	const retention = time.Second
-	held, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	var holdFirst sync.Once
-	gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention, ExecuteHook: func(sandbox.Operation) {
-		holdFirst.Do(func() { close(held); <-release })
-	}})
-	up := httptest.NewServer(gw)
-	t.Cleanup(func() { once.Do(func() { close(release) }); up.Close() })
+	gw, up, held, release := heldPayments(t, retention)
 	// A lease of 14 s (budget + attempt timeout + 10 s); the retry waits it out.
 	env := baseEnv(up.URL, filepath.Join(mnt, "data"), "IDEMPROXY_RETRY_MAX_ATTEMPTS=1",
 		"IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_RETRY_BUDGET=2s", "IDEMPROXY_INFLIGHT_WAIT=1m",
@@ -46,7 +35,7 @@ func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-p.done
-	once.Do(func() { close(release) }) // the provider executes it, its answer goes nowhere
+	release() // the provider executes it, its answer goes nowhere
 	for deadline := time.Now().Add(10 * time.Second); gw.sb.Ledger().Executions != 1; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("sandbox executed %d payments, want 1", gw.sb.Ledger().Executions)
@@ -85,15 +74,5 @@ func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 	}
 	waitReadyz(t, p.admin, http.StatusOK)
 	time.Sleep(time.Until(executed.Add(retention + 100*time.Millisecond))) // the provider has forgotten the key
-	r := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
-	if r.status != http.StatusConflict || !strings.Contains(r.body, `"idempotency_key_expired"`) {
-		t.Errorf("retry once the space is back = %d %s, want 409 idempotency_key_expired with nothing sent", r.status, r.body)
-	}
-	if rec := send(t, "GET", "http://"+p.admin+"/admin/v1/records/"+key, ""); !strings.Contains(rec.body, `"state":"unknown"`) ||
-		strings.Contains(rec.body, `"first_sent_at":null`) {
-		t.Errorf("record after the retry = %d %s, want it unknown with its first send", rec.status, rec.body)
-	}
-	if k, n := onlyKey(t, mustPosts(gw)); k != key || n != 1 || gw.sb.Ledger().Executions != 1 {
-		t.Fatalf("provider saw %d POSTs under %s and executed %d payments, want 1 and 1", n, k, gw.sb.Ledger().Executions)
-	}
+	retryExpired(t, p, gw, key)
 }

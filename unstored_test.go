@@ -40,17 +40,7 @@ func TestUnstoredAnswerKeptUnknown(t *testing.T) {
 
 func testUnstoredAnswerKeptUnknown(t *testing.T, probe bool) {
 	const retention = time.Second
-	held, release := make(chan struct{}, 1), make(chan struct{})
-	var once sync.Once
-	gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention, ExecuteHook: func(sandbox.Operation) {
-		select {
-		case held <- struct{}{}:
-		default:
-		}
-		<-release
-	}})
-	up := httptest.NewServer(gw)
-	t.Cleanup(func() { once.Do(func() { close(release) }); up.Close() })
+	gw, up, held, release := heldPayments(t, retention)
 	c, url := pgtest.Own(t, pgtest.Options{})
 	env := sharedEnv(up.URL, url, "IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_ATTEMPT_TIMEOUT=30s",
 		"IDEMPROXY_RETRY_BUDGET=1m", "IDEMPROXY_PROVIDER_KEY_RETENTION="+retention.String())
@@ -73,7 +63,7 @@ func testUnstoredAnswerKeptUnknown(t *testing.T, probe bool) {
 	if err := c.Stop(true); err != nil {
 		t.Fatal(err)
 	}
-	once.Do(func() { close(release) })
+	release()
 	a := <-first
 	if a.err != nil {
 		t.Fatal(a.err)
@@ -160,17 +150,7 @@ func testUnstoredAnswerKeptUnknown(t *testing.T, probe bool) {
 func TestUnstoredAnswerOnFullDisk(t *testing.T) {
 	mnt := smallDisk(t)
 	const retention = time.Second
-	held, release := make(chan struct{}, 1), make(chan struct{})
-	var once sync.Once
-	gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention, ExecuteHook: func(sandbox.Operation) {
-		select {
-		case held <- struct{}{}:
-		default:
-		}
-		<-release
-	}})
-	up := httptest.NewServer(gw)
-	t.Cleanup(func() { once.Do(func() { close(release) }); up.Close() })
+	gw, up, held, release := heldPayments(t, retention)
 	// A lease of 20 s (budget + attempt timeout + 10 s); the retry waits it out.
 	p := launch(t, launchSpec{env: baseEnv(up.URL, filepath.Join(mnt, "data"), "IDEMPROXY_RETRY_MAX_ATTEMPTS=1",
 		"IDEMPROXY_ATTEMPT_TIMEOUT=5s", "IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_INFLIGHT_WAIT=1m",
@@ -185,7 +165,7 @@ func TestUnstoredAnswerOnFullDisk(t *testing.T) {
 	filler := filepath.Join(mnt, "filler")
 	fill(t, filler)
 	waitReadyz(t, p.admin, http.StatusServiceUnavailable)
-	once.Do(func() { close(release) })
+	release()
 	a := <-first
 	if a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, "may have been executed") {
 		t.Fatalf("answer on a full disk = %d %s, want 503 store_unavailable saying it may have run", a.status, a.body)
@@ -200,9 +180,39 @@ func TestUnstoredAnswerOnFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReadyz(t, p.admin, http.StatusOK)
+	retryExpired(t, p, gw, key)
+}
+
+// heldPayments is the payments sandbox, forgetting keys after retention,
+// behind an httptest server: every payment waits at the provider until
+// release, and held has a value once the first one is there.
+func heldPayments(t *testing.T, retention time.Duration) (gw *gatewayProvider, up *httptest.Server, held <-chan struct{}, release func()) {
+	t.Helper()
+	at, wait := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	gw = newGatewayProvider(t, sandbox.Config{KeyRetention: retention, ExecuteHook: func(sandbox.Operation) {
+		select {
+		case at <- struct{}{}:
+		default:
+		}
+		<-wait
+	}})
+	up = httptest.NewServer(gw)
+	release = func() { once.Do(func() { close(wait) }) }
+	t.Cleanup(func() { release(); up.Close() })
+	return gw, up, at, release
+}
+
+// retryExpired sends the app's retry of paymentBody (key) to p once the
+// store has room again and the provider has forgotten the key: it must get
+// 409 idempotency_key_expired with nothing sent, leave the record unknown
+// with its first send, and the provider must have seen one POST and
+// executed one payment.
+func retryExpired(t *testing.T, p *opsProc, gw *gatewayProvider, key string) {
+	t.Helper()
 	r := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
 	if r.status != http.StatusConflict || !strings.Contains(r.body, `"idempotency_key_expired"`) {
-		t.Errorf("retry once the space is back = %d %s, want 409 idempotency_key_expired with nothing sent", r.status, r.body)
+		t.Errorf("retry past the retention = %d %s, want 409 idempotency_key_expired with nothing sent", r.status, r.body)
 	}
 	if rec := send(t, "GET", "http://"+p.admin+"/admin/v1/records/"+key, ""); !strings.Contains(rec.body, `"state":"unknown"`) ||
 		strings.Contains(rec.body, `"first_sent_at":null`) {
