@@ -557,25 +557,34 @@ func TestPingReadOnlyPrimary(t *testing.T) {
 	}
 }
 
-// TestFailedAbandonDoneLater: an Abandon that fails while the database is
-// down (the proxy releasing a key after the provider answered and the answer
-// could not be stored) is done again once the database is back, so the app's
-// retry claims the key then instead of waiting out a lease nobody runs.
-func TestFailedAbandonDoneLater(t *testing.T) {
+// claimedThenStopped opens a store on a cluster of the test's own, claims
+// key for owner "o" (created, an hour's lease) and stops the cluster.
+func claimedThenStopped(t *testing.T, key string) (*pgtest.Cluster, *Store, store.ID, store.Request) {
+	t.Helper()
 	c, url := pgtest.Own(t, pgtest.Options{})
 	ctx := context.Background()
 	s, err := Open(ctx, Options{URL: url, CallTimeout: 2 * time.Second, SweepInterval: -1, AnalyzeInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	id, req := store.ID{Key: "released"}, store.Request{Fingerprint: []byte("fp")}
+	t.Cleanup(func() { s.Close() })
+	id, req := store.ID{Key: key}, store.Request{Fingerprint: []byte("fp")}
 	if _, created, err := s.Begin(ctx, id, req, "o", time.Hour); err != nil || !created {
 		t.Fatalf("Begin = %v, %v", created, err)
 	}
 	if err := c.Stop(true); err != nil {
 		t.Fatal(err)
 	}
+	return c, s, id, req
+}
+
+// TestFailedAbandonDoneLater: an Abandon that fails while the database is
+// down (the proxy releasing a key after the provider answered and the answer
+// could not be stored) is done again once the database is back, so the app's
+// retry claims the key then instead of waiting out a lease nobody runs.
+func TestFailedAbandonDoneLater(t *testing.T) {
+	ctx := context.Background()
+	c, s, id, req := claimedThenStopped(t, "released")
 	if err := s.Abandon(ctx, id, "o"); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Abandon with the database down = %v, want ErrUnavailable", err)
 	}
@@ -593,20 +602,8 @@ func TestFailedAbandonDoneLater(t *testing.T) {
 // such a key, being deleted). A deferred park of an owner that no longer
 // holds the record leaves the record alone.
 func TestFailedParkDoneLater(t *testing.T) {
-	c, url := pgtest.Own(t, pgtest.Options{})
 	ctx := context.Background()
-	s, err := Open(ctx, Options{URL: url, CallTimeout: 2 * time.Second, SweepInterval: -1, AnalyzeInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	id, req := store.ID{Key: "answered"}, store.Request{Fingerprint: []byte("fp")}
-	if _, created, err := s.Begin(ctx, id, req, "o", time.Hour); err != nil || !created {
-		t.Fatalf("Begin = %v, %v", created, err)
-	}
-	if err := c.Stop(true); err != nil {
-		t.Fatal(err)
-	}
+	c, s, id, req := claimedThenStopped(t, "answered")
 	o := store.Outcome{FirstSentAt: time.Now().Add(-time.Minute).Truncate(time.Microsecond).UTC(), Attempts: 2,
 		LastError: "status 201 from upstream, but the answer could not be stored", LastBody: []byte(`{"id":"pay_1"}`)}
 	if err := s.Park(ctx, id, "o", o); !errors.Is(err, store.ErrUnavailable) {
@@ -617,6 +614,7 @@ func TestFailedParkDoneLater(t *testing.T) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	var rec store.Record
+	var err error
 	for {
 		rec, err = s.Get(ctx, id)
 		if err == nil && rec.State == store.Unknown {
