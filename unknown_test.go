@@ -380,3 +380,53 @@ func TestUnknownOutlivesRecordTTL(t *testing.T) {
 		t.Fatalf("provider saw %d POSTs and executed %d payments, want 1 and 1: nothing re-sent", n, gw.sb.Ledger().Executions)
 	}
 }
+
+// TestKeyExpiredKeepsLastError: a retry refused for the provider's key
+// retention sends nothing, so it must not replace what the record says the
+// provider last did (here the gateway's 504): that is what the operator
+// checks with the provider before running records resolve.
+func TestKeyExpiredKeepsLastError(t *testing.T) {
+	const retention = time.Second
+	gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention})
+	up := httptest.NewServer(gw)
+	defer up.Close()
+	gw.set(1, true, "")
+	p := launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_PROVIDER_KEY_RETENTION="+retention.String())})
+	first := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	sent := time.Now()
+	if first.status != http.StatusBadGateway {
+		t.Fatalf("first POST = %d %s, want 502", first.status, first.body)
+	}
+	key := first.header.Get("Idempotency-Key")
+	type record struct {
+		State     string `json:"state"`
+		Attempts  int    `json:"attempts"`
+		LastError string `json:"last_error"`
+	}
+	get := func() record {
+		t.Helper()
+		r := send(t, "GET", "http://"+p.admin+"/admin/v1/records/"+key, "")
+		var rec record
+		if err := json.Unmarshal([]byte(r.body), &rec); r.status != http.StatusOK || err != nil {
+			t.Fatalf("GET record = %d %s", r.status, r.body)
+		}
+		return rec
+	}
+	before := get()
+	if before.State != "unknown" || !strings.Contains(before.LastError, "504") {
+		t.Fatalf("record after the 502 = %+v, want unknown with a 504 last_error", before)
+	}
+	time.Sleep(time.Until(sent.Add(retention + 100*time.Millisecond)))
+	for i := 0; i < 2; i++ {
+		if r := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody); r.status != http.StatusConflict ||
+			!strings.Contains(r.body, `"idempotency_key_expired"`) {
+			t.Fatalf("retry %d = %d %s, want 409 idempotency_key_expired", i+1, r.status, r.body)
+		}
+	}
+	if after := get(); after != before {
+		t.Fatalf("record after the refused retries = %+v, want it unchanged: %+v", after, before)
+	}
+	if _, n := onlyKey(t, mustPosts(gw)); n != 1 {
+		t.Fatalf("provider saw %d POSTs, want 1", n)
+	}
+}

@@ -206,6 +206,16 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 		return result{err: h.inProgress}
 	}
 	if o, unknown := unknownOutcome(res); unknown {
+		if res.report.Attempts == 0 && before.LastError != "" {
+			// Nothing was sent (the key retention refused the re-send): the
+			// record keeps what the provider last did, which is what an
+			// operator checks with it before resolving the operation.
+			o.LastError = before.LastError
+			if res.err != nil {
+				h.opt.Logger.Warn("operation whose outcome is unknown not re-sent",
+					"method", r.Method, "path", r.URL.Path, "key", id.Key, "reason", res.err.Error())
+			}
+		}
 		h.park(ctx, r, id, owner, o)
 		return res
 	}
