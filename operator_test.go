@@ -196,3 +196,34 @@ func TestCLIProxyAddressGivenForAdmin(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownRecordBody: ?body=1 on an operation whose outcome is unknown
+// shows the provider's last ambiguous answer the record keeps (here the
+// gateway's 504 naming the payment), which is what an operator asks the
+// provider about before running records resolve; without ?body=1, no body.
+func TestUnknownRecordBody(t *testing.T) {
+	p, key := startOperatorSetup(t)
+	url := "http://" + p.admin + "/admin/v1/records/" + key
+	auth := []string{"Authorization", "Bearer " + adminToken}
+	var rec struct {
+		State string          `json:"state"`
+		Body  json.RawMessage `json:"body"`
+	}
+	r := send(t, "GET", url+"?body=1", "", auth...)
+	if err := json.Unmarshal([]byte(r.body), &rec); r.status != http.StatusOK || err != nil {
+		t.Fatalf("GET ?body=1 = %d %s", r.status, r.body)
+	}
+	var body struct {
+		PaymentID string `json:"payment_id"`
+	}
+	if err := json.Unmarshal(rec.Body, &body); rec.State != "unknown" || err != nil || body.PaymentID == "" {
+		t.Fatalf("unknown record with ?body=1 = %s, want the 504's body with its payment_id", r.body)
+	}
+	if r := send(t, "GET", url, "", auth...); strings.Contains(r.body, `"body"`) {
+		t.Fatalf("record without ?body=1 = %s, want no body", r.body)
+	}
+	r = send(t, "GET", "http://"+p.admin+"/admin/v1/records?state=unknown&body=1", "", auth...)
+	if r.status != http.StatusOK || !strings.Contains(r.body, `"payment_id":"`+body.PaymentID+`"`) {
+		t.Fatalf("listing with body=1 = %d %s, want the 504's body", r.status, r.body)
+	}
+}

@@ -151,8 +151,9 @@ func (h *Handler) authorized(r *http.Request) bool {
 // empty for records written by builds that did not keep them; ExpiresAt is
 // null for a record that never expires. Attempts counts every upstream
 // attempt made for the key, those of sequences that ended unknown included.
-// Body, only when asked for, is the stored answer's body: as it is when it
-// is JSON, else a JSON string of it ("" when empty).
+// Body, only when asked for, is the stored answer's body (of an unknown
+// record, the last ambiguous answer it keeps, if any): as it is when it is
+// JSON, else a JSON string of it ("" when empty).
 type Record struct {
 	Key         string          `json:"key"`
 	UpstreamKey string          `json:"upstream_key"`
@@ -195,6 +196,11 @@ func view(id store.ID, rec store.Record, withBody bool) Record {
 		if withBody {
 			v.Body = bodyJSON(rec.Response.Body)
 		}
+	}
+	if rec.State == store.Unknown && withBody && len(rec.Outcome.LastBody) > 0 {
+		// What the operator asks the provider about: the last ambiguous
+		// answer (a 504 naming the payment), kept for the status probe.
+		v.Body = bodyJSON(rec.Outcome.LastBody)
 	}
 	return v
 }
