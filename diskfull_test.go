@@ -96,16 +96,7 @@ func TestSIGTERMOnFullDisk(t *testing.T) {
 		t.Fatalf("200 orders accepted on a full disk; want 503 store_unavailable once the store looks at the disk")
 	}
 
-	start := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(grace + 5*time.Second):
-		t.Fatalf("still running %s after SIGTERM (grace %s):\n%s", time.Since(start).Round(time.Millisecond), grace, p.text())
-	}
-	took := time.Since(start)
+	took, _ := p.terminateWithin(t, grace+5*time.Second)
 	// The Go runtime turns a SIGBUS in its own code into "fatal error: fault"
 	// and exit status 2; one outside Go would leave the signal in the status.
 	var ee *exec.ExitError

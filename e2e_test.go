@@ -123,7 +123,11 @@ type heldProvider struct {
 	stored  map[string]string
 	entered chan string
 	release chan struct{}
+	once    sync.Once
 }
+
+// Release lets the held executions go; calling it again does nothing.
+func (p *heldProvider) Release() { p.once.Do(func() { close(p.release) }) }
 
 // newHeldProvider returns a heldProvider whose entered channel holds up to
 // entered keys.

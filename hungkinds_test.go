@@ -84,12 +84,7 @@ func TestRepeatWaitingWhenDatabaseDrops(t *testing.T) {
 	prov := newHeldProvider(2)
 	up := httptest.NewServer(prov)
 	defer up.Close()
-	released := false
-	defer func() {
-		if !released {
-			close(prov.release)
-		}
-	}()
+	defer prov.Release()
 	env := sharedEnv(up.URL, url, "IDEMPROXY_INFLIGHT_WAIT=1m")
 	a := launch(t, launchSpec{env: env})
 	b := launch(t, launchSpec{env: env})
@@ -135,8 +130,7 @@ func TestRepeatWaitingWhenDatabaseDrops(t *testing.T) {
 		t.Errorf("b's log says the key was left free, or not that nothing was sent by this request:\n%s", log)
 	}
 
-	close(prov.release)
-	released = true
+	prov.Release()
 	if r := <-ra; r.err != nil {
 		t.Fatal(r.err)
 	}

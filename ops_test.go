@@ -192,11 +192,30 @@ func (p *opsProc) requestLines(t *testing.T) []map[string]any {
 // terminate sends SIGTERM and waits for the exit; it returns the exit error.
 func (p *opsProc) terminate(t testing.TB) error {
 	t.Helper()
+	_, err := p.terminateWithin(t, 0)
+	return err
+}
+
+// terminateWithin sends SIGTERM and waits for the exit, failing the test if
+// the process still runs limit later (0: no limit); it returns how long the
+// exit took and the exit error.
+func (p *opsProc) terminateWithin(t testing.TB, limit time.Duration) (time.Duration, error) {
+	t.Helper()
+	start := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	<-p.done
-	return p.err
+	var timeout <-chan time.Time
+	if limit > 0 {
+		timeout = time.After(limit)
+	}
+	select {
+	case <-p.done:
+	case <-timeout:
+		t.Fatalf("still running %v after SIGTERM, want an exit within %v:\n%s",
+			time.Since(start).Round(time.Millisecond), limit, p.text())
+	}
+	return time.Since(start), p.err
 }
 
 // baseEnv is the environment of a test run: loopback listeners on free ports.

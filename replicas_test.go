@@ -238,12 +238,7 @@ func TestSameKeyOnReplicasAtOnce(t *testing.T) {
 	prov := newHeldProvider(2)
 	up := httptest.NewServer(prov)
 	defer up.Close()
-	released := false
-	defer func() {
-		if !released {
-			close(prov.release)
-		}
-	}()
+	defer prov.Release()
 	a := launch(t, launchSpec{env: sharedEnv(up.URL, url, "IDEMPROXY_INFLIGHT_WAIT=1m")})
 	b := launch(t, launchSpec{env: sharedEnv(up.URL, url, "IDEMPROXY_INFLIGHT_WAIT=1m")})
 	c := launch(t, launchSpec{env: sharedEnv(up.URL, url, "IDEMPROXY_INFLIGHT_WAIT=1s")})
@@ -271,8 +266,7 @@ func TestSameKeyOnReplicasAtOnce(t *testing.T) {
 		t.Fatalf("other body on c while a runs it: %d %s, want 409 idempotency_conflict", other.status, other.body)
 	}
 
-	close(prov.release)
-	released = true
+	prov.Release()
 	first, second := <-ra, <-rb
 	if first.err != nil || second.err != nil {
 		t.Fatal(first.err, second.err)

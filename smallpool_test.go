@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,7 +28,11 @@ type poolProvider struct {
 	paused  bool
 	held    chan string
 	release chan struct{}
+	once    sync.Once
 }
+
+// Release lets the held executions go; calling it again does nothing.
+func (p *poolProvider) Release() { p.once.Do(func() { close(p.release) }) }
 
 func newPoolProvider(held int) *poolProvider {
 	return &poolProvider{execs: map[string]int{}, stored: map[string]string{},
@@ -103,12 +106,7 @@ func TestSmallPoolUnderLoad(t *testing.T) {
 	prov := newPoolProvider(held)
 	up := httptest.NewServer(prov)
 	defer up.Close()
-	released := false
-	defer func() {
-		if !released {
-			close(prov.release)
-		}
-	}()
+	defer prov.Release()
 	const lease = 3 * time.Second
 	env := sharedEnv(up.URL, small, "IDEMPROXY_RATE_LIMIT=400", "IDEMPROXY_STORE_LEASE="+lease.String(),
 		"IDEMPROXY_INFLIGHT_WAIT=2m")
@@ -152,8 +150,7 @@ func TestSmallPoolUnderLoad(t *testing.T) {
 	if all, _ := sessions(t, url, app); all > 2*4 {
 		t.Errorf("%d sessions of the two replicas with pool_max_conns=4, want at most 8", all)
 	}
-	close(prov.release)
-	released = true
+	prov.Release()
 
 	answers := map[string]string{}
 	for _, s := range first {
@@ -288,16 +285,7 @@ func TestShutdownIdleWithDatabaseHung(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Thaw()
-	start := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(grace + 5*time.Second):
-		t.Fatalf("still running %v after SIGTERM with the database hung (grace %v):\n%s",
-			time.Since(start).Round(time.Millisecond), grace, p.text())
-	}
+	p.terminateWithin(t, grace+5*time.Second) // the database hung
 	if p.err != nil || !strings.Contains(p.text(), `"msg":"store closed"`) {
 		t.Fatalf("exit after SIGTERM with the database hung: %v, want status 0 with the store closed:\n%s", p.err, p.text())
 	}
