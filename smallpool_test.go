@@ -83,7 +83,7 @@ func sessions(t *testing.T, url, app string) (all, listening int) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	err = conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE query = 'LISTEN idemproxy_throttle')
+	err = conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'idle' AND query LIKE '%idemproxy pause listener%')
 		FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, app).Scan(&all, &listening)
 	if err != nil {
 		t.Fatal(err)

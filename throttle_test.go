@@ -139,7 +139,7 @@ func waitListeners(t *testing.T, url string, n int) {
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		var got int
 		err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query = 'LISTEN idemproxy_throttle'`).Scan(&got)
+			WHERE datname = current_database() AND state = 'idle' AND query LIKE '%idemproxy pause listener%'`).Scan(&got)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -138,9 +138,9 @@ func TestThrottleListenerRetiresAtLifetime(t *testing.T) {
 		var listening int
 		var us *int64
 		var p *int32
-		err := admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE query = 'LISTEN `+throttleChannel+`'),
-				min(pid) FILTER (WHERE query = 'LISTEN `+throttleChannel+`'),
-				(extract(epoch FROM now() - min(backend_start) FILTER (WHERE query = 'LISTEN `+throttleChannel+`')) * 1000000)::bigint
+		err := admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'idle' AND query LIKE '%`+listenerMark+`%'),
+				min(pid) FILTER (WHERE state = 'idle' AND query LIKE '%`+listenerMark+`%'),
+				(extract(epoch FROM now() - min(backend_start) FILTER (WHERE state = 'idle' AND query LIKE '%`+listenerMark+`%')) * 1000000)::bigint
 			FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, app).Scan(&all, &listening, &p, &us)
 		if err != nil {
 			t.Fatal(err)

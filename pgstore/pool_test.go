@@ -57,7 +57,7 @@ func TestPoolMaxConnsBoundsTheReplica(t *testing.T) {
 	defer admin.Close(ctx)
 	sessions := func() (all, listening int) {
 		t.Helper()
-		if err := admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %')
+		if err := admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE query LIKE '%`+listenerMark+`%')
 			FROM pg_stat_activity WHERE application_name = $1`, name).Scan(&all, &listening); err != nil {
 			t.Fatal(err)
 		}

@@ -339,26 +339,30 @@ func (t *Throttle) listen() (listened bool, err error) {
 // listened, is in the row, known at once rather than at the next heartbeat.
 // (Each is its own statement: a LISTEN takes effect when its transaction
 // commits, so a read in the same transaction could miss a pause set between
-// the two.) It then runs LISTEN again, a no-op that leaves plain "LISTEN
-// idemproxy_throttle" as the session's statement in pg_stat_activity only
-// once the pause is read (the first is marked): a session shown listening
-// there has read the pause too, and a pause set from then on comes as a
-// notification, naming the replica that set it.
+// the two.) The read carries listenerMark, so that pg_stat_activity shows a
+// session that listens and has read the pause (idle, its last statement
+// marked): a pause set from then on comes to it as a notification, naming
+// the replica that set it.
 func (t *Throttle) startListening(ctx context.Context, conn *pgx.Conn) error {
-	if _, err := conn.Exec(ctx, "LISTEN "+throttleChannel+" /* the pause is read next */"); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+throttleChannel); err != nil {
 		return err
 	}
 	var left int64
-	err := conn.QueryRow(ctx, `SELECT `+pauseLeft+` FROM idemproxy_throttle WHERE name = $1`, t.opt.Name).Scan(&left)
+	err := conn.QueryRow(ctx, `SELECT /* `+listenerMark+` */ `+pauseLeft+` FROM idemproxy_throttle WHERE name = $1`,
+		t.opt.Name).Scan(&left)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
 	if left > 0 && t.opt.OnPause != nil {
 		t.opt.OnPause(time.Duration(left)*time.Microsecond, "")
 	}
-	_, err = conn.Exec(ctx, "LISTEN "+throttleChannel)
-	return err
+	return nil
 }
+
+// listenerMark is in the statement a listening connection ran last (its
+// read of the pause), for pg_stat_activity: a session whose query holds it
+// and whose state is idle listens for pauses.
+const listenerMark = "idemproxy pause listener"
 
 // retireKey holds, in a connection's CustomData, when its lifetime in the
 // pool is over (stampRetire).

@@ -135,13 +135,17 @@ func waitBeat(t *testing.T, beat <-chan int) {
 	}
 }
 
+// listening selects, in pg_stat_activity, the sessions listening for pauses
+// that have read the pause (see startListening).
+const listening = `state = 'idle' AND query LIKE '%` + listenerMark + `%'`
+
 // waitListening waits until n sessions listen for pauses.
 func waitListening(t *testing.T, s *Store, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		var got int
 		err := s.pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN `+throttleChannel+`'`).Scan(&got)
+			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND `+listening).Scan(&got)
 		if err != nil {
 			t.Fatal(err)
 		}
