@@ -259,7 +259,10 @@ func TestThrottleGateFallsBackWhenDatabaseStops(t *testing.T) {
 // replicas), listens, and hears the next pause at once.
 func TestThrottleBucketRowNeverPaused(t *testing.T) {
 	url := pgtest.Database(t)
-	a := throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Replica: "replica-a", Heartbeat: time.Hour})
+	beatA := make(chan int, 1)
+	a := throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Replica: "replica-a", Heartbeat: time.Hour,
+		OnReplicas: func(n int) { beatA <- n }})
+	waitBeat(t, beatA) // a's row is there before b counts the replicas
 	ctx := context.Background()
 	if _, err := a.Take(ctx, 1, 10, 1, time.Hour); err != nil {
 		t.Fatal(err)
