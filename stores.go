@@ -116,9 +116,16 @@ func countUnknown(s store.Store) func(ctx context.Context) (int, time.Time, erro
 // records: each is taken over once its dead owner's lease has run out, by
 // the app's retry with the same request, and resumed as an operation whose
 // outcome is unknown, or released at the next start with space.
+//
+// A record whose value cannot be read (a newer version's, or damaged) is
+// left as it is, neither released nor deleted, and a warning names it: the
+// requests for its key are refused with nothing sent until an operator
+// settles it (cache.Store.ReleaseInFlight).
 func releaseInFlight(s *cache.Store, m *metrics.Metrics, log *slog.Logger) error {
-	n, kept, err := s.ReleaseInFlight()
+	rel, err := s.ReleaseInFlight()
+	n, kept := rel.Released, rel.Kept
 	m.Released(n)
+	logDamaged(rel.Damaged, log)
 	if err != nil {
 		return fmt.Errorf("release in-flight records: %w", err)
 	}
@@ -135,6 +142,25 @@ func releaseInFlight(s *cache.Store, m *metrics.Metrics, log *slog.Logger) error
 			"count", len(kept), "keys", keptKeys(kept))
 	}
 	return nil
+}
+
+// logDamaged names the records whose value the release could not read.
+func logDamaged(damaged []cache.Damaged, log *slog.Logger) {
+	if len(damaged) == 0 {
+		return
+	}
+	names := make([]string, 0, min(len(damaged), maxKeptKeys))
+	for _, d := range damaged[:min(len(damaged), maxKeptKeys)] {
+		name := "store key " + d.StoreKey
+		if d.ID.Key != "" {
+			name = keptKeys([]store.ID{d.ID})[0]
+		}
+		names = append(names, fmt.Sprintf("%s (%s): %v", name, d.State, d.Err))
+	}
+	log.Warn("records left by a previous process whose value cannot be read kept as they are, neither released nor deleted: "+
+		"their operations may have reached the provider. Requests with their keys get 503 store_unavailable and nothing is sent. "+
+		"A newer version wrote them if idemproxy was downgraded: start that version again; otherwise settle each operation with the provider",
+		"count", len(damaged), "records", names)
 }
 
 // maxKeptKeys bounds the keys the kept-in-flight line names.

@@ -100,7 +100,7 @@ func TestRecordsSurviveSIGKILL(t *testing.T) {
 	}
 
 	s := openStore(t, dir, newClock(), 0)
-	if _, _, err := s.ReleaseInFlight(); err != nil {
+	if _, err := s.ReleaseInFlight(); err != nil {
 		t.Fatalf("ReleaseInFlight: %v", err)
 	}
 	for _, key := range done {

@@ -57,8 +57,8 @@ func TestUnknownOfThePreviousVersionKeptAfterStart(t *testing.T) {
 	}
 
 	s = openStore(t, dir, c, ttl)
-	if n, _, err := s.ReleaseInFlight(); err != nil || n != 0 {
-		t.Fatalf("ReleaseInFlight = %d, %v; want 0 released", n, err)
+	if rel, err := s.ReleaseInFlight(); err != nil || rel.Released != 0 {
+		t.Fatalf("ReleaseInFlight = %+v, %v; want 0 released", rel, err)
 	}
 	c.Advance(2 * ttl)
 	rec, err := s.Get(ctx, id)

@@ -299,9 +299,9 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 	}
 
 	s = openStore(t, dir, c, 0)
-	n, _, err := s.ReleaseInFlight()
-	if err != nil || n != len(inflight) {
-		t.Fatalf("ReleaseInFlight = %d, %v; want %d", n, err, len(inflight))
+	rel, err := s.ReleaseInFlight()
+	if err != nil || rel.Released != len(inflight) {
+		t.Fatalf("ReleaseInFlight = %+v, %v; want %d released", rel, err, len(inflight))
 	}
 	for _, id := range inflight {
 		// Kept unknown (the dead process may have sent it), first sent at
@@ -320,8 +320,8 @@ func TestReleaseInFlightAfterReopen(t *testing.T) {
 	if err != nil || rec.State != store.Final || !reflect.DeepEqual(rec.Response, okRes) {
 		t.Fatalf("final record after release = %+v, %v", rec, err)
 	}
-	if n, _, err := s.ReleaseInFlight(); err != nil || n != len(inflight) {
-		t.Fatalf("second ReleaseInFlight = %d, %v; want the %d new records", n, err, len(inflight))
+	if rel, err := s.ReleaseInFlight(); err != nil || rel.Released != len(inflight) {
+		t.Fatalf("second ReleaseInFlight = %+v, %v; want the %d new records", rel, err, len(inflight))
 	}
 }
 
@@ -340,8 +340,8 @@ func diesWhileResumed(t *testing.T, s *Store, dir string, c *fakeclock.Clock, id
 		t.Fatal(err)
 	}
 	s = openStore(t, dir, c, 0)
-	if n, _, err := s.ReleaseInFlight(); err != nil || n != 1 {
-		t.Fatalf("ReleaseInFlight = %d, %v; want 1", n, err)
+	if rel, err := s.ReleaseInFlight(); err != nil || rel.Released != 1 {
+		t.Fatalf("ReleaseInFlight = %+v, %v; want 1 released", rel, err)
 	}
 	return s
 }
@@ -381,8 +381,8 @@ func TestReleaseDeletesWindowAnchors(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openStore(t, dir, c, 0)
-	if n, _, err := s.ReleaseInFlight(); err != nil || n != 2 {
-		t.Fatalf("ReleaseInFlight = %d, %v; want 2", n, err)
+	if rel, err := s.ReleaseInFlight(); err != nil || rel.Released != 2 {
+		t.Fatalf("ReleaseInFlight = %+v, %v; want 2 released", rel, err)
 	}
 	if rec, err := s.Get(ctx, anchor); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("anchor after release = %+v, %v; want it deleted", rec, err)
@@ -422,9 +422,9 @@ func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, kept, err := full.ReleaseInFlight()
-	if err != nil || n != 1 || !reflect.DeepEqual(kept, []store.ID{op}) {
-		t.Fatalf("ReleaseInFlight below the reserve = %d released, kept %v, %v; want the anchor deleted and %v kept", n, kept, err, op)
+	rel, err := full.ReleaseInFlight()
+	if err != nil || rel.Released != 1 || !reflect.DeepEqual(rel.Kept, []store.ID{op}) {
+		t.Fatalf("ReleaseInFlight below the reserve = %d released, kept %v, %v; want the anchor deleted and %v kept", rel.Released, rel.Kept, err, op)
 	}
 	rec, err := full.Get(ctx, op)
 	if err != nil || rec.State != store.InFlight || rec.Owner != "dead-process" || !rec.LeaseUntil.Equal(claim.LeaseUntil) ||
@@ -450,8 +450,8 @@ func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openStore(t, dir, c, 0)
-	if n, kept, err := s.ReleaseInFlight(); err != nil || n != 1 || len(kept) != 0 {
-		t.Fatalf("ReleaseInFlight with space = %d released, kept %v, %v; want 1, none kept", n, kept, err)
+	if rel, err := s.ReleaseInFlight(); err != nil || rel.Released != 1 || len(rel.Kept) != 0 {
+		t.Fatalf("ReleaseInFlight with space = %d released, kept %v, %v; want 1, none kept", rel.Released, rel.Kept, err)
 	}
 	rec, err = s.Get(ctx, op)
 	if err != nil || rec.State != store.Unknown || !rec.Outcome.FirstSentAt.Equal(claim.CreatedAt) {
@@ -487,8 +487,8 @@ func TestReleaseInFlightManyChunks(t *testing.T) {
 		mustBegin(t, s, store.ID{Key: fmt.Sprint(i)}, fpA, "o")
 	}
 	mustComplete(t, s, store.ID{Key: "0"}, "o")
-	if got, _, err := s.ReleaseInFlight(); err != nil || got != n-1 {
-		t.Fatalf("ReleaseInFlight = %d, %v; want %d", got, err, n-1)
+	if rel, err := s.ReleaseInFlight(); err != nil || rel.Released != n-1 {
+		t.Fatalf("ReleaseInFlight = %d, %v; want %d", rel.Released, err, n-1)
 	}
 }
 
@@ -604,7 +604,7 @@ func TestClose(t *testing.T) {
 		"Abandon":  s.Abandon(ctx, store.ID{Key: "k"}, "o"),
 		"Get":      func() error { _, err := s.Get(ctx, store.ID{Key: "k"}); return err }(),
 		"Ping":     s.Ping(ctx),
-		"Release":  func() error { _, _, err := s.ReleaseInFlight(); return err }(),
+		"Release":  func() error { _, err := s.ReleaseInFlight(); return err }(),
 	}
 	for name, err := range calls {
 		if !errors.Is(err, store.ErrClosed) {

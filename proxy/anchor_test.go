@@ -49,7 +49,7 @@ func TestWindowAnchorCaughtByACrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if _, _, err := st.ReleaseInFlight(); err != nil {
+	if _, err := st.ReleaseInFlight(); err != nil {
 		t.Fatal(err)
 	}
 	if rec, err := st.Get(ctx, anchor); !errors.Is(err, store.ErrNotFound) {
