@@ -446,7 +446,19 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	if tenant != DefaultTenant {
 		kr.Tenant = tenant
 	}
+	// The fingerprint takes the path as it came; a key derived from a
+	// source takes it in its normal form (keyPath), so that one order
+	// spelled two ways is one key, and a second spelling is 409
+	// idempotency_conflict, nothing sent.
 	fp := idemkey.Fingerprint(kr)
+	if keyPath(kr.Path) != kr.Path {
+		path, err := h.derivationPath(r.Context(), kr, rule, tenant)
+		if err != nil {
+			h.fail(w, sum, err)
+			return
+		}
+		kr.Path = path
+	}
 	key, err := h.resolveKey(r.Context(), kr, rule, fp)
 	if err != nil {
 		h.fail(w, sum, err)
@@ -552,7 +564,7 @@ func (h *Handler) OrderKeys(method, path, value, client string, gen int) ([]stri
 	if rule.Policy != routes.Key || len(rule.Sources) == 0 {
 		return nil, fmt.Errorf("%s %s gets no key derived from a source (policy %s)", method, path, rule.Policy)
 	}
-	kr := idemkey.Request{Method: method, Path: path, Generation: gen}
+	kr := idemkey.Request{Method: method, Path: keyPath(path), Generation: gen}
 	if client != DefaultTenant {
 		kr.Tenant = client
 	}

@@ -1,0 +1,99 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/routes"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// keyPath is escaped, a request's escaped path, in the normal form of RFC
+// 3986 §6.2.2.1 and §6.2.2.2: a percent-encoded unreserved character (ALPHA,
+// DIGIT, "-", ".", "_", "~") decoded, every other escape in upper-case hex.
+// Spellings with the same normal form are one resource to every server that
+// decodes its paths (/v1/p%61yments is /v1/payments, /cards/a%2fb is
+// /cards/a%2Fb), so a key derived from an order's source is derived over it:
+// otherwise an app that spells the path one way and its retry another (a
+// client library that encodes "~", a hand-built URL) would send one order
+// under two keys, and the provider would execute it twice. An encoded
+// reserved character stays encoded: /cards/a%2Fb and /cards/a/b are two
+// resources. A path without '%' is its own normal form.
+func keyPath(escaped string) string {
+	i := strings.IndexByte(escaped, '%')
+	if i < 0 {
+		return escaped
+	}
+	var b strings.Builder
+	b.Grow(len(escaped))
+	b.WriteString(escaped[:i])
+	for ; i < len(escaped); i++ {
+		c := escaped[i]
+		if c != '%' || i+2 >= len(escaped) || !isHex(escaped[i+1]) || !isHex(escaped[i+2]) {
+			b.WriteByte(c)
+			continue
+		}
+		if d := unhex(escaped[i+1])<<4 | unhex(escaped[i+2]); isUnreserved(d) {
+			b.WriteByte(d)
+		} else {
+			b.WriteByte('%')
+			b.WriteByte(upperHex(escaped[i+1]))
+			b.WriteByte(upperHex(escaped[i+2]))
+		}
+		i += 2
+	}
+	return b.String()
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
+}
+
+func upperHex(c byte) byte {
+	if 'a' <= c && c <= 'f' {
+		return c - 'a' + 'A'
+	}
+	return c
+}
+
+// isUnreserved reports an RFC 3986 §2.3 unreserved character.
+func isUnreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~'
+}
+
+// derivationPath is the path the key of r (a protected request whose path,
+// r.Path, is not in its normal form) is derived over under rule: its normal
+// form (keyPath), unless a record exists under the key derived over the path
+// as it came, which is what versions before keyPath derived. Such a record
+// (stored, in flight, or unknown since before an upgrade) stays the order's,
+// so that its retry is replayed or resumed under its key instead of sent
+// again under a new one. Only a key derived from a source can have one; a
+// store that cannot be read is a storeError (503, nothing sent).
+func (h *Handler) derivationPath(ctx context.Context, r idemkey.Request, rule routes.Rule, tenant string) (string, error) {
+	normal := keyPath(r.Path)
+	if _, present, _ := idemkey.FromHeader(r.Header); present || rule.Policy != routes.Key {
+		return normal, nil
+	}
+	key, _, ok := idemkey.Derive(rule.Sources, r)
+	if !ok {
+		return normal, nil
+	}
+	_, err := h.opt.Store.Get(ctx, store.ID{Tenant: tenant, Key: key})
+	switch {
+	case err == nil:
+		return r.Path, nil
+	case errors.Is(err, store.ErrNotFound):
+		return normal, nil
+	}
+	h.opt.Logger.Error("looking up the record of a path's earlier spelling failed; nothing sent, key left free", "path", r.Path, "err", err)
+	return "", storeError{err}
+}

@@ -1,0 +1,103 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// One order sent under spellings of its path that RFC 3986 (§6.2.2.1,
+// §6.2.2.2) makes one resource, an unreserved character percent-encoded
+// (/v1/p%61yments) or an escape in lower-case hex (/cards/a%2fb), gets one
+// key, and so one execution: the provider decodes them all to the same
+// endpoint. Before the fix each spelling derived its own key, and a provider
+// (the sandboxes, any Go, nginx or servlet server) executed the order once
+// per spelling. The fingerprint is still the path as sent, so a spelling
+// other than the first is 409 idempotency_conflict under the first's key,
+// nothing sent.
+func TestEquivalentPathSpellingsAreOneOperation(t *testing.T) {
+	e := newEnv(t)
+	for _, group := range [][]string{
+		{"/v1/payments", "/v1/p%61yments", "/%761/payments", "/v1/payment%73", "/v1/PAYMENTS"},
+		{"/cards/a%2fb/topup", "/cards/a%2Fb/topup"},
+		{"/cards/a~b_c-d.e/close", "/cards/a%7Eb_c-d.e/close", "/cards/a%7eb%5Fc%2Dd%2Ee/close"},
+		{"/cards/%C3%A9/close", "/cards/%c3%a9/close"},
+	} {
+		body := `{"order_id":"spell-` + group[0] + `","amount":"1.00"}`
+		first := e.do(t, "POST", group[0], body)
+		if first.status != http.StatusCreated {
+			t.Fatalf("%s: %d %s", group[0], first.status, first.body)
+		}
+		key := first.header.Get("Idempotency-Key")
+		for _, path := range group[1:] {
+			a := e.do(t, "POST", path, body)
+			want := http.StatusConflict
+			if path == "/v1/PAYMENTS" { // letter case outside escapes is another path
+				want = http.StatusCreated
+			}
+			if a.status != want {
+				t.Errorf("%s after %s: %d %s, want %d", path, group[0], a.status, a.body, want)
+			}
+			if got := a.header.Get("Idempotency-Key"); (got == key) != (want == http.StatusConflict) {
+				t.Errorf("%s: key %s, %s's was %s", path, got, group[0], key)
+			}
+		}
+	}
+	if _, execs := e.prov.counts(); len(execs) != 5 {
+		t.Errorf("the provider executed %d keys, want 5 (one per order, /v1/PAYMENTS its own): %v", len(execs), execs)
+	}
+}
+
+// A record that an earlier version stored under the key of a path spelled
+// as it came (/cards/a%7eb, before keys took the path in its normal form)
+// is still the order's when the path comes spelled that way again: a final
+// one is replayed, nothing sent, and an unknown one is resumed under its
+// key. Without that, an order stored or left unknown before an upgrade
+// would be sent again under its new key, a second execution.
+func TestKeyOfAPathSpelledAsItCameIsKept(t *testing.T) {
+	e := newEnv(t)
+	sources, _ := idemkey.ParseSources("json:order_id,query:order_id")
+	ctx := context.Background()
+	// stored begins the order's record under the key of path as it came,
+	// and returns that key.
+	stored := func(path, body string) (store.ID, string) {
+		kr := idemkey.Request{Method: "POST", Path: path, ContentType: "application/json", Body: []byte(body)}
+		key, _, _ := idemkey.Derive(sources, kr)
+		fp := idemkey.Fingerprint(kr)
+		id := store.ID{Tenant: "default", Key: key}
+		if _, _, err := e.store.Begin(ctx, id, store.Request{Fingerprint: fp[:], Method: "POST", Path: path, UpstreamKey: key}, "old", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		return id, key
+	}
+
+	const final, finalBody = "/cards/a%7eb/close", `{"order_id":"legacy-1","amount":"1.00"}`
+	id, key := stored(final, finalBody)
+	resp := store.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"card_old"}`)}
+	if err := e.store.Complete(ctx, id, "old", resp, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	a := e.do(t, "POST", final, finalBody)
+	if a.status != http.StatusCreated || string(a.body) != `{"id":"card_old"}` || a.header.Get("Idempotent-Replayed") != "true" || a.header.Get("Idempotency-Key") != key {
+		t.Errorf("%s: %d %s key %s, want the answer stored under %s replayed", final, a.status, a.body, a.header.Get("Idempotency-Key"), key)
+	}
+	if total, _ := e.prov.counts(); total != 0 {
+		t.Errorf("the provider saw %d requests for a stored order, want none", total)
+	}
+
+	const unknown, unknownBody = "/v1/p%61yments", `{"order_id":"legacy-2","amount":"1.00"}`
+	id, key = stored(unknown, unknownBody)
+	if err := e.store.Park(ctx, id, "old", store.Outcome{FirstSentAt: time.Now(), Attempts: 1, LastError: "timeout after send"}); err != nil {
+		t.Fatal(err)
+	}
+	if a := e.do(t, "POST", unknown, unknownBody); a.status != http.StatusCreated || a.header.Get("Idempotency-Key") != key {
+		t.Errorf("%s: %d %s key %s, want the unknown operation resumed under %s", unknown, a.status, a.body, a.header.Get("Idempotency-Key"), key)
+	}
+	if _, execs := e.prov.counts(); len(execs) != 1 || execs[key] != 1 {
+		t.Errorf("the provider executed %v, want %s once", execs, key)
+	}
+}
