@@ -59,6 +59,9 @@ func checkTables(dir string, bopts badger.Options) error {
 	if err := removeEmptyLogs(dir); err != nil {
 		return err
 	}
+	if err := checkWALs(dir, bopts.MemTableSize); err != nil {
+		return err
+	}
 	mr := readManifest(dir, bopts)
 	if err := checkManifestWhole(dir, mr); err != nil {
 		return err
