@@ -20,7 +20,8 @@ import (
 // record as it is and name its key in a warning; the app's retry, past the
 // provider's key retention, must get 503 store_unavailable with nothing sent.
 // Before, the release deleted the record, the retry was a first send, and the
-// sandbox, past its retention, charged a second time.
+// sandbox, past its retention, charged a second time. The record counts in
+// idemproxy_inflight_released_total, as a crash's.
 func TestReleaseKeepsDamagedInFlightRecord(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	const retention = time.Second
@@ -55,6 +56,10 @@ func TestReleaseKeepsDamagedInFlightRecord(t *testing.T) {
 	}
 	if !warned {
 		t.Errorf("no warning at start names the damaged record's key %s:\n%s", key, p.text())
+	}
+	if m := scrape(t, "http://"+p.admin+"/metrics"); m["idemproxy_inflight_released_total"] != 1 {
+		t.Errorf("idemproxy_inflight_released_total = %v, want 1: the crash alert must fire for the record kept",
+			m["idemproxy_inflight_released_total"])
 	}
 	time.Sleep(time.Until(executed.Add(retention + 100*time.Millisecond))) // the provider has forgotten the key
 	r := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)

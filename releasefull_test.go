@@ -20,6 +20,8 @@ import (
 // the provider's key retention it gets 409 idempotency_key_expired and
 // nothing is sent. Before, the release deleted the record, the retry was a
 // first send, and the sandbox, past its retention, charged a second time.
+// The record kept counts in idemproxy_inflight_released_total, which the
+// crash alert watches; before, only released records did, and it stayed 0.
 func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 	mnt := smallDisk(t)
 	const retention = time.Second
@@ -67,6 +69,12 @@ func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 	if r := send(t, "GET", "http://"+p.admin+"/admin/v1/records/"+key, ""); r.status != http.StatusOK ||
 		!strings.Contains(r.body, `"state":"in_flight"`) {
 		t.Errorf("record after a start on the full disk = %d %s, want it kept in flight", r.status, r.body)
+	}
+	// The crash alert is built on this counter: a record kept in flight is
+	// a crash's as much as one released.
+	if m := scrape(t, "http://"+p.admin+"/metrics"); m["idemproxy_inflight_released_total"] != 1 {
+		t.Errorf("idemproxy_inflight_released_total after a start on the full disk = %v, want 1 (the record kept in flight)",
+			m["idemproxy_inflight_released_total"])
 	}
 
 	if err := os.Remove(filler); err != nil {

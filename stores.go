@@ -124,7 +124,16 @@ func countUnknown(s store.Store) func(ctx context.Context) (int, time.Time, erro
 func releaseInFlight(s *cache.Store, m *metrics.Metrics, log *slog.Logger) error {
 	rel, err := s.ReleaseInFlight()
 	n, kept := rel.Released, rel.Kept
-	m.Released(n)
+	// The crash metric counts every in-flight record a dead process left,
+	// those that could not be released included, so that its alert fires
+	// for a crash found on a full disk too.
+	found := n + len(kept)
+	for _, d := range rel.Damaged {
+		if d.State == store.InFlight {
+			found++
+		}
+	}
+	m.Released(found)
 	logDamaged(rel.Damaged, log)
 	if err != nil {
 		return fmt.Errorf("release in-flight records: %w", err)

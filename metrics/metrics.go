@@ -136,7 +136,7 @@ func (m *Metrics) newStoreMetrics() {
 		"Protected upstream operations holding an in-flight record: claimed and not yet stored or released.")
 	m.stored = m.counter("records_stored_total", "Final responses stored for replay.")
 	m.released = m.counter("inflight_released_total",
-		"In-flight records left by a process that ended mid-operation (a crash): released at start (Badger) or, on PostgreSQL, parked as unknown by a sweep once their lease is a minute over.")
+		"In-flight records left by a process that ended mid-operation (a crash): found at start on Badger (released as unknown, or, when they cannot be, kept in flight and counted again by each start that finds them: a disk below the free-space reserve, a value that cannot be read) or, on PostgreSQL, parked as unknown by a sweep once their lease is a minute over.")
 	m.needsReview = m.counter("records_needs_review_total",
 		"Final answers stored whose operation status is needs_review: never retried, for a person to resolve.")
 	m.probes = m.counterVec("status_probes_total",
@@ -234,8 +234,9 @@ func (m *Metrics) Attempt(a retry.AttemptInfo) {
 	}
 }
 
-// Released records n in-flight records of a dead process released (parked
-// as unknown): at start by the embedded store, by a sweep on PostgreSQL.
+// Released records n in-flight records of a dead process found: at start by
+// the embedded store (released as unknown, or kept in flight when they
+// cannot be rewritten), parked as unknown by a sweep on PostgreSQL.
 func (m *Metrics) Released(n int) { m.released.Add(float64(n)) }
 
 // StoreSize exports the store's on-disk size as
