@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/routes"
@@ -96,4 +97,31 @@ func (h *Handler) derivationPath(ctx context.Context, r idemkey.Request, rule ro
 	}
 	h.opt.Logger.Error("looking up the record of a path's earlier spelling failed; nothing sent, key left free", "path", r.Path, "err", err)
 	return "", storeError{err}
+}
+
+// windowFingerprint is the fingerprint a fingerprint window rule keys the
+// operation of r by (r.Path in its normal form, keyPath; fp is r's
+// fingerprint over the path as it came): one whose path spellings are one
+// resource is one operation, in one window under one key. The record keeps
+// fp, so a second spelling is 409 idempotency_conflict, nothing sent. A
+// window that versions before keyPath anchored under fp, in one of the
+// periods windowKey reads, stays the operation's, so that a retry across an
+// upgrade resumes or replays it instead of starting another.
+func (h *Handler) windowFingerprint(ctx context.Context, r idemkey.Request, fp [32]byte, window time.Duration) ([32]byte, error) {
+	r.Path = keyPath(r.Path)
+	normal := idemkey.Fingerprint(r)
+	if normal == fp {
+		return fp, nil
+	}
+	period := idemkey.WindowPeriod(h.opt.Now(), window)
+	for p := period; p >= period-2; p-- {
+		_, found, err := h.lookup(ctx, anchorID(r.Tenant, fp, window, p))
+		if err != nil {
+			return fp, err
+		}
+		if found {
+			return fp, nil
+		}
+	}
+	return normal, nil
 }

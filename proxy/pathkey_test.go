@@ -2,11 +2,14 @@ package proxy_test
 
 import (
 	"context"
+	"encoding/hex"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/internal/fakeclock"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -96,6 +99,71 @@ func TestKeyOfAPathSpelledAsItCameIsKept(t *testing.T) {
 	}
 	if a := e.do(t, "POST", unknown, unknownBody); a.status != http.StatusCreated || a.header.Get("Idempotency-Key") != key {
 		t.Errorf("%s: %d %s key %s, want the unknown operation resumed under %s", unknown, a.status, a.body, a.header.Get("Idempotency-Key"), key)
+	}
+	if _, execs := e.prov.counts(); len(execs) != 1 || execs[key] != 1 {
+		t.Errorf("the provider executed %v, want %s once", execs, key)
+	}
+}
+
+// Under a fingerprint window rule, one top-up sent under two spellings of
+// its path that are one resource (/cards/c1/topup, /cards/c%31/topup) is one
+// operation: the second spelling is 409 idempotency_conflict under the
+// first's key, nothing sent. Before the fix each spelling had its own
+// fingerprint, so its own window and key, and the provider executed the
+// top-up twice.
+func TestFingerprintWindowPathSpellings(t *testing.T) {
+	clk := fakeclock.New(time.Time{})
+	clk.Set(periodStart(10 * time.Minute).Add(time.Minute))
+	e := newRouteEnv(t, "POST /cards/*/topup=fingerprint:10m", clk, t.TempDir())
+	const topup = `{"amount":"5.00"}`
+	first := e.do(t, "POST", "/cards/c1/topup", topup)
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	for _, path := range []string{"/cards/c%31/topup", "/cards/c1/t%6Fpup", "/%63ards/c1/topup"} {
+		a := e.do(t, "POST", path, topup)
+		if a.status != http.StatusConflict || a.header.Get("Idempotency-Key") != first.header.Get("Idempotency-Key") {
+			t.Errorf("%s: %d %s key %s, want 409 under the first's key %s", path, a.status, a.body, a.header.Get("Idempotency-Key"), first.header.Get("Idempotency-Key"))
+		}
+	}
+	if total, _ := e.prov.counts(); total != 1 {
+		t.Errorf("the provider saw %d top-ups, want 1", total)
+	}
+}
+
+// A top-up whose window an earlier version anchored under the fingerprint
+// of its path as it came (/cards/c%31/topup), and whose outcome is unknown,
+// is resumed under that operation's key by a retry spelled the same way,
+// not sent again under a new one.
+func TestFingerprintWindowOfAPathSpelledAsItCame(t *testing.T) {
+	const window = 10 * time.Minute
+	clk := fakeclock.New(time.Time{})
+	clk.Set(periodStart(window).Add(time.Minute))
+	e := newRouteEnv(t, "POST /cards/*/topup=fingerprint:10m", clk, t.TempDir())
+	const path, topup = "/cards/c%31/topup", `{"amount":"7.00"}`
+	ctx := context.Background()
+	fp := idemkey.Fingerprint(idemkey.Request{Method: "POST", Path: path, ContentType: "application/json", Body: []byte(topup)})
+	period := idemkey.WindowPeriod(clk.Now(), window)
+	key := idemkey.WindowKey(fp, window, period, "")
+	// The earlier version's anchor (its documented record: store.WindowAnchorPrefix,
+	// the fingerprint, the window and the period) and its operation, unknown.
+	anchor := store.ID{Tenant: "default", Key: fmt.Sprintf("%s%s/%d/%d", store.WindowAnchorPrefix, hex.EncodeToString(fp[:]), int64(window), period)}
+	if _, _, err := e.store.Begin(ctx, anchor, store.Request{Fingerprint: fp[:], UpstreamKey: key}, "old", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Complete(ctx, anchor, "old", store.Response{Status: http.StatusNoContent}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	op := store.ID{Tenant: "default", Key: key}
+	if _, _, err := e.store.Begin(ctx, op, store.Request{Fingerprint: fp[:], Method: "POST", Path: path, UpstreamKey: key}, "old", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Park(ctx, op, "old", store.Outcome{FirstSentAt: clk.Now(), Attempts: 1, LastError: "timeout after send"}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute)
+	if a := e.do(t, "POST", path, topup); a.status != http.StatusCreated || a.header.Get("Idempotency-Key") != key {
+		t.Errorf("%s: %d %s key %s, want the unknown top-up resumed under %s", path, a.status, a.body, a.header.Get("Idempotency-Key"), key)
 	}
 	if _, execs := e.prov.counts(); len(execs) != 1 || execs[key] != 1 {
 		t.Errorf("the provider executed %v, want %s once", execs, key)

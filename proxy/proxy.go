@@ -447,19 +447,24 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		kr.Tenant = tenant
 	}
 	// The fingerprint takes the path as it came; a key derived from a
-	// source takes it in its normal form (keyPath), so that one order
-	// spelled two ways is one key, and a second spelling is 409
-	// idempotency_conflict, nothing sent.
+	// source or a fingerprint window takes it in its normal form
+	// (keyPath), so that one order spelled two ways is one key, and a
+	// second spelling is 409 idempotency_conflict, nothing sent.
 	fp := idemkey.Fingerprint(kr)
+	windowFP := fp
 	if keyPath(kr.Path) != kr.Path {
-		path, err := h.derivationPath(r.Context(), kr, rule, tenant)
+		if rule.Policy == routes.Fingerprint {
+			windowFP, err = h.windowFingerprint(r.Context(), kr, fp, rule.Window)
+		}
+		if err == nil {
+			kr.Path, err = h.derivationPath(r.Context(), kr, rule, tenant)
+		}
 		if err != nil {
 			h.fail(w, sum, err)
 			return
 		}
-		kr.Path = path
 	}
-	key, err := h.resolveKey(r.Context(), kr, rule, fp)
+	key, err := h.resolveKey(r.Context(), kr, rule, windowFP)
 	if err != nil {
 		h.fail(w, sum, err)
 		return
