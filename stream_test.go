@@ -277,3 +277,42 @@ func TestBinaryUnprotectedRequestBodyAsItComes(t *testing.T) {
 		t.Errorf("answer %d %q, want 200 with the whole body echoed", got.status, got.body)
 	}
 }
+
+// An unprotected request whose provider sends no answer within
+// IDEMPROXY_ATTEMPT_TIMEOUT gets 504 upstream_unavailable, as a protected one
+// does: a GET after its retries, a PUT (sent once) after its one attempt. It
+// was answered 499 client_closed_request, "client closed the request", to an
+// app that was still waiting, and logged as a network error.
+func TestBinaryUnprotectedAttemptTimeout(t *testing.T) {
+	held := make(chan struct{})
+	var calls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		select { // no answer until the test ends
+		case <-held:
+		case <-r.Context().Done():
+		}
+	}))
+	defer up.Close()
+	defer close(held)
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir(),
+		"IDEMPROXY_ATTEMPT_TIMEOUT=300ms", "IDEMPROXY_RETRY_MAX_ATTEMPTS=2",
+		"IDEMPROXY_RETRY_BASE_DELAY=1ms", "IDEMPROXY_RETRY_MAX_DELAY=2ms")
+	base := "http://" + p.addr
+	for _, tc := range []struct {
+		method   string
+		attempts int
+	}{{http.MethodGet, 2}, {http.MethodPut, 1}} {
+		calls.Store(0)
+		got := send(t, tc.method, base+"/v1/statement", "")
+		if got.status != http.StatusGatewayTimeout || jsonField(got.body, "code") != "upstream_unavailable" {
+			t.Errorf("%s with no answer within the attempt timeout: %d %s, want 504 upstream_unavailable", tc.method, got.status, got.body)
+		}
+		if n := calls.Load(); n != int32(tc.attempts) {
+			t.Errorf("%s: %d attempts, want %d", tc.method, n, tc.attempts)
+		}
+	}
+	if log := p.logText(); strings.Contains(log, `"status":499`) {
+		t.Errorf("a request logged as answered 499 (client gone):\n%s", log)
+	}
+}

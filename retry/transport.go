@@ -318,8 +318,14 @@ func (s *sequence) sendStream() (*http.Response, error) {
 		r.Body = body
 	}
 	resp, err := s.t.next().RoundTrip(r)
-	if timer != nil && !timer.Stop() && err == nil {
-		resp.Body.Close() // the header came just as the attempt timed out
+	if timer != nil && !timer.Stop() {
+		// The timer fired: the attempt timed out, whatever RoundTrip says.
+		// Its error is the context.Canceled the timer's cancel left, which
+		// would read as the caller gone (answered 499 while the app waits);
+		// a caller that did leave is told apart by callerErr.
+		if err == nil {
+			resp.Body.Close() // the header came just as the attempt timed out
+		}
 		resp, err = nil, fmt.Errorf("waiting for the answer's header: %w", context.DeadlineExceeded)
 	}
 	if err != nil {

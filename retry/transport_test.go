@@ -589,3 +589,46 @@ func TestTransportWaitEndsAtShutdown(t *testing.T) {
 		})
 	}
 }
+
+// An unprotected attempt whose answer's header does not come within the
+// attempt timeout is a timeout, as for a protected one: retried as such when
+// safe, and the sequence ends with an ExhaustedError saying so (the proxy's
+// 504 upstream_unavailable). The attempt's context was once canceled by the
+// timer, and the error it left read as the caller having gone away: the app,
+// still waiting, was answered 499 client_closed_request.
+func TestTransportStreamAttemptTimeout(t *testing.T) {
+	for _, mode := range []Mode{Safe, Once} {
+		t.Run(mode.String(), func(t *testing.T) {
+			p := newProvider(t, hang, hang)
+			pol := testPolicy()
+			pol.MaxAttempts, pol.AttemptTimeout = 2, 100*ms
+			h := newHarness(t, pol)
+			req, err := http.NewRequest(http.MethodGet, p.srv.URL+"/v1/payouts", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Idempotency-Key", testKey)
+			resp, _, err := h.tr.Do(req, Call{Mode: mode})
+			if resp != nil {
+				resp.Body.Close()
+				t.Fatalf("got a %d response, want an ExhaustedError", resp.StatusCode)
+			}
+			want := 2
+			if mode == Once {
+				want = 1
+			}
+			var ex *ExhaustedError
+			if !errors.As(err, &ex) || ex.Attempts != want || !ex.Timeout {
+				t.Fatalf("error %v (%#v), want an ExhaustedError after %d attempts with Timeout", err, ex, want)
+			}
+			if errors.Is(err, context.Canceled) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("error %v: want context.DeadlineExceeded, not context.Canceled (which reads as the caller gone)", err)
+			}
+			if mode == Safe {
+				if r := h.reasons(); !slices.Equal(r, []Reason{ReasonTimeout, ReasonTimeout}) {
+					t.Errorf("reasons %q, want timeout ×2", r)
+				}
+			}
+		})
+	}
+}
