@@ -78,7 +78,7 @@ type config struct {
 	RetryBudget      time.Duration `env:"RETRY_BUDGET" envDefault:"2m" doc:"total time for one request's attempts (at most 24h)"`
 	AttemptTimeout   time.Duration `env:"ATTEMPT_TIMEOUT" envDefault:"30s" doc:"one upstream attempt (at most 24h)"`
 	RetryStatuses    string        `env:"RETRY_STATUSES" envDefault:"429,500,502,503,504" doc:"retriable HTTP statuses; an item may be a range such as 500-599"`
-	RetryCodes       string        `env:"RETRY_CODES" envDefault:"idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen" doc:"retriable business codes at error.code or code in a 4xx JSON body"`
+	RetryCodes       string        `env:"RETRY_CODES" envDefault:"idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen" doc:"comma list of retriable business codes (letters, digits, . _ - :) at error.code or code in a 4xx JSON body"`
 	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off; with replicas on PostgreSQL, their total"`
 	RateBurst        int           `env:"RATE_BURST" envDefault:"1" doc:"outbound burst"`
 
@@ -261,11 +261,29 @@ func checkInProgress(status int, code string) error {
 	if status < 400 || status > 599 {
 		return bad("INPROGRESS_STATUS", fmt.Errorf("want a 4xx or 5xx status, got %d", status))
 	}
-	ok := code != "" && len(code) <= 100 && !strings.ContainsFunc(code, func(r rune) bool {
+	if !isCode(code) {
+		return bad("INPROGRESS_CODE", fmt.Errorf("want 1-100 letters, digits and . _ - :, got %q", code))
+	}
+	return nil
+}
+
+// isCode reports an error code as providers write them: 1-100 letters,
+// digits and . _ - : (payout.funds_maturing, idempotency_in_progress).
+func isCode(code string) bool {
+	return code != "" && len(code) <= 100 && !strings.ContainsFunc(code, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-:", r))
 	})
-	if !ok {
-		return bad("INPROGRESS_CODE", fmt.Errorf("want 1-100 letters, digits and . _ - :, got %q", code))
+}
+
+// checkCodes checks RETRY_CODES item by item. A list written with another
+// separator ("payout.funds_maturing; payout.frozen", or spaces) would
+// otherwise be one code that no answer carries: every 409
+// payout.funds_maturing stored as final, the payout dropped, without a word.
+func checkCodes(list string) error {
+	for item := range strings.SplitSeq(list, ",") {
+		if item = strings.TrimSpace(item); item != "" && !isCode(item) {
+			return bad("RETRY_CODES", fmt.Errorf("want a comma list of codes of 1-100 letters, digits and . _ - :, got %q", item))
+		}
 	}
 	return nil
 }
@@ -374,6 +392,9 @@ func signVariable(err error) string {
 }
 
 func (c *config) retryPolicy() (retry.Policy, error) {
+	if err := checkCodes(c.RetryCodes); err != nil {
+		return retry.Policy{}, err
+	}
 	p := retry.Policy{
 		MaxAttempts:    c.RetryMaxAttempts,
 		BaseDelay:      c.RetryBaseDelay,

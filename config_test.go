@@ -74,6 +74,20 @@ func TestConfigBounds(t *testing.T) {
 	}
 }
 
+// A RETRY_CODES list written with another separator than the comma once
+// started as one code that no answer carries: every 409
+// payout.funds_maturing was stored as final and the payout dropped.
+// (loadConfig, not command: a list accepted would serve.)
+func TestConfigRetryCodesRefused(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}
+	for _, list := range []string{"payout.funds_maturing; payout.frozen", "payout.funds_maturing payout.frozen", `"payout.frozen"`} {
+		_, _, err := loadConfig(append(base, "IDEMPROXY_RETRY_CODES="+list))
+		if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_RETRY_CODES") {
+			t.Errorf("RETRY_CODES=%q: %v, want a refusal naming IDEMPROXY_RETRY_CODES", list, err)
+		}
+	}
+}
+
 func TestConfigAccepts(t *testing.T) {
 	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}
 	for _, env := range [][]string{
@@ -85,6 +99,7 @@ func TestConfigAccepts(t *testing.T) {
 		{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=X-App-Token"},
 		{"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_KEY_SOURCES=header:X-Order-Id", "IDEMPROXY_ROUTES=POST /x=key:header:X-Other"},
 		{"IDEMPROXY_LISTEN_ADDR=:http", "IDEMPROXY_ADMIN_ADDR=0.0.0.0:65535"},
+		{"IDEMPROXY_RETRY_CODES= payout.frozen , ERR-42:x,"},
 	} {
 		if _, _, err := loadConfig(append(base, env...)); err != nil {
 			t.Errorf("%v refused: %v", env, err)
