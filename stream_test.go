@@ -7,6 +7,7 @@ package main
 import (
 	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -314,5 +315,38 @@ func TestBinaryUnprotectedAttemptTimeout(t *testing.T) {
 	}
 	if log := p.logText(); strings.Contains(log, `"status":499`) {
 		t.Errorf("a request logged as answered 499 (client gone):\n%s", log)
+	}
+}
+
+// An unprotected request that idemproxy answers with its own
+// upstream_unavailable (the provider unreachable, so nothing came to pass on)
+// is logged and counted as upstream_unavailable, as a protected one is, not
+// as forwarded: the "provider unavailable" alert and the WARN request line
+// once missed every lookup that failed so.
+func TestBinaryUnprotectedFailureOutcome(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "http://" + ln.Addr().String()
+	ln.Close() // a guaranteed connection refused
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+refused, "IDEMPROXY_DATA_DIR="+t.TempDir(),
+		"IDEMPROXY_RETRY_MAX_ATTEMPTS=2", "IDEMPROXY_RETRY_BASE_DELAY=1ms", "IDEMPROXY_RETRY_MAX_DELAY=2ms")
+	got := send(t, http.MethodGet, "http://"+p.addr+"/v1/payouts/p-1", "")
+	if got.status != http.StatusBadGateway || jsonField(got.body, "code") != "upstream_unavailable" {
+		t.Fatalf("GET with the provider unreachable: %d %s, want 502 upstream_unavailable", got.status, got.body)
+	}
+	var line string
+	deadline := time.Now().Add(5 * time.Second)
+	for line == "" && time.Now().Before(deadline) {
+		for l := range strings.SplitSeq(p.logText(), "\n") {
+			if strings.Contains(l, `"msg":"request"`) && strings.Contains(l, `"path":"/v1/payouts/p-1"`) {
+				line = l
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if jsonField(line, "outcome") != "upstream_unavailable" || jsonField(line, "level") != "WARN" || !strings.Contains(line, `"attempts":2`) {
+		t.Errorf("request line %q: want level WARN, outcome upstream_unavailable, attempts 2", line)
 	}
 }

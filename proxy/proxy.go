@@ -364,6 +364,12 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, 
 		sum.settle(result{resp: store.Response{Status: ErrClientGone.Status}, report: ex.Report}, nil)
 		panic(http.ErrAbortHandler)
 	}
+	if sw.failed != nil { // idemproxy's own error, not the provider's answer
+		a := *sw.failed
+		a.Attempts = max(a.Attempts, ex.Report.Attempts)
+		sum.settle(result{}, &a)
+		return
+	}
 	sum.settle(result{resp: store.Response{Status: sw.status}, report: ex.Report}, nil)
 }
 
@@ -414,7 +420,11 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	if !errors.Is(err, context.Canceled) {
 		h.opt.Logger.Warn("upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	writeError(w, err, "")
+	a := classify(err)
+	if sw, ok := w.(*statusWriter); ok {
+		sw.failed = &a // its outcome is this error's (upstream_unavailable), not forwarded
+	}
+	writeClassified(w, err, a, "")
 }
 
 func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant string, rule routes.Rule, sum *Summary, t *ticket) {

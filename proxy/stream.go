@@ -20,6 +20,9 @@ type statusWriter struct {
 	// clientGone: the attempt ended because the client left, and nothing
 	// was written (upstreamError).
 	clientGone bool
+	// failed: the attempts ended with no answer to pass on, and idemproxy
+	// answered with its own error, of this class (upstreamError).
+	failed *apiError
 }
 
 func (w *statusWriter) WriteHeader(code int) {
