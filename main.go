@@ -155,9 +155,11 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	instrumented := m.Store(st)
 	m.UnknownOperations(countUnknown(st), time.Now)
 	gate := ratelimit.New(cfg.RateLimit, cfg.RateBurst)
+	var settle func(context.Context) error
 	if ps, ok := st.(*pgstore.Store); ok {
 		th := shareThrottle(ps, gate, set.upstream, log)
 		defer th.Close() // before the store's Close, deferred earlier
+		settle = ps.Settle
 	}
 	chain := upstream.Config{
 		Sign:   set.sign,
@@ -206,8 +208,8 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	adm := newAdmin(instrumented, m.Handler())
 	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, Clients: set.clients.Names(), OrderKeys: handler.OrderKeys, Logger: log}))
-	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, stopWaits: gate.Close, admin: adm,
-		connMetrics: m.ClientConnections}, log, ready)
+	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, settle: settle, stopWaits: gate.Close,
+		admin: adm, connMetrics: m.ClientConnections}, log, ready)
 }
 
 // app is what serve runs: the proxy handler (wrapped for logs and metrics), the
@@ -215,6 +217,10 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 type app struct {
 	proxy http.Handler
 	drain func(context.Context) error
+	// settle, if set, redoes the store writes that failed during the drain
+	// and wait to be redone (PostgreSQL's deferred parks and releases), so
+	// that they are done before the store closes.
+	settle func(context.Context) error
 	// stopWaits refuses the attempts still queued at the outbound gate (behind
 	// a provider's pause): they were never sent and get a 503 at once.
 	stopWaits func()
@@ -285,8 +291,12 @@ func proxyServer(l net.Listener, handler http.Handler, conns int, log *slog.Logg
 
 // shutdown drains within grace: readiness turns false first, then the proxy
 // listener closes, requests being served finish, and detached operations whose
-// clients left finish and are stored. Operations still running when grace ends
-// stay in flight on disk and are released at the next start.
+// clients left finish and are stored. What the drain could not write while
+// the database did not answer (an unstored answer's park as unknown) is
+// redone once it answers, before the caller closes the store: closed, the
+// store would drop it. Operations still running when grace ends stay in
+// flight and are released at the next start (Badger) or parked by another
+// replica's sweep (PostgreSQL).
 func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger) error {
 	a.admin.draining.Store(true)
 	log.Info("shutting down: not ready, draining", "grace", grace.String())
@@ -298,6 +308,11 @@ func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger)
 	err := ps.Shutdown(ctx)
 	if derr := a.drain(ctx); derr != nil {
 		err = errors.Join(err, derr)
+	}
+	if a.settle != nil {
+		if serr := a.settle(ctx); serr != nil {
+			err = errors.Join(err, serr)
+		}
 	}
 	as.Close()
 	if err != nil {

@@ -965,6 +965,10 @@ func parkArgs(o store.Outcome) []any {
 // (see lostClaim), as long as owner still holds the record then: the
 // operation may have run, and left in flight it would be listed among the
 // running ones until its lease ends, with what its owner knew of it lost.
+// A replica that stops redoes them before it closes the store (Settle); a
+// Park after Close (store.ErrClosed: an operation still running when the
+// shutdown grace ended) is not, as no process is left to redo it: another
+// replica's sweep parks the record after its lease.
 func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error {
 	err := s.ownerWrite(ctx, "park", id, owner, park, parkArgs(o)...)
 	if err != nil && !errors.Is(err, store.ErrNotOwner) && !errors.Is(err, store.ErrClosed) && id.Key != "" && owner != "" {

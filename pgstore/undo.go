@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -147,6 +148,44 @@ func (s *Store) undoLoop() {
 			}
 		}
 	}
+}
+
+// Settle redoes the owner writes that failed and wait to be redone (a Park
+// or an Abandon the database did not answer, see lostClaim) now, and again
+// every undoRetry until none is left, or ctx ends with some left, which it
+// reports. A replica that stops calls it after its drain and before Close,
+// within its shutdown grace: Close drops what is left, and a park dropped
+// leaves the record in flight under a replica that is gone, until another
+// one's sweep parks it a minute after its lease, with its claim time as
+// its first send and without the provider's last answer. Claims whose
+// statements got no answer are undone on the way once their sessions have
+// ended, but not waited for: their keys are free when their leases end.
+func (s *Store) Settle(ctx context.Context) error {
+	for {
+		s.undoLost(ctx)
+		n := s.deferredLeft()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgstore: settle: %d failed parks or releases still to redo: %w", n, ctx.Err())
+		case <-time.After(undoRetry):
+		}
+	}
+}
+
+// deferredLeft counts the failed owner writes still to redo.
+func (s *Store) deferredLeft() int {
+	s.lostMu.Lock()
+	defer s.lostMu.Unlock()
+	n := 0
+	for _, c := range s.lost {
+		if c.deferred() {
+			n++
+		}
+	}
+	return n
 }
 
 // undoLost undoes the lost claims whose sessions have ended (or that have
