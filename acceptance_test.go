@@ -413,3 +413,78 @@ func TestAcceptanceDeclaredLengthOverTheCapAnsweredAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// What framing cannot read as the server does never lets an ambiguous
+// length through. A Transfer-Encoding or Content-Length line padded past the
+// bytes framing keeps of a line (its value is read by the server after
+// trimming), or a Content-Length with leading zeros, still makes its request
+// ambiguous (400 bad_request, nothing sent, connection closed). A chunk-size
+// line with a long extension or sixteen hex digits, which the server reads,
+// is followed, so that the next request's ambiguous length is still seen.
+// And after a request whose framing cannot be followed at all (a padded
+// Transfer-Encoding alone, served chunked), the connection's later requests
+// are refused the same way: their lengths cannot be told. Before the fix,
+// framing stopped reading at each of these and every request after it on
+// the connection, ambiguous or not, reached the provider: the padded
+// Transfer-Encoding with a Content-Length executed its order, and so did a
+// Transfer-Encoding with a Content-Length after the long chunk line.
+func TestAcceptanceAmbiguousLengthPastWhatFramingKeeps(t *testing.T) {
+	p, prov := plainBinary(t)
+	n := 0
+	order := func() (body, chunked string) { // a new order, whole and chunked; 20 bytes
+		n++
+		body = fmt.Sprintf(`{"order_id":"p-%03d"}`, n)
+		return body, fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	}
+	refused := func(t *testing.T, resp *http.Response) {
+		t.Helper()
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		checkRefusal(t, prov, reply{resp.StatusCode, resp.Header, string(b)}, http.StatusBadRequest, "bad_request")
+		if !resp.Close {
+			t.Errorf("answer without Connection: close")
+		}
+	}
+	served := func(t *testing.T, resp *http.Response) {
+		t.Helper()
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if seen := prov.take(); resp.StatusCode != http.StatusCreated || len(seen) != 1 {
+			t.Fatalf("%d %s, provider saw %d; want it answered as usual", resp.StatusCode, b, len(seen))
+		}
+	}
+	const head = "POST /v1/payments HTTP/1.1\r\nHost: x\r\n"
+	pad := strings.Repeat(" ", 200)
+	for _, c := range []struct{ name, fields string }{
+		{"padded Transfer-Encoding and Content-Length", "Transfer-Encoding:" + pad + "chunked\r\nContent-Length: 20\r\n"},
+		{"Transfer-Encoding and padded Content-Length", "Transfer-Encoding: chunked\r\nContent-Length:\t" + pad + "20" + pad + "\r\n"},
+		{"zero-padded Content-Length and Transfer-Encoding", "Content-Length: " + strings.Repeat("0", 30) + "20\r\nTransfer-Encoding: chunked\r\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, chunked := order()
+			refused(t, dialKeptAlive(t, p.addr).ask(t, head+c.fields+"\r\n"+chunked))
+		})
+	}
+	t.Run("padded Content-Length twice", func(t *testing.T) {
+		body, _ := order()
+		refused(t, dialKeptAlive(t, p.addr).ask(t, head+"Content-Length:"+pad+"20\r\nContent-Length: 20\r\n\r\n"+body))
+	})
+	for _, c := range []struct{ name, chunkLine string }{
+		{"after a long chunk extension", "14;ext=" + strings.Repeat("e", 300)},
+		{"after a sixteen-digit chunk size", "0000000000000014"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			body, _ := order()
+			k := dialKeptAlive(t, p.addr)
+			served(t, k.ask(t, head+"Transfer-Encoding: chunked\r\n\r\n"+c.chunkLine+"\r\n"+body+"\r\n0\r\n\r\n"))
+			_, chunked := order()
+			refused(t, k.ask(t, head+"Content-Length: 20\r\nTransfer-Encoding: chunked\r\n\r\n"+chunked))
+		})
+	}
+	t.Run("after a request framing cannot follow", func(t *testing.T) {
+		_, chunked := order()
+		k := dialKeptAlive(t, p.addr)
+		served(t, k.ask(t, head+"Transfer-Encoding:"+pad+"chunked\r\n\r\n"+chunked))
+		refused(t, k.ask(t, "GET /v1/payments/pay-1 HTTP/1.1\r\nHost: x\r\n\r\n"))
+	})
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"math"
 	"sync/atomic"
 )
 
@@ -20,14 +21,23 @@ import (
 // the connection for (a malformed head or chunk, an unsupported
 // Transfer-Encoding, two different lengths), and anything framing cannot
 // follow, turns it off for the rest of the connection: it never refuses by
-// itself, it only marks. Read calls feed it one at a time (net/http reads a
-// connection from one goroutine at a time); ambiguous is read by handlers.
+// itself, it only marks. A Transfer-Encoding or Content-Length line whose
+// value it cannot read (padded past what it keeps of a line) still counts
+// as one, so that with another it makes the request ambiguous. Once off, it
+// cannot tell where any later request on the connection starts, so every
+// later one the handler sees is marked too (refuses): when the server
+// refused and closed, there is none. Read calls feed it one at a time
+// (net/http reads a connection from one goroutine at a time); ambiguous
+// and stopped are read by handlers.
 type framing struct {
 	state framingState
 	// heads counts the request heads that reach the handler; ambiguous is
-	// the number of the first one whose length is ambiguous, 0 if none.
+	// the number of the first one whose length is ambiguous, 0 if none;
+	// stopped is 1 + the number of heads counted when framing turned off,
+	// 0 while it follows the connection.
 	heads     int64
 	ambiguous atomic.Int64
+	stopped   atomic.Int64
 
 	line      framingLine
 	headBytes int
@@ -39,6 +49,8 @@ type framing struct {
 	te, cls             int  // Transfer-Encoding and Content-Length lines
 	chunked             bool // the Transfer-Encoding is chunked
 	length              int64
+	lengthUnread        bool // a Content-Length whose value framing could not read
+	teUnread            bool // a Transfer-Encoding whose value framing could not read
 	post                bool
 
 	remain int64 // body or chunk bytes still to come
@@ -145,7 +157,7 @@ func (f *framing) feed(p []byte) {
 				want = '\n'
 			}
 			if p[0] != want {
-				f.state = framingOff // the server refuses the body
+				f.stop() // the server refuses the body
 				return
 			}
 			p = p[1:]
@@ -167,7 +179,7 @@ func (f *framing) feed(p []byte) {
 			}
 			p = p[len(seg):]
 			if f.headBytes += len(seg); f.headBytes > maxFramingHead {
-				f.state = framingOff
+				f.stop()
 				return
 			}
 			f.line.add(seg)
@@ -179,9 +191,28 @@ func (f *framing) feed(p []byte) {
 	}
 }
 
+// stop turns framing off for the rest of the connection; the requests whose
+// heads it has not counted yet are marked (refuses).
+func (f *framing) stop() {
+	f.state = framingOff
+	f.stopped.CompareAndSwap(0, f.heads+1)
+}
+
+// refuses reports whether the handler's request number n (1 first) must be
+// refused: its length is ambiguous, or framing stopped before its head, so
+// that where it starts and ends cannot be told.
+func (f *framing) refuses(n int64) bool {
+	if a := f.ambiguous.Load(); a != 0 && a == n {
+		return true
+	}
+	s := f.stopped.Load()
+	return s != 0 && n >= s
+}
+
 func (f *framing) startHead() {
 	f.state, f.line.n, f.headBytes, f.crlf = framingRequestLine, 0, 0, 0
 	f.http10, f.optionsStar, f.te, f.cls, f.chunked, f.length, f.post = false, false, 0, 0, false, 0, false
+	f.lengthUnread, f.teUnread = false, false
 	f.field, f.value = 0, f.valueBuf[:0]
 }
 
@@ -197,8 +228,11 @@ func (f *framing) endLine() {
 	case framingHeader:
 		f.header(text, whole)
 	case framingChunkSize:
-		if !whole || !f.line.crlf() {
-			f.state = framingOff
+		// The server reads a chunk-size line of up to 4 KiB: a long
+		// extension is skipped as long as the size and its ';' are in
+		// what framing keeps of the line.
+		if !f.line.crlf() || !whole && bytes.IndexByte(text, ';') < 0 {
+			f.stop()
 			return
 		}
 		f.chunkSize(text)
@@ -262,14 +296,21 @@ func (f *framing) endField() {
 	case fieldTE:
 		f.te++
 		f.chunked = f.valueWhole && bytes.EqualFold(f.value, []byte("chunked"))
+		f.teUnread = !f.valueWhole
 	case fieldCL:
-		n, ok := parseLength(f.value)
-		if !f.valueWhole || !ok || f.cls > 0 && n != f.length {
-			f.state = framingOff // the server refuses it
-			return
-		}
 		f.cls++
-		f.length = n
+		n, ok := parseLength(f.value)
+		switch {
+		case !f.valueWhole || !ok:
+			// Padded past what framing keeps, or not a length: the
+			// server refuses the request, or reads a length framing
+			// cannot; either way it is a length line (endHead).
+			f.lengthUnread = true
+		case f.cls > 1 && !f.lengthUnread && n != f.length:
+			f.stop() // the server refuses two different lengths
+		default:
+			f.length = n
+		}
 	}
 }
 
@@ -281,15 +322,25 @@ func (f *framing) endHead() {
 	}
 	f.afterPOST = f.post
 	switch {
-	case f.te > 0 && !f.http10 && (f.te > 1 || !f.chunked):
-		f.state = framingOff // the server refuses the Transfer-Encoding
+	case f.te > 0 && !f.http10 && (f.te > 1 || !f.chunked && !f.teUnread):
+		f.stop() // the server refuses the Transfer-Encoding
 		return
 	case f.te > 0 && (f.cls > 0 || f.http10), f.cls > 1:
+		// Also when a value could not be read: if the server refuses
+		// it, the handler never sees the mark.
 		if !f.optionsStar {
 			f.ambiguous.CompareAndSwap(0, f.heads)
 		}
 		// The handler refuses it and the connection is closed.
-		f.state = framingOff
+		f.stop()
+		return
+	case f.teUnread:
+		// The server refuses it, or reads a padded "chunked":
+		// framing cannot follow.
+		f.stop()
+		return
+	case f.lengthUnread:
+		f.stop() // the server refuses the length, or reads one framing could not
 		return
 	case f.te > 0:
 		f.state, f.line.n = framingChunkSize, 0
@@ -304,11 +355,11 @@ func (f *framing) endHead() {
 func (f *framing) chunkSize(text []byte) {
 	text, _, _ = bytes.Cut(text, []byte(";"))
 	text = bytes.TrimRight(text, " \t")
-	if len(text) == 0 || len(text) > 15 {
-		f.state = framingOff
+	if len(text) == 0 || len(text) > 16 { // the server's limit
+		f.stop()
 		return
 	}
-	var n int64
+	var n uint64
 	for _, c := range text {
 		switch {
 		case '0' <= c && c <= '9':
@@ -318,21 +369,30 @@ func (f *framing) chunkSize(text []byte) {
 		case 'A' <= c && c <= 'F':
 			c -= 'A' - 10
 		default:
-			f.state = framingOff
+			f.stop()
 			return
 		}
-		n = n<<4 | int64(c)
+		n = n<<4 | uint64(c)
 	}
 	f.headBytes = 0
-	if n == 0 {
+	switch {
+	case n == 0:
 		f.state = framingTrailer
-		return
+	case n > math.MaxInt64: // no body has that many bytes: nothing more to follow
+		f.stop()
+	default:
+		f.state, f.remain = framingChunkData, int64(n)
 	}
-	f.state, f.remain = framingChunkData, n
 }
 
-// parseLength parses a Content-Length value as the server does: digits only.
+// parseLength parses a Content-Length value as the server does: digits only,
+// leading zeros allowed.
 func parseLength(v []byte) (int64, bool) {
+	if len(v) > 0 {
+		if v = bytes.TrimLeft(v, "0"); len(v) == 0 {
+			return 0, true
+		}
+	}
 	if len(v) == 0 || len(v) > 18 {
 		return 0, false
 	}

@@ -24,6 +24,9 @@ func TestFramingMarksAmbiguousLength(t *testing.T) {
 		gzipTE      = "POST /i HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3\r\n\r\n"
 		twoLengths  = "POST /j HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n"
 	)
+	pad := strings.Repeat(" ", 200)
+	longExt := "POST /m HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2;e=" + strings.Repeat("e", 300) + "\r\nok\r\n0\r\n\r\n"
+	sixteen := "POST /m HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0000000000000002\r\nok\r\n0\r\n\r\n"
 	quoted := "GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n"
 	lengthPost := fmt.Sprintf("POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(quoted), quoted)
 	tests := []struct {
@@ -41,6 +44,15 @@ func TestFramingMarksAmbiguousLength(t *testing.T) {
 		{"folded Content-Length", "POST /k HTTP/1.1\r\nHost: x\r\nContent-Length:\r\n\t3\r\nTransfer-Encoding: chunked\r\n\r\n", 1},
 		{"folded, then well framed", "POST /l HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n 2\r\nContent-Length:\r\n 2\r\nX-B: 3\r\n\r\nokGET / HTTP/1.1\r\nHost: x\r\n\r\n" + teCL, 3},
 		{"quoted in a body", lengthPost + lengthPost, 0},
+		// Values framing cannot read whole still count as lengths.
+		{"padded Transfer-Encoding", get + "POST /n HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:" + pad + "chunked\r\nContent-Length: 3\r\n\r\n", 2},
+		{"padded Content-Length", "POST /n HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length:" + pad + "3" + pad + "\r\n\r\n", 1},
+		{"padded Content-Length twice", "POST /n HTTP/1.1\r\nHost: x\r\nContent-Length:" + pad + "2\r\nContent-Length: 2\r\n\r\nok", 1},
+		{"zero-padded Content-Length", "POST /n HTTP/1.1\r\nHost: x\r\nContent-Length: " + strings.Repeat("0", 70) + "3\r\nTransfer-Encoding: chunked\r\n\r\n", 1},
+		// Chunk-size lines the server reads are followed.
+		{"after a long chunk extension", longExt + teCL, 2},
+		{"after a sixteen-digit chunk size", sixteen + teCL, 2},
+		{"zero-padded length followed", "POST /o HTTP/1.1\r\nHost: x\r\nContent-Length: 0000000000000000000002\r\n\r\nok" + teCL, 2},
 		// The server refuses these and closes the connection itself.
 		{"after a malformed chunk", badChunk + teCL, 0},
 		{"unsupported Transfer-Encoding", gzipTE + teCL, 0},
@@ -85,5 +97,33 @@ func BenchmarkFramingFeed(b *testing.B) {
 	}
 	if f.ambiguous.Load() != 0 || f.heads != int64(b.N) {
 		b.Fatalf("framing lost track: %d heads for %d requests, ambiguous %d", f.heads, b.N, f.ambiguous.Load())
+	}
+}
+
+// Once framing cannot follow a connection (a padded Transfer-Encoding the
+// server reads as chunked, a length it cannot read), every later request the
+// handler sees is refused: where it starts cannot be told. Requests before,
+// and a connection framing follows to its end, are not.
+func TestFramingRefusesAfterItStops(t *testing.T) {
+	get := "GET /c HTTP/1.1\r\nHost: x\r\n\r\n"
+	pad := strings.Repeat(" ", 200)
+	for _, c := range []struct {
+		name, stream string
+		first        int64 // the first request refused, 0 for none
+	}{
+		{"well framed", get + "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2;e=" + strings.Repeat("e", 300) + "\r\nok\r\n0\r\n\r\n" + get, 0},
+		{"padded Transfer-Encoding", get + "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:" + pad + "chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n" + get + get, 3},
+		{"unreadable length", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: " + strings.Repeat("0", 70) + "2\r\n\r\nok" + get, 2},
+		{"a chunk size over the server's 16 digits", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n00000000000000002\r\nok\r\n0\r\n\r\n" + get, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var f framing
+			f.feed([]byte(c.stream))
+			for n := int64(1); n <= 4; n++ {
+				if want := c.first != 0 && n >= c.first; f.refuses(n) != want {
+					t.Errorf("request %d: refuses %v, want %v", n, f.refuses(n), want)
+				}
+			}
+		})
 	}
 }

@@ -29,7 +29,8 @@ import (
 // It also marks, for the handler to refuse, a request whose length is
 // ambiguous (Transfer-Encoding with Content-Length, Transfer-Encoding on
 // HTTP/1.0, Content-Length twice), which net/http accepts and hides from
-// handlers: see framing and proxy.MarkAmbiguousFraming.
+// handlers, and every request after one whose length framing cannot follow:
+// see framing and proxy.MarkAmbiguousFraming.
 //
 // It wraps srv's Handler, ConnContext and ConnState, so call it once those
 // are set; serve srv on the listener it returns, which wraps l. The hooks
@@ -53,7 +54,7 @@ func answerRefusalsInJSON(srv *http.Server, l net.Listener) net.Listener {
 		if rc, ok := r.Context().Value(refusalConnKey{}).(*refusalConn); ok {
 			rc.serving.Store(true)
 			rc.requests++
-			if rc.framing.ambiguous.Load() == rc.requests {
+			if rc.framing.refuses(rc.requests) {
 				r = proxy.MarkAmbiguousFraming(r)
 			}
 		}
