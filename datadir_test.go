@@ -378,3 +378,83 @@ func TestBinaryRefusesCutWAL(t *testing.T) {
 	p = launch(t, launchSpec{env: env})
 	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
 }
+
+// A KEYREGISTRY with garbage in it, or cut short, between two runs: Badger
+// refused it saying "Encryption key mismatch" or "Error while reading sanity
+// text", naming neither the file nor the damage (the store encrypts
+// nothing). The start names the file and says what to do; removing it, as
+// the message says, brings every answer back.
+func TestBinaryNamesDamagedKeyRegistry(t *testing.T) {
+	prov := &crashProvider{size: 2000, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	for _, c := range []struct {
+		name   string
+		damage func(t *testing.T, path string)
+	}{
+		{"garbage", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, bytes.Repeat([]byte{0x5a}, 28), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"cut short", func(t *testing.T, path string) { cutFile(t, path, 10) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			env := baseEnv(up.URL, dir)
+			all := storeAndStop(t, env, prov, "keyreg")
+			path := filepath.Join(dir, "KEYREGISTRY")
+			c.damage(t, path)
+
+			out := startStopsWith(t, 1, env)
+			for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, path + " is damaged", "removed, it is written anew"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("start with a damaged KEYREGISTRY does not say %q:\n%s", want, out)
+				}
+			}
+
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			p := launch(t, launchSpec{env: env})
+			verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+		})
+	}
+}
+
+// A table the MANIFEST names, removed between two runs: Badger refused the
+// directory saying "file does not exist for table 1". The start names the
+// file, and with it put back every answer replays.
+func TestBinaryNamesMissingTable(t *testing.T) {
+	prov := &crashProvider{size: 2000, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	dir := filepath.Join(t.TempDir(), "data")
+	env := baseEnv(up.URL, dir)
+	all := storeAndStop(t, env, prov, "gone")
+	tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+	if len(tables) != 1 {
+		t.Fatalf("tables after a clean shutdown: %v, want one", tables)
+	}
+	path := tables[0]
+	whole, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+
+	out := startStopsWith(t, 1, env)
+	for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, "table " + path + " is missing"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("start with a table missing does not say %q:\n%s", want, out)
+		}
+	}
+
+	if err := os.WriteFile(path, whole, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := launch(t, launchSpec{env: env})
+	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+}

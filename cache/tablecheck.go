@@ -62,6 +62,9 @@ func checkTables(dir string, bopts badger.Options) error {
 	if err := checkWALs(dir, bopts.MemTableSize); err != nil {
 		return err
 	}
+	if err := checkKeyRegistry(dir); err != nil {
+		return err
+	}
 	mr := readManifest(dir, bopts)
 	if err := checkManifestWhole(dir, mr); err != nil {
 		return err
@@ -79,7 +82,10 @@ func checkTables(dir string, bopts badger.Options) error {
 		plain := tm.Compression == options.None && tm.KeyID == 0
 		if err := checkTable(path, plain, &br); err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
-				continue // badger.Open reports a missing table itself
+				// Badger would say "file does not exist for table N".
+				return fmt.Errorf("table %s is missing: the MANIFEST names it; the store is not opened, so that none of "+
+					"its records is lost or sent again, and nothing in the directory was changed: restore the "+
+					"directory from a backup", path)
 			}
 			return fmt.Errorf("table %s is damaged: %w; the store is not opened, so that none of its records is lost or "+
 				"sent again, and nothing in the directory was changed: restore the directory from a backup", path, err)
@@ -442,4 +448,20 @@ func readBack(f io.ReaderAt, pos *int64, n int64) ([]byte, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// checkKeyRegistry refuses a damaged KEYREGISTRY before Badger reads it,
+// naming the file. Badger reads it first at open and says only "Encryption
+// key mismatch" (garbage in it) or "Error while reading sanity text" (cut
+// short), naming neither the file nor the damage: an operator would look
+// for an encryption key the store never had. The store encrypts nothing, so
+// the file holds no key a record needs; a missing one Badger writes anew.
+func checkKeyRegistry(dir string) error {
+	kr, err := badger.OpenKeyRegistry(badger.KeyRegistryOptions{Dir: dir, ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("%s is damaged (%w); the store is not opened, and nothing in the directory was changed: "+
+			"restore the directory from a backup (the file itself holds no record: the store encrypts nothing, and "+
+			"removed, it is written anew at the next start)", filepath.Join(dir, badger.KeyRegistryFileName), err)
+	}
+	return kr.Close()
 }
