@@ -227,3 +227,33 @@ func waitReadyz(t *testing.T, admin string, status int) {
 	}
 	t.Fatalf("/readyz did not answer %d within a minute", status)
 }
+
+// A data directory on a file system with less free space than the store's
+// reserve (here a volume of 300 MiB with 100 MiB free; a volume smaller than
+// the reserve is the same for ever): the process starts but refuses every
+// write and is never ready. Behind a readiness check no request comes to
+// log why; the start itself must say it.
+func TestStartBelowReserveSaysSo(t *testing.T) {
+	mnt := smallDisk(t)
+	filler := filepath.Join(mnt, "filler")
+	fill(t, filler)
+	fi, err := os.Stat(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filler, fi.Size()-100<<20); err != nil {
+		t.Fatal(err)
+	}
+	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", filepath.Join(mnt, "data"))})
+	waitReadyz(t, p.admin, http.StatusServiceUnavailable)
+	line := p.waitLine(t, "less free space than the store keeps in reserve")
+	for _, want := range []string{`"level":"WARN"`, `"free_bytes":`, `"reserve_bytes":`} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the start's line about the reserve lacks %s: %s", want, line)
+		}
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitReadyz(t, p.admin, http.StatusOK)
+}

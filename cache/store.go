@@ -229,6 +229,13 @@ func Open(opts Options) (*Store, error) {
 	}
 	if s.minFree > 0 {
 		s.every(spaceInterval, s.spaceTick)
+		// Said at start: behind a readiness check no request comes to log
+		// the refusal, and a volume smaller than the reserve never gets ready.
+		if free, err := freeBytes(s.dir); err == nil && free < s.minFree {
+			s.log.Warn("the data directory's file system has less free space than the store keeps in reserve: "+
+				"every write is refused (503 store_unavailable, nothing sent) and /readyz says 503 until there is more",
+				"dir", s.dir, "free_bytes", free, "reserve_bytes", s.minFree)
+		}
 	}
 	return s, nil
 }
