@@ -458,3 +458,99 @@ func TestBinaryNamesMissingTable(t *testing.T) {
 	p := launch(t, launchSpec{env: env})
 	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
 }
+
+// Files of the data directory that idemproxy's user may not read or write,
+// though they are its own (a mode changed by hand, a restore that kept
+// another umask): the start stops naming the permission, the uid and the
+// chown/chmod to run, never calling the file damaged and asking for a
+// backup. It said "table … is damaged … restore the directory from a
+// backup" for an unreadable table, the same of an unreadable KEYREGISTRY,
+// and gave Badger's words without the uid or the fix for a directory it
+// may not write in (its LOCK) or a value log it may not write.
+func TestBinaryDataDirFilesNotPermitted(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run the binary as another user")
+	}
+	const uid = 65532
+	base, err := os.MkdirTemp("", "idemproxy-perm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(base, "idemproxy")
+	exe, err := os.ReadFile(binPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	prov := &crashProvider{size: 2000, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	dir := filepath.Join(base, "data")
+	env := baseEnv(up.URL, dir)
+	all := storeAndStop(t, env, prov, "perm") // as root, then given to the user
+	if err := filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, uid)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	one := func(pattern string) string {
+		t.Helper()
+		m, _ := filepath.Glob(filepath.Join(dir, pattern))
+		if len(m) == 0 {
+			t.Fatalf("no %s in the data directory", pattern)
+		}
+		return m[0]
+	}
+	cred := &syscall.Credential{Uid: uid, Gid: uid}
+	for _, c := range []struct {
+		name string
+		path string
+		mode os.FileMode
+		back os.FileMode
+	}{
+		{"directory not writable", dir, 0o500, 0o700},
+		{"table unreadable", one("*.sst"), 0, 0o644},
+		{"value log read-only", one("*.vlog"), 0o444, 0o644},
+		{"KEYREGISTRY unreadable", one("KEYREGISTRY"), 0, 0o600},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := os.Chmod(c.path, c.mode); err != nil {
+				t.Fatal(err)
+			}
+			defer os.Chmod(c.path, c.back)
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin)
+			cmd.Env = env
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("start as uid %d: %v, want exit status 1; output:\n%s", uid, err, out)
+			}
+			for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, "permission denied", "uid 65532", "chown -R 65532:65532"} {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("start does not say %q:\n%s", want, out)
+				}
+			}
+			for _, wrong := range []string{"damaged", "backup"} {
+				if strings.Contains(string(out), wrong) {
+					t.Errorf("start calls a permission problem %q:\n%s", wrong, out)
+				}
+			}
+		})
+	}
+
+	// Modes put back: the user's start opens the store, every answer there.
+	p := launch(t, launchSpec{bin: bin, env: env, cred: cred})
+	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+}

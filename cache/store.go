@@ -9,9 +9,11 @@ package cache
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -356,10 +358,22 @@ func openBadger(bopts badger.Options) (db *badger.DB, err error) {
 	}()
 	db, err = badger.Open(bopts)
 	if err != nil {
+		if strings.Contains(err.Error(), fs.ErrPermission.Error()) {
+			err = deniedError{err}
+		}
 		return nil, fmt.Errorf("cache: open %s: %w", bopts.Dir, err)
 	}
 	return db, nil
 }
+
+// deniedError is an error of Badger's that says "permission denied" (its
+// LOCK file in a directory the process may not write in, a value log it may
+// not write): Badger flattens the os error into its text, so that errors.Is
+// no longer finds fs.ErrPermission, and the caller would not tell the
+// operator which user needs the directory. It restores that.
+type deniedError struct{ error }
+
+func (e deniedError) Unwrap() []error { return []error{e.error, fs.ErrPermission} }
 
 // Close stops the GC loop and closes Badger. Operations still running finish
 // first; later calls return store.ErrClosed. Calling Close again returns nil.

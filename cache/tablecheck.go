@@ -87,6 +87,9 @@ func checkTables(dir string, bopts badger.Options) error {
 					"its records is lost or sent again, and nothing in the directory was changed: restore the "+
 					"directory from a backup", path)
 			}
+			if errors.Is(err, fs.ErrPermission) {
+				return fmt.Errorf("table %s: %w", path, err) // not damage: the caller names the fix
+			}
 			return fmt.Errorf("table %s is damaged: %w; the store is not opened, so that none of its records is lost or "+
 				"sent again, and nothing in the directory was changed: restore the directory from a backup", path, err)
 		}
@@ -457,6 +460,16 @@ func readBack(f io.ReaderAt, pos *int64, n int64) ([]byte, error) {
 // for an encryption key the store never had. The store encrypts nothing, so
 // the file holds no key a record needs; a missing one Badger writes anew.
 func checkKeyRegistry(dir string) error {
+	// Badger opens it for writing and flattens an error of its own into
+	// text; one it may not open is a permission problem, not damage.
+	f, err := os.OpenFile(filepath.Join(dir, badger.KeyRegistryFileName), os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // Badger writes a new one
+	}
+	if err != nil {
+		return err
+	}
+	f.Close()
 	kr, err := badger.OpenKeyRegistry(badger.KeyRegistryOptions{Dir: dir, ReadOnly: true})
 	if err != nil {
 		return fmt.Errorf("%s is damaged (%w); the store is not opened, and nothing in the directory was changed: "+
