@@ -82,6 +82,9 @@ func Parse(s string) (*Template, error) {
 	if method == "" || strings.ContainsFunc(method, func(r rune) bool { return r < 'A' || r > 'Z' }) {
 		return nil, fmt.Errorf("%w: want METHOD PATH [BODY] with an upper-case method, e.g. GET /payments/{resp.payment_id}", ErrSyntax)
 	}
+	if !lookupMethods[method] {
+		return nil, fmt.Errorf("%w: method %s: a status probe is a lookup, GET, HEAD or POST", ErrSyntax, method)
+	}
 	rest = strings.TrimLeft(rest, " ")
 	path, body, hasBody := strings.Cut(rest, " ")
 	if !strings.HasPrefix(path, "/") {
@@ -89,6 +92,9 @@ func Parse(s string) (*Template, error) {
 	}
 	if strings.ContainsAny(path, "#\t\r\n") {
 		return nil, fmt.Errorf("%w: the path must not hold a fragment or control characters", ErrSyntax)
+	}
+	if p, _, _ := strings.Cut(path, "?"); dotSegment(mustUnescape(p)) {
+		return nil, fmt.Errorf("%w: the path must not hold a . or .. segment, which could lead above the provider's base path", ErrSyntax)
 	}
 	t := &Template{method: method, raw: s}
 	var err error
@@ -102,6 +108,15 @@ func Parse(s string) (*Template, error) {
 	}
 	return t, nil
 }
+
+// lookupMethods are the methods a status probe may use. It is sent, signed,
+// before every re-send of an operation whose outcome is unknown, and its 2xx
+// answer is stored and replayed to the app: a DELETE (or PUT, PATCH) would
+// act on the operation instead of looking it up, and TRACE, TRACK and CONNECT
+// are what the proxy refuses from apps (a provider's gateway that echoes a
+// TRACE would put the signature and the static credentials in the answer
+// replayed to the app).
+var lookupMethods = map[string]bool{http.MethodGet: true, http.MethodHead: true, http.MethodPost: true}
 
 // parseParts splits s into literals and placeholders. A '{' that opens no
 // name (JSON such as {"a":1}) is literal; one that opens an unknown name is

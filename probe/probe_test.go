@@ -120,6 +120,13 @@ func TestParseErrors(t *testing.T) {
 		`POST /info {"a":"{req..a}"}`,
 		// An unknown name would go to the provider as literal braces.
 		"GET /{x}", "GET /payments/{payment_id}", "GET /payments/{key}", `POST /info {"order_id":"{order-id}"}`, "GET /p/{Req.a}",
+		// Not a lookup: these once started, and were sent signed before
+		// every re-send of an unknown operation, their 2xx answer stored
+		// and replayed to the app (a TRACE echo holding the signature and
+		// the static credentials).
+		"DELETE /payments/{resp.payment_id}", "PUT /payments/{resp.payment_id}", "PATCH /p", "TRACE /payments", "TRACK /p", "CONNECT /p",
+		// A dot-segment, which the proxy refuses in an app's path.
+		"GET /payments/../admin/{resp.id}", "GET /./p", "GET /p/%2e%2e/admin", "GET /p/..?q={req.a}",
 	} {
 		_, err := probe.Parse(s)
 		if !errors.Is(err, probe.ErrSyntax) {
