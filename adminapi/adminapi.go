@@ -163,6 +163,7 @@ type Record struct {
 	Path        string          `json:"path"`
 	Status      int             `json:"status,omitempty"`
 	NeedsReview bool            `json:"needs_review,omitempty"`
+	Reviewed    bool            `json:"reviewed,omitempty"`
 	Reconciled  bool            `json:"reconciled,omitempty"`
 	Superseded  bool            `json:"superseded,omitempty"`
 	Attempts    int             `json:"attempts"`
@@ -186,7 +187,8 @@ func view(id store.ID, rec store.Record, withBody bool) Record {
 	}
 	if rec.State == store.Final {
 		v.Status = rec.Response.Status
-		v.NeedsReview = retry.NeedsReview(rec.Response.Body)
+		v.NeedsReview = store.NeedsReview(rec.Response.Body)
+		v.Reviewed = rec.Reviewed
 		v.Reconciled = rec.Response.Header.Get(retry.ReconciledHeader) == "true"
 		// The answer's header counts the attempts of the sequence that got
 		// it; Outcome those of earlier sequences that ended unknown.

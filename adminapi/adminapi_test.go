@@ -132,6 +132,18 @@ func TestGetRecord(t *testing.T) {
 		!rec.NeedsReview || rec.Attempts != 2 || rec.Body != nil {
 		t.Fatalf("final record = %+v", rec)
 	}
+	// An answer that needs review is kept until an operator marks it
+	// reviewed; from then it expires as any final record.
+	if rec.ExpiresAt != nil || rec.Reviewed {
+		t.Fatalf("final record that needs review: expires_at = %v, reviewed %v; want null (kept), not reviewed", rec.ExpiresAt, rec.Reviewed)
+	}
+	if _, err := s.Reviewed(ctx, final); err != nil {
+		t.Fatal(err)
+	}
+	w = call(t, h, "GET", "/admin/v1/records/k-final", "")
+	if err := json.Unmarshal(w.Body.Bytes(), &rec); err != nil || w.Code != 200 || !rec.Reviewed || !rec.NeedsReview {
+		t.Fatalf("after Reviewed = %d %s (%v), want it reviewed, still saying needs_review", w.Code, w.Body, err)
+	}
 	if rec.ExpiresAt == nil || rec.ExpiresAt.Before(time.Now().Add(50*time.Minute)) || rec.ExpiresAt.After(time.Now().Add(70*time.Minute)) {
 		t.Fatalf("final record: expires_at = %v, want about an hour (the TTL) from now", rec.ExpiresAt)
 	}

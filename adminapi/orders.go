@@ -12,11 +12,12 @@ import (
 )
 
 // listable are the states GET /admin/v1/records?state= takes, as store
-// filters: needs_review is the final records whose answer says so.
+// filters: needs_review is the final records whose answer says so and that
+// no operator has marked reviewed yet (store.Record.AwaitsReview).
 var listable = map[string]store.Filter{
 	"in_flight":    {State: store.InFlight},
 	"unknown":      {State: store.Unknown},
-	"needs_review": {State: store.Final, Keep: func(r *store.Record) bool { return retry.NeedsReview(r.Response.Body) }},
+	"needs_review": {State: store.Final, Keep: (*store.Record).AwaitsReview},
 }
 
 // maxLimit bounds one page.

@@ -109,7 +109,26 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 	})
 }
 
-// edit is an operator's change to id's record (Supersede, Resolve), in one
+// Reviewed implements store.Store.Reviewed in one transaction: the record
+// is marked and written with its expiry from now only while it awaits
+// review; one a request or another operator changed meanwhile conflicts
+// with the transaction, which then reads it again.
+func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, error) {
+	return s.edit(ctx, "reviewed", id, func(txn *badger.Txn, key []byte, val *[]byte, cur *store.Record, now time.Time) error {
+		switch {
+		case cur.State != store.Final:
+			return fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
+		case !store.NeedsReview(cur.Response.Body):
+			return store.ErrNoReview
+		case cur.Reviewed:
+			return nil // marked already: its expiry stays
+		}
+		cur.Reviewed = true
+		return s.put(txn, key, val, cur, now)
+	})
+}
+
+// edit is an operator's change to id's record (Supersede, Resolve, Reviewed), in one
 // transaction: change refuses the record as it reads it, or writes it (or
 // deletes it) through txn; the record as change left it is returned.
 func (s *Store) edit(ctx context.Context, op string, id store.ID,

@@ -320,7 +320,8 @@ func expiresAt(exp uint64) time.Time {
 	return time.Unix(int64(exp), 0).UTC()
 }
 
-// put writes rec at key with the store's TTL counted from now. UserMeta
+// put writes rec at key with the store's TTL counted from now, if it
+// expires. UserMeta
 // carries the state so ReleaseInFlight can scan without reading values.
 // ExpiresAt is what Entry.WithTTL sets, but taken from the store's clock.
 // Only puts check free space: reads, replays and deletes still work on a
@@ -345,10 +346,11 @@ func (s *Store) put(txn *badger.Txn, key []byte, buf *[]byte, rec *store.Record,
 	s.lastPut.Store(now.UnixNano())
 	s.puts.Add(1)
 	e := badger.NewEntry(key, val).WithMeta(byte(rec.State))
-	// Only a final record expires. A superseded one is kept for good, and an
-	// in-flight or unknown one until it is final: forgotten, its operation
-	// would be sent again as a new one.
-	if s.ttl > 0 && rec.State == store.Final && !rec.Superseded {
+	// Only a final record expires (store.Record.Expires). A superseded one
+	// is kept for good, one that awaits review until an operator marks it,
+	// and an in-flight or unknown one until it is final: forgotten, its
+	// operation would be sent again as a new one.
+	if s.ttl > 0 && rec.Expires() {
 		e.ExpiresAt = uint64(now.Add(s.ttl).Unix())
 	}
 	rec.ExpiresAt = expiresAt(e.ExpiresAt)

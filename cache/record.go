@@ -21,7 +21,7 @@ var ErrCorrupt = errors.New("cache: corrupt record")
 // recordVersion is the first byte of every encoded record. Bump it when the
 // layout changes and teach decodeRecord the old layouts, so a store written
 // by an older build still opens. Version 1 lacked the fields after the body.
-const recordVersion = 4
+const recordVersion = 5
 
 // Key layout: "r/" + first 8 bytes of SHA-256(tenant) + SHA-256(len(tenant),
 // tenant, key). The tenant prefix keeps one tenant's records contiguous (a
@@ -74,17 +74,18 @@ func getKey(id store.ID) (key []byte, b *opBuf) {
 	return appendRecordKey(b.key[:0], id), b
 }
 
-// appendRecord appends the version-4 encoding of r to dst:
+// appendRecord appends the version-5 encoding of r to dst:
 //
 //	version u8 | state u8 | fingerprint bytes | owner bytes |
 //	leaseUntil time | createdAt time | status uvarint |
 //	header count uvarint, then per name (sorted): name bytes, value count uvarint, values bytes |
 //	body bytes | fence uvarint | firstSentAt time | attempts uvarint |
-//	lastError bytes | tenant bytes | key bytes | superseded u8 |
+//	lastError bytes | tenant bytes | key bytes | flags u8 |
 //	method bytes | path bytes | upstreamKey bytes | lastBody bytes
 //
-// Version 3 ended after superseded; version 2 after lastError; version 1
-// after body. The raw tenant and key are kept (since version 3) so that
+// flags is flagSuperseded | flagReviewed; up to version 4 it was the
+// superseded flag, 0 or 1, with the same layout. Version 3 ended after
+// flags; version 2 after lastError; version 1 after body. The raw tenant and key are kept (since version 3) so that
 // operators can list records. ExpiresAt is not encoded: it is the Badger
 // entry's.
 //
@@ -106,11 +107,14 @@ func appendRecord(dst []byte, r *store.Record) []byte {
 	dst = appendString(dst, r.Outcome.LastError)
 	dst = appendString(dst, r.ID.Tenant)
 	dst = appendString(dst, r.ID.Key)
-	var superseded byte
+	var flags byte
 	if r.Superseded {
-		superseded = 1
+		flags |= flagSuperseded
 	}
-	dst = append(dst, superseded)
+	if r.Reviewed {
+		flags |= flagReviewed
+	}
+	dst = append(dst, flags)
 	dst = appendString(dst, r.Method)
 	dst = appendString(dst, r.Path)
 	dst = appendString(dst, r.UpstreamKey)
@@ -121,7 +125,7 @@ func appendRecord(dst []byte, r *store.Record) []byte {
 // is encoded into one allocation.
 func encodedSize(r *store.Record) int {
 	const uv = binary.MaxVarintLen64
-	n := 3 + 6*uv + 3*binary.MaxVarintLen64 // version, state, superseded; uvarints; times
+	n := 3 + 6*uv + 3*binary.MaxVarintLen64 // version, state, flags; uvarints; times
 	n += uv + len(r.Fingerprint) + uv + len(r.Owner) + uv + len(r.Response.Body)
 	n += uv + len(r.Outcome.LastError) + uv + len(r.ID.Tenant) + uv + len(r.ID.Key)
 	n += uv + len(r.Method) + uv + len(r.Path) + uv + len(r.UpstreamKey) + uv + len(r.Outcome.LastBody)
@@ -196,7 +200,7 @@ func decodeRecord(b []byte) (store.Record, error) {
 		d.outcome(&r)
 	}
 	if b[0] >= 3 {
-		d.identity(&r)
+		d.identity(&r, b[0])
 	}
 	if b[0] >= 4 {
 		d.request(&r)
@@ -251,18 +255,27 @@ func (d *decoder) outcome(r *store.Record) {
 	r.Outcome.LastError = d.string()
 }
 
+// The flags of an encoded record (version 5; flagSuperseded alone before).
+const (
+	flagSuperseded = 1 << iota
+	flagReviewed
+)
+
 // identity reads the fields version 3 added: the record's ID, so that List
-// can name records, and the superseded flag.
-func (d *decoder) identity(r *store.Record) {
+// can name records, and the flags (version 5; before, the superseded flag).
+func (d *decoder) identity(r *store.Record, version byte) {
 	r.ID.Tenant = d.string()
 	r.ID.Key = d.string()
-	switch d.byte() {
-	case 0:
-	case 1:
-		r.Superseded = true
-	default:
-		d.fail(errors.New("superseded flag is neither 0 nor 1"))
+	known := byte(flagSuperseded | flagReviewed)
+	if version < 5 {
+		known = flagSuperseded
 	}
+	flags := d.byte()
+	if flags&^known != 0 {
+		d.fail(fmt.Errorf("unknown flags %#x in a version %d record", flags, version))
+	}
+	r.Superseded = flags&flagSuperseded != 0
+	r.Reviewed = flags&flagReviewed != 0
 }
 
 // request reads the fields version 4 added: what the request was and the

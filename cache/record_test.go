@@ -52,6 +52,12 @@ func sampleRecords() map[string]store.Record {
 			Response:   store.Response{Status: 409, Header: http.Header{}, Body: []byte(`{"status":"failed"}`)},
 			Superseded: true,
 		},
+		"reviewed final that needed review": {
+			ID:       store.ID{Tenant: "shop", Key: "order-2"},
+			State:    store.Final,
+			Response: store.Response{Status: 200, Header: http.Header{}, Body: []byte(`{"status":"needs_review"}`)},
+			Reviewed: true,
+		},
 		"unknown with outcome": {
 			State:       store.Unknown,
 			Fingerprint: bytes.Repeat([]byte{7}, 32),
@@ -145,6 +151,33 @@ func TestDecodeVersion3(t *testing.T) {
 	}
 }
 
+// TestDecodeVersion4 reads a record written before version 5, whose flags
+// byte was the superseded flag alone: 0 or 1, never the reviewed flag.
+func TestDecodeVersion4(t *testing.T) {
+	want := store.Record{ID: store.ID{Tenant: "shop", Key: "k"}, State: store.Final,
+		Response: store.Response{Status: 409, Header: http.Header{}, Body: []byte(`{"status":"failed"}`)}, Superseded: true}
+	enc := appendRecord(nil, &want)
+	v4 := append([]byte{4}, enc[1:]...) // the same layout
+	got, err := decodeRecord(v4)
+	if err != nil {
+		t.Fatalf("decode version 4: %v", err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("version 4 decoded as\n%#v\nwant\n%#v", got, want)
+	}
+	reviewed := want
+	reviewed.Superseded, reviewed.Reviewed = false, true
+	enc = appendRecord(nil, &reviewed)
+	if _, err := decodeRecord(append([]byte{4}, enc[1:]...)); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "unknown flags") {
+		t.Fatalf("version 4 with the reviewed flag: %v, want ErrCorrupt for unknown flags", err)
+	}
+	// The flags byte comes before the four empty fields that end enc.
+	enc[len(enc)-5] |= 0x80
+	if _, err := decodeRecord(enc); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "unknown flags") {
+		t.Fatalf("version 5 with an unknown flag: %v, want ErrCorrupt for unknown flags", err)
+	}
+}
+
 func TestRecordRoundTrip(t *testing.T) {
 	for name, want := range sampleRecords() {
 		t.Run(name, func(t *testing.T) {
@@ -190,7 +223,7 @@ func TestDecodeRecordRejects(t *testing.T) {
 		want string
 	}{
 		{"empty", nil, "empty value"},
-		{"unknown version", append([]byte{5}, valid[1:]...), "format version 5 unknown"},
+		{"unknown version", append([]byte{6}, valid[1:]...), "format version 6 unknown"},
 		{"version zero", append([]byte{0}, valid[1:]...), "format version 0 unknown"},
 		{"state zero", append([]byte{recordVersion, 0}, valid[2:]...), "unknown state 0"},
 		{"state four", append([]byte{recordVersion, 4}, valid[2:]...), "unknown state 4"},

@@ -279,7 +279,7 @@ func salvageID(k, v []byte) store.ID {
 	d := decoder{buf: b}
 	r := d.record()
 	d.outcome(&r)
-	d.identity(&r) // its superseded flag may fail: the ID is read before it
+	d.identity(&r, v[0]) // its flags may fail: the ID is read before them
 	if r.ID.Key == "" || !bytes.Equal(appendRecordKey(nil, r.ID), k) {
 		return store.ID{}
 	}

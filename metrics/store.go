@@ -119,6 +119,16 @@ func (s *InstrumentedStore) Supersede(ctx context.Context, id store.ID) (store.R
 	return rec, err
 }
 
+// Reviewed implements store.Store; an operator's call.
+func (s *InstrumentedStore) Reviewed(ctx context.Context, id store.ID) (store.Record, error) {
+	defer s.observe("reviewed", s.now())
+	rec, err := s.next.Reviewed(ctx, id)
+	if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrNotFinal) && !errors.Is(err, store.ErrNoReview) {
+		s.fail("reviewed", err)
+	}
+	return rec, err
+}
+
 // MaxBodyBytes implements store.Store.
 func (s *InstrumentedStore) MaxBodyBytes() int64 { return s.next.MaxBodyBytes() }
 

@@ -10,6 +10,8 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -136,9 +138,40 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 			status = $3, header = $4, body = $5, last_body = NULL,
 			expires_at = CASE WHEN $6::bigint = 0 THEN NULL ELSE now() + $6 * interval '1 microsecond' END
 			WHERE tenant = $1 AND key = $2 AND state = 3 RETURNING ` + columns
-		args = append(args, int32(resp.Status), header, nonNil(resp.Body), micros(s.opt.TTL))
+		final := store.Record{State: store.Final, Response: *resp} // what the row becomes
+		args = append(args, int32(resp.Status), header, nonNil(resp.Body), s.expiry(&final))
 	}
 	return s.edit(ctx, "resolve", id, store.ErrNotUnknown, sql, args...)
+}
+
+// Reviewed implements store.Store.Reviewed: whether the answer needs
+// review is read in Go (store.NeedsReview), so the record is read first,
+// locked, and marked in the same transaction.
+func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, error) {
+	var rec store.Record
+	err := s.call(ctx, "reviewed", &id, func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			cur, err := readRecord(tx.QueryRow(ctx, `SELECT `+columns+` FROM idemproxy_records
+				WHERE tenant = $1 AND key = $2 AND `+live+` FOR UPDATE`, []byte(id.Tenant), []byte(id.Key)))
+			switch {
+			case err != nil:
+				return err
+			case cur.State != store.Final:
+				return fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
+			case !store.NeedsReview(cur.Response.Body):
+				return store.ErrNoReview
+			case cur.Reviewed:
+				rec = cur // marked already: its expiry stays
+				return nil
+			}
+			cur.Reviewed = true
+			rec, err = readRecord(tx.QueryRow(ctx, `UPDATE idemproxy_records SET reviewed = true,
+				expires_at = CASE WHEN $3::bigint = 0 THEN NULL ELSE now() + $3 * interval '1 microsecond' END
+				WHERE tenant = $1 AND key = $2 RETURNING `+columns, []byte(id.Tenant), []byte(id.Key), s.expiry(&cur)))
+			return err
+		})
+	})
+	return rec, err
 }
 
 // edit runs an operator's change to id's record (Supersede, Resolve): one

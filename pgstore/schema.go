@@ -63,6 +63,9 @@ var migrations = []string{
 		ADD COLUMN path         text NOT NULL DEFAULT '',
 		ADD COLUMN upstream_key text NOT NULL DEFAULT '',
 		ADD COLUMN last_body    bytea;`,
+	// 5: a final record whose answer needs review is kept without expiry
+	// until an operator marks it reviewed (store.Store.Reviewed).
+	`ALTER TABLE idemproxy_records ADD COLUMN reviewed boolean NOT NULL DEFAULT false;`,
 }
 
 // migrate creates or upgrades the schema under an advisory lock, released

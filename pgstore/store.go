@@ -538,7 +538,8 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 	case err == nil:
 		return nil
 	case errors.Is(err, store.ErrNotOwner), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrTooLarge),
-		errors.Is(err, store.ErrNotFinal), errors.Is(err, store.ErrBadCursor), errors.Is(err, store.ErrNotUnknown):
+		errors.Is(err, store.ErrNotFinal), errors.Is(err, store.ErrBadCursor), errors.Is(err, store.ErrNotUnknown),
+		errors.Is(err, store.ErrNoReview):
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	case s.closed.Load():
 		return fmt.Errorf("pgstore: %s: %w", op, store.ErrClosed)
@@ -567,13 +568,14 @@ const (
 	expired = `(r.state = 2 AND r.expires_at <= now())`
 	// columns are what readRecord scans.
 	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded,
-		method, path, upstream_key, expires_at, last_body`
+		method, path, upstream_key, expires_at, last_body, reviewed`
 )
 
 // claims is Begin's one statement, for a batch of keys (see group): insert,
 // or take over an expired record or the same request's record whose lease
 // ran out or whose outcome is unknown. An expired record counts as missing:
-// everything is reset. Each row's conditions are the row's own, so a batch
+// everything is reset (an expired record was never superseded, and is no
+// longer reviewed). Each row's conditions are the row's own, so a batch
 // claims exactly what one statement per key would. An in-flight record
 // never expires (store.InFlight): its expires_at is NULL. The arrays are one
 // element per key: $1 tenant, $2 key, $3 fingerprint, $4 owner, $5 lease in
@@ -589,7 +591,7 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::text[], $5::bigint[], $6:
 	AS v(tenant, key, fingerprint, owner, lease, method, path, upstream_key)
 ON CONFLICT (tenant, key) DO UPDATE SET
 	state = 1, owner = excluded.owner, lease_until = excluded.lease_until, expires_at = excluded.expires_at,
-	fingerprint = excluded.fingerprint, status = 0, header = NULL, body = NULL,
+	fingerprint = excluded.fingerprint, status = 0, header = NULL, body = NULL, reviewed = false,
 	method = excluded.method, path = excluded.path, upstream_key = excluded.upstream_key,
 	last_body     = CASE WHEN ` + expired + ` THEN NULL  ELSE r.last_body     END,
 	fence         = CASE WHEN ` + expired + ` THEN 1     ELSE r.fence + 1     END,
@@ -694,15 +696,14 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 		}()
 	}
 	var rows pgx.Rows
-	ttl := micros(s.opt.TTL)
 	switch {
 	case nf == 0:
 		rows, err = conn.Query(ctx, claims, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups)
 	case nc == 0:
-		rows, err = conn.Query(ctx, completes, ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
+		rows, err = conn.Query(ctx, completes, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents, f.ttls)
 	default:
 		rows, err = conn.Query(ctx, both, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups,
-			ttl, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents)
+			f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents, f.ttls)
 	}
 	if err != nil {
 		return err
@@ -773,17 +774,19 @@ type completeCols struct {
 	owners                         []string
 	statuses                       []int32
 	sents                          []*time.Time
+	ttls                           []int64
 }
 
 func newCompleteCols(n int) completeCols {
 	return completeCols{tenants: make([][]byte, 0, n), keys: make([][]byte, 0, n), headers: make([][]byte, 0, n),
-		bodies: make([][]byte, 0, n), owners: make([]string, 0, n), statuses: make([]int32, 0, n), sents: make([]*time.Time, 0, n)}
+		bodies: make([][]byte, 0, n), owners: make([]string, 0, n), statuses: make([]int32, 0, n), sents: make([]*time.Time, 0, n),
+		ttls: make([]int64, 0, n)}
 }
 
 func (f *completeCols) add(id store.ID, a *completeArgs) {
 	f.tenants, f.keys, f.owners = append(f.tenants, []byte(id.Tenant)), append(f.keys, []byte(id.Key)), append(f.owners, a.owner)
 	f.statuses, f.headers, f.bodies = append(f.statuses, a.status), append(f.headers, a.header), append(f.bodies, a.body)
-	f.sents = append(f.sents, a.sent)
+	f.sents, f.ttls = append(f.sents, a.sent), append(f.ttls, a.ttl)
 }
 
 // sortJobs orders a batch by tenant and key, the order of the table's
@@ -846,21 +849,31 @@ const owned = `tenant = $1 AND key = $2 AND owner = $3 AND ` + inFlight + ` AND 
 
 // completesFrom is Complete's one statement, for a batch of keys (see
 // group): each row becomes final only if it is still its caller's live
-// in-flight record, as owned says for one. $<ttl> is the TTL in
-// microseconds, 0 for none: a final record expires that long after it is
-// written. The arrays are one element per key, from $<first> on: tenant,
-// key, owner, status, header, body, first send (NULL keeps the kept one;
-// least ignores NULLs). It returns the keys it wrote.
-func completesFrom(ttl, first int) string {
+// in-flight record, as owned says for one. The arrays are one element per
+// key, from $<first> on: tenant, key, owner, status, header, body, first
+// send (NULL keeps the kept one; least ignores NULLs), and the record's TTL
+// in microseconds, 0 for none (see expiry): a final record expires that
+// long after it is written. It returns the keys it wrote.
+func completesFrom(first int) string {
 	return fmt.Sprintf(`
 UPDATE idemproxy_records AS t SET state = 2, lease_until = NULL,
 	status = v.status, header = v.header, body = v.body, last_body = NULL,
-	expires_at = CASE WHEN $%[1]d::bigint = 0 THEN NULL ELSE now() + $%[1]d * interval '1 microsecond' END,
+	expires_at = CASE WHEN v.ttl = 0 THEN NULL ELSE now() + v.ttl * interval '1 microsecond' END,
 	first_sent_at = least(t.first_sent_at, v.sent)
-FROM unnest($%[2]d::bytea[], $%[3]d::bytea[], $%[4]d::text[], $%[5]d::integer[], $%[6]d::bytea[], $%[7]d::bytea[], $%[8]d::timestamptz[])
-	AS v(tenant, key, owner, status, header, body, sent)
+FROM unnest($%[1]d::bytea[], $%[2]d::bytea[], $%[3]d::text[], $%[4]d::integer[], $%[5]d::bytea[], $%[6]d::bytea[], $%[7]d::timestamptz[],
+	$%[8]d::bigint[])
+	AS v(tenant, key, owner, status, header, body, sent, ttl)
 WHERE t.tenant = v.tenant AND t.key = v.key AND t.owner = v.owner AND t.`+inFlight+`
-RETURNING t.tenant, t.key`, ttl, first, first+1, first+2, first+3, first+4, first+5, first+6)
+RETURNING t.tenant, t.key`, first, first+1, first+2, first+3, first+4, first+5, first+6, first+7)
+}
+
+// expiry is the TTL in microseconds a write gives rec (store.Record.Expires):
+// the store's, or 0 for none.
+func (s *Store) expiry(rec *store.Record) int64 {
+	if !rec.Expires() {
+		return 0
+	}
+	return micros(s.opt.TTL)
 }
 
 // The statements of a round (see writeBatch): claims alone, final answers
@@ -868,8 +881,8 @@ RETURNING t.tenant, t.key`, ttl, first, first+1, first+2, first+3, first+4, firs
 // (a round holds each key once), and the rows of both come back, the final
 // answers' with placeholders for what only a claim returns.
 var (
-	completes = completesFrom(1, 2)
-	both      = `WITH c AS (` + claims + `), f AS (` + completesFrom(9, 10) + `)
+	completes = completesFrom(1)
+	both      = `WITH c AS (` + claims + `), f AS (` + completesFrom(9) + `)
 SELECT true, tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body FROM c
 UNION ALL
 SELECT false, tenant, key, 0, NULL, now(), NULL, NULL, 0, '', NULL FROM f`
@@ -882,6 +895,7 @@ type completeArgs struct {
 	header []byte
 	body   []byte
 	sent   *time.Time // nil: not sent in this sequence (NULL)
+	ttl    int64      // microseconds; 0: never expires
 }
 
 // Complete implements store.Store.Complete with one UPDATE, shared with
@@ -898,7 +912,9 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 	if resp.Status < 0 || resp.Status > math.MaxInt32 {
 		return fmt.Errorf("pgstore: complete: status %d out of range", resp.Status)
 	}
-	in := writeArgs{complete: &completeArgs{owner: owner, status: int32(resp.Status), header: header, body: nonNil(resp.Body)}}
+	final := store.Record{State: store.Final, Response: resp} // what the row becomes
+	in := writeArgs{complete: &completeArgs{owner: owner, status: int32(resp.Status), header: header, body: nonNil(resp.Body),
+		ttl: s.expiry(&final)}}
 	if !sent.IsZero() {
 		in.complete.sent = &sent
 	}
@@ -1041,7 +1057,7 @@ func readRecord(row pgx.Row) (store.Record, error) {
 	var header, tenant, key []byte
 	err := row.Scan(&state, &r.Fingerprint, &r.Owner, &r.Fence, &lease, &r.CreatedAt, &sent,
 		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Response.Status, &header, &r.Response.Body,
-		&tenant, &key, &r.Superseded, &r.Method, &r.Path, &r.UpstreamKey, &expires, &r.Outcome.LastBody)
+		&tenant, &key, &r.Superseded, &r.Method, &r.Path, &r.UpstreamKey, &expires, &r.Outcome.LastBody, &r.Reviewed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Record{}, store.ErrNotFound
 	}

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"syscall"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // Reason says why an attempt is followed by another one. ReasonNone marks an
@@ -82,15 +84,9 @@ func (f bodyFacts) final() bool {
 
 // NeedsReview reports a response body whose operation status is
 // "needs_review": final, never retried, and for a person to resolve (the
-// cards provider reports the outcome by an event).
-func NeedsReview(body []byte) bool {
-	for _, s := range parseBody(body).statuses {
-		if s == "needs_review" {
-			return true
-		}
-	}
-	return false
-}
+// cards provider reports the outcome by an event). It is store.NeedsReview,
+// the one definition the stores keep such an answer by.
+func NeedsReview(body []byte) bool { return store.NeedsReview(body) }
 
 // Failed reports a response body whose operation status is "failed": final,
 // and only a new key (a person's decision) can try the operation again.

@@ -11,6 +11,10 @@
 //	                                           |  \----Resolve (executed)------> Final
 //	                                           \-------Resolve (not executed)--> (none)
 //
+// A Final record whose answer needs review (Record.AwaitsReview) is kept
+// without expiry until an operator marks it Reviewed; then it expires as any
+// other Final record does.
+//
 // An in-flight record is leased to one owner token. Owner tokens are unique
 // per Begin call (a random string), so they double as fencing tokens: once
 // another Begin takes the record over, the old owner's Complete, Abandon,
@@ -55,6 +59,8 @@ const (
 	// Record.Owner until Record.LeaseUntil.
 	InFlight State = 1
 	// Final means a final response is stored and is replayed on repeats.
+	// It expires TTL after its last write, unless it is superseded or its
+	// answer awaits review (Record.Expires).
 	Final State = 2
 	// Unknown means an attempt sequence ended without a final answer after
 	// the provider may have acted (a timeout or a 5xx after sending), or
@@ -118,14 +124,20 @@ type Record struct {
 	// for operators. Records written before a store kept them have them empty.
 	Method, Path, UpstreamKey string
 	// ExpiresAt is when the record expires by the store's clock (its TTL
-	// after its last write); zero when it never does (no TTL, InFlight,
-	// Unknown, or Superseded). Stores may round it to the second.
+	// after its last write); zero when it never does (no TTL, or not
+	// Expires: InFlight, Unknown, Superseded, or AwaitsReview). Stores may
+	// round it to the second.
 	ExpiresAt time.Time
 	// Superseded marks a final record whose order an operator moved to its
 	// next key generation (see Supersede): requests for the order use the
 	// next generation's key. A superseded record never expires, so that the
 	// order cannot fall back to an older key.
 	Superseded bool
+	// Reviewed marks a final record whose answer needs review (NeedsReview)
+	// as settled by an operator (see Store.Reviewed): it no longer
+	// AwaitsReview, and expires as any final record does. A record a Begin
+	// creates anew (after its predecessor expired) is not Reviewed.
+	Reviewed bool
 }
 
 // Request is what Begin is told about the operation it claims a key for.
@@ -224,15 +236,22 @@ var (
 	// ErrNotUnknown is returned by Resolve when the record is not Unknown
 	// at that moment: in flight (a request resumed it) or final.
 	ErrNotUnknown = errors.New("store: record's outcome is not unknown")
+	// ErrNoReview is returned by Reviewed when the record is final but its
+	// answer does not need review (NeedsReview).
+	ErrNoReview = errors.New("store: record's answer does not need review")
 )
 
 // Store is a durable record store. Implementations are safe for concurrent
 // use, by goroutines and, for a shared store, by several processes.
 //
-// Time: a Final record that is not Superseded expires TTL after its last
-// write, by the store's clock; an InFlight or Unknown one never does (its
+// Time: a Final record expires TTL after its last write, by the store's
+// clock, if it Expires; an InFlight or Unknown one never does (its
 // operation may have reached the provider, and forgotten it would be sent
-// again as a new one), nor does a Superseded one. An expired record is
+// again as a new one), nor does a Superseded one, nor one whose answer
+// AwaitsReview (the provider settles its operation by hand, and a retry
+// that reached a provider which forgot the key would run it again). Every
+// write decides the expiry afresh by Record.Expires, Complete and Resolve
+// included. An expired record is
 // treated exactly like a missing one by every method. Leases are measured by
 // the store's lease clock (the database's for a shared store), never by the
 // caller's. A lease that ran out is lost only once another Begin takes the
@@ -253,7 +272,8 @@ type Store interface {
 	// one id at most one gets true.
 	Begin(ctx context.Context, id ID, req Request, owner string, lease time.Duration) (Record, bool, error)
 	// Complete turns owner's in-flight record into a Final one holding resp,
-	// keeping Outcome but for its LastBody, which only a resume needs. sent,
+	// keeping Outcome but for its LastBody, which only a resume needs. It
+	// expires TTL from now unless resp needs review (Record.Expires). sent,
 	// when not zero, is when this sequence first sent the request upstream:
 	// Outcome.FirstSentAt becomes the earlier of it and the kept one (as
 	// Park does), so that a final record says when its operation was first
@@ -302,11 +322,21 @@ type Store interface {
 	// it afresh, so that request is sent as a first send, under the same
 	// key. With resp (the operation happened and this was its answer) the
 	// record becomes Final holding resp, as Complete would make it (no
-	// lease, Outcome kept but for LastBody, expiring TTL from now, the
-	// fingerprint kept), and is returned. ErrNotFound if there is no
+	// lease, Outcome kept but for LastBody, expiring TTL from now unless
+	// resp needs review, the fingerprint kept), and is returned. ErrNotFound if there is no
 	// record, ErrNotUnknown if it is in flight or final, ErrTooLarge if
 	// resp does not fit; nothing is written then.
 	Resolve(ctx context.Context, id ID, resp *Response) (Record, error)
+	// Reviewed marks id's final record whose answer needs review as settled
+	// by an operator (the provider's event told the outcome), and returns
+	// it: it is Reviewed, no longer AwaitsReview, and expires TTL from now
+	// as a final record written now would (never with no TTL, nor if it is
+	// Superseded). Its answer is kept and still replayed until then. One
+	// marked already is returned unchanged, its expiry kept. ErrNotFound
+	// if there is no record, ErrNotFinal if it is in flight or unknown,
+	// ErrNoReview if its answer does not need review; nothing is written
+	// then.
+	Reviewed(ctx context.Context, id ID) (Record, error)
 	// Ping checks that the store can be written now (readiness).
 	Ping(ctx context.Context) error
 	// MaxBodyBytes is the largest response body Complete accepts with

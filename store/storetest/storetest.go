@@ -69,6 +69,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Supersede", testSupersede},
 		{"Resolve", testResolve},
 		{"ResolveRacesResume", testResolveRacesResume},
+		{"Reviewed", testReviewed},
 		{"Ping", func(t *testing.T, s store.Store, _ func(time.Duration)) {
 			if err := s.Ping(context.Background()); err != nil {
 				t.Fatalf("Ping on a healthy store: %v", err)
@@ -92,6 +93,10 @@ func Run(t *testing.T, newStore Factory) {
 	t.Run("SupersededOutlivesTTL", func(t *testing.T) {
 		s, advance := newStore(t, 2*time.Second)
 		testSupersededKept(t, s, advance)
+	})
+	t.Run("NeedsReviewOutlivesTTL", func(t *testing.T) {
+		s, advance := newStore(t, 2*time.Second)
+		testReviewKept(t, s, advance)
 	})
 	t.Run("Close", func(t *testing.T) {
 		s, _ := newStore(t, 0)

@@ -1,0 +1,60 @@
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// NeedsReview reports whether a response body says that its operation's
+// status is "needs_review" (at "status" or "data.status" of a JSON object,
+// as a string): the provider resolves the operation by hand and reports the
+// outcome by an event, so the answer is final and never retried. It is the
+// one definition of such an answer: the retry policy, the stores (see
+// Record.AwaitsReview) and the operators' listing all ask it.
+func NeedsReview(body []byte) bool {
+	// Most answers do not mention it at all; the text can only be spelled
+	// otherwise with a \u escape. Only those that may say it are parsed.
+	if !bytes.Contains(body, []byte("needs_review")) && !bytes.Contains(body, []byte(`\u`)) {
+		return false
+	}
+	top := jsonObject(body)
+	if top == nil {
+		return false
+	}
+	return jsonString(top["status"]) == "needs_review" ||
+		jsonString(jsonObject(top["data"])["status"]) == "needs_review"
+}
+
+// jsonObject is b's members if b is a JSON object, else nil.
+func jsonObject(b []byte) map[string]json.RawMessage {
+	var m map[string]json.RawMessage
+	if len(b) == 0 || json.Unmarshal(b, &m) != nil {
+		return nil
+	}
+	return m
+}
+
+// jsonString is b's value if b is a JSON string, else "".
+func jsonString(b json.RawMessage) string {
+	var s string
+	if len(b) == 0 || b[0] != '"' || json.Unmarshal(b, &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// AwaitsReview reports whether r is a final record kept for an operator: its
+// answer needs review (NeedsReview), and no operator has marked it Reviewed
+// yet. Such a record never expires, so that the app's retries keep getting
+// the answer, and nothing is sent to the provider again, however long the
+// review takes; it is listed for operators until it is marked.
+func (r *Record) AwaitsReview() bool {
+	return r.State == Final && !r.Reviewed && NeedsReview(r.Response.Body)
+}
+
+// Expires reports whether r expires TTL after its last write (with a TTL):
+// only a Final record does, and not one that is Superseded or AwaitsReview.
+// Every store decides a record's expiry by it.
+func (r *Record) Expires() bool {
+	return r.State == Final && !r.Superseded && !r.AwaitsReview()
+}
