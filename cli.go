@@ -175,7 +175,8 @@ const (
 	recordsListUsage = "idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--body] [--json] [--admin ADDR]"
 	ordersUsage      = "idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json] [--admin ADDR]"
 	// recordsResolveUsage is one line, like the others, for the help test.
-	recordsResolveUsage = "idemproxy records resolve KEY --outcome not_executed|executed [--status N] [--body B] [--header 'Name: value']... [--client C] [--json] [--admin ADDR]"
+	recordsResolveUsage  = "idemproxy records resolve KEY --outcome not_executed|executed [--status N] [--body B] [--header 'Name: value']... [--client C] [--json] [--admin ADDR]"
+	recordsReviewedUsage = "idemproxy records reviewed KEY [--client C] [--json] [--admin ADDR]"
 )
 
 // isHelp reports whether arg asks for help.
@@ -213,14 +214,18 @@ func printUsage(w io.Writer, fs *flag.FlagSet, usage string) {
 	fs.SetOutput(io.Discard)
 }
 
-// records runs `idemproxy records get KEY` and `idemproxy records list`.
+// records runs `idemproxy records get KEY`, `idemproxy records list`,
+// `idemproxy records resolve` and `idemproxy records reviewed`.
 func records(args, environ []string, stdout, stderr io.Writer) int {
-	usage := "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n       " + recordsResolveUsage
+	usage := "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n       " + recordsResolveUsage +
+		"\n       " + recordsReviewedUsage
 	switch {
 	case len(args) > 0 && args[0] == "list":
 		return recordsList(args[1:], environ, stdout, stderr)
 	case len(args) > 0 && args[0] == "resolve":
 		return recordsResolve(args[1:], environ, stdout, stderr)
+	case len(args) > 0 && args[0] == "reviewed":
+		return recordsReviewed(args[1:], environ, stdout, stderr)
 	case len(args) > 0 && isHelp(args[0]):
 		fmt.Fprintln(stdout, usage)
 		return 0
@@ -325,8 +330,11 @@ func printRecord(w io.Writer, rec adminapi.Record) {
 	if rec.Status != 0 {
 		line("status", fmt.Sprint(rec.Status))
 	}
-	if rec.NeedsReview {
-		line("needs review", "yes: never retried; the provider reports the outcome")
+	switch {
+	case rec.NeedsReview && rec.Reviewed:
+		line("needs review", "reviewed: an operator marked it settled (records reviewed); it expires like any answer")
+	case rec.NeedsReview:
+		line("needs review", "yes: never retried, kept until an operator marks it settled (records reviewed)")
 	}
 	if rec.Reconciled {
 		// The mark says the outcome was unknown and then settled; the
@@ -581,5 +589,46 @@ func recordsResolve(args, environ []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "resolved as executed: the next request with key %s gets this answer, and nothing is sent\n", out.Key)
 	printRecord(stdout, *out.Record)
+	return 0
+}
+
+// recordsReviewed runs `idemproxy records reviewed KEY`: an operator says
+// that an operation whose answer was needs_review is settled, after the
+// provider's event (POST /admin/v1/records/reviewed).
+func recordsReviewed(args, environ []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("records reviewed", flag.ContinueOnError)
+	client := fs.String("client", "", "client (tenant) of the record; required with client tokens on")
+	asJSON := fs.Bool("json", false, "print the answer as JSON")
+	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
+	key, flags := splitPositional(args)
+	if code, ok := parseFlags(fs, flags, recordsReviewedUsage, stdout, stderr); !ok {
+		return code
+	}
+	if key == "" {
+		printUsage(stderr, fs, recordsReviewedUsage)
+		return 2
+	}
+	c, err := newAdminClient(*admin, environ)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy records reviewed:", err)
+		return 2
+	}
+	req, _ := json.Marshal(map[string]string{"key": key, "client": *client})
+	b, err := c.do(http.MethodPost, "/admin/v1/records/reviewed", nil, bytes.NewReader(req))
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy records reviewed:", err)
+		return 1
+	}
+	if *asJSON {
+		stdout.Write(b)
+		return 0
+	}
+	var out adminapi.Reviewed
+	if err := json.Unmarshal(b, &out); err != nil {
+		fmt.Fprintln(stderr, "idemproxy records reviewed: unexpected answer:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "marked reviewed: key %s is no longer listed as needs_review; its answer is still replayed until it expires\n", out.Key)
+	printRecord(stdout, out.Record)
 	return 0
 }

@@ -10,6 +10,7 @@
 //	idemproxy records get KEY [--client C] [--body] [--json]
 //	idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--json]
 //	idemproxy records resolve KEY --outcome not_executed|executed [--status N --body B] [--client C] [--json]
+//	idemproxy records reviewed KEY [--client C] [--json]
 //	idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json]
 //	                       operator commands, through a running instance's admin API
 package main
@@ -80,6 +81,7 @@ const usage = `usage:
   ` + recordsGetUsage + `
   ` + recordsListUsage + `
   ` + recordsResolveUsage + `
+  ` + recordsReviewedUsage + `
   ` + ordersUsage + `
 
 The records and orders commands call a running instance's admin API: its address

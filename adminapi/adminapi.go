@@ -36,6 +36,7 @@ type Store interface {
 	List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error)
 	Supersede(ctx context.Context, id store.ID) (store.Record, error)
 	Resolve(ctx context.Context, id store.ID, resp *store.Response) (store.Record, error)
+	Reviewed(ctx context.Context, id store.ID) (store.Record, error)
 }
 
 // Options configure a Handler.
@@ -69,6 +70,7 @@ type Options struct {
 //	GET  /admin/v1/orders?method=&path=&value=[&client=]  an order's current key, generation and record
 //	POST /admin/v1/orders/renew {method, path, value, client}  move a failed order to its next key generation
 //	POST /admin/v1/records/resolve {key, client, outcome, …}   settle an operation whose outcome is unknown
+//	POST /admin/v1/records/reviewed {key, client}             mark a needs_review answer settled: it expires from now
 type Handler struct {
 	opt   Options
 	token [sha256.Size]byte
@@ -90,10 +92,11 @@ func New(opt Options) *Handler {
 		{http.MethodGet, "/admin/v1/orders", h.getOrder},
 		{http.MethodPost, "/admin/v1/orders/renew", h.renewOrder},
 		{http.MethodPost, "/admin/v1/records/resolve", h.resolveRecord},
+		{http.MethodPost, "/admin/v1/records/reviewed", h.reviewedRecord},
 	}
 	for _, c := range calls {
 		h.mux.HandleFunc(c.method+" "+c.path, c.serve)
-		if c.path == "/admin/v1/records/resolve" {
+		if recordCalls[c.path] {
 			// GET /admin/v1/records/resolve is the record of the key
 			// "resolve"; other methods get the 405 of records/{key}.
 			continue
@@ -109,6 +112,10 @@ func New(opt Options) *Handler {
 	return h
 }
 
+// recordCalls are the POST calls whose path is also that of a record's
+// GET (records/{key}).
+var recordCalls = map[string]bool{"/admin/v1/records/resolve": true, "/admin/v1/records/reviewed": true}
+
 // methodNotAllowed answers a call made with another method than allow.
 func methodNotAllowed(allow string) http.HandlerFunc {
 	if allow == http.MethodGet {
@@ -116,7 +123,7 @@ func methodNotAllowed(allow string) http.HandlerFunc {
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		allow := allow
-		if r.URL.Path == "/admin/v1/records/resolve" { // also the record of the key "resolve"
+		if recordCalls[r.URL.Path] { // also the record of the key "resolve" or "reviewed"
 			allow = "GET, HEAD, POST"
 		}
 		w.Header().Set("Allow", allow)
@@ -291,6 +298,7 @@ const (
 	codeMethodNotAllowed = "method_not_allowed"
 	codeRenewRefused     = "renew_refused"
 	codeResolveRefused   = "resolve_refused"
+	codeReviewRefused    = "review_refused"
 	codeInternal         = "internal"
 )
 
