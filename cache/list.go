@@ -17,7 +17,10 @@ const defaultListLimit = 100
 
 // List implements store.Store.List. Records are visited in key order (the
 // hash of tenant and key), state read from UserMeta so that other states
-// cost no value read; the cursor is the hex of the last key returned.
+// cost no value read; the cursor is the hex of the last key returned. A
+// record whose value does not decode (a newer build's, or damaged; kept so
+// by ReleaseInFlight) is listed as store.Record.Unreadable, named by its
+// client and key where they still read, instead of failing the page.
 func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error) {
 	const op = "list"
 	if limit <= 0 {
@@ -53,15 +56,18 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 				continue
 			}
 			var rec store.Record
-			err := item.Value(func(v []byte) (err error) {
-				rec, err = decodeRecord(v)
-				return err
+			err := item.Value(func(v []byte) error {
+				var err error
+				if rec, err = decodeRecord(v); err != nil {
+					rec = unreadable(item.Key(), v, f.State, err)
+				}
+				return nil
 			})
 			if err != nil {
 				return err
 			}
 			rec.ExpiresAt = expiresAt(item.ExpiresAt())
-			if f.Keep != nil && !f.Keep(&rec) {
+			if f.Keep != nil && rec.Unreadable == nil && !f.Keep(&rec) {
 				continue
 			}
 			out = append(out, rec)
@@ -76,6 +82,13 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 		return nil, "", fmt.Errorf("cache: %s: %w", op, translate(err))
 	}
 	return out, next, nil
+}
+
+// unreadable is what List shows of the record at k, in state, whose value
+// v failed to decode with err.
+func unreadable(k, v []byte, state store.State, err error) store.Record {
+	return store.Record{ID: salvageID(k, v), State: state,
+		Unreadable: &store.Unreadable{StoreKey: hex.EncodeToString(k), Err: err}}
 }
 
 // Supersede implements store.Store.Supersede.

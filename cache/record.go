@@ -15,8 +15,17 @@ import (
 	"unsafe"
 )
 
-// ErrCorrupt is wrapped by every record decoding failure.
-var ErrCorrupt = errors.New("cache: corrupt record")
+// ErrCorrupt is wrapped by every record decoding failure. It is a
+// store.ErrUnreadable: errors.Is(err, store.ErrUnreadable) holds for it.
+var ErrCorrupt error = corruptError{}
+
+// corruptError is ErrCorrupt's type.
+type corruptError struct{}
+
+func (corruptError) Error() string { return "cache: corrupt record" }
+
+// Is makes ErrCorrupt a store.ErrUnreadable.
+func (corruptError) Is(target error) bool { return target == store.ErrUnreadable }
 
 // recordVersion is the first byte of every encoded record. Bump it when the
 // layout changes and teach decodeRecord the old layouts, so a store written

@@ -99,6 +99,10 @@ type Record struct {
 	// store kept it have a zero ID.
 	ID    ID
 	State State
+	// Unreadable, when not nil, marks a record List found but whose stored
+	// value cannot be read: only ID (zero if it could not be read either),
+	// State and ExpiresAt hold anything.
+	Unreadable *Unreadable
 	// Fingerprint identifies the request (32 bytes from the proxy); a store
 	// compares it only to decide a takeover.
 	Fingerprint []byte
@@ -203,7 +207,9 @@ type Filter struct {
 	State State
 	// Keep, when not nil, further selects among the records in State (for
 	// example final answers that say needs_review): List leaves out those it
-	// returns false for. It must not change the record.
+	// returns false for. It must not change the record. A record whose value
+	// cannot be read (Record.Unreadable) is listed in its State whatever
+	// Keep would say: nothing in it can be judged.
 	Keep func(*Record) bool
 }
 
@@ -308,7 +314,9 @@ type Store interface {
 	// the end, so a page is short only at the end, whatever f.Keep skips;
 	// the cursor is the position of the page's last record. limit <= 0
 	// means 100. For operators: it may scan every record, so it is not for
-	// the request path. ErrBadCursor for a cursor List did not give.
+	// the request path. ErrBadCursor for a cursor List did not give. A
+	// record whose stored value cannot be read is returned with
+	// Record.Unreadable set, not as an error.
 	List(ctx context.Context, f Filter, cursor string, limit int) ([]Record, string, error)
 	// Supersede marks id's final record Superseded and keeps it without
 	// expiry, and returns it; superseding twice is allowed. ErrNotFound if
