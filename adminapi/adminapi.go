@@ -180,10 +180,45 @@ type Record struct {
 	LeaseUntil  *time.Time      `json:"lease_until,omitempty"`
 	LastError   string          `json:"last_error"`
 	Body        json.RawMessage `json:"body,omitempty"`
+	// StoredState, StoreKey and Reason are set only on a record whose stored
+	// value cannot be read (State is StateUnreadable), which a listing shows
+	// beside the others: the state the store keeps beside the value, the
+	// record's key in the store (it names the record when Key cannot, "" as
+	// Client then), and why it cannot be read.
+	StoredState string `json:"stored_state,omitempty"`
+	StoreKey    string `json:"store_key,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+}
+
+// StateUnreadable is the State of a record whose stored value cannot be
+// read: written by a newer version (after a downgrade), or damaged. Nothing
+// else is known of it; its operation may have reached the provider.
+const StateUnreadable = "unreadable"
+
+// MarshalJSON writes a record as it is, but for an unreadable one, which
+// has only key, client, state, stored_state, store_key and reason: zero
+// attempts and no first send would say nothing was sent, which is not known.
+func (r Record) MarshalJSON() ([]byte, error) {
+	type plain Record
+	if r.State != StateUnreadable {
+		return json.Marshal(plain(r))
+	}
+	return json.Marshal(struct {
+		Key         string `json:"key"`
+		Client      string `json:"client"`
+		State       string `json:"state"`
+		StoredState string `json:"stored_state"`
+		StoreKey    string `json:"store_key"`
+		Reason      string `json:"reason"`
+	}{r.Key, r.Client, r.State, r.StoredState, r.StoreKey, r.Reason})
 }
 
 // view builds the API's Record for id's stored record.
 func view(id store.ID, rec store.Record, withBody bool) Record {
+	if u := rec.Unreadable; u != nil {
+		return Record{Key: id.Key, Client: id.Tenant, State: StateUnreadable, StoredState: rec.State.String(),
+			StoreKey: u.StoreKey, Reason: u.Err.Error()}
+	}
 	v := Record{Key: id.Key, UpstreamKey: rec.UpstreamKey, Client: id.Tenant, State: rec.State.String(),
 		Method: rec.Method, Path: rec.Path, Superseded: rec.Superseded,
 		Attempts: rec.Outcome.Attempts, CreatedAt: rec.CreatedAt, LastError: rec.Outcome.LastError,
@@ -245,13 +280,17 @@ func (h *Handler) getRecord(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// lookup reads id's record, or answers 404 not_found (none) or 503
-// store_unavailable and reports false.
+// lookup reads id's record, or answers 404 not_found (none), 500
+// record_unreadable (kept, but its value cannot be read) or 503
+// store_unavailable, and reports false.
 func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id store.ID) (store.Record, bool) {
 	rec, err := h.opt.Store.Get(r.Context(), id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		writeError(w, http.StatusNotFound, codeNotFound, "no record for this key and client")
+		return rec, false
+	case errors.Is(err, store.ErrUnreadable):
+		writeUnreadable(w, err)
 		return rec, false
 	case err != nil:
 		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be read")
@@ -300,7 +339,19 @@ const (
 	codeResolveRefused   = "resolve_refused"
 	codeReviewRefused    = "review_refused"
 	codeInternal         = "internal"
+	codeRecordUnreadable = "record_unreadable"
 )
+
+// writeUnreadable answers a call that found its record kept but unreadable
+// (store.ErrUnreadable, err): 500 record_unreadable, saying what that means
+// for the operation and what to do.
+func writeUnreadable(w http.ResponseWriter, err error) {
+	writeError(w, http.StatusInternalServerError, codeRecordUnreadable,
+		"the record for this key and client is kept, but its stored value cannot be read ("+err.Error()+
+			"): a newer version wrote it (after a downgrade, start that version again) or it is damaged. "+
+			"Its operation may have reached the provider: requests with its key get 503 store_unavailable and nothing is sent; "+
+			"settle the operation with the provider")
+}
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {
 	var body struct {

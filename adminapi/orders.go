@@ -105,6 +105,9 @@ func (h *Handler) current(r *http.Request, o orderQuery) (id store.ID, gen, src 
 			src = i
 			break
 		}
+		if errors.Is(err, store.ErrUnreadable) {
+			return store.ID{}, 0, 0, nil, err
+		}
 		if !errors.Is(err, store.ErrNotFound) {
 			return store.ID{}, 0, 0, nil, errStore
 		}
@@ -120,6 +123,8 @@ func (h *Handler) current(r *http.Request, o orderQuery) (id store.ID, gen, src 
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return id, gen, src, nil, nil
+		case errors.Is(err, store.ErrUnreadable):
+			return store.ID{}, 0, 0, nil, err
 		case err != nil:
 			return store.ID{}, 0, 0, nil, errStore
 		case !rec.Superseded:
@@ -171,6 +176,10 @@ func (h *Handler) getOrder(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) orderError(w http.ResponseWriter, err error) {
+	if errors.Is(err, store.ErrUnreadable) {
+		writeUnreadable(w, err)
+		return
+	}
 	if errors.Is(err, errStore) {
 		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be read")
 		return
