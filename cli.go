@@ -421,6 +421,7 @@ func recordsList(args, environ []string, stdout, stderr io.Writer) int {
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tCLIENT\tSTATE\tREQUEST\tSTATUS\tATTEMPTS\tFIRST SENT\tLAST ERROR")
+	unreadable := 0
 	for _, r := range page.Records {
 		sent, status, req := "-", "-", "-"
 		if r.FirstSentAt != nil {
@@ -432,9 +433,23 @@ func recordsList(args, environ []string, stdout, stderr io.Writer) int {
 		if r.Method != "" {
 			req = r.Method + " " + r.Path
 		}
+		if r.State == adminapi.StateUnreadable {
+			// Nothing but its key is known: not even that nothing was sent.
+			key, client := r.Key, r.Client
+			if key == "" {
+				key, client = "store key "+r.StoreKey, "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t-\t-\t?\t?\tits value cannot be read: %s\n", key, client, r.State, r.StoredState, r.Reason)
+			unreadable++
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Key, r.Client, r.State, req, status, r.Attempts, sent, r.LastError)
 	}
 	tw.Flush()
+	if unreadable > 0 {
+		fmt.Fprintf(stdout, "\n%d records cannot be read (a newer version's, after a downgrade, or damaged): their operations may have reached the provider, "+
+			"and requests with their keys get 503 store_unavailable with nothing sent. Start the newer version again, or settle each operation with the provider.\n", unreadable)
+	}
 	for _, r := range page.Records {
 		if len(r.Body) > 0 {
 			fmt.Fprintf(stdout, "\nbody of %s:\n%s\n", r.Key, bodyText(r.Body))

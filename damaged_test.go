@@ -69,11 +69,23 @@ func TestReleaseKeepsDamagedInFlightRecord(t *testing.T) {
 	if k, n := onlyKey(t, mustPosts(gw)); k != key || n != 1 || gw.sb.Ledger().Executions != 1 {
 		t.Fatalf("provider saw %d POSTs under %s and executed %d payments, want 1 and 1", n, k, gw.sb.Ledger().Executions)
 	}
+	// The operator sees it among the in-flight records.
+	if r := send(t, "GET", "http://"+p.admin+"/admin/v1/records?state=in_flight", ""); r.status != http.StatusOK ||
+		!strings.Contains(r.body, `"key":"`+key+`"`) || !strings.Contains(r.body, `"state":"unreadable","stored_state":"in_flight"`) {
+		t.Errorf("in_flight list = %d %s, want 200 showing %s as unreadable", r.status, r.body, key)
+	}
 }
 
 // damageInFlight sets the format version of the one in-flight record in the
 // stopped store at dir to one no build writes.
 func damageInFlight(t *testing.T, dir string) {
+	t.Helper()
+	damageOne(t, dir, store.InFlight)
+}
+
+// damageOne sets the format version of the one record in state in the
+// stopped store at dir to one no build writes.
+func damageOne(t *testing.T, dir string, state store.State) {
 	t.Helper()
 	db, err := badger.Open(badger.DefaultOptions(dir).WithLogger(nil))
 	if err != nil {
@@ -85,7 +97,7 @@ func damageInFlight(t *testing.T, dir string) {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("r/")})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
-			if it.Item().UserMeta() != byte(store.InFlight) {
+			if it.Item().UserMeta() != byte(state) {
 				continue
 			}
 			v, err := it.Item().ValueCopy(nil)
@@ -94,13 +106,13 @@ func damageInFlight(t *testing.T, dir string) {
 			}
 			v[0] = 0xee
 			n++
-			if err := txn.SetEntry(badger.NewEntry(it.Item().KeyCopy(nil), v).WithMeta(byte(store.InFlight))); err != nil {
+			if err := txn.SetEntry(badger.NewEntry(it.Item().KeyCopy(nil), v).WithMeta(byte(state))); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
 	if err != nil || n != 1 {
-		t.Fatalf("damaging the in-flight record: %d found, %v; want 1", n, err)
+		t.Fatalf("damaging the %s record: %d found, %v; want 1", state, n, err)
 	}
 }

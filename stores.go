@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/idemproxy/idemproxy/cache"
@@ -82,10 +83,15 @@ func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, upstream *url.URL, lo
 }
 
 // countUnknown walks the store's unknown records: how many, and the earliest
-// first send among them (for the metrics).
-func countUnknown(s store.Store) func(ctx context.Context) (int, time.Time, error) {
+// first send among them (for the metrics). A record kept unknown whose value
+// cannot be read (a newer version's, or damaged) counts, without a first
+// send; a warning says how many there are whenever that number changes.
+func countUnknown(s store.Store, log *slog.Logger) func(ctx context.Context) (int, time.Time, error) {
+	var mu sync.Mutex
+	warned := 0 // unreadable unknown records found by the last scan that ended
 	return func(ctx context.Context) (int, time.Time, error) {
 		n, oldest, cursor := 0, time.Time{}, ""
+		var unreadable []string
 		for {
 			recs, next, err := s.List(ctx, store.Filter{State: store.Unknown}, cursor, 1000)
 			if err != nil {
@@ -93,11 +99,29 @@ func countUnknown(s store.Store) func(ctx context.Context) (int, time.Time, erro
 			}
 			for _, r := range recs {
 				n++
+				if r.Unreadable != nil {
+					name := "store key " + r.Unreadable.StoreKey
+					if r.ID.Key != "" {
+						name = keptKeys([]store.ID{r.ID})[0]
+					}
+					unreadable = append(unreadable, name)
+					continue
+				}
 				if t := r.Outcome.FirstSentAt; !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
 					oldest = t
 				}
 			}
 			if next == "" {
+				mu.Lock()
+				defer mu.Unlock()
+				if len(unreadable) != warned {
+					warned = len(unreadable)
+					if warned > 0 {
+						log.Warn("unknown records whose value cannot be read are counted in idemproxy_operations_unknown without a first send: "+
+							"their operations may have reached the provider, and requests with their keys get 503 store_unavailable with nothing sent",
+							"count", warned, "records", unreadable[:min(len(unreadable), maxKeptKeys)])
+					}
+				}
 				return n, oldest, nil
 			}
 			cursor = next
