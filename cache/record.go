@@ -27,10 +27,17 @@ func (corruptError) Error() string { return "cache: corrupt record" }
 // Is makes ErrCorrupt a store.ErrUnreadable.
 func (corruptError) Is(target error) bool { return target == store.ErrUnreadable }
 
-// recordVersion is the first byte of every encoded record. Bump it when the
+// recordVersion is the newest layout decodeRecord reads. Bump it when the
 // layout changes and teach decodeRecord the old layouts, so a store written
 // by an older build still opens. Version 1 lacked the fields after the body.
 const recordVersion = 5
+
+// rollbackVersion is what appendRecord writes when the newest layout's
+// additions are unused: version 5 only added a flag to version 4's flags
+// byte, so a record without it is written as version 4, and a build from
+// before version 5 (a rollback) still reads every record but an operator's
+// reviewed needs_review answer.
+const rollbackVersion = 4
 
 // Key layout: "r/" + first 8 bytes of SHA-256(tenant) + SHA-256(len(tenant),
 // tenant, key). The tenant prefix keeps one tenant's records contiguous (a
@@ -83,7 +90,8 @@ func getKey(id store.ID) (key []byte, b *opBuf) {
 	return appendRecordKey(b.key[:0], id), b
 }
 
-// appendRecord appends the version-5 encoding of r to dst:
+// appendRecord appends the version-5 encoding of r to dst, marked version 4
+// (rollbackVersion, the same layout) when r is not Reviewed:
 //
 //	version u8 | state u8 | fingerprint bytes | owner bytes |
 //	leaseUntil time | createdAt time | status uvarint |
@@ -102,7 +110,11 @@ func getKey(id store.ID) (key []byte, b *opBuf) {
 // Unix nanoseconds with 0 meaning the zero time.
 func appendRecord(dst []byte, r *store.Record) []byte {
 	dst = slices.Grow(dst, encodedSize(r))
-	dst = append(dst, recordVersion, byte(r.State))
+	version := byte(rollbackVersion)
+	if r.Reviewed {
+		version = recordVersion
+	}
+	dst = append(dst, version, byte(r.State))
 	dst = appendBytes(dst, r.Fingerprint)
 	dst = appendString(dst, r.Owner)
 	dst = appendTime(dst, r.LeaseUntil)
