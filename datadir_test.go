@@ -76,11 +76,7 @@ func TestBinaryRefusesDamagedManifest(t *testing.T) {
 			}
 
 			// Repaired (the MANIFEST from a backup): every answer is there.
-			if err := os.WriteFile(manifest, whole, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			p := launch(t, launchSpec{env: env})
-			verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+			putBackAndReplay(t, env, manifest, whole, prov, all)
 		})
 	}
 }
@@ -98,15 +94,7 @@ func TestBinaryRefusesDamagedDataBlock(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	env := baseEnv(up.URL, dir)
 	all := storeAndStop(t, env, prov, "block")
-	tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
-	if len(tables) != 1 {
-		t.Fatalf("tables after a clean shutdown: %v, want one", tables)
-	}
-	path := tables[0]
-	whole, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, whole := onlyFile(t, dir, "*.sst")
 	damaged := bytes.Clone(whole)
 	mid := tableDataEnd(t, whole) / 2
 	for i := range int64(64) {
@@ -116,27 +104,11 @@ func TestBinaryRefusesDamagedDataBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	out := startStopsWith(t, 1, env)
-	for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, "table " + path + " is damaged", "block "} {
-		if !strings.Contains(out, want) {
-			t.Errorf("start on a table with a damaged block does not say %q:\n%s", want, out)
-		}
-	}
-	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, damaged) {
-		t.Fatalf("the refused start changed or removed %s (%v)", path, err)
-	}
-	for _, a := range all {
-		if h := prov.hitsOf(a.key); h != a.hits {
-			t.Fatalf("order %s reached the provider again (%d hits, was %d)", a.order, h, a.hits)
-		}
-	}
+	refusedSaying(t, env, "on a table with a damaged block", "IDEMPROXY_DATA_DIR="+dir, "table "+path+" is damaged", "block ")
+	keptAndUnsent(t, path, damaged, prov, all)
 
 	// Repaired (the table from a backup): every answer replays, nothing is sent.
-	if err := os.WriteFile(path, whole, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := launch(t, launchSpec{env: env})
-	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+	putBackAndReplay(t, env, path, whole, prov, all)
 }
 
 // tableDataEnd returns where the data blocks of the Badger table b end and
@@ -183,6 +155,60 @@ func startStopsWith(t *testing.T, status int, env []string) string {
 	return string(out)
 }
 
+// refusedSaying runs the binary with env, expects it to stop at start with
+// status 1 saying each of wants (what names the case in a failure), and
+// returns what it printed.
+func refusedSaying(t *testing.T, env []string, what string, wants ...string) string {
+	t.Helper()
+	out := startStopsWith(t, 1, env)
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("start %s does not say %q:\n%s", what, want, out)
+		}
+	}
+	return out
+}
+
+// onlyFile returns the one file in dir matching pattern and what it holds.
+func onlyFile(t *testing.T, dir, pattern string) (string, []byte) {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(dir, pattern))
+	if len(m) != 1 {
+		t.Fatalf("%s in the data directory: %v, want one", pattern, m)
+	}
+	whole, err := os.ReadFile(m[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m[0], whole
+}
+
+// keptAndUnsent fails unless the refused start left path holding want and
+// no acknowledged order reached the provider again.
+func keptAndUnsent(t *testing.T, path string, want []byte, prov *crashProvider, all []acked) {
+	t.Helper()
+	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the refused start changed or removed %s (%v)", path, err)
+	}
+	for _, a := range all {
+		if h := prov.hitsOf(a.key); h != a.hits {
+			t.Fatalf("order %s reached the provider again (%d hits, was %d)", a.order, h, a.hits)
+		}
+	}
+}
+
+// putBackAndReplay writes whole back to path (the repair from a backup),
+// starts the binary with env and checks that every acknowledged answer
+// replays, nothing sent.
+func putBackAndReplay(t *testing.T, env []string, path string, whole []byte, prov *crashProvider, all []acked) {
+	t.Helper()
+	if err := os.WriteFile(path, whole, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := launch(t, launchSpec{env: env})
+	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+}
+
 // IDEMPROXY_DATA_DIR pointing at another program's directory (a mistyped
 // path, a volume shared with something else): the start stops with status 1
 // naming the variable and the files, and writes nothing there. It used to
@@ -199,12 +225,7 @@ func TestBinaryRefusesForeignDataDir(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	out := startStopsWith(t, 1, baseEnv("http://127.0.0.1:1", dir))
-	for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, "config.json", "db.sqlite", "a directory of its own"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("start on another program's directory does not say %q:\n%s", want, out)
-		}
-	}
+	refusedSaying(t, baseEnv("http://127.0.0.1:1", dir), "on another program's directory", "IDEMPROXY_DATA_DIR="+dir, "config.json", "db.sqlite", "a directory of its own")
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -343,40 +364,16 @@ func TestBinaryRefusesCutWAL(t *testing.T) {
 	}
 	p.cmd.Process.Kill() // the answers are in the WAL only
 	<-p.done
-	wals, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
-	if len(wals) != 1 {
-		t.Fatalf("write-ahead logs after the kill: %v, want one", wals)
-	}
-	path := wals[0]
-	whole, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, whole := onlyFile(t, dir, "*.mem")
 	if err := os.Truncate(path, 4096); err != nil { // within the first orders' entries
 		t.Fatal(err)
 	}
 
-	out := startStopsWith(t, 1, env)
-	for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, path + " is damaged", "cut short"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("start on a cut write-ahead log does not say %q:\n%s", want, out)
-		}
-	}
-	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, whole[:4096]) {
-		t.Fatalf("the refused start changed or removed %s (%v)", path, err)
-	}
-	for _, a := range all {
-		if h := prov.hitsOf(a.key); h != a.hits {
-			t.Fatalf("order %s reached the provider again (%d hits, was %d)", a.order, h, a.hits)
-		}
-	}
+	refusedSaying(t, env, "on a cut write-ahead log", "IDEMPROXY_DATA_DIR="+dir, path+" is damaged", "cut short")
+	keptAndUnsent(t, path, whole[:4096], prov, all)
 
 	// Repaired (the log from a backup): every answer replays, nothing is sent.
-	if err := os.WriteFile(path, whole, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p = launch(t, launchSpec{env: env})
-	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+	putBackAndReplay(t, env, path, whole, prov, all)
 }
 
 // A KEYREGISTRY with garbage in it, or cut short, between two runs: Badger
@@ -406,12 +403,7 @@ func TestBinaryNamesDamagedKeyRegistry(t *testing.T) {
 			path := filepath.Join(dir, "KEYREGISTRY")
 			c.damage(t, path)
 
-			out := startStopsWith(t, 1, env)
-			for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, path + " is damaged", "removed, it is written anew"} {
-				if !strings.Contains(out, want) {
-					t.Errorf("start with a damaged KEYREGISTRY does not say %q:\n%s", want, out)
-				}
-			}
+			refusedSaying(t, env, "with a damaged KEYREGISTRY", "IDEMPROXY_DATA_DIR="+dir, path+" is damaged", "removed, it is written anew")
 
 			if err := os.Remove(path); err != nil {
 				t.Fatal(err)
@@ -432,31 +424,14 @@ func TestBinaryNamesMissingTable(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	env := baseEnv(up.URL, dir)
 	all := storeAndStop(t, env, prov, "gone")
-	tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
-	if len(tables) != 1 {
-		t.Fatalf("tables after a clean shutdown: %v, want one", tables)
-	}
-	path := tables[0]
-	whole, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, whole := onlyFile(t, dir, "*.sst")
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
 
-	out := startStopsWith(t, 1, env)
-	for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, "table " + path + " is missing"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("start with a table missing does not say %q:\n%s", want, out)
-		}
-	}
+	refusedSaying(t, env, "with a table missing", "IDEMPROXY_DATA_DIR="+dir, "table "+path+" is missing")
 
-	if err := os.WriteFile(path, whole, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := launch(t, launchSpec{env: env})
-	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+	putBackAndReplay(t, env, path, whole, prov, all)
 }
 
 // Files of the data directory that idemproxy's user may not read or write,
