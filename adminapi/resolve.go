@@ -40,6 +40,30 @@ type Resolved struct {
 	Record  *Record `json:"record"`
 }
 
+// decodeRecordCall decodes the JSON body of a call on one record (at most
+// limit bytes) into in, whose key and client fields are at key and client,
+// and returns the record's ID. Unknown fields are refused: a mistyped
+// "statsu" must not store an empty answer. When ok is false, w has the 400,
+// its message naming shape, the body's fields.
+func (h *Handler) decodeRecordCall(w http.ResponseWriter, r *http.Request, limit int64, shape string, in any, key, client *string) (id store.ID, ok bool) {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(in); err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON "+shape+": "+err.Error())
+		return store.ID{}, false
+	}
+	tenant, err := h.client(*client)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+		return store.ID{}, false
+	}
+	if *key == "" {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "key is required")
+		return store.ID{}, false
+	}
+	return store.ID{Tenant: tenant, Key: *key}, true
+}
+
 // maxResolveBody bounds the body of a resolve call, the answer given in it
 // included.
 const maxResolveBody = 1 << 20
@@ -55,23 +79,15 @@ const maxResolveBody = 1 << 20
 // flight and is refused, as is a final one.
 func (h *Handler) resolveRecord(w http.ResponseWriter, r *http.Request) {
 	var in resolveQuery
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxResolveBody))
-	dec.DisallowUnknownFields() // a mistyped "statsu" must not store an empty answer
-	if err := dec.Decode(&in); err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest,
-			"body must be JSON {key, client, outcome, status, body, headers}: "+err.Error())
+	id, ok := h.decodeRecordCall(w, r, maxResolveBody, "{key, client, outcome, status, body, headers}", &in, &in.Key, &in.Client)
+	if !ok {
 		return
 	}
-	client, err := h.client(in.Client)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
-		return
-	}
-	if in.Key == "" {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "key is required")
-		return
-	}
-	var resp *store.Response
+	client := id.Tenant
+	var (
+		resp *store.Response
+		err  error
+	)
 	switch in.Outcome {
 	case NotExecuted:
 		if in.Status != 0 || !isNull(in.Body) || in.Headers != nil {
@@ -87,7 +103,6 @@ func (h *Handler) resolveRecord(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "outcome must be not_executed or executed")
 		return
 	}
-	id := store.ID{Tenant: client, Key: in.Key}
 	rec, ok := h.lookup(w, r, id)
 	switch {
 	case !ok:

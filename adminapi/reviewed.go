@@ -1,7 +1,6 @@
 package adminapi
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -33,22 +32,11 @@ type Reviewed struct {
 // needs_review can be marked; marking it again changes nothing.
 func (h *Handler) reviewedRecord(w http.ResponseWriter, r *http.Request) {
 	var in reviewedQuery
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON {key, client}: "+err.Error())
+	id, ok := h.decodeRecordCall(w, r, 64<<10, "{key, client}", &in, &in.Key, &in.Client)
+	if !ok {
 		return
 	}
-	client, err := h.client(in.Client)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
-		return
-	}
-	if in.Key == "" {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "key is required")
-		return
-	}
-	id := store.ID{Tenant: client, Key: in.Key}
+	client := id.Tenant
 	before, ok := h.lookup(w, r, id)
 	if !ok {
 		return
