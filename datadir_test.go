@@ -143,16 +143,68 @@ func cutFile(t *testing.T, path string, n int64) {
 // after 20 s, which fails the test.
 func startStopsWith(t *testing.T, status int, env []string) string {
 	t.Helper()
+	return startStopsAs(t, binPath, nil, status, env)
+}
+
+// startStopsAs is startStopsWith for the binary at bin run as cred (nil:
+// this process's user).
+func startStopsAs(t *testing.T, bin string, cred *syscall.Credential, status int, env []string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binPath)
+	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = env
+	who := ""
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		who = fmt.Sprintf(" as uid %d", cred.Uid)
+	}
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != status {
-		t.Fatalf("start: %v, want exit status %d; output:\n%s", err, status, out)
+		t.Fatalf("start%s: %v, want exit status %d; output:\n%s", who, err, status, out)
 	}
 	return string(out)
+}
+
+// userBinary copies the binary into a directory of its own, prefix*, that
+// any user may enter, so that a test can run it as another user; the test
+// is skipped unless it runs as root.
+func userBinary(t *testing.T, prefix string) (base, bin string) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run the binary as another user")
+	}
+	base, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(base, "idemproxy")
+	exe, err := os.ReadFile(binPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return base, bin
+}
+
+// chownAll gives dir and everything in it to uid (chown -R).
+func chownAll(t *testing.T, dir string, uid int) {
+	t.Helper()
+	if err := filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, uid)
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // refusedSaying runs the binary with env, expects it to stop at start with
@@ -245,26 +297,8 @@ func TestBinaryRefusesForeignDataDir(t *testing.T) {
 // "chown 65532:65532" on the directory, which the operator had already done:
 // run again, the start failed the same way with the same advice.
 func TestBinaryDataDirFilesOfAnotherUser(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to run the binary as another user")
-	}
 	const uid = 65532
-	base, err := os.MkdirTemp("", "idemproxy-owner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	if err := os.Chmod(base, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(base, "idemproxy")
-	exe, err := os.ReadFile(binPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, exe, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	base, bin := userBinary(t, "idemproxy-owner")
 	dir := filepath.Join(base, "data")
 	env := baseEnv("http://127.0.0.1:1", dir)
 	p := launch(t, launchSpec{env: env}) // as root: the store's files are root's
@@ -275,31 +309,16 @@ func TestBinaryDataDirFilesOfAnotherUser(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-		t.Fatalf("start as uid %d: %v, want exit status 1; output:\n%s", uid, err, out)
-	}
+	cred := &syscall.Credential{Uid: uid, Gid: uid}
+	out := startStopsAs(t, bin, cred, 1, env)
 	for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, "permission denied", "uid 65532", "chown -R 65532:65532"} {
-		if !strings.Contains(string(out), want) {
+		if !strings.Contains(out, want) {
 			t.Errorf("start on a directory whose files are root's does not say %q:\n%s", want, out)
 		}
 	}
 
 	// What it says to run, run: the start as that user succeeds.
-	if err := filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, uid, uid)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	chownAll(t, dir, uid)
 	// Its proxy port is taken, so that the start stops right after the store
 	// opened: the error is then the port's, not the directory's.
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
@@ -307,12 +326,9 @@ func TestBinaryDataDirFilesOfAnotherUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	cmd = exec.CommandContext(ctx, bin)
-	cmd.Env = append(env, "IDEMPROXY_LISTEN_ADDR="+taken.Addr().String())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
-	out, _ = cmd.CombinedOutput()
-	if strings.Contains(string(out), "permission denied") || !strings.Contains(string(out), "IDEMPROXY_LISTEN_ADDR") ||
-		!strings.Contains(string(out), "released in-flight records") {
+	out = startStopsAs(t, bin, cred, 1, append(env, "IDEMPROXY_LISTEN_ADDR="+taken.Addr().String()))
+	if strings.Contains(out, "permission denied") || !strings.Contains(out, "IDEMPROXY_LISTEN_ADDR") ||
+		!strings.Contains(out, "released in-flight records") {
 		t.Errorf("after chown -R, the store did not open as uid %d:\n%s", uid, out)
 	}
 }
@@ -443,40 +459,15 @@ func TestBinaryNamesMissingTable(t *testing.T) {
 // and gave Badger's words without the uid or the fix for a directory it
 // may not write in (its LOCK) or a value log it may not write.
 func TestBinaryDataDirFilesNotPermitted(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to run the binary as another user")
-	}
 	const uid = 65532
-	base, err := os.MkdirTemp("", "idemproxy-perm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	if err := os.Chmod(base, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(base, "idemproxy")
-	exe, err := os.ReadFile(binPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, exe, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	base, bin := userBinary(t, "idemproxy-perm")
 	prov := &crashProvider{size: 2000, hits: map[string]int{}}
 	up := httptest.NewServer(prov)
 	defer up.Close()
 	dir := filepath.Join(base, "data")
 	env := baseEnv(up.URL, dir)
 	all := storeAndStop(t, env, prov, "perm") // as root, then given to the user
-	if err := filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, uid, uid)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	chownAll(t, dir, uid)
 	one := func(pattern string) string {
 		t.Helper()
 		m, _ := filepath.Glob(filepath.Join(dir, pattern))
@@ -502,23 +493,14 @@ func TestBinaryDataDirFilesNotPermitted(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer os.Chmod(c.path, c.back)
-			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, bin)
-			cmd.Env = env
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-			out, err := cmd.CombinedOutput()
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-				t.Fatalf("start as uid %d: %v, want exit status 1; output:\n%s", uid, err, out)
-			}
+			out := startStopsAs(t, bin, cred, 1, env)
 			for _, want := range []string{"IDEMPROXY_DATA_DIR=" + dir, "permission denied", "uid 65532", "chown -R 65532:65532"} {
-				if !strings.Contains(string(out), want) {
+				if !strings.Contains(out, want) {
 					t.Errorf("start does not say %q:\n%s", want, out)
 				}
 			}
 			for _, wrong := range []string{"damaged", "backup"} {
-				if strings.Contains(string(out), wrong) {
+				if strings.Contains(out, wrong) {
 					t.Errorf("start calls a permission problem %q:\n%s", wrong, out)
 				}
 			}
