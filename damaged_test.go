@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,24 +28,10 @@ func TestReleaseKeepsDamagedInFlightRecord(t *testing.T) {
 	env := baseEnv(up.URL, dir, "IDEMPROXY_RETRY_MAX_ATTEMPTS=1",
 		"IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_RETRY_BUDGET=2s",
 		"IDEMPROXY_PROVIDER_KEY_RETENTION="+retention.String())
-	p := launch(t, launchSpec{env: env})
-	go trySend("POST", "http://"+p.proxy+"/payments", paymentBody)
-	<-held // the payment is at the provider
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-p.done
-	release() // the provider executes it, its answer goes nowhere
-	for deadline := time.Now().Add(10 * time.Second); gw.sb.Ledger().Executions != 1; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox executed %d payments, want 1", gw.sb.Ledger().Executions)
-		}
-	}
-	executed := time.Now()
-	key, _ := onlyKey(t, mustPosts(gw))
+	key, executed := killedDuringPayment(t, env, gw, held, release)
 	damageInFlight(t, dir)
 
-	p = launch(t, launchSpec{env: env}) // the release is done before it listens
+	p := launch(t, launchSpec{env: env}) // the release is done before it listens
 	var warned bool
 	for _, l := range strings.Split(p.text(), "\n") {
 		if strings.Contains(l, "cannot be read") {

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -30,21 +29,7 @@ func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 	env := baseEnv(up.URL, filepath.Join(mnt, "data"), "IDEMPROXY_RETRY_MAX_ATTEMPTS=1",
 		"IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_RETRY_BUDGET=2s", "IDEMPROXY_INFLIGHT_WAIT=1m",
 		"IDEMPROXY_PROVIDER_KEY_RETENTION="+retention.String())
-	p := launch(t, launchSpec{env: env})
-	go trySend("POST", "http://"+p.proxy+"/payments", paymentBody)
-	<-held // the payment is at the provider
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-p.done
-	release() // the provider executes it, its answer goes nowhere
-	for deadline := time.Now().Add(10 * time.Second); gw.sb.Ledger().Executions != 1; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox executed %d payments, want 1", gw.sb.Ledger().Executions)
-		}
-	}
-	executed := time.Now()
-	key, _ := onlyKey(t, mustPosts(gw))
+	key, executed := killedDuringPayment(t, env, gw, held, release)
 
 	// Below the reserve (260 MiB), with room for the replay of the WAL.
 	filler := filepath.Join(mnt, "filler")
@@ -57,7 +42,7 @@ func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p = launch(t, launchSpec{env: env})
+	p := launch(t, launchSpec{env: env})
 	for _, l := range strings.Split(p.text(), "\n") {
 		if strings.Contains(l, "in-flight records") {
 			t.Logf("start on the full disk: %s", l)

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,16 +27,8 @@ func TestUnreadableUnknownRecordShown(t *testing.T) {
 	gw, up, held, release := heldPayments(t, time.Hour)
 	env := baseEnv(up.URL, dir, "IDEMPROXY_RETRY_MAX_ATTEMPTS=1",
 		"IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_RETRY_BUDGET=2s")
-	p := launch(t, launchSpec{env: env})
-	go trySend("POST", "http://"+p.proxy+"/payments", paymentBody)
-	<-held // the payment is at the provider
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-p.done
-	release()
-	key, _ := onlyKey(t, mustPosts(gw))
-	p = launch(t, launchSpec{env: env}) // its start parks the record unknown
+	key, _ := killedDuringPayment(t, env, gw, held, release)
+	p := launch(t, launchSpec{env: env}) // its start parks the record unknown
 	if err := p.terminate(t); err != nil {
 		t.Fatalf("stop: %v\n%s", err, p.text())
 	}

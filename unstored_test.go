@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -201,6 +202,30 @@ func heldPayments(t *testing.T, retention time.Duration) (gw *gatewayProvider, u
 	release = func() { once.Do(func() { close(wait) }) }
 	t.Cleanup(func() { release(); up.Close() })
 	return gw, up, at, release
+}
+
+// killedDuringPayment starts the binary with env, sends paymentBody and
+// SIGKILLs the process while the provider (heldPayments') holds the payment,
+// then lets the provider execute it, the answer going nowhere. It returns
+// the payment's key and when the provider had executed it.
+func killedDuringPayment(t *testing.T, env []string, gw *gatewayProvider, held <-chan struct{}, release func()) (key string, executed time.Time) {
+	t.Helper()
+	p := launch(t, launchSpec{env: env})
+	go trySend("POST", "http://"+p.proxy+"/payments", paymentBody)
+	<-held // the payment is at the provider
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	release() // the provider executes it, its answer goes nowhere
+	for deadline := time.Now().Add(10 * time.Second); gw.sb.Ledger().Executions != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox executed %d payments, want 1", gw.sb.Ledger().Executions)
+		}
+	}
+	executed = time.Now()
+	key, _ = onlyKey(t, mustPosts(gw))
+	return key, executed
 }
 
 // retryExpired sends the app's retry of paymentBody (key) to p once the
