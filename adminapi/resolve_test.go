@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -70,15 +71,22 @@ func TestResolveRecord(t *testing.T) {
 			t.Errorf("log %s lacks %s", log.String(), want)
 		}
 	}
-	// Another method on the call's path is 405; GET is the record of the key "resolve".
-	w = httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("PUT", "/admin/v1/records/resolve", nil))
+	callPathIsAlsoAKey(t, h, "resolve")
+}
+
+// callPathIsAlsoAKey checks that another method than POST on the path of
+// the call /admin/v1/records/<call> is 405, and that GET there is the record
+// of the key <call> (none here: 404).
+func callPathIsAlsoAKey(t *testing.T, h http.Handler, call string) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("PUT", "/admin/v1/records/"+call, nil))
 	if w.Code != 405 || w.Header().Get("Allow") != "GET, HEAD, POST" {
 		t.Fatalf("PUT = %d %v, want 405 with Allow: GET, HEAD, POST", w.Code, w.Header())
 	}
 	w = httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("GET", "/admin/v1/records/resolve?client=shop", nil))
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/admin/v1/records/"+call+"?client=shop", nil))
 	if w.Code != 404 || !strings.Contains(w.Body.String(), "no record for this key") {
-		t.Fatalf("GET /admin/v1/records/resolve = %d %s, want the record of the key resolve (404)", w.Code, w.Body)
+		t.Fatalf("GET /admin/v1/records/%s = %d %s, want the record of the key %s (404)", call, w.Code, w.Body, call)
 	}
 }

@@ -125,15 +125,5 @@ func TestReviewedRecord(t *testing.T) {
 		t.Fatalf("reviewed record's answer = %+v, %v; want it kept", rec, err)
 	}
 
-	// Another method on the call's path is 405; GET is the record of the key "reviewed".
-	w = httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("PUT", "/admin/v1/records/reviewed", nil))
-	if w.Code != 405 || w.Header().Get("Allow") != "GET, HEAD, POST" {
-		t.Fatalf("PUT = %d %v, want 405 with Allow: GET, HEAD, POST", w.Code, w.Header())
-	}
-	w = httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("GET", "/admin/v1/records/reviewed?client=shop", nil))
-	if w.Code != 404 || !strings.Contains(w.Body.String(), "no record for this key") {
-		t.Fatalf("GET /admin/v1/records/reviewed = %d %s, want the record of the key reviewed (404)", w.Code, w.Body)
-	}
+	callPathIsAlsoAKey(t, h, "reviewed")
 }
