@@ -138,6 +138,22 @@ func TestSIGTERMOnFullDisk(t *testing.T) {
 	t.Logf("restarted: all %d acknowledged answers replayed", len(all))
 }
 
+// fillLeaving fills the file system at mnt but for free bytes, and returns
+// the file that fills it (removed, the space is back).
+func fillLeaving(t *testing.T, mnt string, free int64) (filler string) {
+	t.Helper()
+	filler = filepath.Join(mnt, "filler")
+	fill(t, filler)
+	fi, err := os.Stat(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filler, fi.Size()-free); err != nil {
+		t.Fatal(err)
+	}
+	return filler
+}
+
 // fill writes path until its file system returns ENOSPC.
 func fill(t *testing.T, path string) {
 	t.Helper()
@@ -235,15 +251,7 @@ func waitReadyz(t *testing.T, admin string, status int) {
 // log why; the start itself must say it.
 func TestStartBelowReserveSaysSo(t *testing.T) {
 	mnt := smallDisk(t)
-	filler := filepath.Join(mnt, "filler")
-	fill(t, filler)
-	fi, err := os.Stat(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(filler, fi.Size()-100<<20); err != nil {
-		t.Fatal(err)
-	}
+	filler := fillLeaving(t, mnt, 100<<20)
 	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", filepath.Join(mnt, "data"))})
 	waitReadyz(t, p.admin, http.StatusServiceUnavailable)
 	line := p.waitLine(t, "less free space than the store keeps in reserve")

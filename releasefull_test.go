@@ -32,15 +32,7 @@ func TestReleaseOnFullDiskKeepsInFlight(t *testing.T) {
 	key, executed := killedDuringPayment(t, env, gw, held, release)
 
 	// Below the reserve (260 MiB), with room for the replay of the WAL.
-	filler := filepath.Join(mnt, "filler")
-	fill(t, filler)
-	fi, err := os.Stat(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(filler, fi.Size()-100<<20); err != nil {
-		t.Fatal(err)
-	}
+	filler := fillLeaving(t, mnt, 100<<20)
 
 	p := launch(t, launchSpec{env: env})
 	for _, l := range strings.Split(p.text(), "\n") {
