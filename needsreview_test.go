@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,26 +28,11 @@ func TestNeedsReviewOutlivesRecordTTL(t *testing.T) { onStores(t, testNeedsRevie
 
 func testNeedsReviewOutlivesRecordTTL(t *testing.T, shared bool) {
 	const ttl = 13 * time.Second // the shortest the lease below allows
-	sb, err := sandbox.New(sandbox.Config{Provider: sandbox.ProviderCards})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	posts := map[string]int{} // what reached the provider, by Idempotency-Key
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			mu.Lock()
-			posts[r.Header.Get("Idempotency-Key")]++
-			mu.Unlock()
-		}
-		sb.ServeHTTP(w, r)
-	}))
+	gw := newGatewayProvider(t, sandbox.Config{Provider: sandbox.ProviderCards})
+	sb := gw.sb
+	up := httptest.NewServer(gw)
 	defer up.Close()
-	sent := func(key string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return posts[key]
-	}
+	sent := func(key string) int { return mustPosts(gw)[key] } // what reached the provider under key
 	env := []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_RETRY_BUDGET=1s", "IDEMPROXY_ATTEMPT_TIMEOUT=1s",
 		"IDEMPROXY_STORE_LEASE=2s", "IDEMPROXY_RECORD_TTL=" + ttl.String(), "IDEMPROXY_ADMIN_TOKEN=" + adminToken}
 	c := &cardsSetup{sb: sb}

@@ -19,8 +19,9 @@ import (
 	"github.com/idemproxy/idemproxy/sandbox"
 )
 
-// gatewayProvider is the payments sandbox behind a gateway that, while lose
-// is above zero, answers a POST with 504 after the sandbox has handled it
+// gatewayProvider is a sandbox (payments unless cfg names another) behind
+// a gateway that, while lose is above zero, answers a POST with 504 after
+// the sandbox has handled it
 // (executed = true) or without passing it on (executed = false). The 504
 // names the payment, as the sandbox's own fault does, or paymentID when the
 // sandbox made none. It counts the POSTs reaching the provider, per key.
@@ -37,7 +38,9 @@ type gatewayProvider struct {
 
 func newGatewayProvider(t *testing.T, cfg sandbox.Config) *gatewayProvider {
 	t.Helper()
-	cfg.Provider = sandbox.ProviderPayments
+	if cfg.Provider == "" {
+		cfg.Provider = sandbox.ProviderPayments
+	}
 	sb, err := sandbox.New(cfg)
 	if err != nil {
 		t.Fatal(err)
