@@ -21,8 +21,8 @@ import (
 
 // gatewayProvider is a sandbox (payments unless cfg names another) behind
 // a gateway that, while lose is above zero, answers a POST with 504 after
-// the sandbox has handled it
-// (executed = true) or without passing it on (executed = false). The 504
+// the sandbox has handled it (executed = true) or without passing it on
+// (executed = false). The 504
 // names the payment, as the sandbox's own fault does, or paymentID when the
 // sandbox made none. It counts the POSTs reaching the provider, per key.
 type gatewayProvider struct {
