@@ -117,7 +117,7 @@ func resumable(cur store.Record, fp []byte, now time.Time) bool {
 // limit (1 MiB with the default MemTableSize).
 func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response, sent time.Time) error {
 	const op = "complete"
-	return s.ownerUpdate(ctx, op, id, owner, func(cur *store.Record, _ time.Time) bool {
+	return s.ownerUpdate(ctx, op, id, owner, func(cur store.Record, _ time.Time) (store.Record, bool) {
 		cur.State = store.Final
 		cur.LeaseUntil = time.Time{}
 		cur.Response = resp
@@ -125,7 +125,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 		if kept := cur.Outcome.FirstSentAt; !sent.IsZero() && (kept.IsZero() || sent.Before(kept)) {
 			cur.Outcome.FirstSentAt = sent
 		}
-		return true
+		return cur, true
 	})
 }
 
@@ -134,7 +134,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 // in-flight record.
 func (s *Store) Abandon(ctx context.Context, id store.ID, owner string) error {
 	const op = "abandon"
-	return s.ownerUpdate(ctx, op, id, owner, func(*store.Record, time.Time) bool { return false })
+	return s.ownerUpdate(ctx, op, id, owner, func(cur store.Record, _ time.Time) (store.Record, bool) { return cur, false })
 }
 
 // Renew implements store.Store.Renew.
@@ -143,25 +143,27 @@ func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time
 	if lease <= 0 {
 		return fmt.Errorf("cache: %s: lease %v is not positive", op, lease)
 	}
-	return s.ownerUpdate(ctx, op, id, owner, func(cur *store.Record, now time.Time) bool {
+	return s.ownerUpdate(ctx, op, id, owner, func(cur store.Record, now time.Time) (store.Record, bool) {
 		cur.LeaseUntil = now.Add(lease)
-		return true
+		return cur, true
 	})
 }
 
 // Park implements store.Store.Park.
 func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error {
-	return s.ownerUpdate(ctx, "park", id, owner, func(cur *store.Record, _ time.Time) bool {
+	return s.ownerUpdate(ctx, "park", id, owner, func(cur store.Record, _ time.Time) (store.Record, bool) {
 		cur.State, cur.LeaseUntil = store.Unknown, time.Time{}
 		cur.Outcome = cur.Outcome.Merge(o)
-		return true
+		return cur, true
 	})
 }
 
 // ownerUpdate applies change to id's record if owner holds it in flight, and
-// writes the changed record, or deletes it when change returns false.
+// writes the changed record, or deletes it when change returns false. change
+// takes and returns the record by value: through a pointer, the record would
+// escape to the heap (an allocation of its size on every final answer).
 func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner string,
-	change func(cur *store.Record, now time.Time) (keep bool)) error {
+	change func(cur store.Record, now time.Time) (changed store.Record, keep bool)) error {
 	if err := checkArgs(op, id, owner); err != nil {
 		return err
 	}
@@ -182,7 +184,8 @@ func (s *Store) ownerUpdate(ctx context.Context, op string, id store.ID, owner s
 		if cur.State != store.InFlight || cur.Owner != owner {
 			return false, fmt.Errorf("%w: record is %s", store.ErrNotOwner, cur.State)
 		}
-		if !change(&cur, now) {
+		cur, keep := change(cur, now)
+		if !keep {
 			return true, txn.Delete(key)
 		}
 		return true, s.put(txn, key, &b.val, &cur, now)
