@@ -291,8 +291,14 @@ func attemptResult(a retry.AttemptInfo) string {
 	if a.Err != nil || a.Status < 100 {
 		return "error"
 	}
+	if c := a.Status / 100; c < len(statusClasses) {
+		return statusClasses[c] // no string built per attempt
+	}
 	return strconv.Itoa(a.Status/100) + "xx"
 }
+
+// statusClasses are the usual results of attemptResult, by status / 100.
+var statusClasses = [...]string{1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 
 func (m *Metrics) counter(name, help string) prometheus.Counter {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})

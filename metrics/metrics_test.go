@@ -206,6 +206,29 @@ func TestAttemptSequence(t *testing.T) {
 	}
 }
 
+// TestAttemptAllocatesNothing: Attempt runs once per upstream attempt, so
+// its labels must not be built per call (the status class was an
+// strconv.Itoa and a concatenation, one allocation per attempt).
+func TestAttemptAllocatesNothing(t *testing.T) {
+	m := New("test")
+	a := retry.AttemptInfo{Mode: retry.Protected, Attempt: 1, Status: 201, Last: true, Duration: time.Millisecond}
+	m.Attempt(a) // makes the series
+	if n := testing.AllocsPerRun(100, func() { m.Attempt(a) }); n != 0 {
+		t.Errorf("Attempt: %v allocations per call, want 0", n)
+	}
+}
+
+func TestAttemptResult(t *testing.T) {
+	for status, want := range map[int]string{0: "error", 99: "error", 100: "1xx", 204: "2xx", 302: "3xx", 499: "4xx", 503: "5xx", 599: "5xx", 600: "6xx", 999: "9xx"} {
+		if got := attemptResult(retry.AttemptInfo{Status: status}); got != want {
+			t.Errorf("attemptResult(status %d) = %q, want %q", status, got, want)
+		}
+	}
+	if got := attemptResult(retry.AttemptInfo{Status: 200, Err: errors.New("cut")}); got != "error" {
+		t.Errorf("attemptResult(200 with an error) = %q, want error", got)
+	}
+}
+
 // stepClock advances by step at every reading.
 type stepClock struct {
 	t    time.Time
