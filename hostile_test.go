@@ -959,3 +959,55 @@ func TestHostileKeySourceInAnotherSpelling(t *testing.T) {
 		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
 	}
 }
+
+// decodingProvider decodes a gzip request body before goOrderProvider reads
+// it, as a provider behind a gateway that decodes request bodies does.
+type decodingProvider struct{ goOrderProvider }
+
+func (p *decodingProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			http.Error(w, "bad gzip", http.StatusBadRequest)
+			return
+		}
+		r.Body = zr
+	}
+	p.goOrderProvider.ServeHTTP(w, r)
+}
+
+// An order whose body comes gzipped, from an app that writes the time into
+// the gzip header as Python's gzip.compress does, is executed once however
+// often the app sends it. Before the fix idemproxy could not read its
+// order_id: with IDEMPROXY_MISSING_KEY=generate each try got a random key
+// and the provider, which decodes the body, executed order gz-1 twice; and
+// the app's own retry of order gz-2 under its own key, other bytes once
+// compressed, was 409 idempotency_conflict instead of its answer.
+func TestHostileGzippedOrder(t *testing.T) {
+	prov := &decodingProvider{goOrderProvider{keys: map[string]bool{}, orders: map[string]int{}}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_MISSING_KEY=generate")...)
+	post := func(order string, try int, hdr string) reply {
+		var b strings.Builder
+		zw := gzip.NewWriter(&b)
+		zw.ModTime = time.Unix(1_800_000_000+int64(try), 0)
+		fmt.Fprintf(zw, `{"order_id":%q,"amount":"5.00"}`, order)
+		zw.Close()
+		return rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Encoding: gzip\n%sContent-Length: %d\n\n%s",
+			hdr, b.Len(), b.String()))
+	}
+	for try := range 2 {
+		for _, c := range []struct{ order, hdr string }{{"gz-1", ""}, {"gz-2", "Idempotency-Key: app-gz-2\n"}} {
+			got := post(c.order, try, c.hdr)
+			if got.status != http.StatusCreated || (try > 0 && got.header.Get("Idempotent-Replayed") != "true") {
+				t.Errorf("%s try %d: %d %s, want 201 (a replay the second time)", c.order, try+1, got.status, got.body)
+			}
+		}
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if want := map[string]int{"gz-1": 1, "gz-2": 1}; !maps.Equal(prov.orders, want) {
+		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
+	}
+}

@@ -45,10 +45,11 @@ const (
 var (
 	ErrKeyMissing = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key, and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) gives one value: each is absent, empty, or given twice with different values (also in another letter case)"}
 	// ErrKeyMissingEncoded is ErrKeyMissing for a body sent with a
-	// Content-Encoding (gzip…): its key sources cannot be read, and saying
+	// Content-Encoding idemproxy does not decode (decodedBody): its key
+	// sources cannot be read, and saying
 	// that none is present would send the app's developer looking for a
 	// field that is there.
-	ErrKeyMissingEncoded = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key and its body has a Content-Encoding, so its key sources (IDEMPROXY_KEY_SOURCES) cannot be read: send the body unencoded or with an Idempotency-Key"}
+	ErrKeyMissingEncoded = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key and its body has a Content-Encoding idemproxy does not decode (only gzip and deflate, up to the body size limit once decoded), so its key sources (IDEMPROXY_KEY_SOURCES) cannot be read: send the body unencoded, gzip- or deflate-encoded, or with an Idempotency-Key"}
 	// ErrKeyInvalid is bad_request, the contract's code for a request idemproxy
 	// will not forward; the message says it is the Idempotency-Key.
 	ErrKeyInvalid  = &Error{http.StatusBadRequest, CodeBadRequest, "Idempotency-Key must be one value of 1-255 printable ASCII characters (bare or an RFC 8941 string), sent once or repeated identically; nothing was sent upstream"}

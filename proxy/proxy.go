@@ -449,10 +449,17 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	// stored order: its answer is replayed (obtain), which sends nothing
 	// upstream and costs a store read.
 	t.takeSlot()
+	// A gzip or deflate body is read decoded, as the provider reads it; it
+	// is sent as it came.
+	plain, undecodable, err := decodedBody(r.Header, body, h.opt.MaxBodyBytes, t)
+	if err != nil {
+		h.fail(w, sum, ErrOverloadedBytes)
+		return
+	}
 	// The escaped path is what goes upstream: /cards/a%2Fb and /cards/a/b are
 	// two resources and must be two keys.
 	kr := idemkey.Request{Method: r.Method, Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery,
-		ContentType: r.Header.Get("Content-Type"), Header: r.Header, Body: body}
+		ContentType: r.Header.Get("Content-Type"), Header: r.Header, Body: plain}
 	if tenant != DefaultTenant {
 		kr.Tenant = tenant
 	}
@@ -474,7 +481,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 			return
 		}
 	}
-	key, err := h.resolveKey(r.Context(), kr, rule, windowFP)
+	key, err := h.resolveKey(r.Context(), kr, rule, windowFP, undecodable)
 	if err != nil {
 		h.fail(w, sum, err)
 		return
@@ -536,8 +543,9 @@ func echoClientKey(w http.ResponseWriter, r *http.Request) {
 // resolveKey returns the key for a protected request: the client's own, else the
 // fingerprint window's key for a fingerprint rule, else one derived from the first
 // of the rule's sources present, else what the MissingKey policy says ("" for
-// Passthrough).
-func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes.Rule, fp [32]byte) (string, error) {
+// Passthrough). undecodable says r's body has a Content-Encoding that was not
+// undone (decodedBody), so that its key sources could not be read.
+func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes.Rule, fp [32]byte, undecodable bool) (string, error) {
 	key, present, err := idemkey.FromHeader(r.Header)
 	if err != nil {
 		return "", err
@@ -557,7 +565,7 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes
 	case Passthrough:
 		return "", nil
 	}
-	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+	if undecodable {
 		return "", ErrKeyMissingEncoded
 	}
 	return "", ErrKeyMissing
