@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -112,5 +113,61 @@ func TestBinaryRefusesConfigBeforeOpening(t *testing.T) {
 				t.Errorf("data directory was created or opened (stat: %v)", err)
 			}
 		})
+	}
+}
+
+// A 415 or a 431 says the provider refused the request for its headers
+// (Content-Type, Content-Encoding, or headers too large) before reading
+// it. Headers are not part of the fingerprint, so, stored, such an answer
+// was replayed to the app's corrected retry of the same order for the
+// whole TTL: an order sent once without its Content-Type could never be
+// placed. Now it is passed on and the key left free, and the corrected
+// retry is executed, once.
+func TestBinaryHeaderRefusalsNotStored(t *testing.T) {
+	var calls, execs atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		if len(r.Header.Get("Cookie")) > 8<<10 {
+			w.WriteHeader(http.StatusRequestHeaderFieldsTooLarge)
+			io.WriteString(w, `{"error":{"code":"headers_too_large"}}`)
+			return
+		}
+		if r.Header.Get("Content-Type") != "application/json" {
+			w.WriteHeader(http.StatusUnsupportedMediaType)
+			io.WriteString(w, `{"error":{"code":"unsupported_media_type"}}`)
+			return
+		}
+		execs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"po_1"}`)
+	}))
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir())
+	for _, c := range []struct {
+		order, refusing string
+		status          int
+	}{
+		{"hr-1", "Content-Type: text/plain\n", http.StatusUnsupportedMediaType},
+		{"hr-2", "Content-Type: application/json\nCookie: " + strings.Repeat("c", 9<<10) + "\n", http.StatusRequestHeaderFieldsTooLarge},
+	} {
+		body := `{"order_id":"` + c.order + `","amount":"1.00"}`
+		req := func(headers string) string {
+			return "POST /v1/payout HTTP/1.1\nHost: x\n" + headers + "Content-Length: " + strconv.Itoa(len(body)) + "\n\n" + body
+		}
+		if got := rawExchange(t, p.addr, req(c.refusing)); got.status != c.status {
+			t.Fatalf("%s as sent first: %d %s, want the provider's %d", c.order, got.status, got.body, c.status)
+		}
+		for try := range 2 {
+			got := rawExchange(t, p.addr, req("Content-Type: application/json\n"))
+			if got.status != http.StatusCreated || (try == 1) != (got.header.Get("Idempotent-Replayed") == "true") {
+				t.Errorf("%s corrected, try %d: %d replayed=%q %s, want 201, executed the first time and replayed the second",
+					c.order, try+1, got.status, got.header.Get("Idempotent-Replayed"), got.body)
+			}
+		}
+	}
+	if n, e := calls.Load(), execs.Load(); n != 4 || e != 2 {
+		t.Errorf("provider saw %d requests and executed %d, want 4 and 2 (each order once)", n, e)
 	}
 }

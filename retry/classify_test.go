@@ -138,7 +138,8 @@ func TestDisposeInvariants(t *testing.T) {
 		want   Disposition
 	}{
 		{Protected, 429, Retry}, {Protected, 503, Unknown}, {Protected, 500, Unknown}, {Protected, 401, PassOn},
-		{Protected, 403, PassOn}, {Protected, 408, PassOn}, {Protected, 302, PassOn}, {Protected, 201, Final},
+		{Protected, 403, PassOn}, {Protected, 408, PassOn}, {Protected, 415, PassOn}, {Protected, 431, PassOn},
+		{Protected, 302, PassOn}, {Protected, 201, Final},
 		{Protected, 422, Final}, {Safe, 200, PassOn}, {Once, 201, PassOn}, {Safe, 500, PassOn},
 	} {
 		got := alwaysFinal.Dispose(Answer{Mode: tt.mode, Status: tt.status})

@@ -26,7 +26,7 @@ const (
 	// PassOn: the answer goes to the app as it is, but is not kept: the key
 	// is released and the app's next request resumes with it. Answers to
 	// unprotected requests, and statuses that do not show the provider
-	// acted (401, 403, 408, 1xx, 3xx).
+	// acted (401, 403, 408, 415, 431, 1xx, 3xx).
 	PassOn
 	// Unknown: the provider may have acted and the attempt does not say how
 	// (a timeout or a broken connection after sending, a 5xx other than 503,
@@ -96,9 +96,9 @@ type Classifier func(Answer) Verdict
 //     classifier wants it retried): a 504, or a 524 from a CDN, may hide an
 //     executed payment; a 503 that is not retried is Unknown too;
 //   - only a protected request's answer is ever stored, and only a 2xx or a
-//     4xx other than 401, 403, 408 and 429 (statuses after which the
-//     provider may not have acted, or acted only on our credentials): any
-//     other "final" answer is passed on instead.
+//     4xx other than 401, 403, 408, 415, 429 and 431 (statuses after which
+//     the provider may not have acted, or acted only on our credentials or
+//     the request's headers): any other "final" answer is passed on instead.
 func (p Policy) Dispose(a Answer) Verdict {
 	if a.Err != nil {
 		return disposeError(a.Mode, a.Err)
@@ -152,9 +152,14 @@ func disposeError(m Mode, err error) Verdict {
 }
 
 // storable reports a status whose answer can be the operation's result.
+// 415 and 431 refuse a request for its headers (Content-Type,
+// Content-Encoding, their size) before it is read; headers are not part of
+// the fingerprint, so, stored, such an answer would be replayed to the
+// app's corrected retry of the order for the whole TTL.
 func storable(status int) bool {
 	switch status {
-	case http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestTimeout, http.StatusTooManyRequests:
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestTimeout, http.StatusTooManyRequests,
+		http.StatusUnsupportedMediaType, http.StatusRequestHeaderFieldsTooLarge:
 		return false
 	}
 	return status >= 200 && status < 300 || status >= 400 && status < 500
