@@ -246,7 +246,7 @@ func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, 
 		pl.Close()
 		return fmt.Errorf("%sADMIN_ADDR: %w", envPrefix, err)
 	}
-	ps, pl, cl := proxyServer(pl, a.proxy, conns, log)
+	ps, pl, cl := proxyServer(pl, a.proxy, conns, writeStall, log)
 	as := &http.Server{Handler: a.admin, ReadHeaderTimeout: 5 * time.Second}
 	if cl != nil && a.connMetrics != nil {
 		a.connMetrics(conns, cl.Open, cl.ClosedIdle)
@@ -271,9 +271,11 @@ func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, 
 
 // proxyServer returns the proxy port's server for handler and the listener,
 // wrapping l, to serve it on. conns bounds the client connections (0: no
-// bound, see connLimiter); the limiter is returned, or nil. net/http's own
-// refusals are answered in idemproxy's error format (answerRefusalsInJSON).
-func proxyServer(l net.Listener, handler http.Handler, conns int, log *slog.Logger) (*http.Server, net.Listener, *connLimiter) {
+// bound, see connLimiter); the limiter is returned, or nil. Each write to a
+// client may wait stall for the client to read (stallConn; 0: no bound).
+// net/http's own refusals are answered in idemproxy's error format
+// (answerRefusalsInJSON).
+func proxyServer(l net.Listener, handler http.Handler, conns int, stall time.Duration, log *slog.Logger) (*http.Server, net.Listener, *connLimiter) {
 	ps := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -281,6 +283,9 @@ func proxyServer(l net.Listener, handler http.Handler, conns int, log *slog.Logg
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	if stall > 0 {
+		l = stallListener{l, stall}
 	}
 	var cl *connLimiter
 	if conns > 0 {

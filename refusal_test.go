@@ -24,7 +24,7 @@ func serveRefusals(t *testing.T, handler http.Handler) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, pl, _ := proxyServer(l, handler, 16, slog.New(slog.DiscardHandler))
+	srv, pl, _ := proxyServer(l, handler, 16, writeStall, slog.New(slog.DiscardHandler))
 	go srv.Serve(pl)
 	t.Cleanup(func() { srv.Close() })
 	return l.Addr().String()
@@ -248,7 +248,7 @@ func TestProxyConnsCloseWrite(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, pl, _ := proxyServer(l, http.NotFoundHandler(), conns, slog.New(slog.DiscardHandler))
+			_, pl, _ := proxyServer(l, http.NotFoundHandler(), conns, writeStall, slog.New(slog.DiscardHandler))
 			defer pl.Close()
 			client, err := net.Dial("tcp", l.Addr().String())
 			if err != nil {
