@@ -69,7 +69,7 @@ type config struct {
 	AdminToken       string `env:"ADMIN_TOKEN" doc:"bearer token every /admin/ call on the admin port needs (401 otherwise); empty = admin API open; health and metrics never need it (secret)"`
 	AdminTokenFile   string `env:"ADMIN_TOKEN_FILE,file" doc:"path of a file holding ADMIN_TOKEN"`
 	ClientHeader     string `env:"CLIENT_HEADER" envDefault:"Idemproxy-Client-Token" doc:"request header carrying the client token; removed before forwarding"`
-	KeySecret        string `env:"KEY_SECRET" doc:"16+ characters; required with CLIENT_TOKENS: binds every Idempotency-Key sent upstream to its client (HMAC), so no client can compute or claim another's; the same on every replica, changed only while nothing is in flight (secret)"`
+	KeySecret        string `env:"KEY_SECRET" doc:"16+ characters; required with CLIENT_TOKENS: binds every Idempotency-Key sent upstream to its client (HMAC), so no client can compute or claim another's; the same on every replica; an operation in flight or with an unknown outcome keeps the upstream key it was first sent with when it changes (secret)"`
 	KeySecretFile    string `env:"KEY_SECRET_FILE,file" doc:"path of a file holding KEY_SECRET"`
 
 	RetryMaxAttempts int           `env:"RETRY_MAX_ATTEMPTS" envDefault:"5" doc:"attempts per request, first included (1-20; dial failures and Retry-After: 0 still wait a backoff)"`

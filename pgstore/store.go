@@ -575,7 +575,9 @@ const (
 // or take over an expired record or the same request's record whose lease
 // ran out or whose outcome is unknown. An expired record counts as missing:
 // everything is reset (an expired record was never superseded, and is no
-// longer reviewed). Each row's conditions are the row's own, so a batch
+// longer reviewed). A takeover keeps the upstream key the record was
+// claimed with (store.Store.Begin), unless it has none (a record written
+// before the store kept it). Each row's conditions are the row's own, so a batch
 // claims exactly what one statement per key would. An in-flight record
 // never expires (store.InFlight): its expires_at is NULL. The arrays are one
 // element per key: $1 tenant, $2 key, $3 fingerprint, $4 owner, $5 lease in
@@ -592,7 +594,8 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::text[], $5::bigint[], $6:
 ON CONFLICT (tenant, key) DO UPDATE SET
 	state = 1, owner = excluded.owner, lease_until = excluded.lease_until, expires_at = excluded.expires_at,
 	fingerprint = excluded.fingerprint, status = 0, header = NULL, body = NULL, reviewed = false,
-	method = excluded.method, path = excluded.path, upstream_key = excluded.upstream_key,
+	method = excluded.method, path = excluded.path,
+	upstream_key  = CASE WHEN ` + expired + ` OR r.upstream_key = '' THEN excluded.upstream_key ELSE r.upstream_key END,
 	last_body     = CASE WHEN ` + expired + ` THEN NULL  ELSE r.last_body     END,
 	fence         = CASE WHEN ` + expired + ` THEN 1     ELSE r.fence + 1     END,
 	created_at    = CASE WHEN ` + expired + ` THEN now() ELSE r.created_at    END,
@@ -601,7 +604,7 @@ ON CONFLICT (tenant, key) DO UPDATE SET
 	last_error    = CASE WHEN ` + expired + ` THEN ''    ELSE r.last_error    END
 WHERE ` + expired + `
 	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now())
-RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body`
+RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key`
 
 // writeArgs is one key's part of a round: a claim or a final answer.
 type writeArgs struct {
@@ -716,7 +719,7 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 	var r store.Record
 	var lease, sent, expires *time.Time
 	dest := []any{&claim, &tenant, &key, &r.Fence, &lease, &r.CreatedAt, &expires, &sent,
-		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody}
+		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody, &r.UpstreamKey}
 	switch {
 	case nc == 0:
 		dest = dest[1:3]
@@ -738,11 +741,11 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 		}
 		// Only what the claim did not set from its arguments came back (a
 		// claimed record has no response, and a final or superseded one is
-		// never claimed).
+		// never claimed), and the upstream key, which a takeover keeps.
 		in := j.in.claim
 		r.ID, r.State, r.Owner = j.id, store.InFlight, in.owner
 		r.Fingerprint = bytes.Clone(in.req.Fingerprint)
-		r.Method, r.Path, r.UpstreamKey = in.req.Method, in.req.Path, in.req.UpstreamKey
+		r.Method, r.Path = in.req.Method, in.req.Path
 		settleTimes(&r, lease, sent, expires)
 		j.out = r
 	}
@@ -883,9 +886,9 @@ func (s *Store) expiry(rec *store.Record) int64 {
 var (
 	completes = completesFrom(1)
 	both      = `WITH c AS (` + claims + `), f AS (` + completesFrom(9) + `)
-SELECT true, tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body FROM c
+SELECT true, tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key FROM c
 UNION ALL
-SELECT false, tenant, key, 0, NULL, now(), NULL, NULL, 0, '', NULL FROM f`
+SELECT false, tenant, key, 0, NULL, now(), NULL, NULL, 0, '', NULL, '' FROM f`
 )
 
 // completeArgs is one key's part of a batch of final answers.

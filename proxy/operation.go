@@ -36,18 +36,22 @@ func (superseded) Error() string { return "the order was renewed to its next key
 // obtain returns the answer for key id: a replay of a stored final response, the
 // result of a new upstream operation this request starts, or the result of one in
 // flight that it waits for. Only one operation per key runs at a time.
-// upstreamKey is the key sent upstream, kept in the record for operators.
+// *upstreamKey is the key to send upstream, kept in the record: a claim
+// that resumes a record sent under another key (IDEMPROXY_KEY_SECRET
+// differs between replicas, or was changed while the record was unknown or
+// in flight) sets it to the record's, since the provider may have run the
+// operation under that key and a new one would be a second charge.
 //
 // Without a request slot (t, past MaxInflight) only a stored final answer is
 // replayed; anything else is refused overloaded before the key is claimed.
-func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, body []byte, t *ticket) (result, error) {
+func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey *string, fp, body []byte, t *ticket) (result, error) {
 	ctx := r.Context()
 	if !t.slot {
 		return h.replayOnly(ctx, id, fp)
 	}
 	deadline := h.opt.Now().Add(h.opt.InflightWait)
 	owner := newOwner()
-	req := store.Request{Fingerprint: fp, Method: r.Method, Path: r.URL.EscapedPath(), UpstreamKey: upstreamKey}
+	req := store.Request{Fingerprint: fp, Method: r.Method, Path: r.URL.EscapedPath(), UpstreamKey: *upstreamKey}
 	held := false // the key was seen in flight for another request
 	for {
 		if h.flights.wait(id) != nil {
@@ -77,7 +81,12 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey string, fp, b
 			return result{}, storeError{err}
 		}
 		if created {
-			return h.start(r, id, owner, claimed, body, resumed(rec), t), nil
+			if rec.UpstreamKey != "" && rec.UpstreamKey != *upstreamKey {
+				h.opt.Logger.Warn("resuming an operation under the upstream key it was first sent with, not this process's binding of its key: IDEMPROXY_KEY_SECRET differs between replicas or was changed",
+					"method", r.Method, "path", r.URL.Path, "key", id.Key, "upstream_key", rec.UpstreamKey, "this_binding", *upstreamKey)
+				*upstreamKey = rec.UpstreamKey
+			}
+			return h.start(r, id, owner, claimed, *upstreamKey, body, resumed(rec), t), nil
 		}
 		if rec.State == store.Final && rec.Superseded {
 			return result{}, superseded{rec}
@@ -170,7 +179,7 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 //
 // before is what earlier sequences of this key left: non-zero when the record
 // was parked with its outcome unknown, so the first attempt is a re-send.
-func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time.Time, body []byte, before store.Outcome, t *ticket) result {
+func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time.Time, upstreamKey string, body []byte, before store.Outcome, t *ticket) result {
 	f := h.flights.open(id)
 	h.ops.Add(1)
 	t.hold() // the operation holds its slot and body bytes until it ends
@@ -178,7 +187,7 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time
 		defer h.ops.Done()
 		defer t.release()
 		defer h.flights.close(id, f) // after f.res is set
-		f.res = h.run(r, id, owner, claimed, body, before, &f.lease)
+		f.res = h.run(r, id, owner, claimed, upstreamKey, body, before, &f.lease)
 	}()
 	select {
 	case <-f.done:
@@ -192,7 +201,7 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time
 // completed in the store before anyone sees it; a sequence after which the
 // provider may have acted, or whose final answer could not be stored, parks
 // the record as unknown; anything else releases the key. Either way the next request resumes with the same key.
-func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.Time, body []byte, before store.Outcome, l *leaseRenewal) result {
+func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.Time, upstreamKey string, body []byte, before store.Outcome, l *leaseRenewal) result {
 	ctx := context.WithoutCancel(r.Context())
 	call := retry.Call{Mode: retry.Protected}
 	if !before.IsZero() {
@@ -200,7 +209,7 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 	}
 	res, lost := h.leased(ctx, l, id, owner, claimed, func(stop *retry.Stop) result {
 		call.Stop = stop
-		return h.roundTrip(ctx, r, h.upstreamKey(id.Tenant, id.Key), body, call)
+		return h.roundTrip(ctx, r, upstreamKey, body, call)
 	})
 	if lost { // the new owner answers the app's retry; this one may not write
 		return result{err: h.inProgress}

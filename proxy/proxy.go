@@ -501,7 +501,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	sum.Key, sum.UpstreamKey = key, h.upstreamKey(tenant, key)
 	w.Header().Set(KeyHeader, key)
 	id := store.ID{Tenant: tenant, Key: key}
-	res, err := h.obtain(r, id, sum.UpstreamKey, fp[:], body, t)
+	res, err := h.obtain(r, id, &sum.UpstreamKey, fp[:], body, t)
 	for gen := 2; err != nil && gen <= maxGenerations; gen++ {
 		var sup superseded
 		if !errors.As(err, &sup) {
@@ -517,7 +517,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		}
 		id.Key, sum.Key, sum.UpstreamKey = next, next, h.upstreamKey(tenant, next)
 		w.Header().Set(KeyHeader, next)
-		res, err = h.obtain(r, id, sum.UpstreamKey, fp[:], body, t)
+		res, err = h.obtain(r, id, &sum.UpstreamKey, fp[:], body, t)
 	}
 	if err == nil {
 		err = res.err

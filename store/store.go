@@ -152,7 +152,8 @@ type Request struct {
 	// them afterwards.
 	Fingerprint []byte
 	// Method, Path and UpstreamKey are kept on the record as given (see
-	// Record); a store does not interpret them.
+	// Record; a takeover keeps the record's UpstreamKey, see Begin); a store
+	// does not interpret them.
 	Method, Path, UpstreamKey string
 }
 
@@ -269,10 +270,13 @@ type Store interface {
 	// With no live record, it creates an in-flight record {req's fields,
 	// owner, Fence 1, CreatedAt now} and returns (it, true, nil). It takes
 	// over, returning (record, true, nil) with the new owner and lease,
-	// Fence increased and req's Method, Path and UpstreamKey, a record with
+	// Fence increased and req's Method and Path, a record with
 	// the same fingerprint req.Fingerprint that is either in flight with its
 	// lease expired, or Unknown; the takeover keeps CreatedAt and Outcome, so
-	// the new owner can tell that the key may already have been sent. Any
+	// the new owner can tell that the key may already have been sent, and
+	// UpstreamKey (req's only if the record has none), the key the operation
+	// may have been sent with: the new owner sends that one again, whatever
+	// key it would bind now. Any
 	// other record (final, in flight under a live lease, or of another
 	// fingerprint) is returned unchanged with false. Of concurrent Begins on
 	// one id at most one gets true.

@@ -55,6 +55,43 @@ func testRequestFields(t *testing.T, s store.Store, _ func(time.Duration)) {
 	}
 }
 
+// testTakeoverKeepsUpstreamKey: a Begin that takes a record over (its
+// outcome unknown, or its lease run out) keeps the upstream key the record
+// was claimed with, whatever key it is given (another replica binds keys
+// with another secret, or the secret was changed): the operation may have
+// run under the first key, and a resume under another would run it again.
+// Only a record that expired starts over with the key given.
+func testTakeoverKeepsUpstreamKey(t *testing.T, s store.Store, advance func(time.Duration)) {
+	ctx := context.Background()
+	id := newID("app-key")
+	first := store.Request{Fingerprint: fpA, Method: "POST", Path: "/payments", UpstreamKey: "bound-by-a"}
+	other := first
+	other.UpstreamKey = "bound-by-b"
+	if _, created, err := s.Begin(ctx, id, first, "o1", Long); err != nil || !created {
+		t.Fatalf("Begin = %v, %v", created, err)
+	}
+	if err := s.Park(ctx, id, "o1", store.Outcome{Attempts: 1, LastError: "status 504 from upstream"}); err != nil {
+		t.Fatal(err)
+	}
+	rec, created, err := s.Begin(ctx, id, other, "o2", short)
+	if err != nil || !created {
+		t.Fatalf("resume = %v, %v", created, err)
+	}
+	if rec.UpstreamKey != first.UpstreamKey || get(t, s, id).UpstreamKey != first.UpstreamKey {
+		t.Fatalf("resume of an unknown record: upstream key %q, then %q; want the first claim's %q",
+			rec.UpstreamKey, get(t, s, id).UpstreamKey, first.UpstreamKey)
+	}
+	advance(2 * short)
+	rec, created, err = s.Begin(ctx, id, other, "o3", Long)
+	if err != nil || !created {
+		t.Fatalf("takeover after the lease = %v, %v", created, err)
+	}
+	if rec.UpstreamKey != first.UpstreamKey || get(t, s, id).UpstreamKey != first.UpstreamKey {
+		t.Fatalf("takeover of an in-flight record: upstream key %q, then %q; want the first claim's %q",
+			rec.UpstreamKey, get(t, s, id).UpstreamKey, first.UpstreamKey)
+	}
+}
+
 // testLastBody: Park keeps the last ambiguous answer's body for the next
 // owner, a Park without one (a timeout) keeps the earlier body, and Complete
 // drops it.

@@ -65,6 +65,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"List", testList},
 		{"ListKeepFullPages", testListKeepFullPages},
 		{"RequestFields", testRequestFields},
+		{"TakeoverKeepsUpstreamKey", testTakeoverKeepsUpstreamKey},
 		{"LastBody", testLastBody},
 		{"Supersede", testSupersede},
 		{"Resolve", testResolve},

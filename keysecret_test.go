@@ -1,0 +1,52 @@
+package main
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
+	"github.com/idemproxy/idemproxy/sandbox"
+)
+
+// TestResumeKeepsUpstreamKeyAcrossKeySecrets: two replicas with client
+// identities whose IDEMPROXY_KEY_SECRET differs (a rolling change of the
+// secret, or one replica set up by hand). Replica a sends a payment; the
+// provider executes it and answers 504, so a keeps it as unknown. The app's
+// retry reaches replica b, which binds the app's key to another upstream
+// key: it must resume the operation under the key a sent it with, and the
+// provider answers with the payment it made. Before, b sent its own binding,
+// and the provider executed the payment a second time.
+func TestResumeKeepsUpstreamKeyAcrossKeySecrets(t *testing.T) {
+	url := pgtest.Database(t)
+	g := newGatewayProvider(t, sandbox.Config{})
+	g.lose = 1 // a's attempt executes, then 504
+	up := httptest.NewServer(g)
+	defer up.Close()
+	const token = "shop-token-0123456789"
+	env := func(secret string) []string {
+		return sharedEnv(up.URL, url, "IDEMPROXY_CLIENT_TOKENS=shop="+token, "IDEMPROXY_KEY_SECRET="+secret,
+			"IDEMPROXY_RETRY_MAX_ATTEMPTS=1")
+	}
+	a := launch(t, launchSpec{env: env("secret-of-a-0123456789")})
+	b := launch(t, launchSpec{env: env("secret-of-b-0123456789")})
+	order := `{"order_id":"rotated-1","amount":"10.00","currency":"EUR"}`
+
+	first := send(t, "POST", "http://"+a.proxy+"/payments", order, "Idemproxy-Client-Token", token)
+	if first.status != http.StatusBadGateway || !strings.Contains(first.body, `"upstream_unavailable"`) {
+		t.Fatalf("through a: %d %s, want 502 upstream_unavailable (the provider executed it and answered 504)", first.status, first.body)
+	}
+	retry := send(t, "POST", "http://"+b.proxy+"/payments", order, "Idemproxy-Client-Token", token)
+	led := g.sb.Ledger()
+	g.mu.Lock()
+	posts := g.posts
+	g.mu.Unlock()
+	if retry.status != http.StatusCreated || led.Executions != 1 || len(posts) != 1 {
+		t.Fatalf("retry through b: %d %s; the provider executed the payment %d times, POSTs per upstream key %v; "+
+			"want 201 from one execution, both POSTs under a's key\n%s", retry.status, retry.body, led.Executions, posts, b.text())
+	}
+	if !strings.Contains(b.text(), "IDEMPROXY_KEY_SECRET differs") {
+		t.Errorf("b resumed under a's upstream key without a warning:\n%s", b.text())
+	}
+}
