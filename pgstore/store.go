@@ -701,12 +701,11 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 	var rows pgx.Rows
 	switch {
 	case nf == 0:
-		rows, err = conn.Query(ctx, claims, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups)
+		rows, err = conn.Query(ctx, claims, c.args()...)
 	case nc == 0:
-		rows, err = conn.Query(ctx, completes, f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents, f.ttls)
+		rows, err = conn.Query(ctx, completes, f.args()...)
 	default:
-		rows, err = conn.Query(ctx, both, c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups,
-			f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents, f.ttls)
+		rows, err = conn.Query(ctx, both, append(c.args(), f.args()...)...)
 	}
 	if err != nil {
 		return err
@@ -752,11 +751,12 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 	return rows.Err()
 }
 
-// claimCols are the claims statement's arrays, one element per key.
+// claimCols are the claims statement's arrays, one element per key (see
+// columns.go for their types).
 type claimCols struct {
-	tenants, keys, fps          [][]byte
-	owners, methods, paths, ups []string
-	leases                      []int64
+	tenants, keys, fps          byteaColumn
+	owners, methods, paths, ups textColumn
+	leases                      int8Column
 }
 
 func newClaimCols(n int) claimCols {
@@ -765,25 +765,37 @@ func newClaimCols(n int) claimCols {
 		leases: make([]int64, 0, n)}
 }
 
+// args are the claims statement's arguments, $1 to $8.
+func (c *claimCols) args() []any {
+	return []any{c.tenants, c.keys, c.fps, c.owners, c.leases, c.methods, c.paths, c.ups}
+}
+
 func (c *claimCols) add(id store.ID, a *claimArgs) {
 	c.tenants, c.keys, c.fps = append(c.tenants, []byte(id.Tenant)), append(c.keys, []byte(id.Key)), append(c.fps, a.req.Fingerprint)
 	c.owners, c.leases = append(c.owners, a.owner), append(c.leases, micros(a.lease))
 	c.methods, c.paths, c.ups = append(c.methods, a.req.Method), append(c.paths, a.req.Path), append(c.ups, a.req.UpstreamKey)
 }
 
-// completeCols are the final answers statement's arrays, one element per key.
+// completeCols are the final answers statement's arrays, one element per
+// key (see columns.go for their types).
 type completeCols struct {
-	tenants, keys, headers, bodies [][]byte
-	owners                         []string
-	statuses                       []int32
-	sents                          []*time.Time
-	ttls                           []int64
+	tenants, keys, headers, bodies byteaColumn
+	owners                         textColumn
+	statuses                       int4Column
+	sents                          timestamptzColumn
+	ttls                           int8Column
 }
 
 func newCompleteCols(n int) completeCols {
 	return completeCols{tenants: make([][]byte, 0, n), keys: make([][]byte, 0, n), headers: make([][]byte, 0, n),
 		bodies: make([][]byte, 0, n), owners: make([]string, 0, n), statuses: make([]int32, 0, n), sents: make([]*time.Time, 0, n),
 		ttls: make([]int64, 0, n)}
+}
+
+// args are the final answers statement's arguments, $1 to $8 (see
+// completesFrom).
+func (f *completeCols) args() []any {
+	return []any{f.tenants, f.keys, f.owners, f.statuses, f.headers, f.bodies, f.sents, f.ttls}
 }
 
 func (f *completeCols) add(id store.ID, a *completeArgs) {
