@@ -173,9 +173,10 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 	}
 }
 
-// start runs the upstream operation for id detached from the client: once sent, it
-// finishes and is stored even if the client goes away (docs/contract.md). The
-// caller waits for its result unless its own context ends first.
+// start runs the upstream operation for id detached from the client, on a
+// goroutine of its own (detached): once sent, it finishes and is stored even
+// if the client goes away (docs/contract.md). The caller waits for its
+// result unless its own context ends first.
 //
 // before is what earlier sequences of this key left: non-zero when the record
 // was parked with its outcome unknown, so the first attempt is a re-send.
@@ -183,12 +184,12 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time
 	f := h.flights.open(id)
 	h.ops.Add(1)
 	t.hold() // the operation holds its slot and body bytes until it ends
-	go func() {
+	detached.run(func() {
 		defer h.ops.Done()
 		defer t.release()
 		defer h.flights.close(id, f) // after f.res is set
 		f.res = h.run(r, id, owner, claimed, upstreamKey, body, before, &f.lease)
-	}()
+	})
 	select {
 	case <-f.done:
 		return f.res
