@@ -20,7 +20,10 @@ const defaultListLimit = 100
 // cost no value read; the cursor is the hex of the last key returned. A
 // record whose value does not decode (a newer build's, or damaged; kept so
 // by ReleaseInFlight) is listed as store.Record.Unreadable, named by its
-// client and key where they still read, instead of failing the page.
+// client and key where they still read, instead of failing the page; one in
+// a state this build does not know (a newer build's) is listed so with the
+// unknown records, in its own state: its operation may have reached the
+// provider.
 func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error) {
 	const op = "list"
 	if limit <= 0 {
@@ -49,7 +52,8 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 				return err
 			}
 			item := it.Item()
-			if item.UserMeta() != byte(f.State) {
+			meta := store.State(item.UserMeta())
+			if meta != f.State && (f.State != store.Unknown || knownState(meta)) {
 				continue
 			}
 			if exp := item.ExpiresAt(); exp != 0 && uint64(now.Unix()) >= exp {
@@ -58,8 +62,12 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 			var rec store.Record
 			err := item.Value(func(v []byte) error {
 				var err error
-				if rec, err = decodeRecord(v); err != nil {
-					rec = unreadable(item.Key(), v, f.State, err)
+				rec, err = decodeRecord(v)
+				if err == nil && !knownState(meta) {
+					err = fmt.Errorf("%w: state %d is not one this build knows", ErrCorrupt, meta)
+				}
+				if err != nil {
+					rec = unreadable(item.Key(), v, meta, err)
 				}
 				return nil
 			})
@@ -82,6 +90,11 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 		return nil, "", fmt.Errorf("cache: %s: %w", op, translate(err))
 	}
 	return out, next, nil
+}
+
+// knownState says whether s is a state this build writes.
+func knownState(s store.State) bool {
+	return s == store.InFlight || s == store.Final || s == store.Unknown
 }
 
 // unreadable is what List shows of the record at k, in state, whose value

@@ -320,7 +320,10 @@ type Store interface {
 	// means 100. For operators: it may scan every record, so it is not for
 	// the request path. ErrBadCursor for a cursor List did not give. A
 	// record whose stored value cannot be read is returned with
-	// Record.Unreadable set, not as an error.
+	// Record.Unreadable set, not as an error, and so is one kept in a state
+	// this version does not know (a newer version's), listed with the
+	// Unknown records in its own State (its operation may have reached the
+	// provider, and it would be listed nowhere else).
 	List(ctx context.Context, f Filter, cursor string, limit int) ([]Record, string, error)
 	// Supersede marks id's final record Superseded and keeps it without
 	// expiry, and returns it; superseding twice is allowed. ErrNotFound if

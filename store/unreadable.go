@@ -17,8 +17,9 @@ var ErrUnreadable = errors.New("store: the record's stored value cannot be read"
 // the whole page: an operator looking for what a crash left must see the
 // other records, and this one.
 type Unreadable struct {
-	// StoreKey names the record in the store (in hex, as a Badger store's
-	// cursors do) when its ID could not be read.
+	// StoreKey names the record in the store, in hex as the store's List
+	// cursors spell it (a Badger key; a PostgreSQL row's client and key),
+	// also when its ID could not be read.
 	StoreKey string
 	// Err says why its value cannot be read; it wraps ErrUnreadable.
 	Err error
