@@ -21,6 +21,10 @@ const defaultListLimit = 100
 // List implements store.Store.List in (tenant, key) order; the cursor is the
 // last (tenant, key) returned, encoded. Records f.Keep leaves out are read
 // past in batches, each its own call, until the page is full or the rows end.
+// A row that does not decode (scanRecord) is listed as
+// store.Record.Unreadable instead of failing the page, and one in a state
+// this version does not know (a newer version's) is listed with the
+// unknown records so: its operation may have reached the provider.
 func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error) {
 	if limit <= 0 {
 		limit = defaultListLimit
@@ -40,7 +44,7 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 			return nil, "", err
 		}
 		for i := range rows {
-			if f.Keep != nil && !f.Keep(&rows[i]) {
+			if f.Keep != nil && rows[i].Unreadable == nil && !f.Keep(&rows[i]) {
 				continue
 			}
 			out = append(out, rows[i])
@@ -59,7 +63,8 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 const filterBatch = 500
 
 // listBatch returns up to n live records in state after the (tenant, key)
-// after, in order.
+// after, in order (for store.Unknown, those in a state this version does
+// not know too).
 func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID, n int) ([]store.Record, error) {
 	var out []store.Record
 	err := s.call(ctx, "list", nil, func(ctx context.Context) error {
@@ -67,7 +72,7 @@ func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID
 		// once for any state (see Open) could not use the open-records
 		// index for in-flight and unknown records.
 		rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM idemproxy_records
-			WHERE state = `+strconv.Itoa(int(int16(state)))+` AND `+live+` AND (tenant, key) > ($1, $2)
+			WHERE `+inState(state)+` AND `+live+` AND (tenant, key) > ($1, $2)
 			ORDER BY tenant, key LIMIT $3`, []byte(after.Tenant), []byte(after.Key), n)
 		if err != nil {
 			return err
@@ -75,7 +80,7 @@ func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID
 		defer rows.Close()
 		out = out[:0]
 		for rows.Next() {
-			rec, err := readRecord(rows)
+			rec, err := scanRecord(rows)
 			if err != nil {
 				return err
 			}
@@ -84,6 +89,18 @@ func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID
 		return rows.Err()
 	})
 	return out, err
+}
+
+// inState is the condition of the rows List lists for state: those in it,
+// and for store.Unknown those in a state this version does not know, which
+// are listed as unreadable (no one else lists them, and no request or
+// sweep of this version settles them). Both arms imply the open-records
+// index's condition (state <> 2), so the planner may still use that index.
+func inState(state store.State) string {
+	if state == store.Unknown {
+		return `(state >= 3 OR state < 1)`
+	}
+	return `state = ` + strconv.Itoa(int(int16(state)))
 }
 
 // encodeCursor is hex(uvarint(len(tenant)) tenant key).
@@ -174,27 +191,29 @@ func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, error)
 	return rec, err
 }
 
-// edit runs an operator's change to id's record (Supersede, Resolve): one
+// edit runs an operator's change to id's record (Supersede, Resolve): in
+// one transaction, the record is read and locked, then changed by one
 // statement, sql with args, whose condition is the state the change needs
-// and which returns the record's columns. When it changes nothing, a read
-// tells a missing record (store.ErrNotFound) from one in another state,
-// refused with wrong.
+// and which returns the record's columns. A missing record is
+// store.ErrNotFound, one that does not read store.ErrUnreadable (nothing is
+// written: the statement could replace or delete what cannot be read), and
+// one in another state is refused with wrong.
 func (s *Store) edit(ctx context.Context, op string, id store.ID, wrong error, sql string, args ...any) (store.Record, error) {
 	var rec store.Record
 	err := s.call(ctx, op, &id, func(ctx context.Context) error {
-		r, err := readRecord(s.pool.QueryRow(ctx, sql, args...))
-		if err == nil {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			cur, err := readRecord(tx.QueryRow(ctx, `SELECT `+columns+` FROM idemproxy_records
+				WHERE tenant = $1 AND key = $2 AND `+live+` FOR UPDATE`, []byte(id.Tenant), []byte(id.Key)))
+			if err != nil {
+				return err
+			}
+			r, err := readRecord(tx.QueryRow(ctx, sql, args...))
+			if errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("%w: record is %s", wrong, cur.State)
+			}
 			rec = r
-			return nil
-		}
-		if !errors.Is(err, store.ErrNotFound) {
 			return err
-		}
-		cur, err := s.get(ctx, id)
-		if err != nil {
-			return err
-		}
-		return fmt.Errorf("%w: record is %s", wrong, cur.State)
+		})
 	})
 	return rec, err
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/store"
@@ -539,7 +540,7 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 		return nil
 	case errors.Is(err, store.ErrNotOwner), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrTooLarge),
 		errors.Is(err, store.ErrNotFinal), errors.Is(err, store.ErrBadCursor), errors.Is(err, store.ErrNotUnknown),
-		errors.Is(err, store.ErrNoReview):
+		errors.Is(err, store.ErrNoReview), errors.Is(err, store.ErrUnreadable):
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	case s.closed.Load():
 		return fmt.Errorf("pgstore: %s: %w", op, store.ErrClosed)
@@ -566,6 +567,13 @@ const (
 	// expired is the condition of a record of alias r that has expired:
 	// a final one past its expires_at.
 	expired = `(r.state = 2 AND r.expires_at <= now())`
+	// openDecodes is the condition that an in-flight or unknown record of
+	// alias r reads (scanRecord): a claim takes over no other, so that a
+	// request for a record that does not read is refused with nothing sent,
+	// as it is when its record is read (store.ErrUnreadable), instead of
+	// resuming an operation from what a damaged row says of it.
+	openDecodes = `(r.header IS NULL AND r.fence >= 0 AND isfinite(r.created_at)
+	AND coalesce(isfinite(r.lease_until), true) AND coalesce(isfinite(r.first_sent_at), true) AND coalesce(isfinite(r.expires_at), true))`
 	// columns are what readRecord scans.
 	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded,
 		method, path, upstream_key, expires_at, last_body, reviewed`
@@ -573,12 +581,13 @@ const (
 
 // claims is Begin's one statement, for a batch of keys (see group): insert,
 // or take over an expired record or the same request's record whose lease
-// ran out or whose outcome is unknown. An expired record counts as missing:
-// everything is reset (an expired record was never superseded, and is no
-// longer reviewed). A takeover keeps the upstream key the record was
-// claimed with (store.Store.Begin), unless it has none (a record written
-// before the store kept it). Each row's conditions are the row's own, so a batch
-// claims exactly what one statement per key would. An in-flight record
+// ran out or whose outcome is unknown, if it reads (openDecodes). An
+// expired record counts as missing: everything is reset (an expired record
+// was never superseded, and is no longer reviewed). A takeover keeps the
+// upstream key the record was claimed with (store.Store.Begin), unless it
+// has none (a record written before the store kept it). Each row's
+// conditions are the row's own, so a batch claims exactly what one
+// statement per key would. An in-flight record
 // never expires (store.InFlight): its expires_at is NULL. The arrays are one
 // element per key: $1 tenant, $2 key, $3 fingerprint, $4 owner, $5 lease in
 // microseconds, $6 method, $7 path, $8 upstream key.
@@ -603,7 +612,7 @@ ON CONFLICT (tenant, key) DO UPDATE SET
 	attempts      = CASE WHEN ` + expired + ` THEN 0     ELSE r.attempts      END,
 	last_error    = CASE WHEN ` + expired + ` THEN ''    ELSE r.last_error    END
 WHERE ` + expired + `
-	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now())
+	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now()) AND ` + openDecodes + `
 RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key`
 
 // writeArgs is one key's part of a round: a claim or a final answer.
@@ -1064,13 +1073,33 @@ func settleTimes(r *store.Record, lease, sent, expires *time.Time) {
 	}
 }
 
-// readRecord scans one row of columns; no row is store.ErrNotFound.
+// readRecord scans one row of columns; no row is store.ErrNotFound, and a
+// row that does not decode (see scanRecord) an error that wraps
+// store.ErrUnreadable.
 func readRecord(row pgx.Row) (store.Record, error) {
+	r, err := scanRecord(row)
+	if err == nil && r.Unreadable != nil {
+		return store.Record{}, r.Unreadable.Err
+	}
+	return r, err
+}
+
+// scanRecord scans one row of columns; no row is store.ErrNotFound. A row
+// that scans but does not decode is returned with Record.Unreadable set and
+// only ID, State and ExpiresAt (when it reads) filled in, as List shows it:
+// a state this version does not know (a newer version's), a header that
+// is not JSON headers, a header on an in-flight or unknown record (which
+// holds no answer: a claim and a park leave it NULL), a time Go cannot hold
+// (infinity), or a negative fence. Every column is scanned into a type that
+// takes any value of its SQL type, so that such a row fails neither the
+// scan nor the rows after it. Its Unreadable.StoreKey is its List cursor.
+func scanRecord(row pgx.Row) (store.Record, error) {
 	var r store.Record
 	var state int16
-	var lease, sent, expires *time.Time
+	var fence int64
+	var lease, created, sent, expires pgtype.Timestamptz
 	var header, tenant, key []byte
-	err := row.Scan(&state, &r.Fingerprint, &r.Owner, &r.Fence, &lease, &r.CreatedAt, &sent,
+	err := row.Scan(&state, &r.Fingerprint, &r.Owner, &fence, &lease, &created, &sent,
 		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Response.Status, &header, &r.Response.Body,
 		&tenant, &key, &r.Superseded, &r.Method, &r.Path, &r.UpstreamKey, &expires, &r.Outcome.LastBody, &r.Reviewed)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -1081,15 +1110,53 @@ func readRecord(row pgx.Row) (store.Record, error) {
 	}
 	r.State = store.State(state)
 	r.ID = store.ID{Tenant: string(tenant), Key: string(key)}
-	settleTimes(&r, lease, sent, expires)
-	r.Response.Header = http.Header{}
-	if len(header) > 0 {
-		if err := json.Unmarshal(header, &r.Response.Header); err != nil {
-			return store.Record{}, fmt.Errorf("corrupt stored header: %w", err)
+	var bad []string
+	if state < int16(store.InFlight) || state > int16(store.Unknown) {
+		bad = append(bad, fmt.Sprintf("state %d is not one this version knows (in flight 1, final 2, unknown 3)", state))
+		r.State = store.State(max(0, min(state, 255)))
+	}
+	if fence < 0 {
+		bad = append(bad, fmt.Sprintf("fence %d is negative", fence))
+	}
+	r.Fence = uint64(fence)
+	for _, c := range []struct {
+		name string
+		ts   pgtype.Timestamptz
+		to   *time.Time
+	}{{"lease_until", lease, &r.LeaseUntil}, {"created_at", created, &r.CreatedAt},
+		{"first_sent_at", sent, &r.Outcome.FirstSentAt}, {"expires_at", expires, &r.ExpiresAt}} {
+		switch {
+		case !c.ts.Valid: // NULL: the zero time
+		case c.ts.InfinityModifier != pgtype.Finite:
+			bad = append(bad, c.name+" is "+c.ts.InfinityModifier.String())
+		default:
+			*c.to = c.ts.Time.UTC()
 		}
+	}
+	if !created.Valid {
+		bad = append(bad, "created_at is NULL")
+	}
+	r.Response.Header = http.Header{}
+	switch {
+	case header == nil:
+	case r.State == store.InFlight || r.State == store.Unknown:
+		bad = append(bad, fmt.Sprintf("the record is %s but holds an answer's header", r.State))
+	case len(header) > 0:
+		if err := json.Unmarshal(header, &r.Response.Header); err != nil {
+			bad = append(bad, fmt.Sprintf("header: %v", err))
+		}
+	}
+	if len(bad) > 0 {
+		return store.Record{ID: r.ID, State: r.State, ExpiresAt: r.ExpiresAt, Unreadable: &store.Unreadable{
+			StoreKey: encodeCursor(r.ID),
+			Err:      fmt.Errorf("%w: %s", store.ErrUnreadable, strings.Join(bad, "; ")),
+		}}, nil
 	}
 	if len(r.Response.Body) == 0 {
 		r.Response.Body = nil
+	}
+	if len(r.Outcome.LastBody) == 0 {
+		r.Outcome.LastBody = nil
 	}
 	return r, nil
 }

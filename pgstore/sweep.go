@@ -66,6 +66,10 @@ const replicaStopped = "the replica running the operation stopped renewing its l
 // unknown instead of among those running. Its first send is the claim time
 // unless an earlier sequence left one, the earliest it may have been. A
 // fingerprint-window anchor is deleted instead: nothing was sent for it.
+// A record that does not read (openDecodes) is left in flight as it is, as
+// the embedded store leaves one: parked, it would take a first send from a
+// damaged row (and a newer version's record from what this one knows of
+// it); it stays listed as unreadable, and requests for it are refused.
 //
 // Nothing changes for the app: its next request takes an Unknown record
 // over with the same key as it would the in-flight one, after the status
@@ -89,7 +93,7 @@ func (s *Store) parkOrphans(ctx context.Context) (int64, error) {
 			}
 			rows, err := s.pool.Query(ctx, `UPDATE idemproxy_records r SET state = 3, lease_until = NULL, expires_at = NULL,
 				first_sent_at = coalesce(r.first_sent_at, r.created_at), last_error = $4
-				FROM (SELECT tenant, key FROM idemproxy_records WHERE `+orphan+` AND NOT `+anchor+`
+				FROM (SELECT tenant, key FROM idemproxy_records r WHERE `+orphan+` AND NOT `+anchor+` AND `+openDecodes+`
 					LIMIT $5 FOR UPDATE SKIP LOCKED) o
 				WHERE r.tenant = o.tenant AND r.key = o.key AND r.`+orphan+`
 				RETURNING r.tenant, r.key, r.owner, r.created_at`,
