@@ -17,6 +17,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,6 +34,10 @@ type cardsSetup struct {
 	release chan struct{}
 	p       *opsProc // where the app's requests go
 	adm     *opsProc // where the operator's calls go: p, or another replica
+	db      string   // the PostgreSQL database's URL, when shared
+	// unknownPosts counts the requests for orders F-unknown… that reached
+	// the gateway.
+	unknownPosts atomic.Int32
 }
 
 // onStores runs test on the embedded store and on PostgreSQL, where the
@@ -58,6 +63,7 @@ func startCards(t *testing.T, shared bool) *cardsSetup {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if bytes.Contains(body, []byte(`"F-unknown`)) {
+			c.unknownPosts.Add(1)
 			w.WriteHeader(http.StatusGatewayTimeout)
 			return
 		}
@@ -70,7 +76,8 @@ func startCards(t *testing.T, shared bool) *cardsSetup {
 		c.adm = c.p
 		return c
 	}
-	env := sharedEnv(up.URL, pgtest.Database(t), append(fastRetry(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)...)
+	c.db = pgtest.Database(t)
+	env := sharedEnv(up.URL, c.db, append(fastRetry(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)...)
 	c.p = launch(t, launchSpec{env: env})
 	c.adm = launch(t, launchSpec{env: env})
 	return c
