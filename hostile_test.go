@@ -1011,3 +1011,45 @@ func TestHostileGzippedOrder(t *testing.T) {
 		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
 	}
 }
+
+// An order posted as multipart/form-data (curl -F, PHP's curl with an array
+// of fields) is one order however often it is sent, though the client
+// draws a new boundary each time. Before, with form:order_id among the key
+// sources its order_id could not be read (422 on every try), and the app's
+// own retry under its own key was 409 idempotency_conflict: the bodies
+// differed by their boundaries.
+func TestHostileMultipartOrder(t *testing.T) {
+	prov := &goOrderProvider{keys: map[string]bool{}, orders: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_KEY_SOURCES=json:order_id,form:order_id")...)
+	for try := range 2 {
+		for _, c := range []struct{ order, key string }{{"mp-1", ""}, {"mp-2", "app-mp-2"}} {
+			boundary := fmt.Sprintf("------------------------%d%s", try, c.order)
+			body := fmt.Sprintf("--%s\r\nContent-Disposition: form-data; name=\"order_id\"\r\n\r\n%s\r\n"+
+				"--%s\r\nContent-Disposition: form-data; name=\"amount\"\r\n\r\n5.00\r\n--%s--\r\n", boundary, c.order, boundary, boundary)
+			req, err := http.NewRequest(http.MethodPost, "http://"+p.addr+"/v1/payout", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "multipart/form-data; boundary="+boundary)
+			if c.key != "" {
+				req.Header.Set("Idempotency-Key", c.key)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated || (try > 0 && resp.Header.Get("Idempotent-Replayed") != "true") {
+				t.Errorf("%s try %d: %d %s, want 201 (a replay the second time)", c.order, try+1, resp.StatusCode, b)
+			}
+		}
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if want := map[string]int{"mp-1": 1, "mp-2": 1}; !maps.Equal(prov.orders, want) {
+		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
+	}
+}

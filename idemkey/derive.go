@@ -59,7 +59,9 @@ var namespace = uuid.MustParse("37a209bb-1b51-5f69-bf68-a0460f24db7b")
 //     member wins. Invalid JSON has
 //     no values (it is still forwarded; the provider decides).
 //   - Form: the value of the field in an application/x-www-form-urlencoded
-//     body, or in a body without Content-Type that does not start with '{'.
+//     body, or in a body without Content-Type that does not start with '{',
+//     or in a multipart/form-data body (a part without a filename, its
+//     bytes as they came).
 //   - Header: r.Header.Get(Name); the same name spelt with underscores for
 //     dashes (X_Order_Id) with another value is a repeat.
 //   - Query: the value of the query parameter.
@@ -101,6 +103,11 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 		}
 		return st.json.lookup(body, s.Name)
 	case Form:
+		if boundary, ok := formDataBoundary(r.ContentType); ok {
+			var found bool
+			st.val, found = formDataValue(st.val, r.Body, boundary, s.Name)
+			return st.val, found
+		}
 		// A body without Content-Type is a form unless it is a JSON
 		// object, byte order mark or not.
 		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(bytes.TrimPrefix(r.Body, utf8BOM)) == '{') {

@@ -13,6 +13,7 @@ const (
 	tagRaw      = 'R'
 	tagQuery    = 'Q'
 	tagRawQuery = 'q'
+	tagFormData = 'M'
 )
 
 // Fingerprint identifies "the same request" for replay versus conflict
@@ -27,7 +28,9 @@ const (
 //     matter, numbers compare by literal text (1.0 is not 1) and strings by
 //     decoded value;
 //   - otherwise an application/x-www-form-urlencoded body by its sorted
-//     fields, as for the query;
+//     fields, as for the query, and a multipart/form-data body by its parts
+//     without the boundary, which clients draw anew for every request
+//     (appendFormData);
 //   - any other body, and a JSON or form body that does not parse, by its raw
 //     bytes: invalid bodies are still forwarded and the provider decides.
 //
@@ -87,6 +90,12 @@ func (st *state) writeBody(r Request) {
 		st.dec, st.pairs = dec, pairs
 		if ok {
 			st.buf = st.appendPairs(append(st.buf[:0], tagForm), dec, pairs)
+			st.sha.Write(st.buf)
+			return
+		}
+	} else if boundary, ok := formDataBoundary(r.ContentType); ok {
+		if b, ok := appendFormData(append(st.buf[:0], tagFormData), r.Body, boundary); ok {
+			st.buf = b
 			st.sha.Write(st.buf)
 			return
 		}

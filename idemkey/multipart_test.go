@@ -1,0 +1,119 @@
+package idemkey
+
+import (
+	"bytes"
+	"io"
+	"mime/multipart"
+	"net/textproto"
+	"testing"
+)
+
+// formData is a POST /payouts whose multipart/form-data body has the fields
+// of kv (name, value, name, value…) under boundary; a name starting with
+// '@' is a file part of that name.
+func formData(t *testing.T, boundary string, kv ...string) Request {
+	t.Helper()
+	var b bytes.Buffer
+	w := multipart.NewWriter(&b)
+	if err := w.SetBoundary(boundary); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		var err error
+		if name, ok := cutAt(kv[i]); ok {
+			var fw io.Writer
+			if fw, err = w.CreateFormFile(name, "id.txt"); err == nil {
+				_, err = fw.Write([]byte(kv[i+1]))
+			}
+		} else {
+			err = w.WriteField(kv[i], kv[i+1])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	return Request{Method: "POST", Path: "/payouts", ContentType: w.FormDataContentType(), Body: b.Bytes()}
+}
+
+func cutAt(s string) (string, bool) {
+	if len(s) > 0 && s[0] == '@' {
+		return s[1:], true
+	}
+	return "", false
+}
+
+// A multipart/form-data order (curl -F, PHP's curl with an array of fields)
+// has the form source's key, the same as the order sent urlencoded, and one
+// fingerprint whatever boundary the client drew. Before, its order_id could
+// not be read (422, or a random key under IDEMPROXY_MISSING_KEY=generate),
+// and since curl draws a new boundary for every request, a retry with the
+// app's own key was 409 idempotency_conflict instead of its answer.
+func TestFormDataOrder(t *testing.T) {
+	srcs := mustSources(t, "json:order_id,form:order_id")
+	formSrc := Source{Form, "order_id"}
+	a := formData(t, "------------------------a1b2c3", "order_id", "MP-1", "amount", "1.00")
+	b := formData(t, "------------------------d4e5f6", "order_id", "MP-1", "amount", "1.00")
+	want := wantKey("POST", "/payouts", formSrc, "MP-1")
+	for _, r := range []Request{a, b, form("order_id=MP-1&amount=1.00")} {
+		if key, src, ok := Derive(srcs, r); !ok || src != formSrc || key != want {
+			t.Errorf("%s %q: key %q from %v (%v), want %q from the form source", r.ContentType, r.Body, key, src, ok, want)
+		}
+	}
+	if Fingerprint(a) != Fingerprint(b) {
+		t.Error("one form under two boundaries: two fingerprints")
+	}
+	for name, other := range map[string]Request{
+		"another amount":   formData(t, "x", "order_id", "MP-1", "amount", "2.00"),
+		"fields reordered": formData(t, "x", "amount", "1.00", "order_id", "MP-1"),
+		"a field more":     formData(t, "x", "order_id", "MP-1", "amount", "1.00", "note", ""),
+		"a file":           formData(t, "x", "order_id", "MP-1", "@amount", "1.00"),
+		"urlencoded":       form("order_id=MP-1&amount=1.00"),
+	} {
+		if Fingerprint(other) == Fingerprint(a) {
+			t.Errorf("%s: the same fingerprint as the order", name)
+		}
+	}
+	// No value, as for an urlencoded form: repeated with another value (in
+	// any letter case), only in another case, only as a file, empty, with
+	// a transfer encoding, or a body that does not parse.
+	qp := formData(t, "qp", "order_id", "MP=2D1")
+	qp.Body = bytes.Replace(qp.Body, []byte("name=\"order_id\"\r\n"), []byte("name=\"order_id\"\r\nContent-Transfer-Encoding: quoted-printable\r\n"), 1)
+	cut := formData(t, "cut", "order_id", "MP-1")
+	cut.Body = cut.Body[:len(cut.Body)-8]
+	for name, r := range map[string]Request{
+		"repeated":           formData(t, "x", "order_id", "MP-1", "order_id", "MP-2"),
+		"repeated, ORDER_ID": formData(t, "x", "order_id", "MP-1", "ORDER_ID", "MP-2"),
+		"only ORDER_ID":      formData(t, "x", "ORDER_ID", "MP-1"),
+		"a file":             formData(t, "x", "@order_id", "MP-1"),
+		"empty":              formData(t, "x", "order_id", ""),
+		"quoted-printable":   qp,
+		"no closing line":    cut,
+	} {
+		if key, _, ok := Derive(srcs, r); ok {
+			t.Errorf("%s: key %q, want none", name, key)
+		}
+	}
+	if key, _, ok := Derive(srcs, formData(t, "x", "order_id", "MP-1", "order_id", "MP-1")); !ok || key != want {
+		t.Errorf("repeated identically: key %q (%v), want %q", key, ok, want)
+	}
+	// A part's header fields are compared as a set, not as written.
+	h1 := textproto.MIMEHeader{"Content-Disposition": {`form-data; name="order_id"`}, "Content-Type": {"text/plain"}}
+	var p1, p2 bytes.Buffer
+	for _, c := range []struct {
+		buf   *bytes.Buffer
+		order []string
+	}{{&p1, []string{"Content-Disposition", "Content-Type"}}, {&p2, []string{"Content-Type", "Content-Disposition"}}} {
+		c.buf.WriteString("--x\r\n")
+		for _, k := range c.order {
+			c.buf.WriteString(k + ": " + h1.Get(k) + "\r\n")
+		}
+		c.buf.WriteString("\r\nMP-1\r\n--x--\r\n")
+	}
+	r1 := Request{Method: "POST", Path: "/payouts", ContentType: "multipart/form-data; boundary=x", Body: p1.Bytes()}
+	r2 := r1
+	r2.Body = p2.Bytes()
+	if Fingerprint(r1) != Fingerprint(r2) {
+		t.Error("a part's header fields in another order: two fingerprints")
+	}
+}
