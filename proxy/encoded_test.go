@@ -140,3 +140,29 @@ func TestKeyMissingEncodedBody(t *testing.T) {
 		t.Errorf("upstream saw %d requests, want 0", total)
 	}
 }
+
+// Under IDEMPROXY_MISSING_KEY=generate or passthrough too, a body whose key
+// sources cannot be read because of its encoding (br here) is refused with
+// nothing sent: its order_id may well be in there, and a random key
+// (generate) or none (passthrough) would have each blind retry of that
+// order executed again. Before, each try of such an order went upstream
+// under a new random key, or with none. An unencoded body with no source
+// still gets what the policy says.
+func TestUndecodableBodyRefusedUnderEveryPolicy(t *testing.T) {
+	for _, missing := range []proxy.MissingKey{proxy.Generate, proxy.Passthrough} {
+		e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.MissingKey = missing })
+		for try := range 2 {
+			a := e.do(t, "POST", "/v1/payments", gzipped(t, order, time.Time{}), "Content-Encoding", "br")
+			if a.status != http.StatusUnprocessableEntity || errorCode(t, a) != "idempotency_key_missing" ||
+				!bytes.Contains(a.body, []byte("Content-Encoding")) {
+				t.Errorf("policy %d, try %d: %d %s, want 422 idempotency_key_missing naming the Content-Encoding", missing, try+1, a.status, a.body)
+			}
+		}
+		if total, _ := e.prov.counts(); total != 0 {
+			t.Errorf("policy %d: upstream saw %d requests, want 0", missing, total)
+		}
+		if a := e.do(t, "POST", "/v1/payments", `{"amount":"1"}`); a.status != http.StatusCreated {
+			t.Errorf("policy %d, an unencoded body without a source: %d %s, want it sent (201)", missing, a.status, a.body)
+		}
+	}
+}

@@ -544,7 +544,8 @@ func echoClientKey(w http.ResponseWriter, r *http.Request) {
 // fingerprint window's key for a fingerprint rule, else one derived from the first
 // of the rule's sources present, else what the MissingKey policy says ("" for
 // Passthrough). undecodable says r's body has a Content-Encoding that was not
-// undone (decodedBody), so that its key sources could not be read.
+// undone (decodedBody), so that its key sources could not be read: such a
+// request is refused under every policy.
 func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes.Rule, fp [32]byte, undecodable bool) (string, error) {
 	key, present, err := idemkey.FromHeader(r.Header)
 	if err != nil {
@@ -559,14 +560,16 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes
 	if key, _, ok := idemkey.Derive(rule.Sources, r); ok {
 		return key, nil
 	}
+	if undecodable {
+		// Whatever the policy: the order's id may be in the body, and a
+		// random key, or none, would have each blind retry executed again.
+		return "", ErrKeyMissingEncoded
+	}
 	switch h.opt.MissingKey {
 	case Generate:
 		return uuid.NewString(), nil
 	case Passthrough:
 		return "", nil
-	}
-	if undecodable {
-		return "", ErrKeyMissingEncoded
 	}
 	return "", ErrKeyMissing
 }
