@@ -125,14 +125,37 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	log := newLogger(stderr, cfg.LogLevel, set.secrets())
 	warnUnknownVariables(environ, log)
 	setMemoryLimit(environ, cgroupLimitFiles, log)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	go func() { <-ctx.Done(); stop() }()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	go stopOnSignals(sigs, stop, log, ctx.Done())
 	if err := run(ctx, cfg, set, log, nil); err != nil {
 		log.Error("idemproxy stopped", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// stopOnSignals cancels serving (stop) at the first signal on sigs, and ends
+// the process with exit status 1 at the second, during the drain. The second
+// is handled here, not left to the default action: as PID 1 in a container a
+// signal with the default action is ignored by the kernel, and Go's runtime
+// then exits with status 2, which says "bad configuration", with no log line.
+// Ending at once keeps the guarantee of a SIGKILL: what was in flight is
+// released at the next start.
+func stopOnSignals(sigs <-chan os.Signal, stop func(), log *slog.Logger, served <-chan struct{}) {
+	select {
+	case <-sigs:
+		stop()
+	case <-served:
+		return
+	}
+	s := <-sigs
+	log.Warn("second signal during the drain: stopping at once; operations still in flight are released at the next start and resumed by the app's retry with the same key",
+		"signal", s.String())
+	os.Exit(1)
 }
 
 // listeners reports where run listens, once both listeners are open.

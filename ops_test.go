@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -368,6 +369,76 @@ func TestSIGTERMDrainsInFlightOperation(t *testing.T) {
 	defer prov.mu.Unlock()
 	if prov.seen[key] != 1 || prov.execs[key] != 1 {
 		t.Errorf("provider saw key %d times, executed %d, want 1 and 1", prov.seen[key], prov.execs[key])
+	}
+}
+
+// A second SIGTERM during the drain ends the process at once, as README
+// says, with exit status 1 and a log line saying so. It was left to the
+// signal's default action: outside a container the process died of the
+// signal with nothing logged, and as PID 1 in a container (where the kernel
+// ignores a default-action signal) Go's runtime exited with status 2, which
+// says "bad configuration" (seen with docker kill -s TERM twice). What was in
+// flight is released at the next start and the retry runs it once.
+func TestSecondSIGTERMStopsAtOnce(t *testing.T) {
+	prov := newHeldProvider(1)
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	defer prov.Release()
+	env := baseEnv(up.URL, t.TempDir(), "IDEMPROXY_SHUTDOWN_GRACE=2m")
+	p := launch(t, launchSpec{env: env})
+	body := `{"order_id":"twice-1","amount":"10.00"}`
+	go func() {
+		resp, err := http.Post("http://"+p.proxy+"/v1/payments", "application/json", strings.NewReader(body))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	key := <-prov.entered // held at the provider: the drain waits for it
+
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLine(t, "proxy listener closed")
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("still draining a minute after the second SIGTERM:\n%s", p.text())
+	}
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("exit after a second SIGTERM: %v, want exit status 1\n%s", p.err, p.text())
+	}
+	if line := p.waitLine(t, "second signal during the drain"); !strings.Contains(line, `"signal":"terminated"`) {
+		t.Errorf("the log line does not name the signal: %s", line)
+	}
+	prov.Release() // the provider executes; the answer has nobody to go to
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		prov.mu.Lock()
+		n := prov.execs[key]
+		prov.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the held execution never ended")
+		}
+	}
+
+	p2 := launch(t, launchSpec{env: env})
+	if !strings.Contains(p2.text(), `"count":1`) {
+		t.Errorf("restart did not release exactly one in-flight record:\n%s", p2.text())
+	}
+	r := send(t, http.MethodPost, "http://"+p2.proxy+"/v1/payments", body)
+	if r.status != http.StatusCreated || r.header.Get("Idempotency-Key") != key {
+		t.Errorf("retry after restart = %d key=%q %s, want 201 under %q", r.status, r.header.Get("Idempotency-Key"), r.body, key)
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if prov.execs[key] != 1 || len(prov.execs) != 1 {
+		t.Errorf("executions %v, want exactly one for %q", prov.execs, key)
 	}
 }
 

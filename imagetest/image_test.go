@@ -368,4 +368,42 @@ func TestImageStopDrainsKillResumes(t *testing.T) {
 		}
 		replayA(t, base)
 	})
+
+	// docker kill -s TERM twice (or Ctrl-C twice on docker run): as PID 1 the
+	// second signal's default action was ignored by the kernel and Go's runtime
+	// exited 2, which says "bad configuration", with nothing logged.
+	t.Run("a second SIGTERM during the drain stops at once with status 1, start resumes", func(t *testing.T) {
+		base := waitReady(t, c)
+		const orderC = `{"order_id":"twice-C","amount":"30.00"}`
+		released := regexp.MustCompile(`released in-flight records.*"count":1\b`)
+		releases, drains := len(released.FindAllString(logs(c), -1)), strings.Count(logs(c), "proxy listener closed")
+		pending := postAsync(base+"/payments", orderC)
+		waitFor(t, "the provider executing twice-C", func() bool { return p.ledger(t).ByOrder["twice-C"] == 1 })
+		docker(t, "kill", "-s", "TERM", c)
+		waitLog(t, c, "proxy listener closed", drains+1)
+		docker(t, "kill", "-s", "TERM", c)
+		if code := waitExit(t, c); code != "1" {
+			t.Errorf("exit code after a second SIGTERM = %s, want 1", code)
+		}
+		if out := logs(c); !strings.Contains(out, "second signal during the drain") {
+			t.Errorf("no \"second signal during the drain\" in the log:\n%s", out)
+		}
+		<-pending // cut when the process ended
+		docker(t, "start", c)
+		base = waitReady(t, c)
+		if n := len(released.FindAllString(logs(c), -1)); n != releases+1 {
+			t.Errorf("the restart did not release twice-C's in-flight record:\n%s", logs(c))
+		}
+		r := post(t, base+"/payments", orderC)
+		if r.status != http.StatusCreated {
+			t.Fatalf("retry of twice-C = %d %s, want 201", r.status, r.body)
+		}
+		l := p.ledger(t)
+		if key := entryKey(t, l, "twice-C"); r.header.Get("Idempotency-Key") != key {
+			t.Errorf("retry answered with key %q, the provider executed twice-C with %q", r.header.Get("Idempotency-Key"), key)
+		}
+		if l.ByOrder["twice-C"] != 1 || len(l.DuplicateOrders) != 0 {
+			t.Errorf("twice-C executed %d times, duplicates %v; want once", l.ByOrder["twice-C"], l.DuplicateOrders)
+		}
+	})
 }
