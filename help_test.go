@@ -1,7 +1,9 @@
 package main
 
 import (
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -65,6 +67,29 @@ func TestBinaryHelpListsVariablesAndDefaults(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// When the start fails on the configuration, the warnings for misspelt
+// names still come, before the error: a misspelt IDEMPROXY_UPSTREAM_URL
+// stopped the start saying only that IDEMPROXY_UPSTREAM_URL was not set,
+// which the operator had (under another name), without a word of the name.
+func TestBinaryWarnsOfUnknownVariablesWhenConfigFails(t *testing.T) {
+	token := "tok_" + randomHex(t, 12)
+	out := startStops(t, 2, "PATH="+os.Getenv("PATH"), "IDEMPROXY_DATA_DIR="+t.TempDir(),
+		"IDEMPROXY_UPSTREM_URL=http://127.0.0.1:1", "IDEMPROXY_ADMIN_TOKN="+token)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for name, closest := range map[string]string{"IDEMPROXY_UPSTREM_URL": "IDEMPROXY_UPSTREAM_URL", "IDEMPROXY_ADMIN_TOKN": "IDEMPROXY_ADMIN_TOKEN"} {
+		i := slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, `"variable":"`+name+`"`) })
+		if i < 0 || !strings.Contains(lines[i], `"level":"WARN"`) || jsonField(lines[i], "did_you_mean") != closest {
+			t.Errorf("no WARN line naming %s with did_you_mean %s:\n%s", name, closest, out)
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, "IDEMPROXY_UPSTREAM_URL") || !strings.Contains(last, "not set") {
+		t.Errorf("the last line is not the error naming IDEMPROXY_UPSTREAM_URL: %s", last)
+	}
+	if strings.Contains(out, token) {
+		t.Errorf("the misspelt variable's value is in the output:\n%s", out)
 	}
 }
 

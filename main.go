@@ -119,6 +119,9 @@ from a file.
 func serveFromEnv(environ []string, stderr io.Writer) int {
 	cfg, set, err := loadConfig(environ)
 	if err != nil {
+		// The misspelt names first: the variable the error names (a required
+		// one "not set") may be one of them, set under another name.
+		warnUnknownVariables(environ, newLogger(stderr, "info", nil))
 		fmt.Fprintln(stderr, "idemproxy: configuration:", err)
 		return 2
 	}

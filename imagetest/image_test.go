@@ -189,6 +189,8 @@ func TestImageBadConfigExits2(t *testing.T) {
 	}{
 		{"bad number", []string{"IDEMPROXY_UPSTREAM_URL=http://provider:8081", "IDEMPROXY_RETRY_MAX_ATTEMPTS=many"}, "IDEMPROXY_RETRY_MAX_ATTEMPTS"},
 		{"missing upstream", nil, "IDEMPROXY_UPSTREAM_URL"},
+		// The required variable set under a misspelt name: the misspelling is named too.
+		{"misspelt upstream", []string{"IDEMPROXY_UPSTREM_URL=http://provider:8081"}, `"variable":"IDEMPROXY_UPSTREM_URL","did_you_mean":"IDEMPROXY_UPSTREAM_URL"`},
 		{"secret file absent", []string{"IDEMPROXY_UPSTREAM_URL=http://provider:8081", "IDEMPROXY_SIGN_SECRET_FILE=/run/secrets/none"}, "IDEMPROXY_SIGN_SECRET_FILE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
