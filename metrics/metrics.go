@@ -68,6 +68,14 @@ type Metrics struct {
 	// operation, so that the next scrape reads the store again.
 	unknownStale atomic.Bool
 	probes       *prometheus.CounterVec
+
+	// The children of the vectors every request feeds (see children).
+	requestsBy       *children[prometheus.Counter]  // method, outcome
+	requestSecondsBy *children[prometheus.Observer] // outcome
+	attemptsBy       *children[prometheus.Counter]  // mode, result
+	attemptSecondsBy *children[prometheus.Observer] // mode
+	attemptsPerReqBy *children[prometheus.Observer] // mode
+	storeSecondsBy   *children[prometheus.Observer] // op
 }
 
 // New creates the collectors and registers them, with the Go runtime and
@@ -77,6 +85,12 @@ func New(version string) *Metrics {
 	m.newRequestMetrics()
 	m.newUpstreamMetrics()
 	m.newStoreMetrics()
+	m.requestsBy = newChildren(m.requests.WithLabelValues, 2)
+	m.requestSecondsBy = newChildren(m.requestSeconds.WithLabelValues, 1)
+	m.attemptsBy = newChildren(m.attempts.WithLabelValues, 2)
+	m.attemptSecondsBy = newChildren(m.attemptSeconds.WithLabelValues, 1)
+	m.attemptsPerReqBy = newChildren(m.attemptsPerReq.WithLabelValues, 1)
+	m.storeSecondsBy = newChildren(m.storeSeconds.WithLabelValues, 1)
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: namespace, Name: "build_info",
 		Help:        "Always 1; the labels say which build runs.",
@@ -201,8 +215,8 @@ func (m *Metrics) Request(s proxy.Summary) {
 	if outcome == "" {
 		outcome = "unknown"
 	}
-	m.requests.WithLabelValues(methodLabel(s.Method), outcome).Inc()
-	m.requestSeconds.WithLabelValues(outcome).Observe(s.Duration.Seconds())
+	m.requestsBy.get(methodLabel(s.Method), outcome).Inc()
+	m.requestSecondsBy.get(outcome, "").Observe(s.Duration.Seconds())
 	if s.Outcome == proxy.OutcomeOverloaded {
 		m.overloaded.WithLabelValues(s.Limit).Inc()
 	}
@@ -219,14 +233,14 @@ func (m *Metrics) RequestStarted() (done func()) {
 // retry.Transport.OnAttempt.
 func (m *Metrics) Attempt(a retry.AttemptInfo) {
 	mode := a.Mode.String()
-	m.attempts.WithLabelValues(mode, attemptResult(a)).Inc()
-	m.attemptSeconds.WithLabelValues(mode).Observe(a.Duration.Seconds())
+	m.attemptsBy.get(mode, attemptResult(a)).Inc()
+	m.attemptSecondsBy.get(mode, "").Observe(a.Duration.Seconds())
 	m.gateWait.Observe(a.GateWait.Seconds())
 	if a.Reason != retry.ReasonNone && !a.Last {
 		m.retries.WithLabelValues(string(a.Reason)).Inc()
 	}
 	if a.Last {
-		m.attemptsPerReq.WithLabelValues(mode).Observe(float64(a.Attempt))
+		m.attemptsPerReqBy.get(mode, "").Observe(float64(a.Attempt))
 	}
 	if a.Paused > 0 {
 		m.pauses.WithLabelValues(strconv.Itoa(a.Status)).Inc()
