@@ -925,10 +925,7 @@ type completeArgs struct {
 // Complete implements store.Store.Complete with one UPDATE, shared with
 // concurrent calls (see completes).
 func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp store.Response, sent time.Time) error {
-	header, err := json.Marshal(resp.Header)
-	if err != nil {
-		return fmt.Errorf("pgstore: complete: header: %w", err)
-	}
+	header := headerJSON(resp.Header)
 	n := int64(len(header) + len(resp.Body))
 	if n > s.opt.MaxRecordBytes {
 		return fmt.Errorf("pgstore: complete: %w: %d bytes, limit %d", store.ErrTooLarge, n, s.opt.MaxRecordBytes)
