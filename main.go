@@ -177,7 +177,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	log.Info("limits", "max_inflight", lim.maxInflight, "max_inflight_bytes", lim.maxInflightBytes,
 		"max_body_bytes", cfg.MaxBodyBytes, "open_files_limit", lim.nofile,
 		"client_connections", lim.clientConns, "upstream_connections", lim.upstreamConns)
-	log.Info("protection", "preset", cfg.Preset, "routes", set.routes.String(),
+	log.Info("protection", "preset", cfg.Preset, "routes", set.routes.String(), "key_settings", keySettings(set),
 		"inprogress_status", cfg.InProgressStatus, "inprogress_code", cfg.InProgressCode)
 	obs := &observer{log: log, m: m}
 	instrumented := m.Store(st)
@@ -185,7 +185,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	gate := ratelimit.New(cfg.RateLimit, cfg.RateBurst)
 	var settle func(context.Context) error
 	if ps, ok := st.(*pgstore.Store); ok {
-		th := shareThrottle(ps, gate, set.upstream, log)
+		th := shareThrottle(ps, gate, set, log)
 		defer th.Close() // before the store's Close, deferred earlier
 		settle = ps.Settle
 	}

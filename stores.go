@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -54,7 +57,8 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 // reaches them all, and RATE_LIMIT is their total. While the database cannot
 // be reached, the gate works alone with its share of the rate (see
 // ratelimit.Gate.Shared). The caller closes the throttle before the store.
-func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, upstream *url.URL, log *slog.Logger) *pgstore.Throttle {
+func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, set settings, log *slog.Logger) *pgstore.Throttle {
+	upstream := set.upstream
 	// The provider, without credentials or query: replicas of another
 	// deployment on the same database have their own throttle.
 	name := (&url.URL{Scheme: upstream.Scheme, Host: upstream.Host, Path: upstream.Path}).String()
@@ -74,6 +78,8 @@ func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, upstream *url.URL, lo
 			}
 		},
 		OnReplicas: gate.SetReplicas,
+		Keying:     keySettings(set),
+		OnKeying:   keyingWarner(log),
 	})
 	gate.Shared = th
 	gate.OnSharedError = func(err error) {
@@ -235,3 +241,45 @@ func closeStore(s store.Store, log *slog.Logger) error {
 // storeCloseBound bounds the store's Close at shutdown, so that SIGTERM ends
 // within the shutdown grace plus a few seconds whatever the store's state.
 const storeCloseBound = 3 * time.Second
+
+// keySettings is a digest of the settings that decide a protected
+// request's key and the records it is kept under: the protected methods,
+// the key sources, the routes (a preset's included) and whether client
+// tokens are on. Replicas of one provider must agree on it: a retry that
+// reaches a replica deriving another key is a new operation for the
+// provider. The key secret is left out (a digest of it would be a way to
+// test guesses of it): a resumed operation keeps the upstream key it was
+// first sent with whatever the secret.
+func keySettings(set settings) string {
+	methods := slices.Clone(set.protected)
+	slices.Sort(methods)
+	sources := make([]string, len(set.sources))
+	for i, src := range set.sources {
+		sources[i] = src.String()
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "protected %q\nsources %q\nroutes %q\nclients %t\n",
+		methods, sources, set.routes.String(), set.clients != nil)
+	return hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// keyingWarner is the throttle's OnKeying: an error whenever the replicas
+// of this provider with other key settings change, and a note when none
+// are left.
+func keyingWarner(log *slog.Logger) func(others []string) {
+	var last []string
+	return func(others []string) {
+		if slices.Equal(others, last) {
+			return
+		}
+		last = others
+		if len(others) == 0 {
+			log.Info("the replicas of this provider have the same key settings again")
+			return
+		}
+		log.Error("replicas of this provider on this database derive keys with other settings: an order whose retry "+
+			"reaches one of them gets another key, which the provider takes for a new operation (a second charge); give every replica "+
+			"the same "+envPrefix+"KEY_SOURCES, "+envPrefix+"ROUTES, "+envPrefix+"PRESET, "+envPrefix+"PROTECTED_METHODS and "+
+			envPrefix+"CLIENT_TOKENS (on or off)", "replicas", others)
+	}
+}

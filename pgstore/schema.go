@@ -66,6 +66,13 @@ var migrations = []string{
 	// 5: a final record whose answer needs review is kept without expiry
 	// until an operator marks it reviewed (store.Store.Reviewed).
 	`ALTER TABLE idemproxy_records ADD COLUMN reviewed boolean NOT NULL DEFAULT false;`,
+	// 6: each replica's provider and a digest of its key settings, so
+	// that replicas of one provider whose settings would give one order
+	// two keys are told (ThrottleOptions.Keying). Rows written before have
+	// them empty, and are not compared.
+	`ALTER TABLE idemproxy_replicas
+		ADD COLUMN provider text NOT NULL DEFAULT '',
+		ADD COLUMN keying   text NOT NULL DEFAULT '';`,
 }
 
 // migrate creates or upgrades the schema under an advisory lock, released

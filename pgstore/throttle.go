@@ -41,6 +41,14 @@ type ThrottleOptions struct {
 	// OnReplicas, if set, is called after every heartbeat with how many
 	// replicas are alive, this one included.
 	OnReplicas func(n int)
+	// Keying is a digest of this replica's settings that decide an order's
+	// key (what makes the key, and what binds it to a client); "" means
+	// none, and is not compared. Replicas of one Name whose Keying differs
+	// would give one order two keys, each a new operation for the provider.
+	Keying string
+	// OnKeying, if set, is called after every heartbeat with the live
+	// replicas of Name whose Keying differs from this one's (none: nil).
+	OnKeying func(others []string)
 	// Heartbeat is how often this replica writes its heartbeat row and
 	// reads the pause; a replica counts as alive for three of them. 0 means
 	// 2 s.
@@ -196,18 +204,23 @@ func (t *Throttle) heartbeatLoop() {
 func (t *Throttle) beat() {
 	var n int
 	var left *int64
+	var others []string
 	err := t.s.call(t.ctx, "heartbeat", nil, func(ctx context.Context) error {
 		return t.s.pool.QueryRow(ctx, `
 			WITH beat AS (
-				INSERT INTO idemproxy_replicas (replica, seen_at) VALUES (@replica::text, now())
-				ON CONFLICT (replica) DO UPDATE SET seen_at = now()
+				INSERT INTO idemproxy_replicas (replica, seen_at, provider, keying) VALUES (@replica::text, now(), @name::text, @keying::text)
+				ON CONFLICT (replica) DO UPDATE SET seen_at = now(), provider = excluded.provider, keying = excluded.keying
 			), gone AS (
 				DELETE FROM idemproxy_replicas WHERE seen_at < now() - interval '1 hour'
 			)
 			SELECT 1 + (SELECT count(*) FROM idemproxy_replicas
 					WHERE replica <> @replica::text AND seen_at > now() - @live::bigint * interval '1 microsecond'),
-				(SELECT `+pauseLeft+` FROM idemproxy_throttle WHERE name = @name::text)`,
-			pgx.NamedArgs{"replica": t.opt.Replica, "name": t.opt.Name, "live": micros(3 * t.opt.Heartbeat)}).Scan(&n, &left)
+				(SELECT `+pauseLeft+` FROM idemproxy_throttle WHERE name = @name::text),
+				(SELECT array_agg(replica ORDER BY replica) FROM idemproxy_replicas
+					WHERE replica <> @replica::text AND seen_at > now() - @live::bigint * interval '1 microsecond'
+					AND provider = @name::text AND keying <> '' AND @keying::text <> '' AND keying <> @keying::text)`,
+			pgx.NamedArgs{"replica": t.opt.Replica, "name": t.opt.Name, "keying": t.opt.Keying,
+				"live": micros(3 * t.opt.Heartbeat)}).Scan(&n, &left, &others)
 	})
 	t.healthy.Store(err == nil)
 	if err != nil {
@@ -218,6 +231,9 @@ func (t *Throttle) beat() {
 	}
 	if t.opt.OnReplicas != nil {
 		t.opt.OnReplicas(n)
+	}
+	if t.opt.OnKeying != nil {
+		t.opt.OnKeying(others)
 	}
 	if left != nil && *left > 0 && t.opt.OnPause != nil {
 		t.opt.OnPause(time.Duration(*left)*time.Microsecond, "")

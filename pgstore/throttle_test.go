@@ -304,3 +304,43 @@ func TestThrottleBucketRowNeverPaused(t *testing.T) {
 		t.Errorf("pause from %q, want replica-a (by NOTIFY)", got.got[0])
 	}
 }
+
+// Each heartbeat tells a replica which live replicas of its provider have
+// other key settings (Keying): not those of another provider, nor those
+// whose settings are the same, nor one that gives none.
+func TestThrottleKeying(t *testing.T) {
+	url := pgtest.Database(t)
+	s := open(t, url, 0)
+	seen := make(chan []string, 64)
+	throttle(t, s, ThrottleOptions{Name: "p", Replica: "a", Keying: "k1", Heartbeat: 50 * time.Millisecond,
+		OnKeying: func(others []string) {
+			select {
+			case seen <- others:
+			default:
+			}
+		}})
+	for _, o := range []ThrottleOptions{
+		{Name: "p", Replica: "b", Keying: "k2"}, // differs
+		{Name: "p", Replica: "c", Keying: "k1"}, // the same
+		{Name: "p", Replica: "d"},               // gives none
+		{Name: "q", Replica: "e", Keying: "k3"}, // another provider
+	} {
+		o.Heartbeat = 50 * time.Millisecond
+		throttle(t, s, o)
+	}
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case others := <-seen:
+			if len(others) == 0 {
+				continue // a heartbeat before b's first
+			}
+			if !slices.Equal(others, []string{"b"}) {
+				t.Fatalf("replicas with other key settings = %q, want [b]", others)
+			}
+			return
+		case <-deadline:
+			t.Fatal("no heartbeat reported replica b's other key settings")
+		}
+	}
+}

@@ -50,3 +50,23 @@ func TestResumeKeepsUpstreamKeyAcrossKeySecrets(t *testing.T) {
 		t.Errorf("b resumed under a's upstream key without a warning:\n%s", b.text())
 	}
 }
+
+// TestReplicasWithOtherKeySettingsAreTold: two replicas of one provider on
+// one database whose IDEMPROXY_KEY_SOURCES differ (a rolling change, or one
+// replica set up by hand) give an order with both fields two keys: the
+// provider executed it twice when its retry went to the other replica.
+// Both must say so in an error naming the variables, within heartbeats;
+// before, neither said anything.
+func TestReplicasWithOtherKeySettingsAreTold(t *testing.T) {
+	url := pgtest.Database(t)
+	up := httptest.NewServer(newDedupProvider())
+	defer up.Close()
+	a := launch(t, launchSpec{env: sharedEnv(up.URL, url, "IDEMPROXY_KEY_SOURCES=json:order_id")})
+	b := launch(t, launchSpec{env: sharedEnv(up.URL, url, "IDEMPROXY_KEY_SOURCES=json:invoice,json:order_id")})
+	const told = "derive keys with other settings"
+	for _, p := range []*opsProc{a, b} {
+		if line := p.waitLine(t, told); !strings.Contains(line, "IDEMPROXY_KEY_SOURCES") || !strings.Contains(line, `"level":"ERROR"`) {
+			t.Errorf("the warning does not name IDEMPROXY_KEY_SOURCES as an error: %s", line)
+		}
+	}
+}
