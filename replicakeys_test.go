@@ -70,3 +70,42 @@ func TestReplicasWithOtherKeySettingsAreTold(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedResumeStaysUnknown: replica a sends a payment, which the
+// provider executes and answers 504 (a keeps it as unknown); the app's retry
+// reaches replica b, whose signing secret is wrong (a rotation half done),
+// and the provider refuses b's attempts with 401. The app gets the 401, but
+// the operation may still have run: its record must stay unknown, with its
+// first send, for the next retry's status probe and key-retention check.
+// Before, b released the key and deleted the record, so that the next
+// retry was a first send with nothing known of the operation.
+func TestRefusedResumeStaysUnknown(t *testing.T) {
+	url := pgtest.Database(t)
+	g := newGatewayProvider(t, sandbox.Config{Secret: []byte(sandboxSecret)})
+	g.lose = 1 // a's attempt executes, then 504
+	up := httptest.NewServer(g)
+	defer up.Close()
+	env := func(secret string) []string {
+		return sharedEnv(up.URL, url, "IDEMPROXY_PRESET=payments", "IDEMPROXY_SIGN_SECRET="+secret, "IDEMPROXY_RETRY_MAX_ATTEMPTS=1")
+	}
+	a := launch(t, launchSpec{env: env(sandboxSecret)})
+	b := launch(t, launchSpec{env: env("not-the-provider-secret")})
+	order := `{"order_id":"refused-1","amount":"10.00","currency":"EUR"}`
+
+	first := send(t, "POST", "http://"+a.proxy+"/payments", order)
+	key := first.header.Get("Idempotency-Key")
+	if first.status != http.StatusBadGateway || key == "" {
+		t.Fatalf("through a: %d %s, want 502 (the provider executed it and answered 504)", first.status, first.body)
+	}
+	refused := send(t, "POST", "http://"+b.proxy+"/payments", order)
+	if refused.status != http.StatusUnauthorized {
+		t.Fatalf("retry through b (wrong secret): %d %s, want the provider's 401 passed on", refused.status, refused.body)
+	}
+	rec := send(t, "GET", "http://"+a.admin+"/admin/v1/records/"+key, "")
+	if rec.status != http.StatusOK || !strings.Contains(rec.body, `"state":"unknown"`) || strings.Contains(rec.body, `"first_sent_at":null`) {
+		t.Fatalf("record after b's refused resume: %d %s; want it still unknown, with its first send\n%s", rec.status, rec.body, b.text())
+	}
+	if led := g.sb.Ledger(); led.Executions != 1 {
+		t.Fatalf("the provider executed the payment %d times, want once", led.Executions)
+	}
+}

@@ -31,7 +31,9 @@ type Report struct {
 	// Attempts is the number of attempts the sequence sent (a status probe
 	// is not one).
 	Attempts int
-	// Disposition is the returned response's. For a sequence that ended
+	// Disposition is the returned response's; a response passed on
+	// (PassOn) is Unknown when an earlier attempt, or the sequence it
+	// resumed (Call.Resume), may have been acted on. For a sequence that ended
 	// with an error it is Unknown when the provider may have acted on an
 	// attempt, NotSent when no attempt reached it, and Retry otherwise.
 	Disposition Disposition

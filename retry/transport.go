@@ -137,7 +137,15 @@ func (t *Transport) Do(req *http.Request, c Call) (*http.Response, Report, error
 			return nil, s.ended(), err
 		case done:
 			handedOff = s.stream
-			return s.response(o), s.reportAs(v.Disposition), nil
+			d := v.Disposition
+			if d == PassOn && s.unknown {
+				// An answer passed on (401, 403…) says this attempt was
+				// not acted on, not that an earlier one, or the sequence
+				// this one resumed, was not: the operation's outcome is
+				// still unknown, and its record must keep saying so.
+				d = Unknown
+			}
+			return s.response(o), s.reportAs(d), nil
 		}
 		s.discard(o)
 		if err := s.wait(wait); err != nil {

@@ -254,3 +254,47 @@ func TestLastAnswerKeptAcrossDrop(t *testing.T) {
 		}
 	})
 }
+
+// TestPassedOnAnswerAfterUnknownStaysUnknown: an answer that is passed on
+// (401, 403: the provider refused this attempt, on our credentials) says
+// nothing of an earlier attempt the provider may have acted on, nor of the
+// sequence a resume continues: the Report must keep the outcome Unknown, so
+// that the proxy keeps the record unknown (first send, status probe, key
+// retention) rather than releasing the key as if nothing had happened.
+// Before, such a sequence reported PassOn and its record was deleted.
+func TestPassedOnAnswerAfterUnknownStaysUnknown(t *testing.T) {
+	unauthorized := respond(401, `{"error":{"code":"invalid_signature"}}`)
+	cases := []struct {
+		name   string
+		resume bool
+		steps  []step
+		want   Disposition
+	}{
+		{"504 then 401", false, []step{respond(504, `{"error":{"code":"gateway_timeout"}}`), unauthorized}, Unknown},
+		{"resumed, 403", true, []step{respond(403, `{"error":{"code":"forbidden"}}`)}, Unknown},
+		{"401 alone", false, []step{unauthorized}, PassOn},
+		{"429 then 401", false, []step{respond(429, `{}`, "Retry-After", "1"), unauthorized}, PassOn},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newProvider(t, c.steps...)
+			h := newHarness(t, testPolicy())
+			call := Call{Mode: Protected}
+			if c.resume {
+				call.Resume = &Resume{FirstSentAt: h.clock.Now().Add(-time.Minute)}
+			}
+			resp, rep, err := h.tr.Do(post(t, p.srv.URL), call)
+			last := 401
+			if c.resume {
+				last = 403
+			}
+			readFinal(t, resp, err, last, len(c.steps))
+			if rep.Disposition != c.want {
+				t.Errorf("disposition %v, want %v", rep.Disposition, c.want)
+			}
+			if c.want == Unknown && rep.FirstSentAt.IsZero() {
+				t.Error("an unknown outcome without its first send")
+			}
+		})
+	}
+}
