@@ -60,10 +60,10 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 		}
 		cur.State, cur.Owner, cur.LeaseUntil = store.InFlight, owner, now.Add(lease)
 		cur.ID = id
-		cur.Method, cur.Path = req.Method, req.Path
-		if cur.UpstreamKey == "" { // a takeover keeps the key its operation may have been sent with
+		if cur.UpstreamKey == "" || cur.Method == "" { // a takeover keeps the key its operation may have been sent with (see store.Store.Begin)
 			cur.UpstreamKey = req.UpstreamKey
 		}
+		cur.Method, cur.Path = req.Method, req.Path
 		cur.Fence++
 		err = s.put(txn, key, &b.val, &cur, now)
 		rec, created = cur, true

@@ -585,9 +585,9 @@ const (
 // expired record counts as missing: everything is reset (an expired record
 // was never superseded, and is no longer reviewed). A takeover keeps the
 // upstream key the record was claimed with (store.Store.Begin), unless it
-// has none (a record written before the store kept it). Each row's
-// conditions are the row's own, so a batch claims exactly what one
-// statement per key would. An in-flight record
+// has none (a record written before the store kept it) or no method (a
+// window anchor). Each row's conditions are the row's own, so a batch
+// claims exactly what one statement per key would. An in-flight record
 // never expires (store.InFlight): its expires_at is NULL. The arrays are one
 // element per key: $1 tenant, $2 key, $3 fingerprint, $4 owner, $5 lease in
 // microseconds, $6 method, $7 path, $8 upstream key.
@@ -604,7 +604,7 @@ ON CONFLICT (tenant, key) DO UPDATE SET
 	state = 1, owner = excluded.owner, lease_until = excluded.lease_until, expires_at = excluded.expires_at,
 	fingerprint = excluded.fingerprint, status = 0, header = NULL, body = NULL, reviewed = false,
 	method = excluded.method, path = excluded.path,
-	upstream_key  = CASE WHEN ` + expired + ` OR r.upstream_key = '' THEN excluded.upstream_key ELSE r.upstream_key END,
+	upstream_key  = CASE WHEN ` + expired + ` OR r.upstream_key = '' OR r.method = '' THEN excluded.upstream_key ELSE r.upstream_key END,
 	last_body     = CASE WHEN ` + expired + ` THEN NULL  ELSE r.last_body     END,
 	fence         = CASE WHEN ` + expired + ` THEN 1     ELSE r.fence + 1     END,
 	created_at    = CASE WHEN ` + expired + ` THEN now() ELSE r.created_at    END,

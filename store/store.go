@@ -274,9 +274,11 @@ type Store interface {
 	// the same fingerprint req.Fingerprint that is either in flight with its
 	// lease expired, or Unknown; the takeover keeps CreatedAt and Outcome, so
 	// the new owner can tell that the key may already have been sent, and
-	// UpstreamKey (req's only if the record has none), the key the operation
-	// may have been sent with: the new owner sends that one again, whatever
-	// key it would bind now. Any
+	// UpstreamKey, the key the operation may have been sent with: the new
+	// owner sends that one again, whatever key it would bind now. A record
+	// with no UpstreamKey, or no Method (it is no operation but names one's
+	// key, as a fingerprint window's anchor does, and the new owner decides
+	// that key afresh), takes req's. Any
 	// other record (final, in flight under a live lease, or of another
 	// fingerprint) is returned unchanged with false. Of concurrent Begins on
 	// one id at most one gets true.

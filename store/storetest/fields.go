@@ -90,6 +90,18 @@ func testTakeoverKeepsUpstreamKey(t *testing.T, s store.Store, advance func(time
 		t.Fatalf("takeover of an in-flight record: upstream key %q, then %q; want the first claim's %q",
 			rec.UpstreamKey, get(t, s, id).UpstreamKey, first.UpstreamKey)
 	}
+
+	// A record without a method (a window anchor, which names the key of
+	// the operation its period belongs to) takes the new owner's.
+	anchor := newID("anchor")
+	if _, created, err := s.Begin(ctx, anchor, store.Request{Fingerprint: fpA, UpstreamKey: "named-first"}, "o1", short); err != nil || !created {
+		t.Fatalf("Begin anchor = %v, %v", created, err)
+	}
+	advance(2 * short)
+	rec, created, err = s.Begin(ctx, anchor, store.Request{Fingerprint: fpA, UpstreamKey: "named-again"}, "o2", Long)
+	if err != nil || !created || rec.UpstreamKey != "named-again" || get(t, s, anchor).UpstreamKey != "named-again" {
+		t.Fatalf("takeover of an anchor = %v, %v, upstream key %q; want it taken with the new owner's key", created, err, rec.UpstreamKey)
+	}
 }
 
 // testLastBody: Park keeps the last ambiguous answer's body for the next
