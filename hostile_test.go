@@ -814,6 +814,20 @@ func TestHostileSlowUnprotectedSignedBodies(t *testing.T) {
 		t.Errorf("an order next to two stalled clients: %d %s; want the provider's 201", a.status, a.body)
 	}
 
+	// The order's slot is given back when its handler returns, which may be
+	// just after its client has read the answer: wait for it, so that the
+	// two requests below find both slots free. The stalled clients are in
+	// their handlers too, reading their bodies (holding no slot).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n := scrape(t, "http://"+p.admin+"/metrics")["idemproxy_requests_in_flight"]
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idemproxy_requests_in_flight = %v 10 s after the order's answer, want 2 (the stalled clients)", n)
+		}
+	}
+
 	held := make(chan error, 2)
 	for _, id := range []string{"held-1", "held-2"} {
 		go func() {
