@@ -575,8 +575,10 @@ const (
 	openDecodes = `(r.header IS NULL AND r.fence >= 0 AND isfinite(r.created_at)
 	AND coalesce(isfinite(r.lease_until), true) AND coalesce(isfinite(r.first_sent_at), true) AND coalesce(isfinite(r.expires_at), true))`
 	// columns are what readRecord scans.
+	// The last, now(), is the database's clock at the read
+	// (store.Record.ReadAt): the lease clock LeaseUntil is judged by.
 	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded,
-		method, path, upstream_key, expires_at, last_body, reviewed`
+		method, path, upstream_key, expires_at, last_body, reviewed, now()`
 )
 
 // claims is Begin's one statement, for a batch of keys (see group): insert,
@@ -613,7 +615,7 @@ ON CONFLICT (tenant, key) DO UPDATE SET
 	last_error    = CASE WHEN ` + expired + ` THEN ''    ELSE r.last_error    END
 WHERE ` + expired + `
 	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now()) AND ` + openDecodes + `
-RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key`
+RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key, now()`
 
 // writeArgs is one key's part of a round: a claim or a final answer.
 type writeArgs struct {
@@ -727,7 +729,7 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 	var r store.Record
 	var lease, sent, expires *time.Time
 	dest := []any{&claim, &tenant, &key, &r.Fence, &lease, &r.CreatedAt, &expires, &sent,
-		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody, &r.UpstreamKey}
+		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody, &r.UpstreamKey, &r.ReadAt}
 	switch {
 	case nc == 0:
 		dest = dest[1:3]
@@ -907,9 +909,9 @@ func (s *Store) expiry(rec *store.Record) int64 {
 var (
 	completes = completesFrom(1)
 	both      = `WITH c AS (` + claims + `), f AS (` + completesFrom(9) + `)
-SELECT true, tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key FROM c
+SELECT true, tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key, now() FROM c
 UNION ALL
-SELECT false, tenant, key, 0, NULL, now(), NULL, NULL, 0, '', NULL, '' FROM f`
+SELECT false, tenant, key, 0, NULL, now(), NULL, NULL, 0, '', NULL, '', now() FROM f`
 )
 
 // completeArgs is one key's part of a batch of final answers.
@@ -1055,7 +1057,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // settleTimes puts a scanned row's times into r in UTC (NULL stays the zero
 // time) and an empty last body as nil, as both stores give them.
 func settleTimes(r *store.Record, lease, sent, expires *time.Time) {
-	r.CreatedAt = r.CreatedAt.UTC()
+	r.CreatedAt, r.ReadAt = r.CreatedAt.UTC(), r.ReadAt.UTC()
 	if lease != nil {
 		r.LeaseUntil = lease.UTC()
 	}
@@ -1094,11 +1096,11 @@ func scanRecord(row pgx.Row) (store.Record, error) {
 	var r store.Record
 	var state int16
 	var fence int64
-	var lease, created, sent, expires pgtype.Timestamptz
+	var lease, created, sent, expires, read pgtype.Timestamptz
 	var header, tenant, key []byte
 	err := row.Scan(&state, &r.Fingerprint, &r.Owner, &fence, &lease, &created, &sent,
 		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Response.Status, &header, &r.Response.Body,
-		&tenant, &key, &r.Superseded, &r.Method, &r.Path, &r.UpstreamKey, &expires, &r.Outcome.LastBody, &r.Reviewed)
+		&tenant, &key, &r.Superseded, &r.Method, &r.Path, &r.UpstreamKey, &expires, &r.Outcome.LastBody, &r.Reviewed, &read)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Record{}, store.ErrNotFound
 	}
@@ -1154,6 +1156,9 @@ func scanRecord(row pgx.Row) (store.Record, error) {
 	}
 	if len(r.Outcome.LastBody) == 0 {
 		r.Outcome.LastBody = nil
+	}
+	if read.Valid && read.InfinityModifier == pgtype.Finite {
+		r.ReadAt = read.Time.UTC()
 	}
 	return r, nil
 }

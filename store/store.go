@@ -113,8 +113,15 @@ type Record struct {
 	// every takeover (an expired lease or an Unknown record resumed).
 	Fence uint64
 	// LeaseUntil is the in-flight lease's end, by the store's lease clock;
-	// zero unless State is InFlight.
+	// zero unless State is InFlight. Whether the lease is still live is
+	// LeaseLive's to say: a shared store's lease clock is not its caller's.
 	LeaseUntil time.Time
+	// ReadAt is the time by the store's lease clock when the record was
+	// read or written, for a store whose lease clock is not its callers'
+	// (pgstore: the database's now()), so that LeaseUntil is compared with
+	// a time of that clock, never with the caller's; zero from a store whose
+	// lease clock is its caller's own (cache, one process).
+	ReadAt time.Time
 	// CreatedAt is when the first Begin created the record.
 	CreatedAt time.Time
 	// Response is the final answer; set only when State is Final.
@@ -142,6 +149,22 @@ type Record struct {
 	// AwaitsReview, and expires as any final record does. A record a Begin
 	// creates anew (after its predecessor expired) is not Reviewed.
 	Reviewed bool
+}
+
+// LeaseLive reports whether r is in flight under a lease that had not run
+// out, by the store's lease clock, when r was read: LeaseUntil after
+// ReadAt, or after now (the caller's clock) from a store that gives no
+// ReadAt. A caller whose clock is behind a shared store's by more than a
+// lease would otherwise see a lease live that the store already lets
+// another Begin take over, and one whose clock is ahead a live lease over.
+func (r *Record) LeaseLive(now time.Time) bool {
+	if r.State != InFlight {
+		return false
+	}
+	if !r.ReadAt.IsZero() {
+		now = r.ReadAt
+	}
+	return r.LeaseUntil.After(now)
 }
 
 // Request is what Begin is told about the operation it claims a key for.
