@@ -166,8 +166,12 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 		}
 		rec, err := h.opt.Store.Get(ctx, id)
 		// Any doubt (an error, a lease that may have run out by the store's
-		// clock) goes back to Begin, which decides.
-		if err != nil || rec.State != store.InFlight || !rec.LeaseUntil.After(h.opt.Now()) {
+		// clock) goes back to Begin, which decides. The lease is judged by
+		// the store's lease clock (the database's for a shared store), never
+		// this process's: behind it, a dead replica's key would wait out the
+		// wait bound and answer 409 though its lease was over; ahead, every
+		// poll would be a claim.
+		if err != nil || !rec.LeaseLive(h.opt.Now()) {
 			return nil
 		}
 	}
