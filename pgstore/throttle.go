@@ -39,7 +39,7 @@ type ThrottleOptions struct {
 	// notification missed while the listening connection was down).
 	OnPause func(d time.Duration, from string)
 	// OnReplicas, if set, is called after every heartbeat with how many
-	// replicas are alive, this one included.
+	// replicas of Name are alive, this one included (see heartbeatLoop).
 	OnReplicas func(n int)
 	// Keying is a digest of this replica's settings that decide an order's
 	// key (what makes the key, and what binds it to a client); "" means
@@ -188,6 +188,13 @@ const pauseLeft = `(extract(epoch FROM greatest(paused_until, now()) - now()) * 
 
 // heartbeatLoop writes this replica's heartbeat row and reads the live
 // replica count and the pause, every Heartbeat until Close.
+//
+// The count is of the replicas of Name alone: another provider's replicas
+// on the same database have their own rate, and counting them would shrink
+// this provider's share while the database is down. A row whose provider is
+// empty was written by a version before schema 6, which did not name it (a
+// rolling upgrade from it): it counts for every provider, as all rows did
+// then, so that no share is too large while such a replica runs.
 func (t *Throttle) heartbeatLoop() {
 	tick := time.NewTicker(t.opt.Heartbeat)
 	defer tick.Stop()
@@ -214,7 +221,8 @@ func (t *Throttle) beat() {
 				DELETE FROM idemproxy_replicas WHERE seen_at < now() - interval '1 hour'
 			)
 			SELECT 1 + (SELECT count(*) FROM idemproxy_replicas
-					WHERE replica <> @replica::text AND seen_at > now() - @live::bigint * interval '1 microsecond'),
+					WHERE replica <> @replica::text AND seen_at > now() - @live::bigint * interval '1 microsecond'
+					AND provider IN (@name::text, '')),
 				(SELECT `+pauseLeft+` FROM idemproxy_throttle WHERE name = @name::text),
 				(SELECT array_agg(replica ORDER BY replica) FROM idemproxy_replicas
 					WHERE replica <> @replica::text AND seen_at > now() - @live::bigint * interval '1 microsecond'

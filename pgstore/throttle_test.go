@@ -344,3 +344,145 @@ func TestThrottleKeying(t *testing.T) {
 		}
 	}
 }
+
+// Two deployments on one database in front of different providers (cards
+// and payouts): each counts only its own replicas, a row of a version that
+// did not name its provider (before schema 6) for both; a pause set by a
+// cards replica reaches the other cards replica and no payouts replica.
+func TestThrottleProvidersApart(t *testing.T) {
+	url := pgtest.Database(t)
+	s := open(t, url, 0)
+	const cards, payouts = "https://cards.test/v1", "https://payouts.test"
+	// Each throttle beats once (the next is an hour later), after the ones
+	// started before it: its count is of the rows there by then.
+	start := func(name, replica string, got *pauses) (*Throttle, int) {
+		t.Helper()
+		beat := make(chan int, 1)
+		opt := ThrottleOptions{Name: name, Replica: replica, Heartbeat: time.Hour,
+			OnReplicas: func(n int) { beat <- n }}
+		if got != nil {
+			opt.OnPause = got.on
+		}
+		th := throttle(t, s, opt)
+		select {
+		case n := <-beat:
+			return th, n
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: no heartbeat within a minute", replica)
+			return nil, 0
+		}
+	}
+	cardsA, _ := start(cards, "cards-a", nil)
+	payoutsGot := newPauses()
+	_, n := start(payouts, "payouts-a", payoutsGot)
+	if n != 1 {
+		t.Errorf("payouts-a counts %d replicas, want 1 (cards-a is another provider's)", n)
+	}
+	cardsGot := newPauses()
+	_, n = start(cards, "cards-b", cardsGot)
+	if n != 2 {
+		t.Errorf("cards-b counts %d replicas, want 2 (payouts-a is another provider's)", n)
+	}
+	ctx := context.Background()
+	if _, err := s.pool.Exec(ctx,
+		`INSERT INTO idemproxy_replicas (replica, seen_at) VALUES ('before-schema-6', now())`); err != nil {
+		t.Fatal(err)
+	}
+	payoutsB, n := start(payouts, "payouts-b", nil)
+	if n != 3 {
+		t.Errorf("payouts-b counts %d replicas, want 3 (payouts-a, itself and the row naming no provider)", n)
+	}
+	_, n = start(cards, "cards-c", nil)
+	if n != 4 {
+		t.Errorf("cards-c counts %d replicas, want 4 (cards-a, cards-b, itself and the row naming no provider)", n)
+	}
+
+	waitListening(t, s, 5)
+	if err := cardsA.Pause(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cardsGot.c:
+	case <-time.After(time.Minute):
+		t.Fatal("cards-b did not hear cards-a's pause within a minute")
+	}
+	// Notifications reach a listener in the order they were sent: the
+	// first pause payouts-a hears must be payouts-b's, sent after cards'.
+	if err := payoutsB.Pause(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-payoutsGot.c:
+		if d > time.Second {
+			t.Errorf("payouts-a heard a pause of %v, want payouts-b's of at most 1s (not cards' 30s)", d)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("payouts-a did not hear payouts-b's pause within a minute")
+	}
+	payoutsGot.mu.Lock()
+	if !slices.Equal(payoutsGot.got, []string{"payouts-b"}) {
+		t.Errorf("payouts-a heard pauses from %q, want [payouts-b] only", payoutsGot.got)
+	}
+	payoutsGot.mu.Unlock()
+	var left time.Duration
+	if err := s.pool.QueryRow(ctx, `SELECT `+pauseLeft+` * interval '1 microsecond' FROM idemproxy_throttle WHERE name = $1`,
+		payouts).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left > time.Second {
+		t.Errorf("payouts' row is paused for %v, want at most payouts-b's 1s", left)
+	}
+}
+
+// A Gate whose database stops paces with the share of its own provider's
+// replicas, even though another provider's replicas beat on the same
+// database: with two cards replicas and two payouts replicas, the cards
+// rate is halved, not quartered.
+func TestThrottleGateShareIsTheProvidersOwn(t *testing.T) {
+	c, url := pgtest.Own(t, pgtest.Options{})
+	s := open(t, url, 0)
+	beat := func(name, replica string, on func(int)) *Throttle {
+		t.Helper()
+		beats := make(chan int, 1)
+		th := throttle(t, s, ThrottleOptions{Name: name, Replica: replica, Heartbeat: time.Hour,
+			OnReplicas: func(n int) {
+				if on != nil {
+					on(n)
+				}
+				beats <- n
+			}})
+		waitBeat(t, beats)
+		return th
+	}
+	beat("https://payouts.test", "payouts-a", nil)
+	beat("https://payouts.test", "payouts-b", nil)
+	beat("https://cards.test", "cards-b", nil)
+	clock := fakeclock.New(time.Now())
+	gate := ratelimit.New(10, 4)
+	gate.Now, gate.Sleep = clock.Now, clock.Sleep
+	counted := 0
+	th := beat("https://cards.test", "cards-a", func(n int) { counted = n; gate.SetReplicas(n) })
+	if counted != 2 {
+		t.Errorf("cards-a counts %d replicas, want 2", counted)
+	}
+	gate.Shared = th
+	if w, err := gate.Wait(context.Background()); err != nil || w != 0 {
+		t.Fatalf("Wait with the database up = %v, %v; want 0, nil", w, err)
+	}
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	var waits []time.Duration
+	for range 4 {
+		w, err := gate.Wait(context.Background())
+		if err != nil {
+			t.Fatalf("Wait with the database down: %v", err)
+		}
+		waits = append(waits, w)
+	}
+	// 10 per second and burst 4 over the 2 cards replicas: 5 per second,
+	// burst 2 (over all 4 replicas it would be 2.5 per second, burst 1).
+	if want := []time.Duration{0, 0, 200 * time.Millisecond, 200 * time.Millisecond}; !slices.Equal(waits, want) {
+		t.Errorf("waits with the database down = %v, want %v", waits, want)
+	}
+}
