@@ -240,3 +240,75 @@ func TestShutdownWithDatabaseHung(t *testing.T) {
 	took, err := p.terminateWithin(t, grace+5*time.Second)
 	t.Logf("exited %v after SIGTERM (grace %v): %v", took.Round(time.Millisecond), grace, err)
 }
+
+// Two deployments on one database in front of different providers: a 429
+// with Retry-After from the cards provider pauses the cards deployment only.
+// The payouts deployment hears no pause and its orders reach its provider
+// inside the cards pause (which is long, so that this is an order of events
+// and not a measure of speed).
+func TestPauseStaysWithItsProvider(t *testing.T) {
+	url := pgtest.Database(t)
+	const pause = 10 * time.Second
+	var cardsLog, payoutsLog arrivalLog
+	var pausedAt time.Time
+	cardsUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now, order := cardsLog.record(r)
+		cardsLog.mu.Lock()
+		first := pausedAt.IsZero()
+		if first {
+			pausedAt = now
+		}
+		cardsLog.mu.Unlock()
+		if first {
+			w.Header().Set("Retry-After", fmt.Sprint(int(pause/time.Second)))
+			w.WriteHeader(http.StatusTooManyRequests)
+			io.WriteString(w, `{"state":1,"message":"rate limit exceeded"}`)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%q}`, order)
+	}))
+	defer cardsUp.Close()
+	payoutsUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, order := payoutsLog.record(r)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%q}`, order)
+	}))
+	defer payoutsUp.Close()
+	cards := launch(t, launchSpec{env: sharedEnv(cardsUp.URL, url)})
+	payouts := launch(t, launchSpec{env: sharedEnv(payoutsUp.URL, url)})
+	// Both listen before the 429: a pause shared by mistake would reach
+	// the payouts deployment at once.
+	waitListeners(t, url, 2)
+
+	first := make(chan struct{})
+	go func() { postAll(t, []string{cards.proxy}, []string{"pauses-cards"}); close(first) }()
+	cards.waitLine(t, "provider asked to pause")
+	var orders []string
+	for i := range 4 {
+		orders = append(orders, fmt.Sprintf("payout-%d", i))
+	}
+	postAll(t, []string{payouts.proxy}, orders)
+	<-first
+
+	cardsLog.mu.Lock()
+	end := pausedAt.Add(pause)
+	if len(cardsLog.at) != 2 || cardsLog.at[1].Before(end.Add(-20*time.Millisecond)) {
+		t.Errorf("the cards provider saw requests at %v, want the 429 and its retry after the %v pause", cardsLog.at, pause)
+	}
+	cardsLog.mu.Unlock()
+	payoutsLog.mu.Lock()
+	defer payoutsLog.mu.Unlock()
+	if len(payoutsLog.at) != len(orders) {
+		t.Errorf("the payouts provider saw %d requests, want %d", len(payoutsLog.at), len(orders))
+	}
+	for i, at := range payoutsLog.at {
+		if !at.Before(end) {
+			t.Errorf("%s reached the payouts provider %v after the cards provider's 429, not inside its %v pause",
+				payoutsLog.order[i], at.Sub(pausedAt).Round(time.Millisecond), pause)
+		}
+	}
+	if strings.Contains(payouts.text(), "provider pause set by another replica") {
+		t.Errorf("the payouts deployment took the cards provider's pause:\n%s", payouts.text())
+	}
+}
