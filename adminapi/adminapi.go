@@ -34,7 +34,7 @@ const Header = "Idemproxy-Admin"
 type Store interface {
 	Get(ctx context.Context, id store.ID) (store.Record, error)
 	List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error)
-	Supersede(ctx context.Context, id store.ID) (store.Record, error)
+	Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error)
 	Resolve(ctx context.Context, id store.ID, resp *store.Response) (store.Record, error)
 	Reviewed(ctx context.Context, id store.ID) (store.Record, error)
 }

@@ -211,8 +211,10 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, codeRenewRefused, reason)
 		return
 	}
-	if _, err := h.opt.Store.Supersede(r.Context(), id); err != nil {
-		if errors.Is(err, store.ErrNotFinal) || errors.Is(err, store.ErrNotFound) {
+	// Only the record just judged: one that expired since and was claimed
+	// anew (a success, or an operation in flight) is another claim's.
+	if _, err := h.opt.Store.Supersede(r.Context(), id, rec.Owner); err != nil {
+		if errors.Is(err, store.ErrNotFinal) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrNotOwner) {
 			writeError(w, http.StatusConflict, codeRenewRefused, "the order's record changed; look it up again")
 			return
 		}

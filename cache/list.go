@@ -104,9 +104,15 @@ func unreadable(k, v []byte, state store.State, err error) store.Record {
 		Unreadable: &store.Unreadable{StoreKey: hex.EncodeToString(k), Err: err}}
 }
 
-// Supersede implements store.Store.Supersede.
-func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error) {
+// Supersede implements store.Store.Supersede in one transaction: the
+// record is written only while it is owner's claim and final; a Begin that
+// claimed it anew meanwhile conflicts with the transaction, which then reads
+// it again and refuses.
+func (s *Store) Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error) {
 	return s.edit(ctx, "supersede", id, func(txn *badger.Txn, key []byte, val *[]byte, cur *store.Record, now time.Time) error {
+		if cur.Owner != owner {
+			return fmt.Errorf("%w: record is another claim's", store.ErrNotOwner)
+		}
 		if cur.State != store.Final {
 			return fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
 		}

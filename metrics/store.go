@@ -110,10 +110,10 @@ func (s *InstrumentedStore) List(ctx context.Context, f store.Filter, cursor str
 }
 
 // Supersede implements store.Store.
-func (s *InstrumentedStore) Supersede(ctx context.Context, id store.ID) (store.Record, error) {
+func (s *InstrumentedStore) Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error) {
 	defer s.observe("supersede", s.now())
-	rec, err := s.next.Supersede(ctx, id)
-	if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrNotFinal) {
+	rec, err := s.next.Supersede(ctx, id, owner)
+	if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrNotFinal) && !errors.Is(err, store.ErrNotOwner) {
 		s.fail("supersede", err)
 	}
 	return rec, err

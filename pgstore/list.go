@@ -126,11 +126,19 @@ func decodeCursor(c string) (store.ID, error) {
 	return store.ID{Tenant: string(b[:n]), Key: string(b[n:])}, nil
 }
 
-// Supersede implements store.Store.Supersede.
-func (s *Store) Supersede(ctx context.Context, id store.ID) (store.Record, error) {
-	return s.edit(ctx, "supersede", id, store.ErrNotFinal, `UPDATE idemproxy_records SET superseded = true, expires_at = NULL
-		WHERE tenant = $1 AND key = $2 AND state = 2 AND `+live+` RETURNING `+columns,
-		[]byte(id.Tenant), []byte(id.Key))
+// Supersede implements store.Store.Supersede: in one transaction, the row is
+// locked and checked to be owner's claim, then updated only while it is
+// final.
+func (s *Store) Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error) {
+	claim := func(cur store.Record) error {
+		if cur.Owner != owner {
+			return fmt.Errorf("%w: record is another claim's", store.ErrNotOwner)
+		}
+		return nil
+	}
+	return s.edit(ctx, "supersede", id, claim, store.ErrNotFinal, `UPDATE idemproxy_records SET superseded = true, expires_at = NULL
+		WHERE tenant = $1 AND key = $2 AND state = 2 AND owner = $3 AND `+live+` RETURNING `+columns,
+		[]byte(id.Tenant), []byte(id.Key), owner)
 }
 
 // Resolve implements store.Store.Resolve with one statement whose condition
@@ -158,7 +166,7 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 		final := store.Record{State: store.Final, Response: *resp} // what the row becomes
 		args = append(args, int32(resp.Status), header, nonNil(resp.Body), s.expiry(&final))
 	}
-	return s.edit(ctx, "resolve", id, store.ErrNotUnknown, sql, args...)
+	return s.edit(ctx, "resolve", id, nil, store.ErrNotUnknown, sql, args...)
 }
 
 // Reviewed implements store.Store.Reviewed: whether the answer needs
@@ -196,9 +204,10 @@ func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, error)
 // statement, sql with args, whose condition is the state the change needs
 // and which returns the record's columns. A missing record is
 // store.ErrNotFound, one that does not read store.ErrUnreadable (nothing is
-// written: the statement could replace or delete what cannot be read), and
+// written: the statement could replace or delete what cannot be read), one
+// that check (when not nil) refuses as locked is refused with its error, and
 // one in another state is refused with wrong.
-func (s *Store) edit(ctx context.Context, op string, id store.ID, wrong error, sql string, args ...any) (store.Record, error) {
+func (s *Store) edit(ctx context.Context, op string, id store.ID, check func(store.Record) error, wrong error, sql string, args ...any) (store.Record, error) {
 	var rec store.Record
 	err := s.call(ctx, op, &id, func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -206,6 +215,11 @@ func (s *Store) edit(ctx context.Context, op string, id store.ID, wrong error, s
 				WHERE tenant = $1 AND key = $2 AND `+live+` FOR UPDATE`, []byte(id.Tenant), []byte(id.Key)))
 			if err != nil {
 				return err
+			}
+			if check != nil {
+				if err := check(cur); err != nil {
+					return err
+				}
 			}
 			r, err := readRecord(tx.QueryRow(ctx, sql, args...))
 			if errors.Is(err, store.ErrNotFound) {

@@ -245,7 +245,9 @@ var (
 	ErrNotFound = errors.New("store: record not found")
 	// ErrNotOwner is returned by Complete, Abandon, Renew and Park when the
 	// owner does not hold the in-flight record: its lease was taken over, the
-	// record is no longer in flight, or it is gone (expired or released).
+	// record is no longer in flight, or it is gone (expired or released); and
+	// by Supersede when the record is another claim's than the one the
+	// caller read.
 	ErrNotOwner = errors.New("store: not the owner of the in-flight record")
 	// ErrTooLarge is returned by Complete when the record would exceed the
 	// store's size limit (see Store.MaxBodyBytes). Nothing is written.
@@ -351,9 +353,14 @@ type Store interface {
 	// provider, and it would be listed nowhere else).
 	List(ctx context.Context, f Filter, cursor string, limit int) ([]Record, string, error)
 	// Supersede marks id's final record Superseded and keeps it without
-	// expiry, and returns it; superseding twice is allowed. ErrNotFound if
-	// there is no record, ErrNotFinal if it is in flight or unknown.
-	Supersede(ctx context.Context, id ID) (Record, error)
+	// expiry, and returns it; superseding twice is allowed. owner is the
+	// record's Owner as the caller read it: the check and the change are one
+	// decision, so a record that expired meanwhile and was claimed anew (its
+	// Owner is the new claim's) is never superseded on what was read of the
+	// old one. ErrNotFound if there is no record, ErrNotOwner if it is
+	// another claim's, ErrNotFinal if it is in flight or unknown; nothing is
+	// written then.
+	Supersede(ctx context.Context, id ID, owner string) (Record, error)
 	// Resolve settles id's Unknown record as an operator found its
 	// operation at the provider, and only if the record is Unknown at that
 	// moment: one a request resumed meanwhile (in flight) is never

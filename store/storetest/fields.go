@@ -167,7 +167,7 @@ func testExpiresAt(t *testing.T, s store.Store, ttl time.Duration) {
 		t.Fatal(err)
 	}
 	near("Get final", get(t, s, id).ExpiresAt)
-	sup, err := s.Supersede(ctx, id)
+	sup, err := s.Supersede(ctx, id, "o")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,21 +156,26 @@ func testListKeepFullPages(t *testing.T, s store.Store, _ func(time.Duration)) {
 func testSupersede(t *testing.T, s store.Store, _ func(time.Duration)) {
 	ctx := context.Background()
 	id := newID("k")
-	_, err := s.Supersede(ctx, id)
+	_, err := s.Supersede(ctx, id, "o1")
 	wantErr(t, "Supersede of a missing record", err, store.ErrNotFound)
 	mustBegin(t, s, id, fpA, "o1", Long)
-	_, err = s.Supersede(ctx, id)
+	_, err = s.Supersede(ctx, id, "o1")
 	wantErr(t, "Supersede in flight", err, store.ErrNotFinal)
 	if err := s.Park(ctx, id, "o1", store.Outcome{Attempts: 1}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Supersede(ctx, id)
+	_, err = s.Supersede(ctx, id, "o1")
 	wantErr(t, "Supersede of an unknown record", err, store.ErrNotFinal)
 	mustBegin(t, s, id, fpA, "o2", Long)
 	if err := s.Complete(ctx, id, "o2", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := s.Supersede(ctx, id)
+	_, err = s.Supersede(ctx, id, "o1")
+	wantErr(t, "Supersede naming the claim before the resume", err, store.ErrNotOwner)
+	if got := get(t, s, id); got.Superseded {
+		t.Fatalf("superseded naming another claim: %+v", got)
+	}
+	rec, err := s.Supersede(ctx, id, "o2")
 	if err != nil || !rec.Superseded || rec.ID != id {
 		t.Fatalf("Supersede of a final record = %+v, %v", rec, err)
 	}
@@ -179,9 +184,40 @@ func testSupersede(t *testing.T, s store.Store, _ func(time.Duration)) {
 		t.Fatalf("after Supersede: %+v", got)
 	}
 	wantResponse(t, "superseded record's answer", got.Response, ok)
-	if _, err := s.Supersede(ctx, id); err != nil {
+	if _, err := s.Supersede(ctx, id, "o2"); err != nil {
 		t.Fatalf("second Supersede: %v", err)
 	}
+}
+
+// testSupersedeReclaimed: an operator reads a failed final record and
+// supersedes it; if meanwhile it expired and the key was claimed anew, the
+// Supersede names the claim read and changes nothing: neither a new
+// operation in flight nor its success moves to a new key.
+func testSupersedeReclaimed(t *testing.T, s store.Store, advance func(time.Duration)) {
+	ctx := context.Background()
+	id := newID("k")
+	declined := store.Response{Status: 402, Body: []byte(`{"status":"failed"}`)}
+	mustBegin(t, s, id, fpA, "o1", Long)
+	if err := s.Complete(ctx, id, "o1", declined, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	seen := get(t, s, id)
+	advance(3 * time.Second)
+	if rec := mustBegin(t, s, id, fpA, "o2", Long); rec.Fence != 1 || rec.Owner != "o2" {
+		t.Fatalf("Begin after the TTL = %+v, want a new record of o2", rec)
+	}
+	_, err := s.Supersede(ctx, id, seen.Owner)
+	wantErr(t, "Supersede of the old claim, the new one in flight", err, store.ErrNotOwner)
+	if err := s.Complete(ctx, id, "o2", ok, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Supersede(ctx, id, seen.Owner)
+	wantErr(t, "Supersede of the old claim, the new one a success", err, store.ErrNotOwner)
+	got := get(t, s, id)
+	if got.Superseded || got.State != store.Final || got.Owner != "o2" || got.ExpiresAt.IsZero() {
+		t.Fatalf("new claim's record after the refused Supersedes: %+v", got)
+	}
+	wantResponse(t, "new claim's answer", got.Response, ok)
 }
 
 // testSupersededKept: a superseded record outlives the TTL, so an order
@@ -195,7 +231,7 @@ func testSupersededKept(t *testing.T, s store.Store, advance func(time.Duration)
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.Supersede(ctx, kept); err != nil {
+	if _, err := s.Supersede(ctx, kept, "o"); err != nil {
 		t.Fatal(err)
 	}
 	advance(3 * time.Second)

@@ -95,6 +95,10 @@ func Run(t *testing.T, newStore Factory) {
 		s, advance := newStore(t, 2*time.Second)
 		testSupersededKept(t, s, advance)
 	})
+	t.Run("SupersedeReclaimed", func(t *testing.T) {
+		s, advance := newStore(t, 2*time.Second)
+		testSupersedeReclaimed(t, s, advance)
+	})
 	t.Run("NeedsReviewOutlivesTTL", func(t *testing.T) {
 		s, advance := newStore(t, 2*time.Second)
 		testReviewKept(t, s, advance)
