@@ -285,6 +285,24 @@ func entryKey(t *testing.T, l sandbox.LedgerSnapshot, order string) string {
 	return ""
 }
 
+// retryExecutedOnce sends the app's retry of order (its JSON body) after a
+// stop or kill cut it: it must be answered 201 with the key the provider
+// executed the order with, and the provider must have executed it once.
+func retryExecutedOnce(t *testing.T, p provider, base, order, body string) {
+	t.Helper()
+	r := post(t, base+"/payments", body)
+	if r.status != http.StatusCreated {
+		t.Fatalf("retry of %s = %d %s, want 201", order, r.status, r.body)
+	}
+	l := p.ledger(t)
+	if key := entryKey(t, l, order); r.header.Get("Idempotency-Key") != key {
+		t.Errorf("retry answered with key %q, the provider executed %s with %q", r.header.Get("Idempotency-Key"), order, key)
+	}
+	if l.ByOrder[order] != 1 || len(l.DuplicateOrders) != 0 {
+		t.Errorf("%s executed %d times, duplicates %v; want once", order, l.ByOrder[order], l.DuplicateOrders)
+	}
+}
+
 // One container on one named volume through `docker stop`, `docker kill`
 // and `docker start`. The provider holds every answer for a few seconds after
 // executing, so that each stop and kill lands while an operation is in flight.
@@ -357,17 +375,7 @@ func TestImageStopDrainsKillResumes(t *testing.T) {
 		if out := logs(c); !regexp.MustCompile(`released in-flight records.*"count":1\b`).MatchString(out) {
 			t.Errorf("the restart did not release kill-B's in-flight record:\n%s", out)
 		}
-		r := post(t, base+"/payments", orderB)
-		if r.status != http.StatusCreated {
-			t.Fatalf("retry of kill-B = %d %s, want 201", r.status, r.body)
-		}
-		l := p.ledger(t)
-		if key := entryKey(t, l, "kill-B"); r.header.Get("Idempotency-Key") != key {
-			t.Errorf("retry answered with key %q, the provider executed kill-B with %q", r.header.Get("Idempotency-Key"), key)
-		}
-		if l.ByOrder["kill-B"] != 1 || len(l.DuplicateOrders) != 0 {
-			t.Errorf("kill-B executed %d times, duplicates %v; want once", l.ByOrder["kill-B"], l.DuplicateOrders)
-		}
+		retryExecutedOnce(t, p, base, "kill-B", orderB)
 		replayA(t, base)
 	})
 
@@ -396,16 +404,6 @@ func TestImageStopDrainsKillResumes(t *testing.T) {
 		if n := len(released.FindAllString(logs(c), -1)); n != releases+1 {
 			t.Errorf("the restart did not release twice-C's in-flight record:\n%s", logs(c))
 		}
-		r := post(t, base+"/payments", orderC)
-		if r.status != http.StatusCreated {
-			t.Fatalf("retry of twice-C = %d %s, want 201", r.status, r.body)
-		}
-		l := p.ledger(t)
-		if key := entryKey(t, l, "twice-C"); r.header.Get("Idempotency-Key") != key {
-			t.Errorf("retry answered with key %q, the provider executed twice-C with %q", r.header.Get("Idempotency-Key"), key)
-		}
-		if l.ByOrder["twice-C"] != 1 || len(l.DuplicateOrders) != 0 {
-			t.Errorf("twice-C executed %d times, duplicates %v; want once", l.ByOrder["twice-C"], l.DuplicateOrders)
-		}
+		retryExecutedOnce(t, p, base, "twice-C", orderC)
 	})
 }
