@@ -109,3 +109,32 @@ func TestRefusedResumeStaysUnknown(t *testing.T) {
 		t.Fatalf("the provider executed the payment %d times, want once", led.Executions)
 	}
 }
+
+// TestDeploymentsOfOtherProvidersAreTold: two deployments on one database in
+// front of different providers (cards and payouts) share records, which are
+// kept by tenant and key only: an order sent through both with one key gets
+// the other provider's answer and never reaches the second provider. Each
+// must say so in an error naming the other provider, within heartbeats;
+// before, neither said anything.
+func TestDeploymentsOfOtherProvidersAreTold(t *testing.T) {
+	url := pgtest.Database(t)
+	cards := httptest.NewServer(newDedupProvider())
+	defer cards.Close()
+	payouts := httptest.NewServer(newDedupProvider())
+	defer payouts.Close()
+	a := launch(t, launchSpec{env: sharedEnv(cards.URL, url)})
+	b := launch(t, launchSpec{env: sharedEnv(payouts.URL, url)})
+	const told = "replicas in front of other providers use this database"
+	for _, c := range []struct {
+		p     *opsProc
+		other string
+	}{{a, payouts.URL}, {b, cards.URL}} {
+		line := c.p.waitLine(t, told)
+		for _, want := range []string{`"level":"ERROR"`, `"providers":["` + c.other + `"]`, "its own database",
+			"same provider under a new URL"} {
+			if !strings.Contains(line, want) {
+				t.Errorf("the error does not say %s: %s", want, line)
+			}
+		}
+	}
+}

@@ -77,9 +77,10 @@ func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, set settings, log *sl
 					"replica", from, "pause_ms", millis(d))
 			}
 		},
-		OnReplicas: gate.SetReplicas,
-		Keying:     keySettings(set),
-		OnKeying:   keyingWarner(log),
+		OnReplicas:  gate.SetReplicas,
+		Keying:      keySettings(set),
+		OnKeying:    keyingWarner(log),
+		OnProviders: providersWarner(log),
 	})
 	gate.Shared = th
 	gate.OnSharedError = func(err error) {
@@ -267,6 +268,31 @@ func keySettings(set settings) string {
 // of this provider with other key settings change, and a note when none
 // are left.
 func keyingWarner(log *slog.Logger) func(others []string) {
+	return mismatchWarner(log, "replicas",
+		"replicas of this provider on this database derive keys with other settings: an order whose retry "+
+			"reaches one of them gets another key, which the provider takes for a new operation (a second charge); give every replica "+
+			"the same "+envPrefix+"KEY_SOURCES, "+envPrefix+"ROUTES, "+envPrefix+"PRESET, "+envPrefix+"PROTECTED_METHODS and "+
+			envPrefix+"CLIENT_TOKENS (on or off)",
+		"the replicas of this provider have the same key settings again")
+}
+
+// providersWarner is the throttle's OnProviders: an error whenever the
+// other providers whose replicas use this database change, and a note when
+// none are left. Records are kept by tenant and key only, so an order sent
+// through both deployments with one key gets the other provider's answer.
+func providersWarner(log *slog.Logger) func(others []string) {
+	return mismatchWarner(log, "providers",
+		"replicas in front of other providers use this database: records are shared between the providers, so an "+
+			"Idempotency-Key (or a derived key) sent through both gets the other provider's stored answer and is never executed "+
+			"at this one; give each provider's deployment its own database ("+envPrefix+"STORE_URL). If this is the same provider "+
+			"under a new URL, ignore until the rollout ends",
+		"no replicas in front of other providers use this database any more")
+}
+
+// mismatchWarner logs msg as an error, with the others under key, whenever
+// the set of others a heartbeat reports changes, and gone as a note when it
+// empties.
+func mismatchWarner(log *slog.Logger, key, msg, gone string) func(others []string) {
 	var last []string
 	return func(others []string) {
 		if slices.Equal(others, last) {
@@ -274,12 +300,9 @@ func keyingWarner(log *slog.Logger) func(others []string) {
 		}
 		last = others
 		if len(others) == 0 {
-			log.Info("the replicas of this provider have the same key settings again")
+			log.Info(gone)
 			return
 		}
-		log.Error("replicas of this provider on this database derive keys with other settings: an order whose retry "+
-			"reaches one of them gets another key, which the provider takes for a new operation (a second charge); give every replica "+
-			"the same "+envPrefix+"KEY_SOURCES, "+envPrefix+"ROUTES, "+envPrefix+"PRESET, "+envPrefix+"PROTECTED_METHODS and "+
-			envPrefix+"CLIENT_TOKENS (on or off)", "replicas", others)
+		log.Error(msg, key, others)
 	}
 }

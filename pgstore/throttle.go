@@ -49,6 +49,11 @@ type ThrottleOptions struct {
 	// OnKeying, if set, is called after every heartbeat with the live
 	// replicas of Name whose Keying differs from this one's (none: nil).
 	OnKeying func(others []string)
+	// OnProviders, if set, is called after every heartbeat with the other
+	// Names (providers) that live replicas on this database give, in order
+	// (none: nil). Records are not kept apart by provider: deployments of
+	// two providers on one database share them.
+	OnProviders func(others []string)
 	// Heartbeat is how often this replica writes its heartbeat row and
 	// reads the pause; a replica counts as alive for three of them. 0 means
 	// 2 s.
@@ -211,7 +216,7 @@ func (t *Throttle) heartbeatLoop() {
 func (t *Throttle) beat() {
 	var n int
 	var left *int64
-	var others []string
+	var others, providers []string
 	err := t.s.call(t.ctx, "heartbeat", nil, func(ctx context.Context) error {
 		return t.s.pool.QueryRow(ctx, `
 			WITH beat AS (
@@ -226,9 +231,12 @@ func (t *Throttle) beat() {
 				(SELECT `+pauseLeft+` FROM idemproxy_throttle WHERE name = @name::text),
 				(SELECT array_agg(replica ORDER BY replica) FROM idemproxy_replicas
 					WHERE replica <> @replica::text AND seen_at > now() - @live::bigint * interval '1 microsecond'
-					AND provider = @name::text AND keying <> '' AND @keying::text <> '' AND keying <> @keying::text)`,
+					AND provider = @name::text AND keying <> '' AND @keying::text <> '' AND keying <> @keying::text),
+				(SELECT array_agg(DISTINCT provider ORDER BY provider) FROM idemproxy_replicas
+					WHERE replica <> @replica::text AND seen_at > now() - @live::bigint * interval '1 microsecond'
+					AND provider <> '' AND provider <> @name::text)`,
 			pgx.NamedArgs{"replica": t.opt.Replica, "name": t.opt.Name, "keying": t.opt.Keying,
-				"live": micros(3 * t.opt.Heartbeat)}).Scan(&n, &left, &others)
+				"live": micros(3 * t.opt.Heartbeat)}).Scan(&n, &left, &others, &providers)
 	})
 	t.healthy.Store(err == nil)
 	if err != nil {
@@ -242,6 +250,9 @@ func (t *Throttle) beat() {
 	}
 	if t.opt.OnKeying != nil {
 		t.opt.OnKeying(others)
+	}
+	if t.opt.OnProviders != nil {
+		t.opt.OnProviders(providers)
 	}
 	if left != nil && *left > 0 && t.opt.OnPause != nil {
 		t.opt.OnPause(time.Duration(*left)*time.Microsecond, "")

@@ -486,3 +486,43 @@ func TestThrottleGateShareIsTheProvidersOwn(t *testing.T) {
 		t.Errorf("waits with the database down = %v, want %v", waits, want)
 	}
 }
+
+// Each heartbeat tells a replica which other providers' live replicas use
+// its database (records are shared between them), each named once: not its
+// own provider's, nor a row that gives no provider.
+func TestThrottleOtherProviders(t *testing.T) {
+	url := pgtest.Database(t)
+	s := open(t, url, 0)
+	seen := make(chan []string, 64)
+	throttle(t, s, ThrottleOptions{Name: "cards", Replica: "a", Heartbeat: 50 * time.Millisecond,
+		OnProviders: func(others []string) {
+			select {
+			case seen <- others:
+			default:
+			}
+		}})
+	for _, o := range []ThrottleOptions{
+		{Name: "cards", Replica: "b"},   // the same provider
+		{Name: "payouts", Replica: "c"}, // another
+		{Name: "payouts", Replica: "d"}, // the same other, named once
+		{Name: "refunds", Replica: "e"}, // a third
+	} {
+		o.Heartbeat = 50 * time.Millisecond
+		throttle(t, s, o)
+	}
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case others := <-seen:
+			if len(others) < 2 {
+				continue // a heartbeat before the others' first
+			}
+			if !slices.Equal(others, []string{"payouts", "refunds"}) {
+				t.Fatalf("other providers = %q, want [payouts refunds]", others)
+			}
+			return
+		case <-deadline:
+			t.Fatal("no heartbeat reported the other providers payouts and refunds")
+		}
+	}
+}
