@@ -36,6 +36,9 @@ const maxCodings = 4
 // (ErrKeyMissingEncoded) and its fingerprint takes the bytes as they came.
 // err is errBodyBytes when t could not reserve the decoded bytes.
 func decodedBody(h http.Header, body []byte, limit int64, t *ticket) (decoded []byte, undecodable bool, err error) {
+	if len(body) == 0 { // nothing to decode: a bodyless POST whatever its header says
+		return body, false, nil
+	}
 	codings, ok := contentCodings(h)
 	if !ok {
 		return body, true, nil

@@ -164,5 +164,11 @@ func TestUndecodableBodyRefusedUnderEveryPolicy(t *testing.T) {
 		if a := e.do(t, "POST", "/v1/payments", `{"amount":"1"}`); a.status != http.StatusCreated {
 			t.Errorf("policy %d, an unencoded body without a source: %d %s, want it sent (201)", missing, a.status, a.body)
 		}
+		// An empty body has nothing to decode, whatever its Content-Encoding
+		// says: a bodyless POST follows the policy as it did before bodies
+		// were decoded.
+		if a := e.do(t, "POST", "/v1/payments", "", "Content-Encoding", "gzip"); a.status != http.StatusCreated {
+			t.Errorf("policy %d, an empty body with Content-Encoding: gzip: %d %s, want it sent (201)", missing, a.status, a.body)
+		}
 	}
 }
