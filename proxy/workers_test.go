@@ -45,27 +45,33 @@ func TestWorkersKeepGoroutines(t *testing.T) {
 }
 
 // TestWorkersBoundWaiting: functions run at once, each on a goroutine of its
-// own, however many there are, and only max goroutines are kept after.
+// own, however many there are; after, only max goroutines are kept (the
+// others end), and the next function runs on one of those kept.
 func TestWorkersBoundWaiting(t *testing.T) {
 	w := newWorkers(2)
+	base := runtime.NumGoroutine()
 	var started, release sync.WaitGroup
 	release.Add(1)
+	ran := make(chan uint64, 5)
 	for range 5 {
 		started.Add(1)
-		w.run(func() { started.Done(); release.Wait() })
+		w.run(func() { ran <- goroutineID(); started.Done(); release.Wait() })
 	}
 	started.Wait() // all five run at once: none waited for another
+	five := map[uint64]bool{}
+	for range 5 {
+		five[<-ran] = true
+	}
 	release.Done()
 	waitWaiting(t, w, 2)
-	ids := make(chan uint64)
-	before := runtime.NumGoroutine()
-	w.run(func() { ids <- goroutineID() })
-	<-ids
+	for deadline := time.Now().Add(time.Minute); runtime.NumGoroutine() > base+2; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines a minute after the five functions ended, want %d (2 kept)", runtime.NumGoroutine(), base+2)
+		}
+	}
+	w.run(func() { ran <- goroutineID() })
+	if id := <-ran; !five[id] {
+		t.Errorf("the next function ran on goroutine %d, not on one of the five kept (%v)", id, five)
+	}
 	waitWaiting(t, w, 2)
-	if got := w.waiting.Load(); got != 2 {
-		t.Errorf("%d goroutines wait, want 2", got)
-	}
-	if after := runtime.NumGoroutine(); after > before {
-		t.Errorf("%d goroutines after one more function, %d before: it did not run on a kept one", after, before)
-	}
 }
