@@ -178,7 +178,7 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 }
 
 // start runs the upstream operation for id detached from the client, on a
-// goroutine of its own (detached): once sent, it finishes and is stored even
+// goroutine of detached's (kept from an earlier operation or new): once sent, it finishes and is stored even
 // if the client goes away (docs/contract.md). The caller waits for its
 // result unless its own context ends first.
 //

@@ -30,7 +30,7 @@ const (
 type Summary struct {
 	Method, Path string
 	Key          string // the app's key
-	UpstreamKey  string // the key sent upstream: Key, or Key bound to the client (Options.KeySecret)
+	UpstreamKey  string // the key sent upstream: Key, Key bound to the client (Options.KeySecret), or the key a resumed record was first sent with
 	Outcome      Outcome
 	Status       int
 	Attempts     int
