@@ -204,6 +204,29 @@ func TestThrottleHeartbeat(t *testing.T) {
 	}
 }
 
+// waitsWithDatabaseDown puts gate on th, checks that a wait with the
+// database up is none, stops c, and returns the waits of four attempts
+// with the database down (each must be paced, not an error).
+func waitsWithDatabaseDown(t *testing.T, gate *ratelimit.Gate, th *Throttle, c *pgtest.Cluster) []time.Duration {
+	t.Helper()
+	gate.Shared = th
+	if w, err := gate.Wait(context.Background()); err != nil || w != 0 {
+		t.Fatalf("Wait with the database up = %v, %v; want 0, nil", w, err)
+	}
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	var waits []time.Duration
+	for range 4 {
+		w, err := gate.Wait(context.Background())
+		if err != nil {
+			t.Fatalf("Wait with the database down: %v", err)
+		}
+		waits = append(waits, w)
+	}
+	return waits
+}
+
 // A Gate on the throttle of a database that stops: the first wait finds the
 // database gone (an error, not a hang), reports it, and paces with the local
 // share, the rate and burst divided by the two replicas the heartbeats
@@ -228,23 +251,9 @@ func TestThrottleGateFallsBackWhenDatabaseStops(t *testing.T) {
 			break
 		}
 	}
-	gate.Shared = th
-	if w, err := gate.Wait(context.Background()); err != nil || w != 0 {
-		t.Fatalf("Wait with the database up = %v, %v; want 0, nil", w, err)
-	}
-	if err := c.Stop(true); err != nil {
-		t.Fatal(err)
-	}
 	var failures []error
 	gate.OnSharedError = func(err error) { failures = append(failures, err) }
-	var waits []time.Duration
-	for range 4 {
-		w, err := gate.Wait(context.Background())
-		if err != nil {
-			t.Fatalf("Wait with the database down: %v", err)
-		}
-		waits = append(waits, w)
-	}
+	waits := waitsWithDatabaseDown(t, gate, th, c)
 	// 10 per second and burst 4 over 2 replicas: 5 per second, burst 2.
 	if want := []time.Duration{0, 0, 200 * time.Millisecond, 200 * time.Millisecond}; !slices.Equal(waits, want) {
 		t.Errorf("waits with the database down = %v, want %v", waits, want)
@@ -465,21 +474,7 @@ func TestThrottleGateShareIsTheProvidersOwn(t *testing.T) {
 	if counted != 2 {
 		t.Errorf("cards-a counts %d replicas, want 2", counted)
 	}
-	gate.Shared = th
-	if w, err := gate.Wait(context.Background()); err != nil || w != 0 {
-		t.Fatalf("Wait with the database up = %v, %v; want 0, nil", w, err)
-	}
-	if err := c.Stop(true); err != nil {
-		t.Fatal(err)
-	}
-	var waits []time.Duration
-	for range 4 {
-		w, err := gate.Wait(context.Background())
-		if err != nil {
-			t.Fatalf("Wait with the database down: %v", err)
-		}
-		waits = append(waits, w)
-	}
+	waits := waitsWithDatabaseDown(t, gate, th, c)
 	// 10 per second and burst 4 over the 2 cards replicas: 5 per second,
 	// burst 2 (over all 4 replicas it would be 2.5 per second, burst 1).
 	if want := []time.Duration{0, 0, 200 * time.Millisecond, 200 * time.Millisecond}; !slices.Equal(waits, want) {
