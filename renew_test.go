@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -224,6 +225,70 @@ func testRenewFailedOrderUsesNextGeneration(t *testing.T, shared bool) {
 	out, code = c.cli(t, "orders", "get", "--path", "/cards", "--value", "F-1")
 	if code != 0 || !strings.Contains(out, renewed.Key) || !strings.Contains(out, "generation  2") {
 		t.Fatalf("idemproxy orders get = %d\n%s", code, out)
+	}
+}
+
+// TestRenewAtOnceOnTwoReplicas: two operators renew one failed order at
+// once, on two replicas of a shared store (on the embedded store, both on
+// the one process): exactly one renew is answered 200 and logged, the other
+// is refused 409 renew_refused, as a second renew in a row is. The app's
+// retries, to both replicas at once, then run the order once under the new
+// key, and both replicas show generation 2 with its final record. Before
+// ErrSuperseded, two renews that read the record before either wrote were
+// both answered 200 and both logged as a renew.
+func TestRenewAtOnceOnTwoReplicas(t *testing.T) { onStores(t, testRenewAtOnceOnTwoReplicas) }
+
+func testRenewAtOnceOnTwoReplicas(t *testing.T, shared bool) {
+	c := startCards(t, shared)
+	renewAt := func(p *opsProc, order string) <-chan sentReply {
+		return goSend("POST", "http://"+p.admin+"/admin/v1/orders/renew", `{"method":"POST","path":"/cards","value":"`+order+`"}`,
+			"Authorization", "Bearer "+adminToken)
+	}
+	const orders = 8
+	for i := range orders {
+		order := "F-twice-" + strconv.Itoa(i)
+		first := c.post(t, order, sandbox.AmountFailed)
+		if !strings.Contains(first.body, `"failed"`) {
+			t.Fatalf("POST %s = %d %s, want a failed operation", order, first.status, first.body)
+		}
+		a, b := renewAt(c.p, order), renewAt(c.adm, order)
+		var renewed []string
+		for _, ch := range []<-chan sentReply{a, b} {
+			r := <-ch
+			switch {
+			case r.err != nil:
+				t.Fatal(r.err)
+			case r.status == http.StatusOK:
+				renewed = append(renewed, r.body)
+			case r.status != http.StatusConflict || !strings.Contains(r.body, `"renew_refused"`):
+				t.Fatalf("renew of %s = %d %s, want 200 or 409 renew_refused", order, r.status, r.body)
+			}
+		}
+		if len(renewed) != 1 || !strings.Contains(renewed[0], `"generation":2`) {
+			t.Fatalf("renews of %s at once answered 200 %d times (%q); want once, generation 2", order, len(renewed), renewed)
+		}
+		x, y := goSend("POST", c.cardsURL(), cardOrder(order, "20")), goSend("POST", "http://"+c.adm.proxy+"/cards", cardOrder(order, "20"))
+		for _, ch := range []<-chan sentReply{x, y} {
+			if r := <-ch; r.err != nil || r.status != http.StatusOK || strings.Contains(r.body, `"failed"`) {
+				t.Fatalf("retry of %s after the renew = %+v, want the new operation's 200", order, r)
+			}
+		}
+		if n := c.sb.Ledger().ByOrder[order]; n != 2 {
+			t.Fatalf("provider executed %s %d times, want twice: the failed one and one under the new key", order, n)
+		}
+		for _, p := range []*opsProc{c.p, c.adm} {
+			o := send(t, "GET", "http://"+p.admin+"/admin/v1/orders?method=POST&path=/cards&value="+order, "", "Authorization", "Bearer "+adminToken)
+			if !strings.Contains(o.body, `"generation":2`) || !strings.Contains(o.body, `"state":"final"`) || !strings.Contains(o.body, `"status":200`) {
+				t.Fatalf("order %s on %s after the renew = %s, want generation 2, final 200", order, p.admin, o.body)
+			}
+		}
+	}
+	logged := strings.Count(c.p.text(), `"msg":"admin: order renewed`)
+	if shared {
+		logged += strings.Count(c.adm.text(), `"msg":"admin: order renewed`)
+	}
+	if logged != orders {
+		t.Fatalf("%d renews logged for %d orders renewed once each", logged, orders)
 	}
 }
 

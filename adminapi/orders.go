@@ -214,6 +214,12 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 	// Only the record just judged: one that expired since and was claimed
 	// anew (a success, or an operation in flight) is another claim's.
 	if _, err := h.opt.Store.Supersede(r.Context(), id, rec.Owner); err != nil {
+		if errors.Is(err, store.ErrSuperseded) {
+			// Another renew that read the same record wrote first: it moved
+			// the order on, and only it answers 200 and is logged.
+			writeError(w, http.StatusConflict, codeRenewRefused, "the order was renewed by another call meanwhile; look it up again")
+			return
+		}
 		if errors.Is(err, store.ErrNotFinal) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrNotOwner) {
 			writeError(w, http.StatusConflict, codeRenewRefused, "the order's record changed; look it up again")
 			return

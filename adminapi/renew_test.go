@@ -1,11 +1,14 @@
 package adminapi_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,5 +87,65 @@ func TestRenewRefusesReclaimedRecord(t *testing.T) {
 				t.Fatalf("order after the refused renew = %d %s, want generation 1", w.Code, w.Body)
 			}
 		})
+	}
+}
+
+// renewBetweenStore is a real store that runs between right before the
+// first Supersede only (not the ones between makes itself).
+type renewBetweenStore struct {
+	*cache.Store
+	between func()
+	first   atomic.Bool
+}
+
+func (s *renewBetweenStore) Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error) {
+	if s.first.CompareAndSwap(false, true) {
+		s.between()
+	}
+	return s.Store.Supersede(ctx, id, owner)
+}
+
+// Two renews of one failed order that both read its record before either
+// wrote (two operators, or two replicas, at once): the first to write moves
+// the order to generation 2, the other is refused 409 renew_refused, as a
+// second renew in a row is, and only one renew is logged. Both were
+// answered 200 and logged as a renew, one change shown as two.
+func TestRenewTwiceAtOnceOneWins(t *testing.T) {
+	cs := openStore(t)
+	ctx := context.Background()
+	id := store.ID{Tenant: "default", Key: "POST /cards F-1 #1"}
+	if _, _, err := cs.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.Complete(ctx, id, "o1", store.Response{Status: 402, Body: []byte(`{"status":"failed"}`)}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var h *adminapi.Handler
+	renew := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/admin/v1/orders/renew", strings.NewReader(`{"method":"POST","path":"/cards","value":"F-1"}`))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	var second *httptest.ResponseRecorder
+	s := &renewBetweenStore{Store: cs, between: func() { second = renew() }}
+	h = adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default", Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+		OrderKeys: func(method, path, value, client string, gen int) ([]string, error) {
+			return []string{method + " " + path + " " + value + " #" + strconv.Itoa(gen)}, nil
+		}})
+	first := renew()
+	if second.Code != 200 || !strings.Contains(second.Body.String(), `"generation":2`) {
+		t.Fatalf("the renew that wrote first = %d %s, want 200 generation 2", second.Code, second.Body)
+	}
+	if first.Code != 409 || !strings.Contains(first.Body.String(), `"renew_refused"`) {
+		t.Fatalf("the renew that read the same record and wrote second = %d %s, want 409 renew_refused", first.Code, first.Body)
+	}
+	if n := strings.Count(logs.String(), "order renewed"); n != 1 {
+		t.Fatalf("%d renews logged, want 1:\n%s", n, logs.String())
+	}
+	w := call(t, h, "GET", "/admin/v1/orders?method=POST&path=/cards&value=F-1", "")
+	if !strings.Contains(w.Body.String(), `"generation":2`) || !strings.Contains(w.Body.String(), `"record":null`) {
+		t.Fatalf("order after the renews = %d %s, want generation 2 with no record yet", w.Code, w.Body)
 	}
 }

@@ -105,7 +105,8 @@ func unreadable(k, v []byte, state store.State, err error) store.Record {
 }
 
 // Supersede implements store.Store.Supersede in one transaction: the
-// record is written only while it is owner's claim and final; a Begin that
+// record is written only while it is owner's claim, final and not
+// superseded yet; a Begin or another Supersede that
 // claimed it anew meanwhile conflicts with the transaction, which then reads
 // it again and refuses.
 func (s *Store) Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error) {
@@ -115,6 +116,9 @@ func (s *Store) Supersede(ctx context.Context, id store.ID, owner string) (store
 		}
 		if cur.State != store.Final {
 			return fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
+		}
+		if cur.Superseded {
+			return store.ErrSuperseded // another renew moved the order on first
 		}
 		cur.Superseded = true
 		return s.put(txn, key, val, cur, now)

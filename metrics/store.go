@@ -113,7 +113,8 @@ func (s *InstrumentedStore) List(ctx context.Context, f store.Filter, cursor str
 func (s *InstrumentedStore) Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error) {
 	defer s.observe("supersede", s.now())
 	rec, err := s.next.Supersede(ctx, id, owner)
-	if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrNotFinal) && !errors.Is(err, store.ErrNotOwner) {
+	if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrNotFinal) && !errors.Is(err, store.ErrNotOwner) &&
+		!errors.Is(err, store.ErrSuperseded) {
 		s.fail("supersede", err)
 	}
 	return rec, err

@@ -127,12 +127,16 @@ func decodeCursor(c string) (store.ID, error) {
 }
 
 // Supersede implements store.Store.Supersede: in one transaction, the row is
-// locked and checked to be owner's claim, then updated only while it is
-// final.
+// locked and checked to be owner's claim and not superseded yet (a second
+// renew that read it before the first wrote waits for the lock and then
+// sees the first's write), then updated only while it is final.
 func (s *Store) Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error) {
 	claim := func(cur store.Record) error {
 		if cur.Owner != owner {
 			return fmt.Errorf("%w: record is another claim's", store.ErrNotOwner)
+		}
+		if cur.State == store.Final && cur.Superseded {
+			return store.ErrSuperseded // another renew moved the order on first
 		}
 		return nil
 	}

@@ -263,6 +263,9 @@ var (
 	// ErrNotFinal is returned by Supersede when the record is in flight or
 	// unknown: its outcome is not settled.
 	ErrNotFinal = errors.New("store: record is not final")
+	// ErrSuperseded is returned by Supersede when the record is superseded
+	// already: another renew moved its order on first.
+	ErrSuperseded = errors.New("store: record is superseded already")
 	// ErrBadCursor is returned by List for a cursor it did not give.
 	ErrBadCursor = errors.New("store: bad list cursor")
 	// ErrNotUnknown is returned by Resolve when the record is not Unknown
@@ -353,12 +356,14 @@ type Store interface {
 	// provider, and it would be listed nowhere else).
 	List(ctx context.Context, f Filter, cursor string, limit int) ([]Record, string, error)
 	// Supersede marks id's final record Superseded and keeps it without
-	// expiry, and returns it; superseding twice is allowed. owner is the
+	// expiry, and returns it. owner is the
 	// record's Owner as the caller read it: the check and the change are one
 	// decision, so a record that expired meanwhile and was claimed anew (its
 	// Owner is the new claim's) is never superseded on what was read of the
 	// old one. ErrNotFound if there is no record, ErrNotOwner if it is
-	// another claim's, ErrNotFinal if it is in flight or unknown; nothing is
+	// another claim's, ErrNotFinal if it is in flight or unknown,
+	// ErrSuperseded if it is superseded already (two renews that read it
+	// before either wrote: only the first moves the order on); nothing is
 	// written then.
 	Supersede(ctx context.Context, id ID, owner string) (Record, error)
 	// Resolve settles id's Unknown record as an operator found its

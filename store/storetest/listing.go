@@ -151,7 +151,7 @@ func testListKeepFullPages(t *testing.T, s store.Store, _ func(time.Duration)) {
 	}
 }
 
-// testSupersede: only a final record can be superseded; it says so
+// testSupersede: only a final record can be superseded, once; it says so
 // afterwards and keeps its answer.
 func testSupersede(t *testing.T, s store.Store, _ func(time.Duration)) {
 	ctx := context.Background()
@@ -184,8 +184,13 @@ func testSupersede(t *testing.T, s store.Store, _ func(time.Duration)) {
 		t.Fatalf("after Supersede: %+v", got)
 	}
 	wantResponse(t, "superseded record's answer", got.Response, ok)
-	if _, err := s.Supersede(ctx, id, "o2"); err != nil {
-		t.Fatalf("second Supersede: %v", err)
+	// A second Supersede of the same claim (a second renew that read the
+	// record before the first wrote it) is refused: one renew moves the
+	// order on, and only it says so.
+	_, err = s.Supersede(ctx, id, "o2")
+	wantErr(t, "second Supersede", err, store.ErrSuperseded)
+	if got := get(t, s, id); !got.Superseded || got.State != store.Final {
+		t.Fatalf("after the refused second Supersede: %+v", got)
 	}
 }
 
