@@ -26,6 +26,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/sandbox"
 )
 
 // wireRequest is one request as the provider received it.
@@ -971,6 +973,48 @@ func TestHostileKeySourceInAnotherSpelling(t *testing.T) {
 	defer prov.mu.Unlock()
 	if want := map[string]int{"c1": 1, "c2": 1, "h1": 1, "h2": 1}; !maps.Equal(prov.orders, want) {
 		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
+	}
+}
+
+// An order whose key source is in the body but gives no one value (repeated
+// with another value, also in another letter case, only in another letter
+// case, or in JSON with data after the object) is 422 with nothing sent
+// under IDEMPROXY_MISSING_KEY=generate and passthrough too, as under reject:
+// the provider may read an order id from it. Under generate each blind
+// retry of such a body went with a new random key, and the sandbox executed
+// the order it read from {"order_id":"u1","order_id":"u1b"} (u1b) and from
+// {"order_id":"u2","ORDER_ID":"u2b"} (u2) once per retry; under passthrough
+// it went without a key every time.
+func TestHostileUnreadableKeySourceUnderEveryPolicy(t *testing.T) {
+	for _, policy := range []string{"generate", "passthrough"} {
+		t.Run(policy, func(t *testing.T) {
+			sb, url := startSandbox(t, sandbox.Config{Provider: sandbox.ProviderPayments})
+			p := startBinary(t, presetEnv(t, "payments", url, "IDEMPROXY_MISSING_KEY="+policy)...)
+			post := func(body string) reply {
+				return rawExchange(t, p.addr, fmt.Sprintf("POST /payments HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n\n%s", len(body), body))
+			}
+			for _, body := range []string{
+				`{"order_id":"u1","order_id":"u1b","amount":"10"}`,
+				`{"order_id":"u2","ORDER_ID":"u2b","amount":"10"}`,
+				`{"ORDER_ID":"u3","amount":"10"}`,
+				`{"order_id":"u4","amount":"10"} {"order_id":"u4"}`,
+			} {
+				for try := 1; try <= 2; try++ { // the app's blind retry
+					if got := post(body); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+						t.Errorf("%s, try %d: %d %s, want 422 idempotency_key_missing", body, try, got.status, got.body)
+					}
+				}
+			}
+			// An order with one order_id is still one execution.
+			for try := 1; try <= 2; try++ {
+				if got := post(`{"order_id":"u5","amount":"10"}`); got.status != http.StatusCreated {
+					t.Errorf("u5, try %d: %d %s, want 201", try, got.status, got.body)
+				}
+			}
+			if l := sb.Ledger(); l.Executions != 1 || l.ByOrder["u5"] != 1 {
+				t.Errorf("the sandbox executed %v (%d in all), want u5 once and nothing else", l.ByOrder, l.Executions)
+			}
+		})
 	}
 }
 

@@ -78,6 +78,59 @@ func Derive(sources []Source, r Request) (key string, src Source, ok bool) {
 	return "", Source{}, false
 }
 
+// Unreadable reports, for a request Derive found no source in, whether one
+// of sources is in r all the same, without one value Derive can take from it: a JSON member at the path, a form field, a
+// query parameter or a header (with underscores for dashes too) that has a
+// value that is not empty but is given twice with different values, or is
+// spelt in another letter case only, or a JSON member in a body that does
+// not parse whole as one object (data after it, a syntax error after the
+// member). Derive counts such a source as absent; the provider may well
+// read an order id from it (encoding/json matches member names without
+// regard to case, a streaming decoder stops after the first object), so
+// a random key or none for the request would have each of the app's blind
+// retries executed again.
+func Unreadable(sources []Source, r Request) bool {
+	st := getState()
+	defer putState(st)
+	for _, s := range sources {
+		if st.mentions(s, r) {
+			return true
+		}
+	}
+	return false
+}
+
+// mentions reports whether source s has, in some spelling, a value that is
+// not empty in r (see Unreadable).
+func (st *state) mentions(s Source, r Request) bool {
+	switch s.Kind {
+	case JSON:
+		body := bytes.TrimPrefix(r.Body, utf8BOM)
+		if firstNonSpace(body) != '{' {
+			return false
+		}
+		st.json.lookup(body, s.Name)
+		return st.json.seen
+	case Form:
+		if boundary, ok := formDataBoundary(r.ContentType); ok {
+			return formDataMentions(r.Body, boundary, s.Name)
+		}
+		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(bytes.TrimPrefix(r.Body, utf8BOM)) == '{') {
+			return false
+		}
+		return formMentions(st.val[:0], r.Body, s.Name)
+	case Header:
+		for k, vs := range r.Header {
+			if sameCGIName(k, s.Name) && slices.ContainsFunc(vs, func(v string) bool { return v != "" }) {
+				return true
+			}
+		}
+	case Query:
+		return formMentions(st.val[:0], r.RawQuery, s.Name)
+	}
+	return false
+}
+
 // KeyFor returns the key Derive gives a request of r.Method, r.Path, r.Tenant
 // and r.Generation whose source src has the value val (for an operator who
 // knows an order's id but not its request).

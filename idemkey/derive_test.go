@@ -182,8 +182,25 @@ func TestDeriveNotPresent(t *testing.T) {
 			if key, src, ok := Derive(srcs, tt.req); ok || key != "" || src != (Source{}) {
 				t.Fatalf("Derive = %q, %v, %v; want nothing", key, src, ok)
 			}
+			// A source that is there with a value, in some spelling, is
+			// unreadable; one that is not there, or has no value, is absent.
+			if got, want := Unreadable(srcs, tt.req), !absent[tt.name]; got != want {
+				t.Errorf("Unreadable = %v, want %v", got, want)
+			}
 		})
 	}
+}
+
+// absent names the cases of TestDeriveNotPresent whose source is not in the
+// request with a value, in any spelling: every other case has one, which
+// Derive cannot take as the order's (Unreadable).
+var absent = map[string]bool{
+	"no body": true, "missing field": true, "nested field missing": true, "path through a non-object": true,
+	"path through an array": true, "empty string": true, "null": true, "bool": true, "object": true, "array": true,
+	"top-level array": true, "invalid UTF-8": true, "form field empty": true, "form field without value": true,
+	"form body with JSON content type": true, "form source on a JSON body": true,
+	"form source on a JSON body with a byte order mark": true, "header absent": true, "header empty": true,
+	"nil header": true, "query absent": true, "query empty": true, "no sources": true,
 }
 
 func TestDeriveSameOperation(t *testing.T) {

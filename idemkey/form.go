@@ -52,6 +52,24 @@ func formValue[T text](buf []byte, s T, name string) ([]byte, bool) {
 	return buf[:n], n > 0
 }
 
+// formMentions reports whether the form text s has a field called name, in
+// any letter case, whose value is not empty (Unreadable); buf is scratch.
+func formMentions[T text](buf []byte, s T, name string) bool {
+	for len(s) > 0 {
+		var pair T
+		pair, s = cutByte(s, '&')
+		k, v := cutByte(pair, '=')
+		key, ok := unescapeForm(buf[:0], k)
+		if !ok || !bytes.EqualFold(key, []byte(name)) {
+			continue
+		}
+		if val, ok := unescapeForm(key[:0], v); ok && len(val) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // pair is one decoded form field: key and value as ranges of a buffer.
 type pair struct{ kStart, kEnd, vStart, vEnd int }
 

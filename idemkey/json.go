@@ -58,6 +58,12 @@ type jsonParser struct {
 	scratch []byte   // the canonical form while moves are applied
 	key     []byte   // decoded object key (lookup)
 	val     []byte   // decoded value found by lookup
+
+	// seen is set by lookup when a member at the path, its key in any
+	// letter case, gave a value (a string that is not empty, or a number)
+	// or two such members disagreed, whether or not the document parses
+	// whole after it (Unreadable).
+	seen bool
 }
 
 // member locates one object member in out: [start,end) is `"key":value`,
@@ -549,6 +555,7 @@ func appendRune(dst []byte, r rune, canon bool) []byte {
 // val is valid until the parser is reused.
 func (p *jsonParser) lookup(data []byte, path string) (val []byte, ok bool) {
 	p.reset(data, false)
+	p.seen = false
 	p.skipWS()
 	if p.peek() != '{' {
 		return nil, false
@@ -601,6 +608,9 @@ func (p *jsonParser) lookupObject(path string, depth int) (found bool, err error
 			if err == nil && prev >= 0 && !ambiguous {
 				ambiguous = !p.sameAs(p.data[prev:], found, rest, nested, depth)
 			}
+			if err == nil && !nested && (found || ambiguous) {
+				p.seen = true
+			}
 			prev = start
 		} else {
 			err = p.value(depth)
@@ -646,6 +656,7 @@ func (p *jsonParser) lookupMember(rest string, nested bool, depth int) (bool, er
 func (p *jsonParser) sameAs(data []byte, found bool, rest string, nested bool, depth int) bool {
 	q := &jsonParser{data: data}
 	qFound, err := q.lookupMember(rest, nested, depth)
+	p.seen = p.seen || q.seen
 	return err == nil && qFound == found && (!found || bytes.Equal(q.val, p.val))
 }
 

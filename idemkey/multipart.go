@@ -121,3 +121,20 @@ func formDataValue(buf, body []byte, boundary, name string) ([]byte, bool) {
 	}
 	return buf, len(buf) > 0
 }
+
+// formDataMentions reports whether a multipart/form-data body has a part
+// called name, in any letter case, without a filename and not empty,
+// whatever its Content-Transfer-Encoding (Unreadable).
+func formDataMentions(body []byte, boundary, name string) bool {
+	parts, _ := formParts(body, boundary)
+	for _, p := range parts {
+		disp, params, err := mime.ParseMediaType(p.header.Get("Content-Disposition"))
+		if err != nil || !strings.EqualFold(disp, "form-data") || !strings.EqualFold(params["name"], name) {
+			continue
+		}
+		if _, file := params["filename"]; !file && len(p.data) > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -565,6 +565,13 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes
 		// random key, or none, would have each blind retry executed again.
 		return "", ErrKeyMissingEncoded
 	}
+	if h.opt.MissingKey != Reject && idemkey.Unreadable(rule.Sources, r) {
+		// Whatever the policy, for the same reason: a source is there
+		// (repeated with other values, in another letter case, in JSON
+		// that does not parse whole), which the provider may read as the
+		// order's id.
+		return "", ErrKeyMissing
+	}
 	switch h.opt.MissingKey {
 	case Generate:
 		return uuid.NewString(), nil
