@@ -12,6 +12,7 @@ package pgstore
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -82,9 +83,13 @@ type Store struct {
 	opt    Options
 	ready  atomic.Bool // the schema is in place
 	closed atomic.Bool
-	stop   chan struct{}
-	loops  sync.WaitGroup
-	once   sync.Once
+	// noSpace is set when the database refused a write for lack of disk
+	// space (SQLSTATE 53100), and cleared by a Ping whose probe write
+	// succeeds: until then the database does not take writes.
+	noSpace atomic.Bool
+	stop    chan struct{}
+	loops   sync.WaitGroup
+	once    sync.Once
 	// bg is the context of the background loops' calls, cancelled by
 	// Close: on a database that does not answer, a call would otherwise
 	// run out its timeout before Close could go on.
@@ -549,6 +554,7 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "53100" {
+		s.noSpace.Store(true)
 		return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrNoSpace, err)
 	}
 	return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrUnavailable, redact(err))
@@ -1036,7 +1042,8 @@ func (s *Store) ownerWrite(ctx context.Context, op string, id store.ID, owner, s
 // Ping implements store.Store.Ping: the database answers and accepts writes:
 // it is not a standby left read-only by a failover, nor a primary whose
 // sessions are read-only (default_transaction_read_only, which some managed
-// databases turn on when their disk fills).
+// databases turn on when their disk fills), nor one that refused a write for
+// lack of disk space, until a probe write (probeWrite) passes again.
 func (s *Store) Ping(ctx context.Context) error {
 	return s.call(ctx, "ping", nil, func(ctx context.Context) error {
 		var standby, readOnly bool
@@ -1050,8 +1057,29 @@ func (s *Store) Ping(ctx context.Context) error {
 		if readOnly {
 			return errors.New("the database's sessions are read-only (default_transaction_read_only)")
 		}
+		if s.noSpace.Swap(false) {
+			return probeWrite(ctx, s.pool)
+		}
 		return nil
 	})
+}
+
+// probeWrite inserts a claim-like row under a random key and rolls it back:
+// it fails as a claim would on a database that has no disk space for one
+// (53100, which sets noSpace again). Ping runs it only once a write was
+// refused for space: reads and the read-only checks still pass then, while
+// every claim is refused.
+func probeWrite(ctx context.Context, pool *pgxpool.Pool) error {
+	key := make([]byte, 16)
+	rand.Read(key)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `INSERT INTO idemproxy_records (tenant, key, state, fingerprint, owner, fence, lease_until, created_at)
+		VALUES ('\xff'::bytea, $1, 1, ''::bytea, 'readiness probe', 1, now(), now())`, key)
+	return err
 }
 
 // settleTimes puts a scanned row's times into r in UTC (NULL stays the zero

@@ -7,10 +7,13 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -554,6 +557,91 @@ func TestPingReadOnlyPrimary(t *testing.T) {
 			t.Fatalf("Ping after writes were allowed again: %v", s.Ping(ctx))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestPingFullDisk: a database whose disk is full answers reads, and its
+// sessions are not read-only, yet it refuses every claim (53100). Ping, and
+// so /readyz, must say so until there is space again; it said ready.
+func TestPingFullDisk(t *testing.T) {
+	c, _ := pgtest.Own(t, pgtest.Options{})
+	ctx := context.Background()
+	// The database's files go to a small tmpfs of their own (a tablespace
+	// on it), so that filling it fails the writes, not the WAL.
+	mnt := filepath.Join(c.SocketDir(), "small")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=32m"); err != nil {
+		t.Skipf("cannot mount a tmpfs for the database (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() {
+		c.Stop(false)
+		if err := syscall.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	if os.Geteuid() == 0 { // the server runs as postgres (pgtest)
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(mnt, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, q := range []string{`CREATE TABLESPACE small LOCATION '` + mnt + `'`, `CREATE DATABASE full_disk TABLESPACE small`} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	s := open(t, c.URL("full_disk"), time.Hour)
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping with room: %v", err)
+	}
+
+	filler := filepath.Join(mnt, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for chunk := make([]byte, 64<<10); ; {
+		if _, err := f.Write(chunk); err != nil {
+			break // the file system is full
+		}
+	}
+	f.Close()
+	req := store.Request{Fingerprint: []byte("fp")}
+	for i := 0; ; i++ {
+		_, _, err := s.Begin(ctx, store.ID{Key: fmt.Sprintf("full-%d", i)}, req, "o", time.Minute)
+		if errors.Is(err, store.ErrNoSpace) {
+			break
+		}
+		if err != nil || i == 100_000 {
+			t.Fatalf("claim %d on a full disk = %v, want ErrNoSpace in time", i, err)
+		}
+	}
+	for range 2 {
+		if err := s.Ping(ctx); !errors.Is(err, store.ErrNoSpace) {
+			t.Fatalf("Ping while claims are refused for space = %v, want ErrNoSpace", err)
+		}
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping once there is space again: %v", err)
+	}
+	if _, created, err := s.Begin(ctx, store.ID{Key: "after"}, req, "o", time.Minute); err != nil || !created {
+		t.Fatalf("claim once there is space again = %v, %v", created, err)
 	}
 }
 
