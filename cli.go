@@ -258,7 +258,7 @@ func records(args, environ []string, stdout, stderr io.Writer) int {
 	if *body {
 		q.Set("body", "1")
 	}
-	b, err := c.do(http.MethodGet, "/admin/v1/records/"+url.PathEscape(key), q, nil)
+	b, err := c.do(http.MethodGet, "/admin/v1/records/"+keySegment(key), q, nil)
 	if err != nil {
 		fmt.Fprintln(stderr, "idemproxy records get:", err)
 		return 1
@@ -274,6 +274,16 @@ func records(args, environ []string, stdout, stderr io.Writer) int {
 	}
 	printRecord(stdout, rec)
 	return 0
+}
+
+// keySegment is key as one segment of a call's path. PathEscape leaves the
+// dots of "." and ".." as they are, and the admin listener would resolve
+// them as dot-segments (records get . asked for the listing).
+func keySegment(key string) string {
+	if key == "." || key == ".." {
+		return strings.Repeat("%2E", len(key))
+	}
+	return url.PathEscape(key)
 }
 
 // splitPositional takes the first argument that is not a flag out of args,

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -122,6 +123,31 @@ func TestCLIRecordsGet(t *testing.T) {
 	}
 	if _, _, code := run(tok, "records", "get"); code != 2 {
 		t.Fatalf("no key = exit %d, want 2", code)
+	}
+}
+
+// TestCLIRecordsGetAnyKey: records get finds the record of every key an app
+// may send, those that are a dot-segment of a URL path included. "." and
+// ".." went into the call's path as they are, so the admin listener took
+// them for /admin/v1/records and /admin/v1: records get . answered 400
+// "state must be in_flight, unknown or needs_review" and records get ..
+// 404 "no such admin call", exit 1, for records that exist.
+func TestCLIRecordsGetAnyKey(t *testing.T) {
+	up := httptest.NewServer(newDedupProvider())
+	t.Cleanup(up.Close)
+	p := launch(t, launchSpec{env: baseEnv(up.URL, t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)})
+	for i, key := range []string{".", "..", "a/b", "../a", "x%y", "%2F", "a?b#c", "a+b"} {
+		order := `{"order_id":"any-key-` + strconv.Itoa(i) + `"}`
+		if r := send(t, "POST", "http://"+p.proxy+"/payments", order, "Idempotency-Key", key); r.status != http.StatusCreated {
+			t.Fatalf("POST with key %q = %d %s", key, r.status, r.body)
+		}
+		cmd := exec.Command(binPath, "records", "get", "--json", "--", key)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "IDEMPROXY_ADMIN_ADDR=" + p.admin, "IDEMPROXY_ADMIN_TOKEN=" + adminToken}
+		out, err := cmd.CombinedOutput()
+		var rec map[string]any
+		if err != nil || json.Unmarshal(out, &rec) != nil || rec["key"] != key || rec["state"] != "final" {
+			t.Errorf("records get %q = %v\n%s; want its final record", key, err, out)
+		}
 	}
 }
 
