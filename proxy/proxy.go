@@ -264,6 +264,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, sum, err)
 		return
 	}
+	// Runs after the request's slot and bytes are given back (below).
+	defer lingerRefused(w, r, r.Body, sum)
 	if r.ContentLength > h.opt.MaxBodyBytes { // refused before a streamed request leaves
 		if p := h.rule(r).Policy; p == routes.Key || p == routes.Fingerprint {
 			echoClientKey(w, r)
@@ -295,6 +297,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Its request slot is taken once its body is read (serveProtected).
 		h.serveProtected(w, r, tenant, rule, sum, t)
 	}
+}
+
+// Bounds of lingerRefused.
+const (
+	lingerTime  = 5 * time.Second
+	lingerBytes = 64 << 20
+)
+
+// lingerRefused reads and drops what comes of the body of a request refused
+// 413 body_too_large (body is r.Body as the server gave it, before
+// MaxBytesReader), once the answer is out, for at most lingerTime and
+// lingerBytes, before the connection is closed (as nginx's lingering close
+// does). Closed while the body still arrives, the connection is reset, and
+// the reset also drops the answer the client has not read yet: a client
+// that writes its whole body before it reads (Python's urllib and
+// http.client, most scripts) reported "connection reset by peer" instead of
+// the 413. A client that asked for 100-continue and was refused for its
+// declared length before any read was not sent 100 Continue and sends no
+// body: it is left alone.
+func lingerRefused(w http.ResponseWriter, r *http.Request, body io.Reader, sum *Summary) {
+	if sum.Status != http.StatusRequestEntityTooLarge ||
+		r.ContentLength >= 0 && strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+		return
+	}
+	rc := http.NewResponseController(w)
+	if rc.Flush() != nil {
+		return
+	}
+	rc.SetReadDeadline(time.Now().Add(lingerTime))
+	io.CopyN(io.Discard, body, lingerBytes)
 }
 
 // drainRefused reads and drops the rest of the body of a request refused
