@@ -10,6 +10,7 @@ import (
 	"compress/gzip"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -26,6 +27,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf16"
 
 	"github.com/idemproxy/idemproxy/sandbox"
 )
@@ -1067,6 +1069,53 @@ func TestHostileGzippedOrder(t *testing.T) {
 	defer prov.mu.Unlock()
 	if want := map[string]int{"gz-1": 1, "gz-2": 1}; !maps.Equal(prov.orders, want) {
 		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
+	}
+}
+
+// utf16Provider reads a body sent as "charset=utf-16" as ASP.NET does,
+// transcoded to UTF-8 (little-endian after its byte order mark, as .NET's
+// Encoding.Unicode writes it), then as goOrderProvider.
+type utf16Provider struct{ goOrderProvider }
+
+func (p *utf16Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	if strings.Contains(strings.ToLower(r.Header.Get("Content-Type")), "charset=utf-16") {
+		b = []byte(strings.TrimPrefix(string(b), "\xff\xfe"))
+		u := make([]uint16, len(b)/2)
+		for i := range u {
+			u[i] = binary.LittleEndian.Uint16(b[2*i:])
+		}
+		b = []byte(string(utf16.Decode(u)))
+	}
+	r.Body = io.NopCloser(strings.NewReader(string(b)))
+	p.goOrderProvider.ServeHTTP(w, r)
+}
+
+// An order sent as JSON in UTF-16 (.NET's StringContent with
+// Encoding.Unicode: "application/json; charset=utf-16") has a key source
+// idemproxy cannot read: 422 with nothing sent under
+// IDEMPROXY_MISSING_KEY=generate too, as under reject. It got a new random
+// key on each blind retry, and a provider that reads UTF-16 as ASP.NET does
+// executed order w16-1 twice.
+func TestHostileUTF16Order(t *testing.T) {
+	prov := &utf16Provider{goOrderProvider{keys: map[string]bool{}, orders: map[string]int{}}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_MISSING_KEY=generate")...)
+	body := []byte{0xff, 0xfe}
+	for _, r := range `{"order_id":"w16-1","amount":"5.00"}` {
+		body = binary.LittleEndian.AppendUint16(body, uint16(r))
+	}
+	for try := 1; try <= 2; try++ {
+		got := rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nContent-Type: application/json; charset=utf-16\nContent-Length: %d\n\n%s", len(body), body))
+		if got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+			t.Errorf("try %d: %d %s, want 422 idempotency_key_missing", try, got.status, got.body)
+		}
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if len(prov.orders) != 0 {
+		t.Errorf("provider executed orders %v, want none", prov.orders)
 	}
 }
 

@@ -84,7 +84,8 @@ func Derive(sources []Source, r Request) (key string, src Source, ok bool) {
 // value that is not empty but is given twice with different values, or is
 // spelt in another letter case only, or a JSON member in a body that does
 // not parse whole as one object (data after it, a syntax error after the
-// member). Derive counts such a source as absent; the provider may well
+// member); or a JSON object in UTF-16 or UTF-32, which is not read at all
+// (wideObject). Derive counts such a source as absent; the provider may well
 // read an order id from it (encoding/json matches member names without
 // regard to case, a streaming decoder stops after the first object), so
 // a random key or none for the request would have each of the app's blind
@@ -106,6 +107,9 @@ func (st *state) mentions(s Source, r Request) bool {
 	switch s.Kind {
 	case JSON:
 		body := bytes.TrimPrefix(r.Body, utf8BOM)
+		if wideObject(body) {
+			return true // not read at all (see wideObject)
+		}
 		if firstNonSpace(body) != '{' {
 			return false
 		}
@@ -127,6 +131,34 @@ func (st *state) mentions(s Source, r Request) bool {
 		}
 	case Query:
 		return formMentions(st.val[:0], r.RawQuery, s.Name)
+	}
+	return false
+}
+
+// wideObject reports whether body is a JSON object in UTF-16 or UTF-32:
+// after a byte order mark (FE FF or FF FE), or with a NUL among its first
+// two bytes (RFC 4627 §3), its first character that is not white space is
+// '{'. .NET's StringContent with Encoding.Unicode sends such a body, as
+// "application/json; charset=utf-16", and ASP.NET reads it; idemproxy, whose
+// sources read UTF-8 (RFC 8259 §8.1), finds nothing in it.
+func wideObject(body []byte) bool {
+	b, marked := body, false
+	for _, bom := range [][]byte{{0xfe, 0xff}, {0xff, 0xfe}} {
+		if bytes.HasPrefix(b, bom) {
+			b, marked = b[2:], true
+		}
+	}
+	if len(b) < 2 || !marked && b[0] != 0 && b[1] != 0 {
+		return false
+	}
+	for _, c := range b[:min(len(b), 64)] {
+		switch c {
+		case 0, ' ', '\t', '\n', '\r':
+		case '{':
+			return true
+		default:
+			return false
+		}
 	}
 	return false
 }

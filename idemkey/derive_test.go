@@ -153,6 +153,11 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"header only with underscores", "header:X-Order-Id", Request{Method: "POST", Path: "/p", Header: http.Header{"X_order_id": {"H-1"}}}},
 		{"query repeated in another case", "query:order", Request{Method: "POST", Path: "/p", RawQuery: "order=1&Order=2"}},
 		{"top-level array", "json:order_id", postJSON(`[{"order_id":"A"}]`)},
+		// .NET's StringContent with Encoding.Unicode: read by ASP.NET, not here.
+		{"UTF-16LE with a byte order mark", "json:order_id", postJSON(wide(`{"order_id":"A"}`, binary.LittleEndian, true))},
+		{"UTF-16BE without one", "json:order_id", postJSON(wide(` {"order_id":"A"}`, binary.BigEndian, false))},
+		{"UTF-16LE without one", "json:order_id", postJSON(wide(`{"order_id":"A"}`, binary.LittleEndian, false))},
+		{"UTF-16LE array", "json:order_id", postJSON(wide(`[{"order_id":"A"}]`, binary.LittleEndian, true))},
 		{"trailing garbage", "json:order_id", postJSON(`{"order_id":"A"} x`)},
 		{"truncated", "json:order_id", postJSON(`{"order_id":"A"`)},
 		{"invalid UTF-8", "json:order_id", postJSON("{\"order_id\":\"A\xff\"}")},
@@ -191,13 +196,25 @@ func TestDeriveNotPresent(t *testing.T) {
 	}
 }
 
+// wide is s in UTF-16 of byte order o, after a byte order mark if bom.
+func wide(s string, o binary.AppendByteOrder, bom bool) string {
+	var b []byte
+	if bom {
+		b = o.AppendUint16(b, 0xfeff)
+	}
+	for _, r := range s {
+		b = o.AppendUint16(b, uint16(r))
+	}
+	return string(b)
+}
+
 // absent names the cases of TestDeriveNotPresent whose source is not in the
 // request with a value, in any spelling: every other case has one, which
 // Derive cannot take as the order's (Unreadable).
 var absent = map[string]bool{
 	"no body": true, "missing field": true, "nested field missing": true, "path through a non-object": true,
 	"path through an array": true, "empty string": true, "null": true, "bool": true, "object": true, "array": true,
-	"top-level array": true, "invalid UTF-8": true, "form field empty": true, "form field without value": true,
+	"top-level array": true, "UTF-16LE array": true, "invalid UTF-8": true, "form field empty": true, "form field without value": true,
 	"form body with JSON content type": true, "form source on a JSON body": true,
 	"form source on a JSON body with a byte order mark": true, "header absent": true, "header empty": true,
 	"nil header": true, "query absent": true, "query empty": true, "no sources": true,
