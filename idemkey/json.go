@@ -56,7 +56,7 @@ type jsonParser struct {
 	moves   []move   // objects whose members must be reordered, once parsed
 	sorted  []member // the members of every move, each move's in key order
 	scratch []byte   // the canonical form while moves are applied
-	key     []byte   // decoded object key (lookup)
+	key     []byte   // decoded object key (lookup, and a look's escaped key)
 	val     []byte   // decoded value found by lookup
 
 	// seen is set by lookup when a member at the path, its key in any
@@ -64,6 +64,28 @@ type jsonParser struct {
 	// or two such members disagreed, whether or not the document parses
 	// whole after it (Unreadable).
 	seen bool
+
+	// frames are the looks (Parse) into the objects open on their
+	// paths: while the canonical form is emitted, the document's key
+	// sources are looked up in the same pass (lookMember). The first
+	// frames, whose parent is -1, are the document's own.
+	frames []frame
+}
+
+// frame is one dotted path's look into one object of the document being
+// emitted: what lookupObject keeps in its locals for that object, so that
+// a look gives what lookup gives. seg is the key it matches here, rest the
+// path below it (when nested); seen, ambiguous, exact and found are
+// lookupObject's prev >= 0, ambiguous, exact and found, and val the value
+// of the last member whose key matched (meaningful when found). hit marks
+// the frames whose seg the member being parsed matched.
+type frame struct {
+	parent                        int // the frame of the enclosing object, -1 for the document
+	seg, rest                     string
+	nested                        bool
+	hit                           bool
+	seen, ambiguous, exact, found bool
+	val                           []byte
 }
 
 // member locates one object member in out: [start,end) is `"key":value`,
@@ -78,6 +100,7 @@ func (p *jsonParser) reset(data []byte, emit bool) {
 	p.data, p.pos, p.emit = data, 0, emit
 	p.members = p.members[:0]
 	p.moves, p.sorted = p.moves[:0], p.sorted[:0]
+	p.frames = p.frames[:0]
 }
 
 // canonical parses the document and puts every object's members in key order.
@@ -158,7 +181,13 @@ func (p *jsonParser) skipWS() {
 func (p *jsonParser) document() error {
 	p.docStart = len(p.out)
 	p.skipWS()
-	if err := p.value(0); err != nil {
+	var err error
+	if looks := len(p.frames); looks > 0 && p.peek() == '{' {
+		err = p.object(1, 0, looks) // value(0), with the document's looks
+	} else {
+		err = p.value(0)
+	}
+	if err != nil {
 		return err
 	}
 	p.skipWS()
@@ -172,7 +201,7 @@ func (p *jsonParser) document() error {
 func (p *jsonParser) value(depth int) error {
 	switch c := p.peek(); {
 	case c == '{':
-		return p.object(depth + 1)
+		return p.object(depth+1, 0, 0)
 	case c == '[':
 		return p.array(depth + 1)
 	case c == '"':
@@ -201,7 +230,9 @@ func (p *jsonParser) value(depth int) error {
 	return p.fail("unexpected character")
 }
 
-func (p *jsonParser) object(depth int) error {
+// object parses the object at p.pos, depth containers deep; the frames
+// [lo,hi) look into it (none when lo == hi).
+func (p *jsonParser) object(depth, lo, hi int) error {
 	if depth > maxDepth {
 		return p.fail("nesting too deep")
 	}
@@ -218,7 +249,13 @@ func (p *jsonParser) object(depth int) error {
 		if !first {
 			p.put(',')
 		}
-		if err := p.objectMember(depth); err != nil {
+		var err error
+		if lo < hi {
+			err = p.lookMember(depth, lo, hi)
+		} else {
+			err = p.objectMember(depth)
+		}
+		if err != nil {
 			return err
 		}
 		p.skipWS()
@@ -266,6 +303,130 @@ func (p *jsonParser) objectMember(depth int) error {
 		p.members = append(p.members, m)
 	}
 	return nil
+}
+
+// lookMember is objectMember (emitting) in an object the frames [lo,hi)
+// look into: each frame whose key the member's matches (in any letter case,
+// as lookupObject matches) is given the member's value (lookValue).
+func (p *jsonParser) lookMember(depth, lo, hi int) error {
+	if p.peek() != '"' {
+		return p.fail("want an object key")
+	}
+	m := member{start: len(p.out), keyStart: len(p.out) + 1}
+	at := p.pos
+	if err := p.str(&p.out, true); err != nil {
+		return err
+	}
+	m.keyEnd = len(p.out) - 1
+	key := p.data[at+1 : p.pos-1] // the decoded key, unless it has an escape
+	if bytes.IndexByte(key, '\\') >= 0 {
+		p.key = p.key[:0]
+		q := jsonParser{data: p.data[at:p.pos]} // valid: just parsed
+		q.str(&p.key, false)
+		key = p.key
+	}
+	if err := p.colon(); err != nil {
+		return err
+	}
+	hits, nested := false, false
+	for i := lo; i < hi; i++ {
+		f := &p.frames[i]
+		if f.hit = bytes.EqualFold(key, []byte(f.seg)); f.hit {
+			hits, nested = true, nested || f.nested
+			f.exact = f.exact || string(key) == f.seg
+		}
+	}
+	var err error
+	if hits {
+		err = p.lookValue(depth, lo, hi, nested)
+	} else {
+		err = p.value(depth)
+	}
+	if err != nil {
+		return err
+	}
+	m.end = len(p.out)
+	p.members = append(p.members, m)
+	return nil
+}
+
+// lookValue parses (emitting) the value of a member whose key matched the
+// frames of [lo,hi) marked hit, and settles each with what lookupMember
+// gives for it: a nested frame looks on into an object (with a frame of its
+// own there), a frame at its path's end takes a string's decoded value
+// (found when not empty) or a number's literal text; anything else is not
+// found. A value is the body's own bytes unless it is a string with an
+// escape.
+func (p *jsonParser) lookValue(depth, lo, hi int, nested bool) error {
+	var (
+		found bool
+		val   []byte
+	)
+	c := p.peek()
+	switch {
+	case c == '{' && nested:
+		inner := len(p.frames)
+		for i := lo; i < hi; i++ {
+			if f := p.frames[i]; f.hit && f.nested {
+				seg, rest, deeper := cutDot(f.rest)
+				p.frames = append(p.frames, frame{parent: i, seg: seg, rest: rest, nested: deeper})
+			}
+		}
+		end := len(p.frames)
+		if err := p.object(depth+1, inner, end); err != nil {
+			return err
+		}
+		for _, f := range p.frames[inner:end] {
+			p.settle(f.parent, f.found && f.exact && !f.ambiguous, f.val)
+		}
+		p.frames = p.frames[:inner]
+	case c == '"':
+		at := p.pos
+		if err := p.str(&p.out, true); err != nil {
+			return err
+		}
+		val = p.data[at+1 : p.pos-1]
+		if bytes.IndexByte(val, '\\') >= 0 {
+			q := jsonParser{data: p.data[at:p.pos]}
+			dec := make([]byte, 0, len(val))
+			q.str(&dec, false)
+			val = dec
+		}
+		found = len(val) > 0
+	case c == '-' || isDigit(c):
+		at := p.pos
+		if err := p.number(); err != nil {
+			return err
+		}
+		val, found = p.data[at:p.pos], true
+		p.out = append(p.out, val...)
+	default:
+		if err := p.value(depth); err != nil {
+			return err
+		}
+	}
+	for i := lo; i < hi; i++ {
+		f := &p.frames[i]
+		switch {
+		case !f.hit:
+		case !f.nested:
+			p.settle(i, found, val)
+		case c != '{': // a nested frame's object was settled above
+			p.settle(i, false, nil)
+		}
+	}
+	return nil
+}
+
+// settle gives frame i the result of one more member whose key matched:
+// lookupObject's sameAs check against the one before it, then found and
+// val.
+func (p *jsonParser) settle(i int, found bool, val []byte) {
+	f := &p.frames[i]
+	if f.seen && !f.ambiguous {
+		f.ambiguous = f.found != found || found && !bytes.Equal(f.val, val)
+	}
+	f.seen, f.found, f.val = true, found, val
 }
 
 func (p *jsonParser) colon() error {

@@ -77,14 +77,15 @@ func isUnreserved(c byte) bool {
 // as it came, which is what versions before keyPath derived. Such a record
 // (stored, in flight, or unknown since before an upgrade) stays the order's,
 // so that its retry is replayed or resumed under its key instead of sent
-// again under a new one. Only a key derived from a source can have one; a
-// store that cannot be read is a storeError (503, nothing sent).
-func (h *Handler) derivationPath(ctx context.Context, r idemkey.Request, rule routes.Rule, tenant string) (string, error) {
+// again under a new one. Only a key derived from a source can have one
+// (parsed is r's body read for rule's sources: idemkey.Parse); a store that
+// cannot be read is a storeError (503, nothing sent).
+func (h *Handler) derivationPath(ctx context.Context, r idemkey.Request, parsed *idemkey.Parsed, rule routes.Rule, tenant string) (string, error) {
 	normal := keyPath(r.Path)
 	if _, present, _ := idemkey.FromHeader(r.Header); present || rule.Policy != routes.Key {
 		return normal, nil
 	}
-	key, _, ok := idemkey.Derive(rule.Sources, r)
+	key, _, ok := parsed.Derive(r)
 	if !ok {
 		return normal, nil
 	}

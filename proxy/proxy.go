@@ -498,22 +498,24 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	// The fingerprint takes the path as it came; a key derived from a
 	// source or a fingerprint window takes it in its normal form
 	// (keyPath), so that one order spelled two ways is one key, and a
-	// second spelling is 409 idempotency_conflict, nothing sent.
-	fp := idemkey.Fingerprint(kr)
+	// second spelling is 409 idempotency_conflict, nothing sent. One pass
+	// over the body gives the fingerprint and the key sources' values.
+	parsed := idemkey.Parse(rule.Sources, kr)
+	fp := parsed.Fingerprint
 	windowFP := fp
 	if keyPath(kr.Path) != kr.Path {
 		if rule.Policy == routes.Fingerprint {
 			windowFP, err = h.windowFingerprint(r.Context(), kr, fp, rule.Window)
 		}
 		if err == nil {
-			kr.Path, err = h.derivationPath(r.Context(), kr, rule, tenant)
+			kr.Path, err = h.derivationPath(r.Context(), kr, &parsed, rule, tenant)
 		}
 		if err != nil {
 			h.fail(w, sum, err)
 			return
 		}
 	}
-	key, err := h.resolveKey(r.Context(), kr, rule, windowFP, undecodable)
+	key, err := h.resolveKey(r.Context(), kr, &parsed, rule, windowFP, undecodable)
 	if err != nil {
 		h.fail(w, sum, err)
 		return
@@ -542,7 +544,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		// An operator renewed the order: its next generation's key, which
 		// only a key derived from the request can follow.
 		kr.Generation = gen
-		next, _, derived := idemkey.Derive(rule.Sources, kr)
+		next, _, derived := parsed.Derive(kr)
 		if _, sent, _ := idemkey.FromHeader(r.Header); sent || rule.Policy != routes.Key || !derived {
 			res, err = result{resp: sup.rec.Response, replayed: true}, nil
 			break
@@ -574,11 +576,11 @@ func echoClientKey(w http.ResponseWriter, r *http.Request) {
 
 // resolveKey returns the key for a protected request: the client's own, else the
 // fingerprint window's key for a fingerprint rule, else one derived from the first
-// of the rule's sources present, else what the MissingKey policy says ("" for
-// Passthrough). undecodable says r's body has a Content-Encoding that was not
+// of the rule's sources present (parsed is r's body read for them: Parse), else
+// what the MissingKey policy says ("" for Passthrough). undecodable says r's body has a Content-Encoding that was not
 // undone (decodedBody), so that its key sources could not be read: such a
 // request is refused under every policy.
-func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes.Rule, fp [32]byte, undecodable bool) (string, error) {
+func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, parsed *idemkey.Parsed, rule routes.Rule, fp [32]byte, undecodable bool) (string, error) {
 	key, present, err := idemkey.FromHeader(r.Header)
 	if err != nil {
 		return "", err
@@ -589,7 +591,7 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, rule routes
 	if rule.Policy == routes.Fingerprint {
 		return h.windowKey(ctx, r.Tenant, fp, rule.Window)
 	}
-	if key, _, ok := idemkey.Derive(rule.Sources, r); ok {
+	if key, _, ok := parsed.Derive(r); ok {
 		return key, nil
 	}
 	if undecodable {
