@@ -306,6 +306,36 @@ func TestInstrumentedStore(t *testing.T) {
 	}
 }
 
+// A final answer stored through the instrumented store is scanned for
+// needs_review once: the store (its expiry) and the metrics both read what
+// the caller's WithReview found. The body is written over after the scan,
+// which nothing else does, so that a second scan would find otherwise.
+func TestInstrumentedStoreReadsTheReviewFound(t *testing.T) {
+	db, err := cache.Open(cache.Options{Dir: t.TempDir(), TTL: time.Hour, MinFreeBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m := New("test")
+	s := m.Store(db)
+	ctx := context.Background()
+	id := store.ID{Tenant: "t", Key: "review"}
+	if err := created(s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o1", time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	resp := store.Response{Status: 200, Body: []byte(`{"status":"needs_review"}`)}.WithReview()
+	copy(resp.Body, `{"status":"xxxxxxxxxxxx"}`)
+	if err := s.Complete(ctx, id, "o1", resp, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, m, "idemproxy_records_needs_review_total"); got != 1 {
+		t.Errorf("needs_review answers counted: %v, want 1 (the scan's)", got)
+	}
+	if rec, err := db.Get(ctx, id); err != nil || !rec.ExpiresAt.IsZero() {
+		t.Errorf("record expires at %v (%v): the store did not keep it as the scan found", rec.ExpiresAt, err)
+	}
+}
+
 func created(_ store.Record, created bool, err error) error {
 	if err == nil && !created {
 		return errors.New("record not created")

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -54,7 +53,7 @@ func (s *InstrumentedStore) Complete(ctx context.Context, id store.ID, owner str
 	if err == nil {
 		s.m.operations.Dec()
 		s.m.stored.Inc()
-		if retry.NeedsReview(resp.Body) {
+		if resp.NeedsReview() { // scanned once, with the store, when the caller asked WithReview
 			s.m.needsReview.Inc()
 		}
 	}
@@ -202,7 +201,7 @@ func (s *InstrumentedStore) Resolve(ctx context.Context, id store.ID, resp *stor
 	s.m.unknownStale.Store(true)
 	if err == nil && resp != nil {
 		s.m.stored.Inc()
-		if retry.NeedsReview(resp.Body) {
+		if resp.NeedsReview() {
 			s.m.needsReview.Inc()
 		}
 	}

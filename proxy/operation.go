@@ -234,6 +234,9 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 		return res
 	}
 	if res.err == nil && res.report.Disposition == retry.Final {
+		// Its body is scanned for needs_review once, here, not by the
+		// store (its expiry) and again by the metrics.
+		res.resp = res.resp.WithReview()
 		err := h.opt.Store.Complete(ctx, id, owner, res.resp, res.report.FirstSentAt)
 		if err == nil {
 			return res

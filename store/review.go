@@ -43,13 +43,42 @@ func jsonString(b json.RawMessage) string {
 	return s
 }
 
+// review is NeedsReview of the body at body (its first byte) of n bytes.
+type review struct {
+	body *byte
+	n    int
+	yes  bool
+}
+
+// WithReview returns r knowing whether its body needs review: NeedsReview
+// scans the body once, here, and r.NeedsReview of r and of every copy of it
+// reads what it found while Body is that body. A final answer is asked it
+// more than once as it is stored: by the store, for its expiry
+// (Record.Expires), and by the metrics. A body is never written in place
+// once it is a Response's.
+func (r Response) WithReview() Response {
+	if len(r.Body) > 0 {
+		r.review = review{body: &r.Body[0], n: len(r.Body), yes: NeedsReview(r.Body)}
+	}
+	return r
+}
+
+// NeedsReview is NeedsReview(r.Body), as WithReview found it if it scanned
+// this body.
+func (r *Response) NeedsReview() bool {
+	if len(r.Body) > 0 && r.review.body == &r.Body[0] && r.review.n == len(r.Body) {
+		return r.review.yes
+	}
+	return NeedsReview(r.Body)
+}
+
 // AwaitsReview reports whether r is a final record kept for an operator: its
 // answer needs review (NeedsReview), and no operator has marked it Reviewed
 // yet. Such a record never expires, so that the app's retries keep getting
 // the answer, and nothing is sent to the provider again, however long the
 // review takes; it is listed for operators until it is marked.
 func (r *Record) AwaitsReview() bool {
-	return r.State == Final && !r.Reviewed && NeedsReview(r.Response.Body)
+	return r.State == Final && !r.Reviewed && r.Response.NeedsReview()
 }
 
 // Expires reports whether r expires TTL after its last write (with a TTL):

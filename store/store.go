@@ -91,6 +91,9 @@ type Response struct {
 	Status int
 	Header http.Header
 	Body   []byte
+	// review is what WithReview found in Body; every copy carries it
+	// (see Response.NeedsReview).
+	review review
 }
 
 // Record is what a store keeps for one ID.
