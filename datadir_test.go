@@ -392,6 +392,54 @@ func TestBinaryRefusesCutWAL(t *testing.T) {
 	putBackAndReplay(t, env, path, whole, prov, all)
 }
 
+// The WAL of a killed process holding acknowledged answers, zeroed, or
+// zeroed after its header (what a file system that lost its blocks, or a
+// copy that stopped short, leaves): the start stops with exit status 1
+// naming the file, nothing sent, and every answer replays once it is put
+// back. Badger took each for a log that never held anything: the start
+// served, 0 of 100 answers replayed and each order went upstream again.
+func TestBinaryRefusesEmptiedWAL(t *testing.T) {
+	prov := &crashProvider{size: 2000, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	for _, c := range []struct {
+		name   string
+		says   string
+		damage func(whole []byte) []byte
+	}{
+		{"zeroed", "zeroed", func(b []byte) []byte { return make([]byte, len(b)) }},
+		{"zeroed after its header", "holds no entry", func(b []byte) []byte {
+			return append(bytes.Clone(b[:20]), make([]byte, len(b)-20)...)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			env := baseEnv(up.URL, dir)
+			p := launch(t, launchSpec{env: env})
+			var all []acked
+			for i := range 100 {
+				a, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("emptied-%s-%d", c.name, i))
+				if !ok {
+					t.Fatalf("order %d refused:\n%s", i, p.text())
+				}
+				a.hits = prov.hitsOf(a.key)
+				all = append(all, a)
+			}
+			p.cmd.Process.Kill() // the answers are in the WAL only
+			<-p.done
+			path, whole := onlyFile(t, dir, "*.mem")
+			damaged := c.damage(whole)
+			if err := os.WriteFile(path, damaged, 0o600); err != nil {
+				t.Fatal(err)
+			}
+
+			refusedSaying(t, env, "on an emptied write-ahead log", "IDEMPROXY_DATA_DIR="+dir, path+" is damaged", c.says)
+			keptAndUnsent(t, path, damaged, prov, all)
+			putBackAndReplay(t, env, path, whole, prov, all)
+		})
+	}
+}
+
 // A KEYREGISTRY with garbage in it, or cut short, between two runs: Badger
 // refused it saying "Encryption key mismatch" or "Error while reading sanity
 // text", naming neither the file nor the damage (the store encrypts

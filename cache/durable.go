@@ -51,6 +51,7 @@ type walSet struct {
 	next     int       // the fid the next new WAL will have
 	nextPath string    // its path, kept so that a round allocates nothing
 	dirDirty bool      // a WAL appeared since the directory was last fsynced
+	held     int       // the fid heldName notes: the newest WAL synced with an entry
 }
 
 type walFile struct {
@@ -58,6 +59,8 @@ type walFile struct {
 	path      string
 	f         *os.File // nil until the first round that syncs it
 	allocated bool     // preallocate is done with it
+	entry     bool     // it held a whole entry before its last sync (probed until noted)
+	header    [walHeaderSize]byte
 }
 
 // walName is Badger's WAL file name for fid (memtable.go: "%05d.mem").
@@ -99,6 +102,11 @@ func (w *walSet) load() error {
 	w.nextPath = ""
 	slices.SortFunc(w.live, func(a, b walFile) int { return a.fid - b.fid })
 	w.dirDirty = true
+	h, err := readHeld(w.dir)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", filepath.Join(w.dir, heldName), err)
+	}
+	w.held = max(w.held, h.fid)
 	return nil
 }
 
@@ -130,7 +138,8 @@ func (w *walSet) syncLocked() error {
 	n := len(w.live)
 	for i := range n {
 		// Only the newest WAL takes writes: the older ones wait for their flush.
-		gone, err := w.live[i].sync(i == n-1)
+		newest := i == n-1
+		gone, err := w.live[i].sync(newest, newest && w.live[i].fid > w.held)
 		if err != nil {
 			kept = append(kept, w.live[i:]...) // still tracked (and closed by close)
 			clear(w.live[len(kept):n])
@@ -161,14 +170,24 @@ func (w *walSet) syncLocked() error {
 		}
 		w.dirDirty = false
 	}
+	if len(w.live) > 0 {
+		if f := &w.live[len(w.live)-1]; f.entry && f.fid > w.held {
+			// Best effort: the note is written once per WAL, and a round
+			// that cannot write it (a full disk) leaves it to the next.
+			if writeHeld(w.dir, heldWAL{fid: f.fid, header: f.header}) == nil {
+				w.held = f.fid
+			}
+		}
+	}
 	return nil
 }
 
 // sync makes the WAL's data durable, opening it on first use; gone reports
 // that the file no longer exists (flushed to an L0 table by Badger), and
 // then it is closed. With allocate, the WAL's blocks are first allocated
-// (preallocate), once.
-func (f *walFile) sync(allocate bool) (gone bool, err error) {
+// (preallocate), once. With probe, it first looks whether the WAL holds a
+// whole entry (entry), which the sync then makes durable.
+func (f *walFile) sync(allocate, probe bool) (gone bool, err error) {
 	if f.f == nil {
 		file, err := os.OpenFile(f.path, os.O_RDWR, 0) // writable, for fallocate
 		if errors.Is(err, fs.ErrNotExist) {
@@ -184,6 +203,9 @@ func (f *walFile) sync(allocate bool) (gone bool, err error) {
 		// Best effort: failing means that the file system is nearly full, and
 		// then checkSpace refuses writes anyway. The next round tries again.
 		f.allocated, _ = preallocate(f.f)
+	}
+	if err == nil && !gone && probe && !f.entry {
+		err = f.probe()
 	}
 	if err == nil && !gone {
 		err = datasync(f.f)
@@ -266,3 +288,19 @@ func (s *Store) waitDurable(version uint64) error {
 // (Taking a fresh read timestamp per round instead costs a transaction, about
 // 3.5 allocations per round.)
 func durableTs(txn *badger.Txn) uint64 { return txn.ReadTs() + 1 }
+
+// probe sets entry when the WAL holds a whole entry, and header.
+func (f *walFile) probe() error {
+	fi, err := f.f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() < walHeaderSize {
+		return nil
+	}
+	if _, err := f.f.ReadAt(f.header[:], 0); err != nil {
+		return err
+	}
+	f.entry, err = hasEntry(f.f, fi.Size())
+	return err
+}

@@ -66,13 +66,10 @@ func runWriter(dir string) {
 	select {}
 }
 
-// TestRecordsSurviveSIGKILL kills a writing process and checks that every
-// record it acknowledged is there after reopening. SIGKILL keeps the page
-// cache, so this checks recovery from an unclosed directory (WAL replay,
-// rotated WALs), not fsync itself; docs/design/durability.md argues the
-// power-loss case.
-func TestRecordsSurviveSIGKILL(t *testing.T) {
-	dir := t.TempDir()
+// killWriter runs a writer process (runWriter) on dir, SIGKILLs it once it
+// has acknowledged n records and returns the keys of those it acknowledged.
+func killWriter(t *testing.T, dir string, n int) []string {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), writerEnv+"="+dir)
 	cmd.Stderr = os.Stderr
@@ -87,7 +84,7 @@ func TestRecordsSurviveSIGKILL(t *testing.T) {
 	lines := bufio.NewScanner(out)
 	for lines.Scan() {
 		done = append(done, strings.TrimPrefix(lines.Text(), "done "))
-		if len(done) == 1500 {
+		if len(done) == n {
 			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
@@ -98,6 +95,17 @@ func TestRecordsSurviveSIGKILL(t *testing.T) {
 	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("writer ended with %v after %d records, want killed by SIGKILL", err, len(done))
 	}
+	return done
+}
+
+// TestRecordsSurviveSIGKILL kills a writing process and checks that every
+// record it acknowledged is there after reopening. SIGKILL keeps the page
+// cache, so this checks recovery from an unclosed directory (WAL replay,
+// rotated WALs), not fsync itself; docs/design/durability.md argues the
+// power-loss case.
+func TestRecordsSurviveSIGKILL(t *testing.T) {
+	dir := t.TempDir()
+	done := killWriter(t, dir, 1500)
 
 	// Reopened with the writer's memtable size, as the store always is: a
 	// WAL shorter than the store makes them would be taken for one cut short.

@@ -55,7 +55,7 @@ func checkOwnDir(dir string) error {
 // puts in a store directory.
 func ownEntry(name string) bool {
 	switch name {
-	case "idemproxy.lock", "LOCK", "KEYREGISTRY", "REWRITE-KEYREGISTRY", "MANIFEST-REWRITE", "DISCARD", "lost+found":
+	case "idemproxy.lock", heldName, "LOCK", "KEYREGISTRY", "REWRITE-KEYREGISTRY", "MANIFEST-REWRITE", "DISCARD", "lost+found":
 		return true
 	}
 	if strings.HasPrefix(name, ".") {

@@ -56,10 +56,13 @@ import (
 // for good after one L0 compaction). A damaged table must therefore never
 // reach Badger; refusing the directory keeps every file as it was.
 func checkTables(dir string, bopts badger.Options) error {
-	if err := removeEmptyLogs(dir); err != nil {
+	if err := checkWALs(dir, bopts.MemTableSize); err != nil {
 		return err
 	}
-	if err := checkWALs(dir, bopts.MemTableSize); err != nil {
+	if err := checkHeldWALs(dir); err != nil {
+		return err
+	}
+	if err := removeEmptyLogs(dir); err != nil {
 		return err
 	}
 	if err := checkKeyRegistry(dir); err != nil {
@@ -99,7 +102,8 @@ func checkTables(dir string, bopts badger.Options) error {
 
 // removeEmptyLogs deletes the empty write-ahead (*.mem) and value-log
 // (*.vlog) files in dir. Badger creates such a file and then sizes it with
-// ftruncate; a kill between the two leaves it at 0 bytes, and Badger v4.9.6
+// ftruncate, and deletes one by truncating it to 0 and then removing it; a
+// kill between the two leaves it at 0 bytes, and Badger v4.9.6
 // then refuses the directory ("while opening memtables ... Create a new
 // file": ristretto's OpenMmapFile reports an empty file as z.NewFile, which
 // openMemTables and valueLog.open treat as an error). An empty file holds
