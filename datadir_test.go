@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -436,6 +437,70 @@ func TestBinaryRefusesEmptiedWAL(t *testing.T) {
 			refusedSaying(t, env, "on an emptied write-ahead log", "IDEMPROXY_DATA_DIR="+dir, path+" is damaged", c.says)
 			keptAndUnsent(t, path, damaged, prov, all)
 			putBackAndReplay(t, env, path, whole, prov, all)
+		})
+	}
+}
+
+// The data directory deleted and made anew, or moved away, while the
+// process runs (a volume remounted, a mistaken clean-up): every order after
+// it is refused 503 store_unavailable with nothing sent, /readyz turns 503,
+// the log names the directory, and SIGTERM ends the process. Before,
+// Badger wrote on into its unlinked files: /readyz said 200, 10 of 10 orders
+// were answered 201 and after a restart 0 of them replayed, each sent again.
+func TestBinaryDataDirGoneWhileRunning(t *testing.T) {
+	prov := &crashProvider{size: 2000, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	for _, c := range []struct {
+		name string
+		says string // in the log, after the directory's path
+		gone func(t *testing.T, dir string)
+	}{
+		{"deleted and made anew", "/idemproxy.lock no longer holds it", func(t *testing.T, dir string) {
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"moved away", "", func(t *testing.T, dir string) { // statfs of the path fails first
+			if err := os.Rename(dir, dir+".moved"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			p := launch(t, launchSpec{env: baseEnv(up.URL, dir)})
+			for i := range 10 {
+				if _, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("gone-before-%d", i)); !ok {
+					t.Fatalf("order %d refused:\n%s", i, p.text())
+				}
+			}
+			c.gone(t, dir)
+
+			waitReadyz(t, p.admin, http.StatusServiceUnavailable)
+			for i := range 10 {
+				body := fmt.Sprintf(`{"order_id":"gone-after-%d","amount":"1.00"}`, i)
+				resp, err := http.Post("http://"+p.proxy+"/v1/payouts", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				key := resp.Header.Get("Idempotency-Key")
+				if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), `"store_unavailable"`) {
+					t.Fatalf("order after the directory went = %d %s; want 503 store_unavailable", resp.StatusCode, b)
+				}
+				if h := prov.hitsOf(key); h != 0 {
+					t.Fatalf("refused order %d reached the provider (%d hits)", i, h)
+				}
+			}
+			if !strings.Contains(p.text(), dir+c.says) {
+				t.Errorf("the log does not say %q:\n%s", dir+c.says, p.text())
+			}
+			p.terminateWithin(t, 15*time.Second)
 		})
 	}
 }

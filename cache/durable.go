@@ -28,9 +28,15 @@ import (
 //  1. sync every WAL not yet flushed (db.Sync reaches only the active one);
 //  2. fsync the directory if a WAL appeared since the last round (Badger
 //     creates WALs without syncing the directory);
-//  3. publish ts as syncedTs.
+//  3. check that the directory is still the one the store opened
+//     (dirMark.check): writes into a deleted or replaced one are lost;
+//  4. publish ts as syncedTs.
 func (s *Store) syncFiles(ts uint64) error {
 	if err := s.wals.sync(); err != nil {
+		return err
+	}
+	// After the sync: a directory deleted during it loses what it synced.
+	if err := s.mark.check(); err != nil {
 		return err
 	}
 	if ts > s.syncedTs.Load() {

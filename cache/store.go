@@ -31,6 +31,10 @@ var (
 	// ErrLocked is returned by Open when another process or Store has the
 	// directory open.
 	ErrLocked = errors.New("cache: store directory is locked")
+
+	// ErrDirGone is returned by a write once the store's directory is no
+	// longer the one it opened (dirMark.check).
+	ErrDirGone = errors.New("cache: store directory gone")
 )
 
 // Options configures Open. Dir or InMemory must be set; the other zero
@@ -157,6 +161,7 @@ type Store struct {
 	maxHeadroom int64        // cap of headroom (checkSpace)
 	maxValue    int          // values must be shorter (valueThreshold)
 	unlock      func() error
+	mark        dirMark // the lock file: checked by every sync round
 
 	group    *groupSync    // nil unless SyncWrites on disk
 	syncedTs atomic.Uint64 // every commit at or below it is on disk
@@ -291,7 +296,7 @@ func (s *Store) open(opts Options) error {
 	if err := checkOwnDir(opts.Dir); err != nil {
 		return fmt.Errorf("cache: open: %w", err)
 	}
-	unlock, err := lockDir(opts.Dir)
+	unlock, mark, err := lockDir(opts.Dir)
 	if err != nil {
 		return fmt.Errorf("cache: open: %w", err)
 	}
@@ -310,7 +315,7 @@ func (s *Store) open(opts Options) error {
 		unlock()
 		return err
 	}
-	s.db, s.unlock = db, unlock
+	s.db, s.unlock, s.mark = db, unlock, mark
 	if opts.MinFreeBytes > 0 {
 		s.minFree = uint64(opts.MinFreeBytes)
 	}
@@ -380,7 +385,8 @@ func (e deniedError) Unwrap() []error { return []error{e.error, fs.ErrPermission
 //
 // On a file system with less free space than the reserve (MinFreeBytes),
 // with SyncWrites, Close leaves Badger open instead (see leaveOpen): the
-// process must then exit, as the directory stays locked until it does.
+// process must then exit, as the directory stays locked until it does. So
+// does a Close once the directory is gone (ErrDirGone), which returns that.
 func (s *Store) Close() error {
 	s.life.Lock()
 	defer s.life.Unlock()
@@ -390,6 +396,15 @@ func (s *Store) Close() error {
 	s.closed = true
 	close(s.stop)
 	s.gcDone.Wait()
+	if s.group != nil {
+		if err := s.mark.check(); err != nil {
+			// Badger's Close would flush the memtable into a table in
+			// whatever is at the path now (or retry for ever where there is
+			// nothing), and no MANIFEST there would name it.
+			s.wals.close()
+			return fmt.Errorf("cache: close: left Badger open: %w", err)
+		}
+	}
 	if s.group != nil && s.minFree > 0 {
 		if free, err := freeBytes(s.dir); err != nil || free < s.minFree {
 			return s.leaveOpen(free, err)
