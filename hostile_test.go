@@ -1072,6 +1072,57 @@ func TestHostileGzippedOrder(t *testing.T) {
 	}
 }
 
+// A card issue posted to a spelling of /cards that only a lenient router
+// takes for it ("/cards/", "//cards", "/Cards") is 422 with nothing sent
+// under IDEMPROXY_MISSING_KEY=generate, as under reject. The cards preset's
+// fingerprint rule does not apply to such a path (POST is protected by
+// default, and the defaults keep the key they derive), the defaults' order_id
+// is not in a card body, and each blind retry got a new random key: behind a
+// router that ignores a trailing slash, repeated slashes and letter case
+// (Express, Spring, ASP.NET), the sandbox issued a card for every try (two for
+// "/cards/" sent twice). The path as the rule writes it is still one card.
+func TestHostileKeyedPathSpeltOtherwise(t *testing.T) {
+	sb, err := sandbox.New(sandbox.Config{Provider: sandbox.ProviderCards})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := strings.ToLower(r.URL.Path)
+		for strings.Contains(p, "//") {
+			p = strings.ReplaceAll(p, "//", "/")
+		}
+		if len(p) > 1 {
+			p = strings.TrimSuffix(p, "/")
+		}
+		r.URL.Path, r.URL.RawPath = p, ""
+		sb.ServeHTTP(w, r)
+	}))
+	defer up.Close()
+	p := startBinary(t, presetEnv(t, "cards", up.URL, "IDEMPROXY_MISSING_KEY=generate")...)
+	post := func(path, body string) reply {
+		return rawExchange(t, p.addr, fmt.Sprintf("POST %s HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n\n%s", path, len(body), body))
+	}
+	if got := post("/cardholders", `{"external_id":"cust-1","name":"Ann"}`); got.status != http.StatusOK {
+		t.Fatalf("cardholder: %d %s", got.status, got.body)
+	}
+	issue := `{"tariff_id":"t-1","holder_external_id":"cust-1","amount":"50"}`
+	for _, path := range []string{"/cards/", "//cards", "/Cards"} {
+		for try := 1; try <= 2; try++ {
+			if got := post(path, issue); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+				t.Errorf("%s, try %d: %d %s, want 422 idempotency_key_missing", path, try, got.status, got.body)
+			}
+		}
+	}
+	for try := 1; try <= 2; try++ {
+		if got := post("/cards", issue); got.status != http.StatusOK {
+			t.Errorf("/cards, try %d: %d %s, want 200", try, got.status, got.body)
+		}
+	}
+	if l := sb.Ledger(); l.Executions != 2 { // the cardholder and one card
+		t.Errorf("the sandbox executed %d operations, want 2 (the cardholder, one card)", l.Executions)
+	}
+}
+
 // utf16Provider reads a body sent as "charset=utf-16" as ASP.NET does,
 // transcoded to UTF-8 (little-endian after its byte order mark, as .NET's
 // Encoding.Unicode writes it), then as goOrderProvider.

@@ -50,6 +50,10 @@ var (
 	// that none is present would send the app's developer looking for a
 	// field that is there.
 	ErrKeyMissingEncoded = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key and its body has a Content-Encoding idemproxy does not decode (only gzip and deflate, up to the body size limit once decoded), so its key sources (IDEMPROXY_KEY_SOURCES) cannot be read: send the body unencoded, gzip- or deflate-encoded, or with an Idempotency-Key"}
+	// ErrKeyMissingSpelling is ErrKeyMissing for a path that matches a key
+	// or fingerprint rule of IDEMPROXY_ROUTES only spelt otherwise
+	// (keyedAsSpeltOtherwise), under every IDEMPROXY_MISSING_KEY.
+	ErrKeyMissingSpelling = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key, and its path matches a key or fingerprint rule of IDEMPROXY_ROUTES only spelt otherwise (a trailing or repeated slash, another letter case, an encoded slash, path parameters), so that rule gives it no key and none of the default key sources gives one: send the path as the rule writes it, or an Idempotency-Key; nothing was sent upstream"}
 	// ErrKeyInvalid is bad_request, the contract's code for a request idemproxy
 	// will not forward; the message says it is the Idempotency-Key.
 	ErrKeyInvalid  = &Error{http.StatusBadRequest, CodeBadRequest, "Idempotency-Key must be one value of 1-255 printable ASCII characters (bare or an RFC 8941 string), sent once or repeated identically; nothing was sent upstream"}

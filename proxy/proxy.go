@@ -606,6 +606,12 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, parsed *ide
 		// order's id.
 		return "", ErrKeyMissing
 	}
+	if h.opt.MissingKey != Reject && h.protected[r.Method] && h.keyedAsSpeltOtherwise(r.Method, r.Path) {
+		// Whatever the policy: a key or fingerprint rule is meant for this
+		// endpoint, which a lenient provider routes it to, and the defaults
+		// that apply in its place found no key (routes.Table.Match).
+		return "", ErrKeyMissingSpelling
+	}
 	switch h.opt.MissingKey {
 	case Generate:
 		return uuid.NewString(), nil
@@ -613,6 +619,22 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, parsed *ide
 		return "", nil
 	}
 	return "", ErrKeyMissing
+}
+
+// keyedAsSpeltOtherwise reports whether a key or fingerprint rule of
+// IDEMPROXY_ROUTES matches a request of method, protected by default, to
+// escapedPath only as a lenient server reads the path ("/cards/", "//cards",
+// "/Cards" for a rule of "/cards"). routes.Table.Match does not apply such a
+// rule to a method protected by default, so that a key the defaults derive
+// for it stays what it was; when they derive none, the request is refused
+// (resolveKey) rather than given a random key or none, which a provider
+// that routes the path leniently would execute on every blind retry.
+func (h *Handler) keyedAsSpeltOtherwise(method, escapedPath string) bool {
+	if _, ok := h.opt.Routes.Match(method, escapedPath, true); ok {
+		return false
+	}
+	rule, ok := h.opt.Routes.Match(method, escapedPath, false)
+	return ok && (rule.Policy == routes.Key || rule.Policy == routes.Fingerprint)
 }
 
 // maxGenerations bounds how many renewed key generations one request follows.
