@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"fmt"
 	"os"
 	"syscall"
 )
@@ -62,4 +63,24 @@ func preallocate(f *os.File) (done bool, err error) {
 			return false, err
 		}
 	}
+}
+
+// dirWritable fails unless this process may create files in dir (faccessat(2),
+// write and search). Badger creates a write-ahead log each time its memtable
+// fills: one it cannot create (the data directory made read-only, chmod
+// 0500, under the running process) leaves it without a memtable for good,
+// every later read panicking on it (the client's connection dropped without
+// an answer) and the next write ending the process ("Assert failed", exit
+// status 1). So every write looks first. It allocates only the path's C
+// string.
+//
+// It asks with the effective user, group and capabilities (AT_EACCESS), as
+// creating a file is judged.
+func dirWritable(dir string) error {
+	const wOK, xOK, atFDCWD, atEACCESS = 2, 1, -100, 0x200
+	if err := syscall.Faccessat(atFDCWD, dir, wOK|xOK, atEACCESS); err != nil {
+		return fmt.Errorf("the data directory %s is not writable (%w): the store takes no write until it is "+
+			"(its files are kept; give the process's user write access again, no restart needed)", dir, err)
+	}
+	return nil
 }

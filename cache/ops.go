@@ -263,6 +263,14 @@ func (s *Store) Ping(ctx context.Context) error {
 // commits it, retries on ErrConflict, and, if fn reported a write, waits for
 // the commit to be durable.
 func (s *Store) update(ctx context.Context, op string, fn func(*badger.Txn, time.Time) (bool, error)) error {
+	if s.group != nil {
+		if err := dirWritable(s.dir); err != nil { // before Badger may need a new log (dirWritable)
+			if merr := s.mark.check(); merr != nil {
+				return merr // not the directory the store opened: that says more
+			}
+			return err
+		}
+	}
 	for range maxConflictRetries {
 		if err := ctx.Err(); err != nil {
 			return err

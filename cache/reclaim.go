@@ -40,6 +40,9 @@ func (s *Store) reclaimExpired() (bool, error) {
 	if s.closed || s.puts.Load() != puts {
 		return false, nil
 	}
+	if err := dirWritable(s.dir); err != nil { // DropPrefix makes a new memtable and its log
+		return false, fmt.Errorf("cache: drop expired records: %w", err)
+	}
 	// DropPrefix does nothing unless it sees a live key with the prefix, and
 	// every record has expired: a short-lived placeholder record is that key,
 	// and goes with the rest.
