@@ -265,3 +265,48 @@ func TestStartBelowReserveSaysSo(t *testing.T) {
 	}
 	waitReadyz(t, p.admin, http.StatusOK)
 }
+
+// The expiry sweep on a disk another program filled, with nothing else
+// running: the process keeps running and logs that it could not reclaim
+// (the store's reserve refuses the sweep's flush), and once the space is
+// back the next sweep gives the expired records' space back. Before, the
+// sweep's memtable flush wrote a table through mmap into a full tmpfs and
+// the idle process died of SIGBUS (exit status 2).
+func TestSweepOnFullDisk(t *testing.T) {
+	mnt := smallDisk(t)
+	prov := &crashProvider{size: 2000, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	const ttl = 13 * time.Second // the shortest the lease allows with these settings
+	p := launch(t, launchSpec{env: baseEnv(up.URL, filepath.Join(mnt, "data"), "IDEMPROXY_RECORD_TTL="+ttl.String(),
+		"IDEMPROXY_RETRY_BUDGET=1s", "IDEMPROXY_ATTEMPT_TIMEOUT=1s", "IDEMPROXY_STORE_LEASE=5s")})
+	for i := range 300 {
+		if _, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("sweep-%d", i)); !ok {
+			t.Fatalf("order %d refused:\n%s", i, p.text())
+		}
+	}
+	filler := filepath.Join(mnt, "filler")
+	fill(t, filler)
+	waitLog := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(ttl + time.Minute); time.Now().Before(deadline); {
+			select {
+			case <-p.done:
+				t.Fatalf("idemproxy exited waiting for %q: %v\n%s", what, p.err, p.text())
+			case <-time.After(100 * time.Millisecond):
+			}
+			if strings.Contains(p.text(), what) {
+				return
+			}
+		}
+		t.Fatalf("no %q in the log:\n%s", what, p.text())
+	}
+	waitLog(`"msg":"reclaiming expired records failed"`)
+	if strings.Contains(p.text(), "every record had expired") {
+		t.Fatalf("the sweep ran on the full disk:\n%s", p.text())
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("every record had expired")
+}
