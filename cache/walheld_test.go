@@ -122,14 +122,17 @@ func TestOpenAcceptsFreshWALsAfterKill(t *testing.T) {
 	done := killWriter(t, dir, 300)
 	h, _ := readHeld(dir)
 
-	// A start killed before any write: the directory as it is while open.
+	// A start killed before any write, once Badger has flushed the writer's
+	// logs to a table (a copy of the open directory taken during that
+	// flush would hold a table half written): the directory as it is then,
+	// with the noted log as the writer left it (a kill after the flush's
+	// MANIFEST entry, before the log's deletion), or at 0 bytes (a kill in
+	// the middle of its deletion: Badger truncates before it removes).
+	pre := snapshot(t, dir)
 	s, err := openWriters(t, dir)
 	if err != nil {
 		t.Fatalf("Open after the writer's kill: %v", err)
 	}
-	killed := snapshot(t, dir)
-	// A kill in the middle of Badger's deleting the noted log once it is
-	// flushed to a table: the log truncated to 0 bytes, not yet removed.
 	noted := filepath.Join(dir, walName(h.fid))
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if _, err := os.Stat(noted); errors.Is(err, fs.ErrNotExist) {
@@ -139,11 +142,14 @@ func TestOpenAcceptsFreshWALsAfterKill(t *testing.T) {
 			t.Fatalf("%s not flushed and deleted 10 s after the start", noted)
 		}
 	}
-	deleting := snapshot(t, dir)
-	deleting[walName(h.fid)] = nil
+	post := snapshot(t, dir)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+	killed := maps.Clone(post)
+	killed[walName(h.fid)] = pre[walName(h.fid)]
+	deleting := maps.Clone(post)
+	deleting[walName(h.fid)] = nil
 	restore(t, dir, deleting)
 	s, err = openWriters(t, dir)
 	if err != nil {
