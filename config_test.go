@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
@@ -71,6 +72,29 @@ func TestConfigBounds(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A start refused on its configuration logs as the process always does:
+// JSON lines on stderr (README, Logs), the error last, at ERROR, naming the
+// variable. It was a line of plain text, the only one a JSON log pipeline
+// could not read, and so not seen at its level.
+func TestConfigErrorIsALogLine(t *testing.T) {
+	var stderr bytes.Buffer
+	env := []string{"IDEMPROXY_UPSTREM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGN_SECRET_FILE=/nonexistent/\"quoted\""}
+	if code := command(nil, env, io.Discard, &stderr); code != 2 {
+		t.Fatalf("exit %d, want 2; stderr:\n%s", code, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	var last struct{ Time, Level, Msg, Err string }
+	for _, line := range lines {
+		last.Time, last.Level, last.Msg, last.Err = "", "", "", ""
+		if err := json.Unmarshal([]byte(line), &last); err != nil || last.Time == "" || last.Level == "" || last.Msg == "" {
+			t.Errorf("not a JSON log line with time, level and msg (%v): %s", err, line)
+		}
+	}
+	if len(lines) < 2 || last.Level != "ERROR" || !strings.Contains(last.Err, "IDEMPROXY_UPSTREAM_URL") {
+		t.Errorf("want the misspelling's WARN line, then an ERROR line whose err names IDEMPROXY_UPSTREAM_URL:\n%s", stderr.String())
 	}
 }
 

@@ -120,9 +120,12 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	cfg, set, err := loadConfig(environ)
 	if err != nil {
 		// The misspelt names first: the variable the error names (a required
-		// one "not set") may be one of them, set under another name.
-		warnUnknownVariables(environ, newLogger(stderr, "info", nil))
-		fmt.Fprintln(stderr, "idemproxy: configuration:", err)
+		// one "not set") may be one of them, set under another name. The
+		// error is a JSON log line like every other (README, Logs), so that a
+		// log pipeline reads it at its level.
+		log := newLogger(stderr, "info", nil)
+		warnUnknownVariables(environ, log)
+		log.Error("idemproxy not started: bad configuration", "err", err.Error())
 		return 2
 	}
 	log := newLogger(stderr, cfg.LogLevel, set.secrets())

@@ -379,7 +379,8 @@ func TestBinaryClientNamedDefaultRefused(t *testing.T) {
 		t.Errorf("exit %v, want status 2", p.err)
 	}
 	out := p.text()
-	for _, want := range []string{"IDEMPROXY_CLIENT_TOKENS", `client name "default" is reserved`} {
+	// The error's JSON log line: its quotes escaped.
+	for _, want := range []string{"IDEMPROXY_CLIENT_TOKENS", `client name \"default\" is reserved`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output does not say %s:\n%s", want, out)
 		}
