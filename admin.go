@@ -222,9 +222,11 @@ func healthcheck(environ []string, stderr io.Writer) int {
 		return 1
 	}
 	defer resp.Body.Close()
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	// The reason /readyz gives ("store unavailable", "shutting down") is
+	// what docker inspect shows of a failed check: say it.
+	why, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(stderr, "idemproxy healthcheck: %s: %s\n", url, resp.Status)
+		fmt.Fprintf(stderr, "idemproxy healthcheck: %s: %s: %s\n", url, resp.Status, strings.Join(strings.Fields(string(why)), " "))
 		return 1
 	}
 	return 0

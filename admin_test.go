@@ -126,12 +126,14 @@ func TestHealthcheckCommand(t *testing.T) {
 		name    string
 		environ []string
 		want    int
+		says    string // on stderr: what docker inspect shows of the check
 	}{
-		{"ready, wildcard address", []string{"IDEMPROXY_ADMIN_ADDR=:" + port(ready)}, 0},
-		{"ready, only this variable and a proxy that must be ignored", []string{"HTTP_PROXY=http://127.0.0.1:1", "IDEMPROXY_ADMIN_ADDR=0.0.0.0:" + port(ready)}, 0},
-		{"not ready", []string{"IDEMPROXY_ADMIN_ADDR=:" + port(draining)}, 1},
-		{"not running", []string{"IDEMPROXY_ADMIN_ADDR=127.0.0.1:" + freePort(t)}, 1},
-		{"bad address", []string{"IDEMPROXY_ADMIN_ADDR=nonsense"}, 1},
+		{"ready, wildcard address", []string{"IDEMPROXY_ADMIN_ADDR=:" + port(ready)}, 0, ""},
+		{"ready, only this variable and a proxy that must be ignored", []string{"HTTP_PROXY=http://127.0.0.1:1", "IDEMPROXY_ADMIN_ADDR=0.0.0.0:" + port(ready)}, 0, ""},
+		// The reason /readyz gives: the check once said only "503 Service Unavailable".
+		{"not ready", []string{"IDEMPROXY_ADMIN_ADDR=:" + port(draining)}, 1, "503 Service Unavailable: shutting down"},
+		{"not running", []string{"IDEMPROXY_ADMIN_ADDR=127.0.0.1:" + freePort(t)}, 1, "connection refused"},
+		{"bad address", []string{"IDEMPROXY_ADMIN_ADDR=nonsense"}, 1, "IDEMPROXY_ADMIN_ADDR"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -139,8 +141,8 @@ func TestHealthcheckCommand(t *testing.T) {
 			if got := command([]string{"healthcheck"}, c.environ, &out, &errOut); got != c.want {
 				t.Errorf("exit %d, want %d; stderr %s", got, c.want, errOut.String())
 			}
-			if c.want != 0 && errOut.Len() == 0 {
-				t.Error("a failed check says nothing on stderr")
+			if c.want != 0 && !strings.Contains(errOut.String(), c.says) {
+				t.Errorf("a failed check says %q, want it to say %q", errOut.String(), c.says)
 			}
 		})
 	}
