@@ -53,6 +53,11 @@ ENTRYPOINT ["/sandbox"]
 
 # The default target; the health check is the binary itself (no shell).
 FROM ${RUNTIME_IMAGE} AS idemproxy
+ARG VERSION=dev
+# The stamped version, for docker inspect and registries, as `idemproxy version` prints it.
+LABEL org.opencontainers.image.title=idemproxy \
+      org.opencontainers.image.description="Reverse proxy that makes payment requests safe to retry" \
+      org.opencontainers.image.version=${VERSION}
 COPY --from=build /out/idemproxy /idemproxy
 # A named volume mounted on /data starts as a copy of this directory, owned by
 # nonroot; a bind mount must be chowned to 65532 by the operator (README).

@@ -81,6 +81,10 @@ func TestImageVersion(t *testing.T) {
 	if got := docker(t, "run", "--rm", img.proxy, "version"); got != imageVersion {
 		t.Errorf("docker run %s version = %q, want the stamped %q", img.proxy, got, imageVersion)
 	}
+	// What docker inspect (and a registry or scanner) reads without running it.
+	if got := inspect(t, img.proxy, `{{index .Config.Labels "org.opencontainers.image.version"}}`); got != imageVersion {
+		t.Errorf("label org.opencontainers.image.version = %q, want the stamped %q", got, imageVersion)
+	}
 }
 
 // The size goal is for the image as users build it; the stand-in runtime base
