@@ -202,6 +202,12 @@ func TestComposeExample(t *testing.T) {
 	if len(outs) < 4 || !strings.Contains(outs[3], "idemproxy_requests_total") {
 		t.Errorf("the README's metrics command, from inside the network, shows no idemproxy_requests_total: %q", outs[3:])
 	}
+	// compose.yaml's mem_limit: 256m, 40% of it for Go (its comment, README Memory).
+	log, err := p.run("logs", "--no-color", "idemproxy")
+	if err != nil {
+		t.Fatalf("compose logs: %v\n%s", err, log)
+	}
+	checkGoLimit(t, log)
 }
 
 // The README's replicas example: two idemproxy containers on one PostgreSQL

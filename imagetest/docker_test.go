@@ -229,6 +229,19 @@ func logs(container string) string {
 	return string(out)
 }
 
+// checkLogLines fails t unless every line of the container's log so far is
+// a JSON object with time, level and msg: the format the README's Logs
+// section gives, which a log pipeline reads at each line's level.
+func checkLogLines(t testing.TB, container string) {
+	t.Helper()
+	for _, line := range strings.Split(strings.TrimSpace(logs(container)), "\n") {
+		var l struct{ Time, Level, Msg string }
+		if err := json.Unmarshal([]byte(line), &l); err != nil || l.Time == "" || l.Level == "" || l.Msg == "" {
+			t.Errorf("docker logs: not a JSON log line with time, level and msg: %s", line)
+		}
+	}
+}
+
 // waitLog waits until the container's log has n lines containing s.
 func waitLog(t testing.TB, container, s string, n int) {
 	t.Helper()

@@ -1,12 +1,15 @@
 package imagetest
 
 import (
+	"archive/tar"
 	"encoding/json"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -87,6 +90,72 @@ func TestImageVersion(t *testing.T) {
 	}
 }
 
+// The Dockerfile adds to its runtime base the binary and an empty /data
+// owned by nonroot, and nothing else: no shell or other executable (the
+// sandbox's binary), no sources, tests or build outputs.
+func TestImageContents(t *testing.T) {
+	t.Parallel()
+	img := need(t)
+	base := exportedFiles(t, img.bases.Runtime)
+	var added []string
+	for name, h := range exportedFiles(t, img.proxy) {
+		if _, ok := base[name]; ok {
+			continue
+		}
+		added = append(added, name)
+		switch name {
+		case "idemproxy":
+			if h.Typeflag != tar.TypeReg || h.Mode&0o111 == 0 || h.Uid != 0 || h.Mode&0o022 != 0 {
+				t.Errorf("/idemproxy: type %c, mode %o, owner %d; want an executable file of root's that only root may change", h.Typeflag, h.Mode, h.Uid)
+			}
+		case "data/":
+			if h.Typeflag != tar.TypeDir || h.Uid != 65532 || h.Gid != 65532 {
+				t.Errorf("/data: type %c, owner %d:%d; want a directory of 65532:65532", h.Typeflag, h.Uid, h.Gid)
+			}
+		}
+	}
+	slices.Sort(added)
+	if !slices.Equal(added, []string{"data/", "idemproxy"}) {
+		t.Errorf("the image adds %q to its runtime base, want only the binary and the empty /data", added)
+	}
+	if out, err := dockerCmd("run", "--rm", "--entrypoint", "/bin/sh", img.proxy, "-c", "true"); err == nil {
+		t.Errorf("the image has a shell: %s", out)
+	}
+}
+
+// exportedFiles are the entries of a container made from image, by name as
+// docker export gives them (a directory's with a trailing slash).
+func exportedFiles(t *testing.T, image string) map[string]*tar.Header {
+	t.Helper()
+	// The entrypoint only has to be named: the container never starts.
+	id := docker(t, "create", "--entrypoint", "/idemproxy", image)
+	defer dockerCmd("rm", "-v", id)
+	cmd := exec.Command("docker", "export", id)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]*tar.Header{}
+	tr := tar.NewReader(out)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("docker export %s: %v", image, err)
+		}
+		files[strings.TrimPrefix(h.Name, "./")] = h
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("docker export %s: %v", image, err)
+	}
+	return files
+}
+
 // The size goal is for the image as users build it; the stand-in runtime base
 // is reported beside it (distroless static is about 2 MB).
 func TestImageSize(t *testing.T) {
@@ -126,7 +195,7 @@ func TestImageRunsAsNonrootAndTurnsHealthy(t *testing.T) {
 	net := network(t, false)
 	p := startProvider(t, img, net, false)
 	vol := volume(t)
-	c := container(t, "idemproxy", append(proxyArgs(t, p), "--network", net, "-v", vol+":/data",
+	c := container(t, "idemproxy", append(proxyArgs(t, p), "--network", net, "-v", vol+":/data", "--memory", "256m",
 		"-p", "127.0.0.1::8080", "-p", "127.0.0.1::9090", img.proxy)...)
 
 	if got := inspect(t, c, "{{.Config.User}} {{.HostConfig.ReadonlyRootfs}} {{.HostConfig.CapDrop}}"); got != "65532:65532 true [ALL]" {
@@ -171,6 +240,10 @@ func TestImageRunsAsNonrootAndTurnsHealthy(t *testing.T) {
 	if strings.Contains(logs(c), p.secret) || strings.Contains(inspect(t, c, "{{json .Config.Env}}"), p.secret) {
 		t.Error("the signing secret shows in the log or the container's environment")
 	}
+	// README, Memory: the Go runtime's soft limit is 40% of the container's.
+	checkGoLimit(t, logs(c))
+	checkLogLines(t, c)
+
 	// Everything the store wrote on the named volume belongs to nonroot.
 	owners := docker(t, "run", "--rm", "-v", vol+":/data:ro", img.bases.Debian, "find", "/data", "-printf", "%U:%G %p\n")
 	if n := strings.Count(owners, "\n") + 1; n < 3 {
@@ -181,6 +254,28 @@ func TestImageRunsAsNonrootAndTurnsHealthy(t *testing.T) {
 			t.Errorf("volume entry not owned by 65532:65532: %s", line)
 		}
 	}
+}
+
+// checkGoLimit checks a log of idemproxy run with a 256 MiB memory limit: the
+// Go runtime's soft limit was set to 40% of it, from the container's cgroup.
+func checkGoLimit(t *testing.T, log string) {
+	t.Helper()
+	const container, goLimit = 256 << 20, 107374182
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "Go memory limit set") {
+			continue
+		}
+		line = line[strings.Index(line, "{"):] // compose logs: after "service  | "
+		var l struct {
+			Container int64 `json:"container_limit_bytes"`
+			Go        int64 `json:"go_limit_bytes"`
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil || l.Container != container || l.Go != goLimit {
+			t.Errorf("with --memory 256m: %s; want container_limit_bytes %d, go_limit_bytes %d", line, container, goLimit)
+		}
+		return
+	}
+	t.Errorf("no \"Go memory limit set\" line in the log:\n%s", log)
 }
 
 func TestImageBadConfigExits2(t *testing.T) {
@@ -209,6 +304,7 @@ func TestImageBadConfigExits2(t *testing.T) {
 			if out := logs(c); !strings.Contains(out, tc.want) {
 				t.Errorf("docker logs do not name %s:\n%s", tc.want, out)
 			}
+			checkLogLines(t, c)
 		})
 	}
 }
@@ -251,6 +347,7 @@ func TestImageNamesTheUserOnUnusableMounts(t *testing.T) {
 					t.Errorf("docker logs do not say %q:\n%s", w, out)
 				}
 			}
+			checkLogLines(t, c)
 		})
 	}
 }
@@ -409,5 +506,7 @@ func TestImageStopDrainsKillResumes(t *testing.T) {
 			t.Errorf("the restart did not release twice-C's in-flight record:\n%s", logs(c))
 		}
 		retryExecutedOnce(t, p, base, "twice-C", orderC)
+		// Four starts, a drain, a kill and a second signal: every line JSON.
+		checkLogLines(t, c)
 	})
 }
