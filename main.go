@@ -4,7 +4,7 @@
 //
 // Usage:
 //
-//	idemproxy              serve (proxy and admin listeners) until SIGTERM or SIGINT
+//	idemproxy              serve (proxy and admin listeners) until SIGTERM, SIGINT or SIGHUP
 //	idemproxy healthcheck  exit 0 if the idemproxy on IDEMPROXY_ADMIN_ADDR is ready, else 1
 //	idemproxy version      print the version stamped at build time
 //	idemproxy records get KEY [--client C] [--body] [--json]
@@ -74,7 +74,7 @@ func command(args, environ []string, stdout, stderr io.Writer) int {
 
 // usage is what `idemproxy --help` prints.
 const usage = `usage:
-  idemproxy              serve (proxy and admin listeners) until SIGTERM or SIGINT;
+  idemproxy              serve (proxy and admin listeners) until SIGTERM, SIGINT or SIGHUP;
                          configured by IDEMPROXY_* environment variables (see README.md)
   idemproxy healthcheck  exit 0 if the idemproxy on IDEMPROXY_ADMIN_ADDR is ready, else 1
   idemproxy version      print the version stamped at build time
@@ -113,9 +113,9 @@ from a file.
 	}
 }
 
-// serveFromEnv loads the configuration and serves until SIGTERM or SIGINT. A
-// second signal during the drain stops the process at once: what was in flight
-// is released at the next start.
+// serveFromEnv loads the configuration and serves until SIGTERM, SIGINT or
+// SIGHUP. A second signal during the drain stops the process at once: what
+// was in flight is released at the next start.
 func serveFromEnv(environ []string, stderr io.Writer) int {
 	cfg, set, err := loadConfig(environ)
 	if err != nil {
@@ -134,7 +134,10 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	// SIGHUP too (docker kill -s HUP, a closed terminal): left to Go's default
+	// it ended the process at once, as PID 1 with exit status 2 and no log
+	// line, cutting what was in flight. There is nothing to reload: it drains.
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	go stopOnSignals(sigs, stop, log, ctx.Done())
 	if err := run(ctx, cfg, set, log, nil); err != nil {

@@ -372,6 +372,46 @@ func TestSIGTERMDrainsInFlightOperation(t *testing.T) {
 	}
 }
 
+// SIGHUP (docker kill -s HUP, sent to reload; a closed terminal) drains as
+// SIGTERM does: the operation in flight is answered and stored, exit 0. Left
+// to Go's default it ended the process at once (as PID 1 with exit status 2,
+// which says "bad configuration", and no log line), cutting the answer.
+func TestSIGHUPDrains(t *testing.T) {
+	prov := newHeldProvider(1)
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	defer prov.Release()
+	p := launch(t, launchSpec{env: baseEnv(up.URL, t.TempDir(), "IDEMPROXY_SHUTDOWN_GRACE=2m")})
+	answered := make(chan int, 1) // the status, 0 when the answer was cut
+	go func() {
+		resp, err := http.Post("http://"+p.proxy+"/v1/payments", "application/json", strings.NewReader(`{"order_id":"hup-1","amount":"10.00"}`))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	<-prov.entered // held at the provider: the drain waits for it
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLine(t, "proxy listener closed")
+	prov.Release()
+	if status := <-answered; status != http.StatusCreated {
+		t.Errorf("the order in flight at SIGHUP = %d, want 201 (0: cut)", status)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("still running a minute after SIGHUP:\n%s", p.text())
+	}
+	if p.err != nil {
+		t.Errorf("exit after SIGHUP: %v, want 0\n%s", p.err, p.text())
+	}
+	p.waitLine(t, "shutdown complete")
+}
+
 // A second SIGTERM during the drain ends the process at once, as README
 // says, with exit status 1 and a log line saying so. It was left to the
 // signal's default action: outside a container the process died of the
