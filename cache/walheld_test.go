@@ -14,8 +14,30 @@ import (
 )
 
 // snapshot returns every file in dir and what it holds (of a store open in
-// dir: what a SIGKILL at that moment would leave).
+// dir: what a SIGKILL at that moment would leave). The files are read one
+// after the other while the store may still be flushing a log to a table in
+// the background, and a copy taken across such a change can hold a state no
+// kill leaves (a MANIFEST naming a table read as absent a moment before), so
+// the directory is read until two reads in a row agree.
 func snapshot(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	same := func(a, b []byte) bool { return string(a) == string(b) }
+	last := read(t, dir)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		files := read(t, dir)
+		if maps.EqualFunc(files, last, same) {
+			return files
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still changing 10 s on", dir)
+		}
+		last = files
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// read returns every file in dir and what it holds, as read one by one.
+func read(t *testing.T, dir string) map[string][]byte {
 	t.Helper()
 	files := map[string][]byte{}
 	entries, err := os.ReadDir(dir)
