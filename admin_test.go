@@ -164,7 +164,7 @@ func TestCommandUsage(t *testing.T) {
 		{[]string{"--help"}, 0, usage + variablesHelp, ""},
 		{[]string{"-h"}, 0, usage + variablesHelp, ""},
 		{[]string{"help"}, 0, usage + variablesHelp, ""},
-		{[]string{"records", "--help"}, 0, "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n       " + recordsResolveUsage + "\n       " + recordsReviewedUsage + "\n", ""},
+		{[]string{"records", "--help"}, 0, "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n       " + recordsResolveUsage + "\n       " + recordsReviewedUsage + "\n       " + recordsDiscardUsage + "\n", ""},
 		{[]string{"orders", "-h"}, 0, "usage: " + ordersUsage + "\n", ""},
 		{nil, 2, "", "IDEMPROXY_UPSTREAM_URL"}, // serving needs the upstream
 	}

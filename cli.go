@@ -177,6 +177,7 @@ const (
 	// recordsResolveUsage is one line, like the others, for the help test.
 	recordsResolveUsage  = "idemproxy records resolve KEY --outcome not_executed|executed [--status N] [--body B] [--header 'Name: value']... [--client C] [--json] [--admin ADDR]"
 	recordsReviewedUsage = "idemproxy records reviewed KEY [--client C] [--json] [--admin ADDR]"
+	recordsDiscardUsage  = "idemproxy records discard KEY [--client C] [--json] [--admin ADDR]"
 )
 
 // isHelp reports whether arg asks for help.
@@ -215,10 +216,11 @@ func printUsage(w io.Writer, fs *flag.FlagSet, usage string) {
 }
 
 // records runs `idemproxy records get KEY`, `idemproxy records list`,
-// `idemproxy records resolve` and `idemproxy records reviewed`.
+// `idemproxy records resolve`, `idemproxy records reviewed` and
+// `idemproxy records discard`.
 func records(args, environ []string, stdout, stderr io.Writer) int {
 	usage := "usage: " + recordsGetUsage + "\n       " + recordsListUsage + "\n       " + recordsResolveUsage +
-		"\n       " + recordsReviewedUsage
+		"\n       " + recordsReviewedUsage + "\n       " + recordsDiscardUsage
 	switch {
 	case len(args) > 0 && args[0] == "list":
 		return recordsList(args[1:], environ, stdout, stderr)
@@ -226,6 +228,8 @@ func records(args, environ []string, stdout, stderr io.Writer) int {
 		return recordsResolve(args[1:], environ, stdout, stderr)
 	case len(args) > 0 && args[0] == "reviewed":
 		return recordsReviewed(args[1:], environ, stdout, stderr)
+	case len(args) > 0 && args[0] == "discard":
+		return recordsDiscard(args[1:], environ, stdout, stderr)
 	case len(args) > 0 && isHelp(args[0]):
 		fmt.Fprintln(stdout, usage)
 		return 0
@@ -655,5 +659,47 @@ func recordsReviewed(args, environ []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "marked reviewed: key %s is no longer listed as needs_review; its answer is still replayed until it expires\n", out.Key)
 	printRecord(stdout, out.Record)
+	return 0
+}
+
+// recordsDiscard runs `idemproxy records discard KEY`: an operator removes a
+// record whose stored value cannot be read, after settling its operation
+// with the provider (POST /admin/v1/records/discard).
+func recordsDiscard(args, environ []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("records discard", flag.ContinueOnError)
+	client := fs.String("client", "", "client (tenant) of the record; required with client tokens on")
+	asJSON := fs.Bool("json", false, "print the answer as JSON")
+	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
+	key, flags := splitPositional(args)
+	if code, ok := parseFlags(fs, flags, recordsDiscardUsage, stdout, stderr); !ok {
+		return code
+	}
+	if key == "" {
+		printUsage(stderr, fs, recordsDiscardUsage)
+		return 2
+	}
+	c, err := newAdminClient(*admin, environ)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy records discard:", err)
+		return 2
+	}
+	req, _ := json.Marshal(map[string]string{"key": key, "client": *client})
+	b, err := c.do(http.MethodPost, "/admin/v1/records/discard", nil, bytes.NewReader(req))
+	if err != nil {
+		fmt.Fprintln(stderr, "idemproxy records discard:", err)
+		return 1
+	}
+	if *asJSON {
+		stdout.Write(b)
+		return 0
+	}
+	var out adminapi.Discarded
+	if err := json.Unmarshal(b, &out); err != nil {
+		fmt.Fprintln(stderr, "idemproxy records discard: unexpected answer:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "discarded: the record of key %s (stored state %s) could not be read (%s); "+
+		"the next request with this key is sent to the provider as a new operation, with the same key\n",
+		out.Key, out.Record.StoredState, out.Record.Reason)
 	return 0
 }

@@ -11,6 +11,7 @@
 //	idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--json]
 //	idemproxy records resolve KEY --outcome not_executed|executed [--status N --body B] [--client C] [--json]
 //	idemproxy records reviewed KEY [--client C] [--json]
+//	idemproxy records discard KEY [--client C] [--json]
 //	idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json]
 //	                       operator commands, through a running instance's admin API
 package main
@@ -82,6 +83,7 @@ const usage = `usage:
   ` + recordsListUsage + `
   ` + recordsResolveUsage + `
   ` + recordsReviewedUsage + `
+  ` + recordsDiscardUsage + `
   ` + ordersUsage + `
 
 The records and orders commands call a running instance's admin API: its address

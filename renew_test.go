@@ -36,6 +36,8 @@ type cardsSetup struct {
 	p       *opsProc // where the app's requests go
 	adm     *opsProc // where the operator's calls go: p, or another replica
 	db      string   // the PostgreSQL database's URL, when shared
+	dir     string   // the data directory, when not shared
+	env     []string // the environment p runs with
 	// unknownPosts counts the requests for orders F-unknown… that reached
 	// the gateway.
 	unknownPosts atomic.Int32
@@ -73,14 +75,16 @@ func startCards(t *testing.T, shared bool) *cardsSetup {
 	}))
 	t.Cleanup(func() { close(c.release); up.Close() })
 	if !shared {
-		c.p = launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)})
+		c.dir = t.TempDir()
+		c.env = unknownEnv(up.URL, c.dir, "IDEMPROXY_ADMIN_TOKEN="+adminToken)
+		c.p = launch(t, launchSpec{env: c.env})
 		c.adm = c.p
 		return c
 	}
 	c.db = pgtest.Database(t)
-	env := sharedEnv(up.URL, c.db, append(fastRetry(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)...)
-	c.p = launch(t, launchSpec{env: env})
-	c.adm = launch(t, launchSpec{env: env})
+	c.env = sharedEnv(up.URL, c.db, append(fastRetry(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)...)
+	c.p = launch(t, launchSpec{env: c.env})
+	c.adm = launch(t, launchSpec{env: c.env})
 	return c
 }
 

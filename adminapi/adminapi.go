@@ -37,6 +37,7 @@ type Store interface {
 	Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error)
 	Resolve(ctx context.Context, id store.ID, resp *store.Response) (store.Record, error)
 	Reviewed(ctx context.Context, id store.ID) (store.Record, error)
+	Discard(ctx context.Context, id store.ID) (store.Record, error)
 }
 
 // Options configure a Handler.
@@ -71,6 +72,7 @@ type Options struct {
 //	POST /admin/v1/orders/renew {method, path, value, client}  move a failed order to its next key generation
 //	POST /admin/v1/records/resolve {key, client, outcome, …}   settle an operation whose outcome is unknown
 //	POST /admin/v1/records/reviewed {key, client}             mark a needs_review answer settled: it expires from now
+//	POST /admin/v1/records/discard {key, client}              remove a record whose stored value cannot be read
 type Handler struct {
 	opt   Options
 	token [sha256.Size]byte
@@ -93,6 +95,7 @@ func New(opt Options) *Handler {
 		{http.MethodPost, "/admin/v1/orders/renew", h.renewOrder},
 		{http.MethodPost, "/admin/v1/records/resolve", h.resolveRecord},
 		{http.MethodPost, "/admin/v1/records/reviewed", h.reviewedRecord},
+		{http.MethodPost, "/admin/v1/records/discard", h.discardRecord},
 	}
 	for _, c := range calls {
 		h.mux.HandleFunc(c.method+" "+c.path, c.serve)
@@ -114,7 +117,8 @@ func New(opt Options) *Handler {
 
 // recordCalls are the POST calls whose path is also that of a record's
 // GET (records/{key}).
-var recordCalls = map[string]bool{"/admin/v1/records/resolve": true, "/admin/v1/records/reviewed": true}
+var recordCalls = map[string]bool{"/admin/v1/records/resolve": true, "/admin/v1/records/reviewed": true,
+	"/admin/v1/records/discard": true}
 
 // methodNotAllowed answers a call made with another method than allow.
 func methodNotAllowed(allow string) http.HandlerFunc {
@@ -338,6 +342,7 @@ const (
 	codeRenewRefused     = "renew_refused"
 	codeResolveRefused   = "resolve_refused"
 	codeReviewRefused    = "review_refused"
+	codeDiscardRefused   = "discard_refused"
 	codeInternal         = "internal"
 	codeRecordUnreadable = "record_unreadable"
 )
@@ -350,7 +355,7 @@ func writeUnreadable(w http.ResponseWriter, err error) {
 		"the record for this key and client is kept, but its stored value cannot be read ("+err.Error()+
 			"): a newer version wrote it (after a downgrade, start that version again) or it is damaged. "+
 			"Its operation may have reached the provider: requests with its key get 503 store_unavailable and nothing is sent; "+
-			"settle the operation with the provider")
+			"settle the operation with the provider, then remove the record (idemproxy records discard): the next request with its key is sent as a new operation, same key")
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

@@ -198,3 +198,56 @@ func (s *Store) edit(ctx context.Context, op string, id store.ID,
 	}
 	return rec, nil
 }
+
+// Discard implements store.Store.Discard in one transaction: the record is
+// deleted only while its value does not decode (or its state is one this
+// build does not know); a write that replaced it meanwhile conflicts with
+// the transaction, which then reads it again.
+func (s *Store) Discard(ctx context.Context, id store.ID) (store.Record, error) {
+	const op = "discard"
+	if err := checkID(op, id); err != nil {
+		return store.Record{}, err
+	}
+	if err := s.enter(op); err != nil {
+		return store.Record{}, err
+	}
+	defer s.life.RUnlock()
+	key, b := getKey(id)
+	defer opBufs.Put(b)
+	var rec store.Record
+	err := s.update(ctx, op, func(txn *badger.Txn, now time.Time) (bool, error) {
+		item, err := txn.Get(key)
+		if err != nil {
+			return false, translate(err)
+		}
+		if exp := item.ExpiresAt(); exp != 0 && uint64(now.Unix()) >= exp {
+			return false, store.ErrNotFound
+		}
+		meta := store.State(item.UserMeta())
+		rec = store.Record{}
+		if err := item.Value(func(v []byte) error {
+			_, err := decodeRecord(v)
+			if err == nil && !knownState(meta) {
+				err = fmt.Errorf("%w: state %d is not one this build knows", ErrCorrupt, meta)
+			}
+			if err != nil {
+				rec = unreadable(item.Key(), v, meta, err)
+			}
+			return nil
+		}); err != nil {
+			return false, err
+		}
+		if rec.Unreadable == nil {
+			return false, store.ErrReadable
+		}
+		if rec.ID == (store.ID{}) {
+			rec.ID = id // its value does not say
+		}
+		rec.ExpiresAt = expiresAt(item.ExpiresAt())
+		return true, txn.Delete(key)
+	})
+	if err != nil {
+		return store.Record{}, fmt.Errorf("cache: %s: %w", op, err)
+	}
+	return rec, nil
+}

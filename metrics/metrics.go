@@ -141,7 +141,7 @@ func (m *Metrics) newUpstreamMetrics() {
 
 func (m *Metrics) newStoreMetrics() {
 	m.storeSeconds = m.histogramVec("store_operation_duration_seconds",
-		"Time of record store operations (begin, complete, abandon, get, renew, park, ping; the operators' list, supersede, resolve, reviewed), fsync included.",
+		"Time of record store operations (begin, complete, abandon, get, renew, park, ping; the operators' list, supersede, resolve, reviewed, discard), fsync included.",
 		storeBuckets, "op")
 	m.storeErrors = m.counterVec("store_errors_total",
 		"Record store operations that failed, by op and kind (not_owner, no_space, too_large, closed, unavailable: the store unreachable or not answering in time, a timeout included; canceled: the caller went away; other).",

@@ -119,6 +119,18 @@ func (s *InstrumentedStore) Supersede(ctx context.Context, id store.ID, owner st
 	return rec, err
 }
 
+// Discard implements store.Store; an operator's call. The unknown records
+// are counted again at the next scrape.
+func (s *InstrumentedStore) Discard(ctx context.Context, id store.ID) (store.Record, error) {
+	defer s.observe("discard", s.now())
+	rec, err := s.next.Discard(ctx, id)
+	if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrReadable) {
+		s.fail("discard", err)
+	}
+	s.m.unknownStale.Store(true)
+	return rec, err
+}
+
 // Reviewed implements store.Store; an operator's call.
 func (s *InstrumentedStore) Reviewed(ctx context.Context, id store.ID) (store.Record, error) {
 	defer s.observe("reviewed", s.now())

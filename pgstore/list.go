@@ -235,3 +235,29 @@ func (s *Store) edit(ctx context.Context, op string, id store.ID, check func(sto
 	})
 	return rec, err
 }
+
+// Discard implements store.Store.Discard: in one transaction, the row is
+// locked and read, and deleted only if it does not decode (scanRecord);
+// a readable row is left as it is.
+func (s *Store) Discard(ctx context.Context, id store.ID) (store.Record, error) {
+	var rec store.Record
+	err := s.call(ctx, "discard", &id, func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			cur, err := scanRecord(tx.QueryRow(ctx, `SELECT `+columns+` FROM idemproxy_records
+				WHERE tenant = $1 AND key = $2 AND `+live+` FOR UPDATE`, []byte(id.Tenant), []byte(id.Key)))
+			switch {
+			case err != nil:
+				return err
+			case cur.Unreadable == nil:
+				return store.ErrReadable
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM idemproxy_records WHERE tenant = $1 AND key = $2`,
+				[]byte(id.Tenant), []byte(id.Key)); err != nil {
+				return err
+			}
+			rec = cur
+			return nil
+		})
+	})
+	return rec, err
+}

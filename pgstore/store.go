@@ -545,7 +545,8 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 		return nil
 	case errors.Is(err, store.ErrNotOwner), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrTooLarge),
 		errors.Is(err, store.ErrNotFinal), errors.Is(err, store.ErrBadCursor), errors.Is(err, store.ErrNotUnknown),
-		errors.Is(err, store.ErrNoReview), errors.Is(err, store.ErrUnreadable), errors.Is(err, store.ErrSuperseded):
+		errors.Is(err, store.ErrNoReview), errors.Is(err, store.ErrUnreadable), errors.Is(err, store.ErrSuperseded),
+		errors.Is(err, store.ErrReadable):
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	case s.closed.Load():
 		return fmt.Errorf("pgstore: %s: %w", op, store.ErrClosed)

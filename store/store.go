@@ -269,6 +269,10 @@ var (
 	// ErrSuperseded is returned by Supersede when the record is superseded
 	// already: another renew moved its order on first.
 	ErrSuperseded = errors.New("store: record is superseded already")
+	// ErrReadable is returned by Discard when the record's stored value
+	// can be read: such a record is settled by the calls for its state,
+	// never discarded.
+	ErrReadable = errors.New("store: the record's stored value can be read")
 	// ErrBadCursor is returned by List for a cursor it did not give.
 	ErrBadCursor = errors.New("store: bad list cursor")
 	// ErrNotUnknown is returned by Resolve when the record is not Unknown
@@ -392,6 +396,15 @@ type Store interface {
 	// ErrNoReview if its answer does not need review; nothing is written
 	// then.
 	Reviewed(ctx context.Context, id ID) (Record, error)
+	// Discard deletes id's record only if its stored value cannot be read
+	// (ErrUnreadable: a newer version's, or damaged; in any state, one this
+	// version does not know included), the check and the delete one
+	// decision, and returns it as List shows it (Unreadable set). An
+	// operator does this after settling its operation with the provider:
+	// until then the record is kept and its key refused. The next Begin
+	// creates the record afresh. ErrNotFound if there is no live record,
+	// ErrReadable if its value can be read; nothing is written then.
+	Discard(ctx context.Context, id ID) (Record, error)
 	// Ping checks that the store can be written now (readiness).
 	Ping(ctx context.Context) error
 	// MaxBodyBytes is the largest response body Complete accepts with

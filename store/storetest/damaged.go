@@ -42,7 +42,10 @@ const newerState = store.State(4)
 // Begin (with the record's fingerprint or another), Supersede, Resolve and
 // Reviewed must each fail with a store.ErrUnreadable and leave the record
 // as it is: never taken over (its operation would be resumed from what
-// damaged bytes say), deleted or overwritten.
+// damaged bytes say), deleted or overwritten. Discard, an operator's
+// removal once the operation is settled with the provider, must delete
+// each of them, leaving its key free for a new claim, and refuse every
+// readable record with store.ErrReadable, leaving it as it is.
 func RunDamaged(t *testing.T, newStore Factory, damage Damager) {
 	s, _ := newStore(t, time.Hour)
 	ctx := context.Background()
@@ -178,4 +181,45 @@ func RunDamaged(t *testing.T, newStore Factory, damage Damager) {
 		refused("Resolve("+i.Key+", executed)", err)
 	}
 	check("after the calls refused")
+
+	// Discard: refused for a record that can be read, whatever its state,
+	// which it leaves as it is; a record that cannot be read is deleted and
+	// returned as List shows it, and its key is free: the next Begin creates
+	// a new record (an operator settled its operation with the provider).
+	finalOK := id("final")
+	mustBegin(t, s, finalOK, fpA, "dead", Long)
+	if err := s.Complete(ctx, finalOK, "dead", ok, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []store.ID{inFlight, unknown, finalOK} {
+		before := get(t, s, i)
+		_, err := s.Discard(ctx, i)
+		wantErr(t, "Discard("+i.Key+"), which can be read", err, store.ErrReadable)
+		if after := get(t, s, i); after.State != before.State || after.Owner != before.Owner {
+			t.Errorf("%s after the refused Discard = %+v, want %+v", i.Key, after, before)
+		}
+	}
+	_, err := s.Discard(ctx, id("none"))
+	wantErr(t, "Discard of a missing record", err, store.ErrNotFound)
+	check("after the discards refused")
+	for _, i := range []store.ID{inFlightBad, unknownBad, finalBad, newer} {
+		rec, err := s.Discard(ctx, i)
+		if err != nil || rec.ID != i || rec.Unreadable == nil || !errors.Is(rec.Unreadable.Err, store.ErrUnreadable) {
+			t.Errorf("Discard(%s) = %+v, %v; want the record as it was, unreadable", i.Key, rec, err)
+		}
+		if _, err := s.Get(ctx, i); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Get(%s) after Discard = %v, want store.ErrNotFound", i.Key, err)
+		}
+		_, err = s.Discard(ctx, i)
+		wantErr(t, "second Discard("+i.Key+")", err, store.ErrNotFound)
+		rec, created, err := s.Begin(ctx, i, store.Request{Fingerprint: fpB}, "next", Long)
+		if err != nil || !created || rec.State != store.InFlight || !rec.Outcome.IsZero() {
+			t.Errorf("Begin(%s) after Discard = created %v, %+v, %v; want a new claim", i.Key, created, rec, err)
+		}
+	}
+	for _, i := range []store.ID{inFlight, unknown, finalOK} {
+		if _, err := s.Get(ctx, i); err != nil {
+			t.Errorf("Get(%s) after the discards = %v; want it kept", i.Key, err)
+		}
+	}
 }
