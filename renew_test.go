@@ -488,3 +488,37 @@ func TestCLIShowsRenewedAndBodies(t *testing.T) {
 		t.Errorf("records list --body = %d\n%s\nwant the body %s", code, out, review.body)
 	}
 }
+
+// TestOrderPathAsARequestHasIt: orders get and renew read the order's path
+// as a request target is read. A path with a query finds the order, since a
+// query is no part of a request's key; one no request can have (no leading
+// /, white space, a fragment, a dot-segment) is 400 bad_request. Before,
+// each was taken as written and answered 200 with the key of an order that
+// cannot exist and "record": null, "nothing sent under this key yet", for
+// an order the provider had executed.
+func TestOrderPathAsARequestHasIt(t *testing.T) {
+	c := startCards(t, false)
+	if r := c.post(t, "F-path", "10"); r.status != http.StatusOK {
+		t.Fatalf("POST F-path = %d %s", r.status, r.body)
+	}
+	get := func(path string) reply {
+		t.Helper()
+		return c.admin(t, "GET", "/admin/v1/orders?method=POST&value=F-path&path="+url.QueryEscape(path), "")
+	}
+	for _, path := range []string{"/cards", "/cards?source=app", "/%63ards"} {
+		if r := get(path); r.status != http.StatusOK || !strings.Contains(r.body, `"state":"final"`) {
+			t.Errorf("order at %q = %d %s, want its final record", path, r.status, r.body)
+		}
+	}
+	for _, path := range []string{"cards", " /cards", "/cards ", "/./cards", "/x/../cards", "/cards#x", "/%2e/cards"} {
+		if r := get(path); r.status != http.StatusBadRequest || !strings.Contains(r.body, `"bad_request"`) {
+			t.Errorf("order at %q = %d %s, want 400 bad_request: no request has that path", path, r.status, r.body)
+		}
+	}
+	if out, code := c.cli(t, "orders", "get", "--path", "cards", "--value", "F-path"); code != 1 || !strings.Contains(out, "bad_request") {
+		t.Errorf("idemproxy orders get --path cards = %d %s, want exit 1 bad_request", code, out)
+	}
+	if r := c.admin(t, "POST", "/admin/v1/orders/renew", `{"method":"POST","path":"cards","value":"F-path"}`); r.status != http.StatusBadRequest {
+		t.Errorf("renew at path cards = %d %s, want 400", r.status, r.body)
+	}
+}

@@ -641,14 +641,20 @@ func (h *Handler) keyedAsSpeltOtherwise(method, escapedPath string) bool {
 const maxGenerations = 1000
 
 // OrderKeys are the keys the proxy derives for client (DefaultTenant or ""
-// for none) from a request of method and the escaped path whose key source
-// has value, in the order's key generation gen (1 first): one per key source
-// of the request's route, in their order, since a request's key comes from
-// the first source it has (an order sent as a form has the form source's
-// key, though a JSON source is listed first). It is what an operator needs
-// to find an order's record. It fails for requests that get no derived key
+// for none) from a request of method and path whose key source has value,
+// in the order's key generation gen (1 first): one per key source of the
+// request's route, in their order, since a request's key comes from the
+// first source it has (an order sent as a form has the form source's key,
+// though a JSON source is listed first). It is what an operator needs to
+// find an order's record. path is read as a request target is (a query is
+// no part of the key); one no request can have is an error, not the key of
+// an order that cannot exist. It fails for requests that get no derived key
 // (unprotected, rejected or fingerprint routes).
 func (h *Handler) OrderKeys(method, path, value, client string, gen int) ([]string, error) {
+	path, err := requestPath(path)
+	if err != nil {
+		return nil, err
+	}
 	rule := h.ruleFor(method, path)
 	if rule.Policy != routes.Key || len(rule.Sources) == 0 {
 		return nil, fmt.Errorf("%s %s gets no key derived from a source (policy %s)", method, path, rule.Policy)
@@ -662,6 +668,24 @@ func (h *Handler) OrderKeys(method, path, value, client string, gen int) ([]stri
 		keys[i] = idemkey.KeyFor(src, value, kr)
 	}
 	return keys, nil
+}
+
+// requestPath is the escaped path (r.URL.EscapedPath) of a request whose
+// target is target, as the proxy keys and routes it; an error for a target
+// the proxy refuses or no client can send (no leading /, white space or a
+// control character, a fragment, a dot-segment).
+func requestPath(target string) (string, error) {
+	if !strings.HasPrefix(target, "/") || strings.ContainsFunc(target, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '#' }) {
+		return "", fmt.Errorf("path %q is not one a request can have: it begins with / and holds no white space, control character or #", target)
+	}
+	u, err := url.ParseRequestURI(target)
+	if err != nil {
+		return "", fmt.Errorf("path %q is not one a request can have", target)
+	}
+	if hasDotSegment(u.EscapedPath()) {
+		return "", fmt.Errorf("path %q has a dot-segment: idemproxy refuses such requests, so no order has it", target)
+	}
+	return u.EscapedPath(), nil
 }
 
 // newOwner returns a random owner token for an in-flight lease.
