@@ -27,7 +27,8 @@ const maxLimit = 1000
 // A page holds limit records unless it is the last.
 func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f, ok := listable[q.Get("state")]
+	state := q.Get("state")
+	f, ok := listable[state]
 	if !ok {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "state must be in_flight, unknown or needs_review")
 		return
@@ -41,7 +42,20 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	recs, next, err := h.opt.Store.List(r.Context(), f, q.Get("cursor"), limit)
+	// A cursor names its listing's state: the store's is a position among
+	// all records, which the listing of another state would take too and
+	// silently start after.
+	cursor := q.Get("cursor")
+	if cursor != "" {
+		from, pos, ok := strings.Cut(cursor, ".")
+		if !ok || from != state {
+			writeError(w, http.StatusBadRequest, codeBadRequest, "cursor is not one this API gave for state "+state+
+				" (a cursor is for the listing of the state it came from)")
+			return
+		}
+		cursor = pos
+	}
+	recs, next, err := h.opt.Store.List(r.Context(), f, cursor, limit)
 	switch {
 	case errors.Is(err, store.ErrBadCursor):
 		writeError(w, http.StatusBadRequest, codeBadRequest, "cursor is not one this API gave")
@@ -53,7 +67,10 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		Records    []Record `json:"records"`
 		NextCursor string   `json:"next_cursor"`
-	}{Records: []Record{}, NextCursor: next}
+	}{Records: []Record{}}
+	if next != "" {
+		out.NextCursor = state + "." + next
+	}
 	for _, rec := range recs {
 		out.Records = append(out.Records, view(rec.ID, rec, q.Get("body") == "1"))
 	}
