@@ -36,7 +36,7 @@ type Store interface {
 	List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error)
 	Supersede(ctx context.Context, id store.ID, owner string) (store.Record, error)
 	Resolve(ctx context.Context, id store.ID, resp *store.Response) (store.Record, error)
-	Reviewed(ctx context.Context, id store.ID) (store.Record, error)
+	Reviewed(ctx context.Context, id store.ID) (store.Record, bool, error)
 	Discard(ctx context.Context, id store.ID) (store.Record, error)
 }
 

@@ -137,7 +137,7 @@ func TestGetRecord(t *testing.T) {
 	if rec.ExpiresAt != nil || rec.Reviewed {
 		t.Fatalf("final record that needs review: expires_at = %v, reviewed %v; want null (kept), not reviewed", rec.ExpiresAt, rec.Reviewed)
 	}
-	if _, err := s.Reviewed(ctx, final); err != nil {
+	if _, _, err := s.Reviewed(ctx, final); err != nil {
 		t.Fatal(err)
 	}
 	w = call(t, h, "GET", "/admin/v1/records/k-final", "")

@@ -45,7 +45,7 @@ func (h *Handler) reviewedRecord(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, codeReviewRefused, reason)
 		return
 	}
-	rec, err := h.opt.Store.Reviewed(r.Context(), id)
+	rec, marked, err := h.opt.Store.Reviewed(r.Context(), id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		writeError(w, http.StatusNotFound, codeNotFound, "no record for this key and client")
@@ -57,7 +57,7 @@ func (h *Handler) reviewedRecord(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be written")
 		return
 	}
-	if !before.Reviewed {
+	if marked { // not a call that found it marked, nor one of two at once that wrote second
 		h.opt.Logger.Warn("admin: answer that needed review marked reviewed by an operator; it expires from now",
 			"who", who(r), "client", client, "key", id.Key, "upstream_key", rec.UpstreamKey,
 			"method", rec.Method, "path", rec.Path, "status", rec.Response.Status, "expires_at", rec.ExpiresAt)

@@ -8,10 +8,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemproxy/idemproxy/adminapi"
+	"github.com/idemproxy/idemproxy/cache"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -126,4 +128,54 @@ func TestReviewedRecord(t *testing.T) {
 	}
 
 	callPathIsAlsoAKey(t, h, "reviewed")
+}
+
+// reviewedBetweenStore is a real store that runs between right before the
+// first Reviewed only (not the ones between makes itself).
+type reviewedBetweenStore struct {
+	*cache.Store
+	between func()
+	first   atomic.Bool
+}
+
+func (s *reviewedBetweenStore) Reviewed(ctx context.Context, id store.ID) (store.Record, bool, error) {
+	if s.first.CompareAndSwap(false, true) {
+		s.between()
+	}
+	return s.Store.Reviewed(ctx, id)
+}
+
+// Two reviewed calls for one record that both read it before either wrote
+// (two operators, or two replicas): both answer 200 with the record marked,
+// as a second call does, and the change is logged once. Both were logged as
+// the operator's mark, one change shown as two.
+func TestReviewedTwiceAtOnceLoggedOnce(t *testing.T) {
+	cs := openStore(t)
+	ctx := context.Background()
+	id := store.ID{Tenant: "default", Key: "k-review"}
+	if _, _, err := cs.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.Complete(ctx, id, "o", store.Response{Status: 200, Body: []byte(`{"status":"needs_review"}`)}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	var h *adminapi.Handler
+	mark := func() *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("POST", "/admin/v1/records/reviewed", strings.NewReader(`{"key":"k-review"}`)))
+		return w
+	}
+	var second *httptest.ResponseRecorder
+	s := &reviewedBetweenStore{Store: cs, between: func() { second = mark() }}
+	h = adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default", Logger: slog.New(slog.NewJSONHandler(&log, nil))})
+	first := mark()
+	for _, w := range []*httptest.ResponseRecorder{first, second} {
+		if w.Code != 200 || !strings.Contains(w.Body.String(), `"reviewed":true`) {
+			t.Fatalf("reviewed = %d %s, want 200 with the record marked", w.Code, w.Body)
+		}
+	}
+	if n := strings.Count(log.String(), "marked reviewed by an operator"); n != 1 {
+		t.Fatalf("%d marks logged, want 1:\n%s", n, log.String())
+	}
 }

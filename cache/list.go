@@ -149,8 +149,10 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 // is marked and written with its expiry from now only while it awaits
 // review; one a request or another operator changed meanwhile conflicts
 // with the transaction, which then reads it again.
-func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, error) {
-	return s.edit(ctx, "reviewed", id, func(txn *badger.Txn, key []byte, val *[]byte, cur *store.Record, now time.Time) error {
+func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, bool, error) {
+	var marked bool
+	rec, err := s.edit(ctx, "reviewed", id, func(txn *badger.Txn, key []byte, val *[]byte, cur *store.Record, now time.Time) error {
+		marked = false // a conflict runs it again
 		switch {
 		case cur.State != store.Final:
 			return fmt.Errorf("%w: record is %s", store.ErrNotFinal, cur.State)
@@ -159,9 +161,10 @@ func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, error)
 		case cur.Reviewed:
 			return nil // marked already: its expiry stays
 		}
-		cur.Reviewed = true
+		cur.Reviewed, marked = true, true
 		return s.put(txn, key, val, cur, now)
 	})
+	return rec, marked && err == nil, err
 }
 
 // edit is an operator's change to id's record (Supersede, Resolve, Reviewed), in one

@@ -132,13 +132,13 @@ func (s *InstrumentedStore) Discard(ctx context.Context, id store.ID) (store.Rec
 }
 
 // Reviewed implements store.Store; an operator's call.
-func (s *InstrumentedStore) Reviewed(ctx context.Context, id store.ID) (store.Record, error) {
+func (s *InstrumentedStore) Reviewed(ctx context.Context, id store.ID) (store.Record, bool, error) {
 	defer s.observe("reviewed", s.now())
-	rec, err := s.next.Reviewed(ctx, id)
+	rec, marked, err := s.next.Reviewed(ctx, id)
 	if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrNotFinal) && !errors.Is(err, store.ErrNoReview) {
 		s.fail("reviewed", err)
 	}
-	return rec, err
+	return rec, marked, err
 }
 
 // MaxBodyBytes implements store.Store.

@@ -176,9 +176,11 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 // Reviewed implements store.Store.Reviewed: whether the answer needs
 // review is read in Go (store.NeedsReview), so the record is read first,
 // locked, and marked in the same transaction.
-func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, error) {
+func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, bool, error) {
 	var rec store.Record
+	var marked bool
 	err := s.call(ctx, "reviewed", &id, func(ctx context.Context) error {
+		marked = false
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			cur, err := readRecord(tx.QueryRow(ctx, `SELECT `+columns+` FROM idemproxy_records
 				WHERE tenant = $1 AND key = $2 AND `+live+` FOR UPDATE`, []byte(id.Tenant), []byte(id.Key)))
@@ -197,10 +199,11 @@ func (s *Store) Reviewed(ctx context.Context, id store.ID) (store.Record, error)
 			rec, err = readRecord(tx.QueryRow(ctx, `UPDATE idemproxy_records SET reviewed = true,
 				expires_at = CASE WHEN $3::bigint = 0 THEN NULL ELSE now() + $3 * interval '1 microsecond' END
 				WHERE tenant = $1 AND key = $2 RETURNING `+columns, []byte(id.Tenant), []byte(id.Key), s.expiry(&cur)))
+			marked = err == nil
 			return err
 		})
 	})
-	return rec, err
+	return rec, marked && err == nil, err
 }
 
 // edit runs an operator's change to id's record (Supersede, Resolve): in

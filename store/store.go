@@ -390,12 +390,14 @@ type Store interface {
 	// by an operator (the provider's event told the outcome), and returns
 	// it: it is Reviewed, no longer AwaitsReview, and expires TTL from now
 	// as a final record written now would (never with no TTL, nor if it is
-	// Superseded). Its answer is kept and still replayed until then. One
-	// marked already is returned unchanged, its expiry kept. ErrNotFound
+	// Superseded). Its answer is kept and still replayed until then; marked
+	// is true. One marked already is returned unchanged, its expiry kept,
+	// with marked false: of two calls at once, only the one that wrote
+	// first says it marked it (the operator's log line). ErrNotFound
 	// if there is no record, ErrNotFinal if it is in flight or unknown,
 	// ErrNoReview if its answer does not need review; nothing is written
 	// then.
-	Reviewed(ctx context.Context, id ID) (Record, error)
+	Reviewed(ctx context.Context, id ID) (rec Record, marked bool, err error)
 	// Discard deletes id's record only if its stored value cannot be read
 	// (ErrUnreadable: a newer version's, or damaged; in any state, one this
 	// version does not know included), the check and the delete one

@@ -171,7 +171,7 @@ func RunDamaged(t *testing.T, newStore Factory, damage Damager) {
 	for _, i := range []store.ID{finalBad, newer} {
 		_, err := s.Supersede(ctx, i, "dead")
 		refused("Supersede("+i.Key+")", err)
-		_, err = s.Reviewed(ctx, i)
+		_, _, err = s.Reviewed(ctx, i)
 		refused("Reviewed("+i.Key+")", err)
 	}
 	for _, i := range []store.ID{unknownBad, newer} {

@@ -68,18 +68,18 @@ func testReviewKept(t *testing.T, s store.Store, advance func(time.Duration)) {
 	}
 
 	// Marked reviewed: it expires from now, its answer kept until then.
-	rec, err := s.Reviewed(ctx, completed)
-	if err != nil || !rec.Reviewed || rec.AwaitsReview() || rec.ExpiresAt.IsZero() || rec.ID != completed {
-		t.Fatalf("Reviewed = %+v, %v; want it marked, with an expiry", rec, err)
+	rec, marked, err := s.Reviewed(ctx, completed)
+	if err != nil || !marked || !rec.Reviewed || rec.AwaitsReview() || rec.ExpiresAt.IsZero() || rec.ID != completed {
+		t.Fatalf("Reviewed = %+v, marked %v, %v; want it marked, with an expiry", rec, marked, err)
 	}
 	wantResponse(t, "Reviewed's record", rec.Response, review)
 	got := get(t, s, completed)
 	if !got.Reviewed || !got.ExpiresAt.Equal(rec.ExpiresAt) {
 		t.Fatalf("after Reviewed: %+v, want it marked, expiring at %v", got, rec.ExpiresAt)
 	}
-	again, err := s.Reviewed(ctx, completed)
-	if err != nil || !again.Reviewed || !again.ExpiresAt.Equal(rec.ExpiresAt) {
-		t.Fatalf("second Reviewed = %+v, %v; want it unchanged, expiring at %v", again, err, rec.ExpiresAt)
+	again, marked, err := s.Reviewed(ctx, completed)
+	if err != nil || marked || !again.Reviewed || !again.ExpiresAt.Equal(rec.ExpiresAt) {
+		t.Fatalf("second Reviewed = %+v, marked %v, %v; want it unchanged, expiring at %v, not marked by this call", again, marked, err, rec.ExpiresAt)
 	}
 	if got := listAwaitingReview(t, s, base.Tenant); !slices.Equal(got, []string{"nested", "resolved"}) {
 		t.Fatalf("listed awaiting review after Reviewed: %v, want nested and resolved", got)
@@ -129,15 +129,15 @@ func listAwaitingReview(t *testing.T, s store.Store, tenant string) []string {
 func testReviewed(t *testing.T, s store.Store, _ func(time.Duration)) {
 	ctx := context.Background()
 	id := newID("k")
-	_, err := s.Reviewed(ctx, id)
+	_, _, err := s.Reviewed(ctx, id)
 	wantErr(t, "Reviewed of a missing record", err, store.ErrNotFound)
 	mustBegin(t, s, id, fpA, "o1", Long)
-	_, err = s.Reviewed(ctx, id)
+	_, _, err = s.Reviewed(ctx, id)
 	wantErr(t, "Reviewed in flight", err, store.ErrNotFinal)
 	if err := s.Park(ctx, id, "o1", store.Outcome{Attempts: 1}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Reviewed(ctx, id)
+	_, _, err = s.Reviewed(ctx, id)
 	wantErr(t, "Reviewed of an unknown record", err, store.ErrNotFinal)
 	if rec := get(t, s, id); rec.State != store.Unknown || rec.Reviewed {
 		t.Fatalf("unknown record after a refused Reviewed: %+v", rec)
@@ -146,7 +146,7 @@ func testReviewed(t *testing.T, s store.Store, _ func(time.Duration)) {
 	if err := s.Complete(ctx, id, "o2", ok, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Reviewed(ctx, id)
+	_, _, err = s.Reviewed(ctx, id)
 	wantErr(t, "Reviewed of an answer that needs no review", err, store.ErrNoReview)
 	if rec := get(t, s, id); rec.Reviewed {
 		t.Fatalf("ordinary final record after a refused Reviewed: %+v", rec)
@@ -157,9 +157,9 @@ func testReviewed(t *testing.T, s store.Store, _ func(time.Duration)) {
 	if err := s.Complete(ctx, rid, "o", review, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := s.Reviewed(ctx, rid)
-	if err != nil || !rec.Reviewed || !rec.ExpiresAt.IsZero() {
-		t.Fatalf("Reviewed with no TTL = %+v, %v; want it marked, never expiring", rec, err)
+	rec, marked, err := s.Reviewed(ctx, rid)
+	if err != nil || !marked || !rec.Reviewed || !rec.ExpiresAt.IsZero() {
+		t.Fatalf("Reviewed with no TTL = %+v, marked %v, %v; want it marked, never expiring", rec, marked, err)
 	}
 	if got := get(t, s, rid); !got.Reviewed || got.AwaitsReview() || !got.ExpiresAt.IsZero() {
 		t.Fatalf("after Reviewed with no TTL: %+v", got)
