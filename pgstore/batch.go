@@ -53,7 +53,11 @@ const leftGrace = time.Second
 //
 // A caller whose context ends before its round starts is left out of the
 // statement; once the round has started, its write may or may not be done,
-// as when a context ends during any statement. The statement is bound by the
+// as when a context ends during any statement: the jobs whose callers left
+// are handed to orphaned once the statement has ended, with what it did for
+// them, so that a write the caller was told had failed can be undone (a
+// claim: see Store.orphaned). A caller whose context ends as its round ends
+// gets the round's result. The statement is bound by the
 // timeout, not by any one caller's context: a caller that leaves does not
 // end it for the others. When the last caller still waiting leaves, the
 // statement may run for leftGrace more and is then cancelled: pgx drops the
@@ -72,10 +76,13 @@ type group[I, O any] struct {
 	// run sends the statement for jobs, which hold distinct IDs, and sets
 	// found and out of each job whose row the statement returned. Its ctx
 	// ends at the timeout or when every caller of the round has left.
-	run     func(ctx context.Context, jobs []*job[I, O]) error
-	timeout time.Duration
-	slots   int           // statements run at once; 0 means batchInFlight
-	grace   time.Duration // leftGrace, or another for tests
+	run func(ctx context.Context, jobs []*job[I, O]) error
+	// orphaned, if set, is called after a round with its jobs whose
+	// callers left while its statement ran, their found, out and err set.
+	orphaned func(jobs []*job[I, O])
+	timeout  time.Duration
+	slots    int           // statements run at once; 0 means batchInFlight
+	grace    time.Duration // leftGrace, or another for tests
 
 	mu       sync.Mutex
 	queue    []*round[I, O] // rounds waiting to run, oldest first
@@ -121,6 +128,12 @@ func (g *group[I, O]) do(ctx context.Context, id store.ID, in I, size int) (out 
 		return j.out, j.found, j.err
 	case <-ctx.Done():
 		g.mu.Lock()
+		select {
+		case <-r.done: // ended meanwhile: its result is the caller's, not an orphan's
+			g.mu.Unlock()
+			return j.out, j.found, j.err
+		default:
+		}
 		j.left = true
 		if r.cancel != nil { // the round has started: j is in its statement
 			r.waiting--
@@ -227,7 +240,20 @@ func (g *group[I, O]) loop() {
 		// Its callers stop counting as running before they return, so
 		// that waiting never shows a caller that has already returned.
 		g.inflight -= len(jobs)
+		// The callers that left are known for good once done is closed
+		// (do reads it under mu before it leaves).
+		var orphans []*job[I, O]
+		for _, j := range jobs {
+			if j.left {
+				orphans = append(orphans, j)
+			}
+		}
 		close(r.done)
+		if len(orphans) > 0 && g.orphaned != nil {
+			g.mu.Unlock()
+			g.orphaned(orphans)
+			g.mu.Lock()
+		}
 	}
 	g.running--
 	g.mu.Unlock()

@@ -91,7 +91,10 @@ func lockWaiters(t *testing.T, db *pgxpool.Pool, what string, ok func(pids []int
 // have all left ends, in the server too, while it waits for row locks held
 // by another transaction, with the call timeout an hour away; a caller that
 // leaves while another waits in its round does not end the statement, whose
-// write the other caller gets.
+// write the other caller gets, and the claim it wrote for the caller that
+// left (told that nothing was written, as a caller whose call timed out is
+// told "key left free") is undone: that record is unknown again, with its
+// outcome, and the next claim takes it over at once.
 func TestRoundEndsWhenItsCallersLeave(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.Database(t)
@@ -168,6 +171,19 @@ func TestRoundEndsWhenItsCallersLeave(t *testing.T) {
 	if r := <-b; r.err != nil || !r.created || r.rec.Owner != "ob" || r.rec.Fence != 2 {
 		t.Errorf("Begin(b), its round's other caller gone = %+v; want b taken over by ob, fence 2", r)
 	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		rec, err := s.Get(ctx, id("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State == store.Unknown && rec.Outcome.Attempts == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Get(a) 10 s after its caller left and its round wrote it = state %v owner %q outcome %+v; want unknown with 1 attempt (the claim undone)",
+				rec.State, rec.Owner, rec.Outcome)
+		}
+	}
 
 	// A round of two callers, who both leave.
 	settle(t, s.writes, 2, 0)
@@ -190,6 +206,9 @@ func TestRoundEndsWhenItsCallersLeave(t *testing.T) {
 	}
 	if _, created, err := s.Begin(ctx, id("c"), req, "oc2", time.Minute); err != nil || !created {
 		t.Errorf("Begin(c) afterwards = created %v, %v; want it taken over", created, err)
+	}
+	if _, created, err := s.Begin(ctx, id("a"), req, "oa2", time.Minute); err != nil || !created {
+		t.Errorf("Begin(a) once its claim is undone = created %v, %v; want it taken over", created, err)
 	}
 }
 

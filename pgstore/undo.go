@@ -28,7 +28,10 @@ import (
 // So the store remembers each claim of a statement that failed that way
 // (lostClaim) and undoes it once the server process of the session that
 // sent it is gone: past that, the statement has either committed or never
-// will. Undoing is the owner's own write, so it touches only a record that
+// will. A claim whose caller left while its batch's statement ran (the call
+// timed out, or the request's context ended: the caller was told nothing
+// was written) is written all the same when that statement then succeeds:
+// it is undone at once, its statement having answered (see orphaned). Undoing is the owner's own write, so it touches only a record that
 // claim still holds: a new record is deleted (as Abandon does); a record the
 // claim took over (an unknown operation resumed, or an in-flight one whose
 // lease had run out) is put back to unknown, keeping its outcome, so that
@@ -51,11 +54,18 @@ type lostClaim struct {
 	since   time.Time // when its statement failed
 	abandon bool
 	park    *store.Outcome
+	// written: a claim its statement wrote after its caller had left (see
+	// orphaned), to undo without waiting for a session.
+	written bool
 }
 
 // deferred says whether c is a failed owner write (an Abandon or a Park)
 // rather than a claim that got no answer.
 func (c lostClaim) deferred() bool { return c.abandon || c.park != nil }
+
+// waits says whether c is undone only once the session that sent it has
+// ended: a claim whose statement got no answer.
+func (c lostClaim) waits() bool { return !c.deferred() && !c.written }
 
 const (
 	// undoRetry is how often the store tries again to undo lost claims
@@ -131,6 +141,32 @@ func (s *Store) lose(pid uint32, jobs []*job[writeArgs, store.Record]) {
 	}
 }
 
+// orphaned remembers the claims among jobs that their round's statement
+// wrote after their callers had left (the group's orphaned), to be undone
+// at once: each caller was told that nothing was written (the proxy
+// answers 503 "key left free"), and its claim would otherwise hold the key
+// in flight for a whole lease that nobody runs. The claims of a statement
+// that failed unanswered are already remembered by writeBatch (lose).
+func (s *Store) orphaned(jobs []*job[writeArgs, store.Record]) {
+	now := time.Now()
+	n := 0
+	s.lostMu.Lock()
+	for _, j := range jobs {
+		if j.in.claim != nil && j.err == nil && j.found {
+			s.lost = append(s.lost, lostClaim{id: j.id, owner: j.in.claim.owner, since: now, written: true})
+			n++
+		}
+	}
+	s.lostMu.Unlock()
+	if n == 0 {
+		return
+	}
+	select {
+	case s.lostKick <- struct{}{}:
+	default:
+	}
+}
+
 // undoLoop undoes lost claims as they come, trying again every undoRetry
 // while any is left, until the store closes.
 func (s *Store) undoLoop() {
@@ -199,11 +235,11 @@ func (s *Store) undoLost(ctx context.Context) int {
 	}
 	pids := make([]int32, 0, len(pending))
 	for _, c := range pending {
-		if !c.deferred() {
+		if c.waits() {
 			pids = append(pids, int32(c.pid))
 		}
 	}
-	var alive []int32 // the sessions still there; a failed release or park waits for none
+	var alive []int32 // the sessions still there; a failed release or park, or a claim written after its caller left, waits for none
 	if len(pids) > 0 {
 		err := s.call(ctx, "undo", nil, func(ctx context.Context) error {
 			rows, _ := s.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE pid = ANY($1::int4[])`, pids)
@@ -217,7 +253,7 @@ func (s *Store) undoLost(ctx context.Context) int {
 	}
 	var done []lostClaim
 	for _, c := range pending {
-		if !c.deferred() && slices.Contains(alive, int32(c.pid)) && time.Since(c.since) < undoAnyway {
+		if c.waits() && slices.Contains(alive, int32(c.pid)) && time.Since(c.since) < undoAnyway {
 			continue
 		}
 		var deleted, parked int64
@@ -249,6 +285,9 @@ func (s *Store) undoLost(ctx context.Context) int {
 		case c.abandon && deleted > 0:
 			s.opt.Logger.Warn("an in-flight record whose release failed is released now that the database answers; the key is free",
 				"key", c.id.Key)
+		case c.written && deleted+parked > 0:
+			s.opt.Logger.Warn("a claim written after its caller had left (timed out or gone) is undone; the key is free",
+				"key", c.id.Key, "back_to_unknown", parked > 0)
 		case deleted+parked > 0:
 			s.opt.Logger.Warn("a claim whose statement got no answer had been written after all; undone, the key is free",
 				"key", c.id.Key, "back_to_unknown", parked > 0)
