@@ -341,6 +341,17 @@ func TestBinaryDataDirFilesOfAnotherUser(t *testing.T) {
 func storeAndStop(t *testing.T, env []string, prov *crashProvider, prefix string) []acked {
 	t.Helper()
 	p := launch(t, launchSpec{env: env})
+	all := postOrders(t, p, prov, prefix)
+	if err := p.terminate(t); err != nil {
+		t.Fatalf("exit: %v\n%s", err, p.text())
+	}
+	return all
+}
+
+// postOrders sends 100 new orders through p, each of which must be
+// acknowledged, and returns them with the provider's hits of each.
+func postOrders(t *testing.T, p *opsProc, prov *crashProvider, prefix string) []acked {
+	t.Helper()
 	var all []acked
 	for i := range 100 {
 		a, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("%s-%d", prefix, i))
@@ -349,9 +360,6 @@ func storeAndStop(t *testing.T, env []string, prov *crashProvider, prefix string
 		}
 		a.hits = prov.hitsOf(a.key)
 		all = append(all, a)
-	}
-	if err := p.terminate(t); err != nil {
-		t.Fatalf("exit: %v\n%s", err, p.text())
 	}
 	return all
 }
@@ -371,15 +379,7 @@ func TestBinaryRefusesCutWAL(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	env := baseEnv(up.URL, dir)
 	p := launch(t, launchSpec{env: env})
-	var all []acked
-	for i := range 100 {
-		a, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("wal-%d", i))
-		if !ok {
-			t.Fatalf("order %d refused:\n%s", i, p.text())
-		}
-		a.hits = prov.hitsOf(a.key)
-		all = append(all, a)
-	}
+	all := postOrders(t, p, prov, "wal")
 	p.cmd.Process.Kill() // the answers are in the WAL only
 	<-p.done
 	path, whole := onlyFile(t, dir, "*.mem")
@@ -418,15 +418,7 @@ func TestBinaryRefusesEmptiedWAL(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "data")
 			env := baseEnv(up.URL, dir)
 			p := launch(t, launchSpec{env: env})
-			var all []acked
-			for i := range 100 {
-				a, ok := postOrder(t.Context(), http.DefaultClient, p.proxy, fmt.Sprintf("emptied-%s-%d", c.name, i))
-				if !ok {
-					t.Fatalf("order %d refused:\n%s", i, p.text())
-				}
-				a.hits = prov.hitsOf(a.key)
-				all = append(all, a)
-			}
+			all := postOrders(t, p, prov, "emptied-"+c.name)
 			p.cmd.Process.Kill() // the answers are in the WAL only
 			<-p.done
 			path, whole := onlyFile(t, dir, "*.mem")

@@ -7,12 +7,6 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// discardQuery is the body of POST /admin/v1/records/discard.
-type discardQuery struct {
-	Key    string `json:"key"`
-	Client string `json:"client"`
-}
-
 // Discarded is the answer of POST /admin/v1/records/discard: the record
 // removed, as the listings showed it (state unreadable, with its stored
 // state, store key and the reason it could not be read).
@@ -32,7 +26,7 @@ type Discarded struct {
 // state, is refused (409 discard_refused): it is settled by the calls for
 // its state, never removed blind.
 func (h *Handler) discardRecord(w http.ResponseWriter, r *http.Request) {
-	var in discardQuery
+	var in recordQuery
 	id, ok := h.decodeRecordCall(w, r, 64<<10, "{key, client}", &in, &in.Key, &in.Client)
 	if !ok {
 		return

@@ -7,8 +7,9 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// reviewedQuery is the body of POST /admin/v1/records/reviewed.
-type reviewedQuery struct {
+// recordQuery is the body of the calls that name one record and nothing
+// else: POST /admin/v1/records/reviewed and /admin/v1/records/discard.
+type recordQuery struct {
 	Key    string `json:"key"`
 	Client string `json:"client"`
 }
@@ -31,7 +32,7 @@ type Reviewed struct {
 // sent until it expires. Only a final record whose answer says
 // needs_review can be marked; marking it again changes nothing.
 func (h *Handler) reviewedRecord(w http.ResponseWriter, r *http.Request) {
-	var in reviewedQuery
+	var in recordQuery
 	id, ok := h.decodeRecordCall(w, r, 64<<10, "{key, client}", &in, &in.Key, &in.Client)
 	if !ok {
 		return
