@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -115,28 +117,59 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, unlockWithin time.Duration
 	if version > len(migrations) {
 		return fmt.Errorf("schema version %d is newer than this build's %d: run a newer idemproxy", version, len(migrations))
 	}
-	for v := version; v < len(migrations); v++ {
-		tx, err := conn.Begin(ctx)
+	for v := version; v < len(migrations); {
+		err := upgrade(ctx, conn, v)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
+			// Replicas of the older build are using the table. Waiting
+			// in the lock's queue would hold up all their statements
+			// behind this one: let them run and try again.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w: schema upgrade to version %d: %w", errTablesBusy, v+1, ctx.Err())
+			case <-time.After(upgradeLockWait/2 + rand.N(upgradeLockWait)):
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, migrations[v]); err != nil {
-			tx.Rollback(ctx)
-			return fmt.Errorf("schema upgrade to version %d: %w", v+1, err)
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM idemproxy_schema`); err != nil {
-			tx.Rollback(ctx)
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO idemproxy_schema VALUES ($1)`, v+1); err != nil {
-			tx.Rollback(ctx)
-			return err
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return err
-		}
+		v++
 	}
 	return checkGrants(ctx, conn)
+}
+
+// upgradeLockWait bounds how long one schema upgrade waits for a table's
+// lock. An ALTER TABLE waits for every running statement on the table, and
+// while it waits every later statement waits behind it: the replicas still
+// running the older build would stall for as long as it queued.
+const upgradeLockWait = 500 * time.Millisecond
+
+// errTablesBusy is migrate's answer when the tables stayed in use for as
+// long as ctx allowed: not a refusal, tried again later.
+var errTablesBusy = errors.New("tables busy")
+
+// upgrade runs migrations[v] and records version v+1 in one transaction,
+// failing with lock_not_available after upgradeLockWait on a busy table.
+func upgrade(ctx context.Context, conn *pgxpool.Conn, v int) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", upgradeLockWait.Milliseconds())); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, migrations[v]); err != nil {
+		return fmt.Errorf("schema upgrade to version %d: %w", v+1, err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM idemproxy_schema`); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO idemproxy_schema VALUES ($1)`, v+1); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // grantsMissing lists, one row per table, the privileges on idemproxy's

@@ -139,6 +139,9 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	err = s.migrate(ctx)
 	switch {
 	case err == nil:
+	case errors.Is(err, errTablesBusy):
+		opt.Logger.Warn("schema upgrade waits for replicas of the older build to leave its tables free; retrying in the background", "err", err)
+		s.loops.Go(s.migrateLoop)
 	case refused(err):
 		s.stopBg()
 		pool.Close()
@@ -325,6 +328,10 @@ func (s *Store) migrateLoop() {
 			// database or grant, a newer schema): what Open would have
 			// failed with. Retried, since a person may fix it.
 			s.opt.Logger.Error("the database answers but refuses: not ready until this is fixed", "err", redact(err))
+			continue
+		}
+		if errors.Is(err, errTablesBusy) {
+			s.opt.Logger.Warn("schema upgrade still waits for its tables", "err", err)
 			continue
 		}
 		s.opt.Logger.Warn("database still unreachable", "err", redact(err))
@@ -535,7 +542,7 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
 	if !s.ready.Load() {
-		return fmt.Errorf("pgstore: %s: %w: schema not in place yet (database unreachable since start)", op, store.ErrUnavailable)
+		return fmt.Errorf("pgstore: %s: %w: schema not in place yet (the database was unreachable at start, or an upgrade waits for its tables)", op, store.ErrUnavailable)
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.opt.CallTimeout)
 	defer cancel()

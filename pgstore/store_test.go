@@ -911,3 +911,133 @@ func TestStoppedReplicasOperationsParkedAsUnknown(t *testing.T) {
 			rec.Fence, rec.CreatedAt, rec.Outcome.FirstSentAt, claimed, err, created)
 	}
 }
+
+// TestSchemaUpgradeWaitsForNoLock starts a replica of a newer build while a
+// replica of the older one holds a transaction on a table the upgrade alters.
+// The upgrade must not sit in the table's lock queue, where every other
+// statement on the table would wait behind it: other statements run while
+// it waits, and it completes once the table is free.
+func TestSchemaUpgradeWaitsForNoLock(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	open(t, url, 0).Close()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	// Back to the schema before the last migration, which alters
+	// idemproxy_replicas.
+	if _, err := pool.Exec(ctx, `ALTER TABLE idemproxy_replicas DROP COLUMN provider, DROP COLUMN keying`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idemproxy_schema SET version = $1`, len(migrations)-1); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SELECT count(*) FROM idemproxy_replicas`); err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan error, 1)
+	var s *Store
+	go func() {
+		var err error
+		s, err = Open(ctx, Options{URL: url, SweepInterval: -1, AnalyzeInterval: -1})
+		opened <- err
+	}()
+	// Wait until the upgrade asks for the table's lock.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT exists (SELECT FROM pg_locks
+			WHERE relation = 'idemproxy_replicas'::regclass AND NOT granted)`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the upgrade never asked for idemproxy_replicas' lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Another replica's statement on the table still runs.
+	probe, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := pool.Exec(probe, `SELECT count(*) FROM idemproxy_replicas`); err != nil {
+		t.Fatalf("a statement on the table while the upgrade waits: %v", err)
+	}
+	select {
+	case err := <-opened:
+		t.Fatalf("Open returned %v while the table was in use", err)
+	default:
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-opened; err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping after the upgrade: %v", err)
+	}
+	var version int
+	if err := pool.QueryRow(ctx, `SELECT version FROM idemproxy_schema`).Scan(&version); err != nil || version != len(migrations) {
+		t.Fatalf("schema version = %d, %v; want %d", version, err, len(migrations))
+	}
+}
+
+// TestSchemaUpgradeBusyPastStart holds the table for longer than Open waits:
+// Open returns a store that is not ready (store.ErrUnavailable), and the
+// upgrade completes in the background once the table is free.
+func TestSchemaUpgradeBusyPastStart(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	open(t, url, 0).Close()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `ALTER TABLE idemproxy_replicas DROP COLUMN provider, DROP COLUMN keying`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idemproxy_schema SET version = $1`, len(migrations)-1); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SELECT count(*) FROM idemproxy_replicas`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, Options{URL: url, CallTimeout: 300 * time.Millisecond, SweepInterval: -1, AnalyzeInterval: -1})
+	if err != nil {
+		t.Fatalf("Open while the table is in use: %v; want a store not yet ready", err)
+	}
+	defer s.Close()
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Ping before the upgrade = %v; want store.ErrUnavailable", err)
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for s.Ping(ctx) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready 30 s after the table was freed: %v", s.Ping(ctx))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var version int
+	if err := pool.QueryRow(ctx, `SELECT version FROM idemproxy_schema`).Scan(&version); err != nil || version != len(migrations) {
+		t.Fatalf("schema version = %d, %v; want %d", version, err, len(migrations))
+	}
+}
