@@ -912,12 +912,12 @@ func TestStoppedReplicasOperationsParkedAsUnknown(t *testing.T) {
 	}
 }
 
-// TestSchemaUpgradeWaitsForNoLock starts a replica of a newer build while a
-// replica of the older one holds a transaction on a table the upgrade alters.
-// The upgrade must not sit in the table's lock queue, where every other
-// statement on the table would wait behind it: other statements run while
-// it waits, and it completes once the table is free.
-func TestSchemaUpgradeWaitsForNoLock(t *testing.T) {
+// schemaInUse gives a database at the schema version before the last
+// migration (which alters idemproxy_replicas), a pool on it, and a
+// transaction of that pool holding idemproxy_replicas in use, as a replica
+// of the older build does.
+func schemaInUse(t *testing.T) (string, *pgxpool.Pool, pgx.Tx) {
+	t.Helper()
 	ctx := context.Background()
 	url := pgtest.Database(t)
 	open(t, url, 0).Close()
@@ -925,9 +925,7 @@ func TestSchemaUpgradeWaitsForNoLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
-	// Back to the schema before the last migration, which alters
-	// idemproxy_replicas.
+	t.Cleanup(pool.Close)
 	if _, err := pool.Exec(ctx, `ALTER TABLE idemproxy_replicas DROP COLUMN provider, DROP COLUMN keying`); err != nil {
 		t.Fatal(err)
 	}
@@ -938,10 +936,21 @@ func TestSchemaUpgradeWaitsForNoLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Rollback(ctx)
+	t.Cleanup(func() { holder.Rollback(ctx) })
 	if _, err := holder.Exec(ctx, `SELECT count(*) FROM idemproxy_replicas`); err != nil {
 		t.Fatal(err)
 	}
+	return url, pool, holder
+}
+
+// TestSchemaUpgradeWaitsForNoLock starts a replica of a newer build while a
+// replica of the older one holds a transaction on a table the upgrade alters.
+// The upgrade must not sit in the table's lock queue, where every other
+// statement on the table would wait behind it: other statements run while
+// it waits, and it completes once the table is free.
+func TestSchemaUpgradeWaitsForNoLock(t *testing.T) {
+	ctx := context.Background()
+	url, pool, holder := schemaInUse(t)
 	opened := make(chan error, 1)
 	var s *Store
 	go func() {
@@ -997,27 +1006,7 @@ func TestSchemaUpgradeWaitsForNoLock(t *testing.T) {
 // upgrade completes in the background once the table is free.
 func TestSchemaUpgradeBusyPastStart(t *testing.T) {
 	ctx := context.Background()
-	url := pgtest.Database(t)
-	open(t, url, 0).Close()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, `ALTER TABLE idemproxy_replicas DROP COLUMN provider, DROP COLUMN keying`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `UPDATE idemproxy_schema SET version = $1`, len(migrations)-1); err != nil {
-		t.Fatal(err)
-	}
-	holder, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, `SELECT count(*) FROM idemproxy_replicas`); err != nil {
-		t.Fatal(err)
-	}
+	url, pool, holder := schemaInUse(t)
 	s, err := Open(ctx, Options{URL: url, CallTimeout: 300 * time.Millisecond, SweepInterval: -1, AnalyzeInterval: -1})
 	if err != nil {
 		t.Fatalf("Open while the table is in use: %v; want a store not yet ready", err)
