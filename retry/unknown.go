@@ -138,6 +138,10 @@ func (s *sequence) probe() (*http.Response, ProbeResult) {
 		return nil, info.Result
 	}
 	defer resp.Body.Close()
+	// A 429 or 503 with Retry-After describes the provider, not the lookup:
+	// it pauses every attempt (the re-send that follows included), as an
+	// attempt's does.
+	s.noteRetryAfter(&outcome{resp: resp})
 	body, err := readLimited(resp.Body, resp.ContentLength, s.t.maxResponseBytes())
 	info.Status = resp.StatusCode
 	switch {

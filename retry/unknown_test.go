@@ -298,3 +298,36 @@ func TestPassedOnAnswerAfterUnknownStaysUnknown(t *testing.T) {
 		})
 	}
 }
+
+// TestProbeRetryAfterPausesProvider: a status probe answered 429 (or 503)
+// with Retry-After says the provider wants no traffic for that long. Its
+// answer is "other", so the operation is re-sent with the same key, but
+// only once the pause has passed, and the pause holds the provider's
+// other requests too (the Gate), as any attempt's Retry-After does.
+func TestProbeRetryAfterPausesProvider(t *testing.T) {
+	for _, status := range []int{http.StatusTooManyRequests, http.StatusServiceUnavailable} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			p := newProvider(t, respond(status, `{"state":1,"message":"rate limit exceeded"}`, "Retry-After", "7"), process)
+			pol := testPolicy()
+			pol.MaxAttempts = 1
+			h := newHarness(t, pol)
+			rec := withProbe(t, h, p, "GET /v1/payout/{resp.id}")
+			start := h.clock.Now()
+			resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected,
+				Resume: &Resume{FirstSentAt: start.Add(-time.Minute), LastBody: []byte(`{"id":"op-7"}`)}})
+			readFinal(t, resp, err, 200, rep.Attempts)
+			if got := rec.results(); !slices.Equal(got, []ProbeResult{ProbeOther}) {
+				t.Errorf("probe results %v, want [other]", got)
+			}
+			if got := requestLines(p); !slices.Equal(got, []string{probeGET, resendPOST}) {
+				t.Errorf("provider saw %q, want %q", got, []string{probeGET, resendPOST})
+			}
+			if until := h.gate.PausedUntil(); until.Before(start.Add(7 * time.Second)) {
+				t.Errorf("provider paused until %v, want at least 7 s after %v (the probe's Retry-After)", until, start)
+			}
+			if waited := h.clock.Now().Sub(start); waited < 7*time.Second {
+				t.Errorf("re-sent %v after the probe's 429 Retry-After: 7, want at least 7 s", waited)
+			}
+		})
+	}
+}
