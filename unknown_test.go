@@ -433,3 +433,57 @@ func TestKeyExpiredKeepsLastError(t *testing.T) {
 		t.Fatalf("provider saw %d POSTs, want 1", n)
 	}
 }
+
+// TestOversizedAnswerKeptUnknown: the provider executes the payment and
+// answers with a body larger than a record holds. The app gets 502
+// upstream_unavailable ("the outcome may be unknown") and never sees the
+// answer, so the operation must be kept as unknown, listed for operators,
+// like any answer that could not be stored: released, the app's retry
+// after the provider's key retention was a first send, with no retention
+// check, and the provider executed the payment a second time.
+func TestOversizedAnswerKeptUnknown(t *testing.T) {
+	const retention = time.Second
+	var mu sync.Mutex
+	posts := map[string]int{}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		posts[r.Header.Get("Idempotency-Key")]++
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"pay-1","status":"succeeded","receipt":"`+strings.Repeat("r", 2<<20)+`"}`)
+	}))
+	defer up.Close()
+	p := launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(), "IDEMPROXY_PROVIDER_KEY_RETENTION="+retention.String())})
+	first := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	sent := time.Now()
+	if first.status != http.StatusBadGateway || !strings.Contains(first.body, `"upstream_unavailable"`) {
+		t.Fatalf("first POST = %d %s, want 502 upstream_unavailable", first.status, first.body)
+	}
+	key := first.header.Get("Idempotency-Key")
+	rec := send(t, "GET", "http://"+p.admin+"/admin/v1/records/"+key, "")
+	var got struct {
+		State     string `json:"state"`
+		LastError string `json:"last_error"`
+		Attempts  int    `json:"attempts"`
+	}
+	if err := json.Unmarshal([]byte(rec.body), &got); rec.status != http.StatusOK || err != nil ||
+		got.State != "unknown" || !strings.Contains(got.LastError, "too large") || got.Attempts != 1 {
+		t.Fatalf("record after the oversized answer = %d %s, want it kept unknown, 1 attempt, last_error saying the answer was too large",
+			rec.status, rec.body)
+	}
+	if list := send(t, "GET", "http://"+p.admin+"/admin/v1/records?state=unknown", ""); !strings.Contains(list.body, `"key":"`+key+`"`) {
+		t.Fatalf("unknown records = %s, want %s listed", list.body, key)
+	}
+	time.Sleep(time.Until(sent.Add(retention + 100*time.Millisecond)))
+	second := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
+	if second.status != http.StatusConflict || !strings.Contains(second.body, `"idempotency_key_expired"`) {
+		t.Fatalf("retry past the provider's key retention = %d %s, want 409 idempotency_key_expired", second.status, second.body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(posts) != 1 || posts[key] != 1 {
+		t.Fatalf("provider saw POSTs %v, want one, with key %s: nothing re-sent blindly", posts, key)
+	}
+}

@@ -262,6 +262,15 @@ func (s *sequence) attempt() (outcome, error) {
 	o.duration = s.t.now().Sub(o.start)
 	if errors.Is(o.err, ErrResponseTooLarge) {
 		s.sent = true // the provider answered
+		if s.mode == Protected {
+			// It may have acted (a 201 with a large receipt), and its
+			// answer reaches no one: the operation's outcome is unknown, and
+			// its record must say so, not release the key for a first send.
+			s.unknown = true
+			if s.firstSent.IsZero() {
+				s.firstSent = o.start
+			}
+		}
 		return o, fmt.Errorf("retry: %s %s: attempt %d: %w", s.req.Method, s.req.URL.Path, s.attempts, o.err)
 	}
 	if o.err != nil {
