@@ -443,6 +443,9 @@ func TestLostClaimIsUndone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, `CREATE TABLE sync_probe (at timestamptz)`); err != nil {
+		t.Fatal(err)
+	}
 	standby := func(names string) {
 		t.Helper()
 		if _, err := admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+names+`'`); err != nil {
@@ -451,25 +454,17 @@ func TestLostClaimIsUndone(t *testing.T) {
 		if _, err := admin.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
 			t.Fatal(err)
 		}
-		// A session reads the setting when it starts (and at a command
-		// after the reload reaches it): wait until new sessions have it,
-		// then replace the store's.
+		// Whether a commit waits is decided by the checkpointer's reading
+		// of the setting (shared by every session), not by the session's
+		// own (what SHOW gives, which a new session has at once): wait
+		// until a probe commit on a new session waits, or no longer does,
+		// then replace the store's sessions.
 		for deadline := time.Now().Add(30 * time.Second); ; {
-			conn, err := pgx.Connect(ctx, url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got string
-			err = conn.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&got)
-			conn.Close(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got == names {
+			if commitWaits(t, admin, url) == (names != "") {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("synchronous_standby_names = %q 30 s after the reload, want %q", got, names)
+				t.Fatalf("commits do not follow synchronous_standby_names = %q 30 s after the reload", names)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -482,12 +477,10 @@ func TestLostClaimIsUndone(t *testing.T) {
 		}
 	}
 	standby("")
-	// Clearing the setting releases the commits that wait for the standby
-	// only once the checkpointer has read it, which a busy machine (CI runs
-	// many packages at once) can delay past the deadline below; end the
-	// sessions still waiting instead, as a server restart would. Their
-	// claims are committed either way; what is tested is that the store
-	// undoes them once the sessions are gone.
+	// The checkpointer woke the commits that waited for the standby as it
+	// read the cleared setting; end any session still there, as a server
+	// restart would. Their claims are committed either way; what is tested
+	// is that the store undoes them once the sessions are gone.
 	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`); err != nil {
 		t.Fatal(err)
 	}
@@ -505,6 +498,52 @@ func TestLostClaimIsUndone(t *testing.T) {
 	if rec.State != store.Unknown || rec.Outcome.Attempts != 2 || !rec.Outcome.FirstSentAt.Equal(sent) || rec.Outcome.LastError != "timeout after send" {
 		t.Fatalf("unknown record after its lost resume = state %v owner %q outcome %+v, want unknown with 2 attempts first sent at %v",
 			rec.State, rec.Owner, rec.Outcome, sent)
+	}
+}
+
+// commitWaits says whether a commit on a new session of url waits for a
+// synchronous standby: it inserts a row into sync_probe and watches that
+// session from admin until the insert returns (no wait) or the session
+// waits for the standby (wait_event SyncRep), which it then ends (the row
+// is committed locally).
+func commitWaits(t *testing.T, admin *pgx.Conn, url string) bool {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	pid := conn.PgConn().PID()
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, `INSERT INTO sync_probe VALUES (now())`)
+		done <- err
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("probe commit: %v", err)
+			}
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+		var waiting bool
+		if err := admin.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'`, pid).
+			Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+				t.Fatal(err)
+			}
+			<-done // the session ends: its commit gets no answer
+			return true
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("probe commit neither returned nor waited for the standby in 30 s")
+		}
 	}
 }
 
