@@ -60,6 +60,10 @@ func startBinary(t *testing.T, env ...string) *proc {
 	cmd := exec.Command(binPath)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"),
 		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"}, env...)
+	if onPostgres {
+		lastPostgres = pgtest.Database(t)
+		cmd.Env = append(cmd.Env, "IDEMPROXY_STORE_URL="+lastPostgres)
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
