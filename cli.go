@@ -44,13 +44,22 @@ func newAdminClient(addr string, environ []string) (*adminClient, error) {
 		}
 		base = strings.TrimSuffix(u, "/readyz")
 	}
-	token := envValue(environ, envPrefix+"ADMIN_TOKEN")
-	if file := envValue(environ, envPrefix+"ADMIN_TOKEN_FILE"); file != "" && token == "" {
+	// As the server reads it (config.go, secret): both set is refused, not
+	// one of them silently preferred.
+	var fromFile string
+	if file := envValue(environ, envPrefix+"ADMIN_TOKEN_FILE"); file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
 			return nil, fmt.Errorf("%sADMIN_TOKEN_FILE: %w", envPrefix, err)
 		}
-		token = strings.TrimRight(string(b), "\r\n")
+		if strings.TrimSpace(string(b)) == "" {
+			return nil, fmt.Errorf("%sADMIN_TOKEN_FILE: %s holds no token", envPrefix, file)
+		}
+		fromFile = string(b)
+	}
+	token, err := secret("ADMIN_TOKEN", envValue(environ, envPrefix+"ADMIN_TOKEN"), fromFile)
+	if err != nil {
+		return nil, err
 	}
 	// No proxy from HTTP_PROXY: the admin port is the operator's own.
 	return &adminClient{base: strings.TrimSuffix(base, "/"), token: token,

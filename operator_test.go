@@ -104,6 +104,17 @@ func TestCLIRecordsGet(t *testing.T) {
 	if _, errOut, code := run([]string{"IDEMPROXY_ADMIN_TOKEN_FILE=" + tokenFile}, "records", "get", key); code != 0 {
 		t.Fatalf("with the token from a file = %d %s", code, errOut)
 	}
+	// Both set: refused as the server refuses it, not one silently taken.
+	if _, errOut, code := run([]string{"IDEMPROXY_ADMIN_TOKEN=wrong-token", "IDEMPROXY_ADMIN_TOKEN_FILE=" + tokenFile}, "records", "get", key); code != 2 ||
+		!strings.Contains(errOut, "IDEMPROXY_ADMIN_TOKEN and IDEMPROXY_ADMIN_TOKEN_FILE are both set") {
+		t.Fatalf("with both the token and its file = %d %s, want exit 2 saying both are set", code, errOut)
+	}
+	emptyFile := t.TempDir() + "/empty"
+	os.WriteFile(emptyFile, []byte("\n"), 0o600)
+	if _, errOut, code := run([]string{"IDEMPROXY_ADMIN_TOKEN_FILE=" + emptyFile}, "records", "get", key); code != 2 ||
+		!strings.Contains(errOut, "holds no token") {
+		t.Fatalf("with an empty token file = %d %s, want exit 2 saying it holds no token", code, errOut)
+	}
 	if _, errOut, code := run(nil, "records", "get", key); code != 1 || !strings.Contains(errOut, "401") ||
 		!strings.Contains(errOut, "set IDEMPROXY_ADMIN_TOKEN") {
 		t.Fatalf("without the token = %d %s, want exit 1 naming 401 and the variable to set", code, errOut)
