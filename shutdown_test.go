@@ -75,7 +75,11 @@ func TestShutdownWithQueuedRequestsAndDataDirGone(t *testing.T) {
 		go post(fmt.Sprintf("queued-%d", i), answers)
 	}
 	// All five are claimed (in flight) and held at the gate, never sent.
+	// Listed in flight is not yet claimed: a claim is visible before the
+	// sync round that makes it durable returns it, and a claim whose sync
+	// round finds the directory gone fails (503 without a key, correctly).
 	waitInFlight(t, p.admin, 1+queued)
+	waitBegins(t, p.admin, 1+queued)
 
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
@@ -112,6 +116,18 @@ func TestShutdownWithQueuedRequestsAndDataDirGone(t *testing.T) {
 	if len(seen) != 1 {
 		t.Errorf("the provider saw %d keys, want only the first: the queued ones must not be sent", len(seen))
 	}
+}
+
+// waitBegins polls the metrics until n claims (store Begins) have returned.
+func waitBegins(t *testing.T, admin string, n int) {
+	t.Helper()
+	const series = `idemproxy_store_operation_duration_seconds_count{op="begin"}`
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if scrape(t, "http://"+admin+"/metrics")[series] >= float64(n) {
+			return
+		}
+	}
+	t.Fatalf("fewer than %d claims returned within a minute", n)
 }
 
 // waitInFlight polls the admin API until n records are in flight.
