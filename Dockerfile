@@ -41,7 +41,7 @@ ARG VERSION=dev
 # this large stage costs a commit.
 RUN go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/idemproxy . \
  && go build -trimpath -ldflags "-s -w" -o /out/sandbox ./cmd/sandbox \
- && mkdir -p /out/data
+ && mkdir -p /out/rootfs/data && chmod 1777 /out/rootfs/data
 
 # The fake provider: not for production.
 FROM ${RUNTIME_IMAGE} AS sandbox
@@ -59,9 +59,13 @@ LABEL org.opencontainers.image.title=idemproxy \
       org.opencontainers.image.description="Reverse proxy that makes payment requests safe to retry" \
       org.opencontainers.image.version=${VERSION}
 COPY --from=build /out/idemproxy /idemproxy
-# A named volume mounted on /data starts as a copy of this directory, owned by
-# nonroot; a bind mount must be chowned to 65532 by the operator (README).
-COPY --from=build --chown=65532:65532 /out/data /data
+# A named volume mounted on /data starts as a copy of this directory: owned by
+# nonroot, and writable by any user as /tmp is (1777), so that `docker run
+# --user <uid>[:<gid>]` works on a fresh volume too; the store's files then
+# belong to that user. A bind mount must be chowned to the user by the
+# operator (README).
+# (COPY of a directory makes the target 0755; copying its parent keeps the mode.)
+COPY --from=build --chown=65532:65532 /out/rootfs/ /
 USER 65532:65532
 ENV IDEMPROXY_DATA_DIR=/data \
     IDEMPROXY_LISTEN_ADDR=:8080 \

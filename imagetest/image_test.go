@@ -109,8 +109,8 @@ func TestImageContents(t *testing.T) {
 				t.Errorf("/idemproxy: type %c, mode %o, owner %d; want an executable file of root's that only root may change", h.Typeflag, h.Mode, h.Uid)
 			}
 		case "data/":
-			if h.Typeflag != tar.TypeDir || h.Uid != 65532 || h.Gid != 65532 {
-				t.Errorf("/data: type %c, owner %d:%d; want a directory of 65532:65532", h.Typeflag, h.Uid, h.Gid)
+			if h.Typeflag != tar.TypeDir || h.Uid != 65532 || h.Gid != 65532 || h.Mode&0o7777 != 0o1777 {
+				t.Errorf("/data: type %c, owner %d:%d, mode %o; want a directory of 65532:65532 of mode 1777 (any --user may write in it)", h.Typeflag, h.Uid, h.Gid, h.Mode&0o7777)
 			}
 		}
 	}
@@ -348,6 +348,43 @@ func TestImageNamesTheUserOnUnusableMounts(t *testing.T) {
 				}
 			}
 			checkLogLines(t, c)
+		})
+	}
+}
+
+// `docker run --user` with a uid other than the image's (a host user's, to
+// match a bind mount's owner, or an arbitrary one as some platforms assign)
+// on a fresh named volume: the volume starts as a copy of the image's /data,
+// so /data must be writable by any user, as /tmp is (mode 1777), or the start
+// stops on "permission denied". The store's files then belong to that user,
+// and a second start as it opens them again.
+func TestImageRunsAsAnyUserOnAFreshVolume(t *testing.T) {
+	t.Parallel()
+	img := need(t)
+	for _, user := range []string{"4321", "4321:4321"} {
+		t.Run(user, func(t *testing.T) {
+			vol := volume(t)
+			args := []string{"--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--user", user,
+				"-v", vol + ":/data", "-e", "IDEMPROXY_UPSTREAM_URL=http://provider:8081",
+				"-p", "127.0.0.1::8080", "-p", "127.0.0.1::9090", img.proxy}
+			c := container(t, "anyuser", args...)
+			waitReady(t, c) // /readyz: a probe write to the store, fsynced
+			docker(t, "stop", "-t", "30", c)
+			if code := inspect(t, c, "{{.State.ExitCode}}"); code != "0" {
+				t.Errorf("exit code after docker stop = %s, want 0", code)
+			}
+			docker(t, "start", c)
+			waitReady(t, c)
+			uid, _, _ := strings.Cut(user, ":")
+			owners := docker(t, "run", "--rm", "-v", vol+":/data:ro", img.bases.Debian, "find", "/data", "-mindepth", "1", "-printf", "%U %p\n")
+			if strings.Count(owners, "\n")+1 < 2 {
+				t.Errorf("the volume holds no store:\n%s", owners)
+			}
+			for _, line := range strings.Split(owners, "\n") {
+				if !strings.HasPrefix(line, uid+" ") {
+					t.Errorf("volume entry not owned by the user %s: %s", uid, line)
+				}
+			}
 		})
 	}
 }
