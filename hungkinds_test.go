@@ -16,10 +16,15 @@ import (
 // process of the cluster stopped with SIGSTOP) and no traffic, /readyz
 // answers 503 once its 2 s bound runs out, and /metrics counts the ping as
 // idemproxy_store_errors_total{kind="unavailable",op="ping"}, so that an
-// alert on kind="unavailable" fires for a hung database too. A probe whose
-// client goes away before the bound is still counted canceled. Before, the
-// readiness probe's own deadline was counted canceled, as if its caller had
-// left.
+// alert on kind="unavailable" fires for a hung database too; a scrape
+// answers within 5 s, well inside Prometheus's default scrape timeout of
+// 10 s. A probe whose client goes away before the bound is still counted
+// canceled. Before, the readiness probe's own deadline was counted
+// canceled, as if its caller had left; and a scrape waited for the count of
+// unknown records from the hung store, twice the call timeout (10 s), so
+// that Prometheus's would fail, and this test's wait for the canceled
+// probe sampled the counter only once, just as its client left, before the
+// server had counted it (it failed so under load).
 func TestReadyzOnHungDatabaseCountsUnavailable(t *testing.T) {
 	c, url := pgtest.Own(t, pgtest.Options{})
 	up := httptest.NewServer(newDedupProvider())
@@ -41,7 +46,11 @@ func TestReadyzOnHungDatabaseCountsUnavailable(t *testing.T) {
 	}
 	const unavailable, canceled = `idemproxy_store_errors_total{kind="unavailable",op="ping"}`,
 		`idemproxy_store_errors_total{kind="canceled",op="ping"}`
+	start = time.Now()
 	m := scrape(t, "http://"+p.admin+"/metrics")
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("/metrics with the database hung answered after %v, want within 5 s (Prometheus's default scrape timeout is 10 s)", took.Round(time.Millisecond))
+	}
 	if m[unavailable] != 1 || m[canceled] != 0 {
 		t.Fatalf("after one /readyz on the hung database: %s = %v, %s = %v; want 1 and 0",
 			unavailable, m[unavailable], canceled, m[canceled])

@@ -158,26 +158,61 @@ func (m *Metrics) newStoreMetrics() {
 		"result")
 }
 
+// unknownWait bounds how long a scrape waits for the store's count of
+// unknown records (UnknownOperations).
+const unknownWait = 2 * time.Second
+
 // UnknownOperations exports idemproxy_operations_unknown and
 // idemproxy_unknown_oldest_seconds from scan, which reads the store: how many
 // records are in state unknown and when the oldest was first sent. Every
 // replica sharing a store reports the same figures. A scan is reused for
 // 30 s, so that scrapes do not walk a large store over and over, unless this
 // process parked or resumed an unknown operation since.
+//
+// A scrape waits at most unknownWait for a scan, which may take up to 10 s,
+// and otherwise reports the figures of the last scan that ended; the scan
+// goes on and its figures serve the next scrape. Waiting for it whole (once
+// per gauge) made a scrape on a hung database take twice the store's call
+// timeout, 10 s by default: as long as Prometheus's default scrape timeout,
+// so that the scrape failed as a whole, and with it
+// idemproxy_store_errors_total{kind="unavailable"}, the very series that
+// says the database hangs.
 func (m *Metrics) UnknownOperations(scan func(ctx context.Context) (n int, oldest time.Time, err error), now func() time.Time) {
 	var mu sync.Mutex
 	var at, oldest time.Time
 	var n int
+	var running chan struct{} // closed when the scan under way ends; nil when none is
+	var until time.Time       // how long scrapes wait for it
 	read := func() (int, time.Time) {
 		mu.Lock()
-		defer mu.Unlock()
-		if t := now(); at.IsZero() || t.Sub(at) >= 30*time.Second || m.unknownStale.Swap(false) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if c, o, err := scan(ctx); err == nil {
-				n, oldest, at = c, o, t
-			}
+		if t := now(); running == nil && (at.IsZero() || t.Sub(at) >= 30*time.Second || m.unknownStale.Swap(false)) {
+			done := make(chan struct{})
+			running, until = done, time.Now().Add(unknownWait)
+			go func() {
+				defer close(done)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				c, o, err := scan(ctx)
+				mu.Lock()
+				defer mu.Unlock()
+				if err == nil {
+					n, oldest, at = c, o, t
+				}
+				running = nil
+			}()
 		}
+		wait, left := running, time.Until(until)
+		mu.Unlock()
+		if wait != nil && left > 0 {
+			timer := time.NewTimer(left)
+			select {
+			case <-wait:
+			case <-timer.C:
+			}
+			timer.Stop()
+		}
+		mu.Lock()
+		defer mu.Unlock()
 		return n, oldest
 	}
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "operations_unknown",
