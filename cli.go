@@ -181,7 +181,7 @@ func (c *adminClient) apiError(resp *http.Response, b []byte) error {
 // The operator commands' usage lines.
 const (
 	recordsGetUsage  = "idemproxy records get KEY [--client C] [--body] [--json] [--admin ADDR]"
-	recordsListUsage = "idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--body] [--json] [--admin ADDR]"
+	recordsListUsage = "idemproxy records list --state in_flight|unknown|needs_review [--client C] [--limit N] [--cursor C] [--body] [--json] [--admin ADDR]"
 	ordersUsage      = "idemproxy orders get|renew --method POST --path /cards --value F-1 [--client C] [--json] [--admin ADDR]"
 	// recordsResolveUsage is one line, like the others, for the help test.
 	recordsResolveUsage  = "idemproxy records resolve KEY --outcome not_executed|executed [--status N] [--body B] [--header 'Name: value']... [--client C] [--json] [--admin ADDR]"
@@ -403,6 +403,7 @@ func recordsList(args, environ []string, stdout, stderr io.Writer) int {
 	state := fs.String("state", "", "in_flight, unknown or needs_review")
 	limit := fs.Int("limit", 100, "records per page (1-1000)")
 	cursor := fs.String("cursor", "", "next_cursor of the previous page")
+	client := fs.String("client", "", "list this client's (tenant's) records only; default every client's")
 	body := fs.Bool("body", false, "include stored answers' bodies")
 	asJSON := fs.Bool("json", false, "print the page as JSON")
 	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")
@@ -421,6 +422,9 @@ func recordsList(args, environ []string, stdout, stderr io.Writer) int {
 	q := url.Values{"state": {*state}, "limit": {strconv.Itoa(*limit)}}
 	if *cursor != "" {
 		q.Set("cursor", *cursor)
+	}
+	if *client != "" {
+		q.Set("client", *client)
 	}
 	if *body {
 		q.Set("body", "1")

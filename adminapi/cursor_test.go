@@ -67,3 +67,75 @@ func TestListCursorOfAnotherState(t *testing.T) {
 		t.Fatalf("in_flight listing = %d %v, want its 3 records", code, keys)
 	}
 }
+
+// TestListOneClient: with client tokens on, ?client= lists that client's
+// records only, page by page, each once; before, the parameter was
+// silently ignored and an operator asking for one client's unknown
+// operations got every client's. A client without a token is 400, and a
+// cursor of one client's listing is refused for another's.
+func TestListOneClient(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	want := map[string]bool{}
+	for i := range 12 {
+		tenant := []string{"shop", "games", "bank"}[i%3]
+		id := store.ID{Tenant: tenant, Key: "k" + strconv.Itoa(i)}
+		if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Park(ctx, id, "o", store.Outcome{Attempts: 1, LastError: "504"}); err != nil {
+			t.Fatal(err)
+		}
+		if tenant == "shop" {
+			want[id.Key] = true
+		}
+	}
+	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default", Clients: []string{"shop", "games", "bank"}})
+	got := map[string]int{}
+	cursor := ""
+	for page := 1; ; page++ {
+		if page > 5 {
+			t.Fatalf("no last page after 5 pages; got %v", got)
+		}
+		w := call(t, h, "GET", "/admin/v1/records?state=unknown&limit=2&client=shop&cursor="+url.QueryEscape(cursor), "")
+		var p struct {
+			Records []struct {
+				Key    string `json:"key"`
+				Client string `json:"client"`
+			} `json:"records"`
+			NextCursor string `json:"next_cursor"`
+		}
+		if w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &p) != nil {
+			t.Fatalf("page %d = %d %s", page, w.Code, w.Body)
+		}
+		for _, r := range p.Records {
+			if r.Client != "shop" {
+				t.Errorf("listing of client shop shows %s of client %s", r.Key, r.Client)
+			}
+			got[r.Key]++
+		}
+		if p.NextCursor == "" {
+			break
+		}
+		if page == 1 {
+			if w := call(t, h, "GET", "/admin/v1/records?state=unknown&client=games&cursor="+url.QueryEscape(p.NextCursor), ""); w.Code != 400 {
+				t.Errorf("client games's listing given shop's cursor = %d %s, want 400", w.Code, w.Body)
+			}
+		}
+		cursor = p.NextCursor
+	}
+	if len(got) != len(want) {
+		t.Fatalf("listing of client shop = %v, want each of %v once", got, want)
+	}
+	for k, n := range got {
+		if !want[k] || n != 1 {
+			t.Fatalf("listing of client shop = %v, want each of %v once", got, want)
+		}
+	}
+	if w := call(t, h, "GET", "/admin/v1/records?state=unknown&client=nobody", ""); w.Code != 400 || !strings.Contains(w.Body.String(), `"bad_request"`) {
+		t.Fatalf("listing of a client with no token = %d %s, want 400 bad_request", w.Code, w.Body)
+	}
+	if w := call(t, h, "GET", "/admin/v1/records?state=unknown&limit=1000", ""); !strings.Contains(w.Body.String(), `"client":"games"`) {
+		t.Fatalf("listing without client = %d %s, want every client's records", w.Code, w.Body)
+	}
+}

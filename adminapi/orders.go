@@ -1,6 +1,7 @@
 package adminapi
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -23,7 +24,7 @@ var listable = map[string]store.Filter{
 // maxLimit bounds one page.
 const maxLimit = 1000
 
-// listRecords is GET /admin/v1/records?state=in_flight|unknown|needs_review&limit=N&cursor=C[&body=1].
+// listRecords is GET /admin/v1/records?state=in_flight|unknown|needs_review&limit=N&cursor=C[&client=][&body=1].
 // A page holds limit records unless it is the last.
 func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -42,15 +43,30 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	// A cursor names its listing's state: the store's is a position among
-	// all records, which the listing of another state would take too and
-	// silently start after.
+	// ?client= lists that client's records only (with client tokens on, one
+	// of theirs); without it, every client's.
+	listing := state
+	if q.Has("client") {
+		client, err := h.client(q.Get("client"))
+		if err != nil {
+			writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+			return
+		}
+		listing += "@" + hex.EncodeToString([]byte(client))
+		keep := f.Keep
+		f.Keep = func(rec *store.Record) bool {
+			return rec.ID.Tenant == client && (keep == nil || keep(rec))
+		}
+	}
+	// A cursor names its listing (state and client): the store's is a
+	// position among all records, which the listing of another state or
+	// client would take too and silently start after.
 	cursor := q.Get("cursor")
 	if cursor != "" {
 		from, pos, ok := strings.Cut(cursor, ".")
-		if !ok || from != state {
+		if !ok || from != listing {
 			writeError(w, http.StatusBadRequest, codeBadRequest, "cursor is not one this API gave for state "+state+
-				" (a cursor is for the listing of the state it came from)")
+				" and this client (a cursor is for the listing of the state and client it came from)")
 			return
 		}
 		cursor = pos
@@ -69,7 +85,7 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 		NextCursor string   `json:"next_cursor"`
 	}{Records: []Record{}}
 	if next != "" {
-		out.NextCursor = state + "." + next
+		out.NextCursor = listing + "." + next
 	}
 	for _, rec := range recs {
 		out.Records = append(out.Records, view(rec.ID, rec, q.Get("body") == "1"))
