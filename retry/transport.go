@@ -665,6 +665,9 @@ func (s *sequence) response(o outcome) *http.Response {
 	if resp.Header == nil {
 		resp.Header = make(http.Header)
 	}
+	// Only the status probe's answer is marked reconciled (reconciled sets
+	// it after this): the provider's own answer may not say so.
+	delete(resp.Header, ReconciledHeader)
 	if s.attempts < len(attemptCounts) {
 		resp.Header[AttemptsHeader] = attemptCounts[s.attempts] // shared: no one writes into a header's values in place
 	} else {

@@ -331,3 +331,19 @@ func TestProbeRetryAfterPausesProvider(t *testing.T) {
 		})
 	}
 }
+
+// TestProviderCannotMarkReconciled: only the status probe's answer carries
+// ReconciledHeader. A provider's (or a gateway's) own answer that comes
+// with it has it removed: kept, the app and the operator's view (reconciled)
+// would take the operation's own answer for one settled by a probe, and a
+// record whose answer could not be stored would drop the last ambiguous
+// answer the probe needs.
+func TestProviderCannotMarkReconciled(t *testing.T) {
+	p := newProvider(t, respond(201, `{"id":"op-7"}`, ReconciledHeader, "true"))
+	h := newHarness(t, testPolicy())
+	resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected})
+	readFinal(t, resp, err, 201, rep.Attempts)
+	if got := resp.Header.Values(ReconciledHeader); len(got) != 0 {
+		t.Fatalf("the provider's own answer carries %s: %q, want none", ReconciledHeader, got)
+	}
+}
