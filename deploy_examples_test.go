@@ -501,8 +501,11 @@ func TestKubernetesExample(t *testing.T) {
 }
 
 // Every IDEMPROXY_ variable the compose examples set is one idemproxy reads,
-// and each stop_grace_period outlasts IDEMPROXY_SHUTDOWN_GRACE. imagetest runs
-// these files; this catches a misspelt variable, which a run would not.
+// each stop_grace_period outlasts IDEMPROXY_SHUTDOWN_GRACE, and idemproxy and
+// its database are started again when their process dies (a restart policy;
+// without one a crash or an OOM kill left the service down until someone
+// noticed). imagetest runs these files; this catches a misspelt variable,
+// which a run would not.
 func TestComposeVariables(t *testing.T) {
 	vars := configDefaults(t)
 	re := regexp.MustCompile(`^compose(\..+)?\.ya?ml$`)
@@ -526,8 +529,10 @@ func TestComposeVariables(t *testing.T) {
 		}
 		var doc struct {
 			Services map[string]struct {
+				Image           string            `yaml:"image"`
 				Environment     map[string]string `yaml:"environment"`
 				StopGracePeriod string            `yaml:"stop_grace_period"`
+				Restart         string            `yaml:"restart"`
 			} `yaml:"services"`
 		}
 		if err := yaml.Unmarshal(raw, &doc); err != nil {
@@ -535,6 +540,9 @@ func TestComposeVariables(t *testing.T) {
 		}
 		proxies := 0
 		for name, s := range doc.Services {
+			if strings.Contains(s.Image, "POSTGRES_IMAGE") && s.Restart != "unless-stopped" && s.Restart != "always" {
+				t.Errorf("%s: service %s (the store): restart %q, want unless-stopped", file, name, s.Restart)
+			}
 			grace, set := "", false
 			for k, v := range s.Environment {
 				if !strings.HasPrefix(k, "IDEMPROXY_") {
@@ -552,6 +560,9 @@ func TestComposeVariables(t *testing.T) {
 				continue
 			}
 			proxies++
+			if s.Restart != "unless-stopped" && s.Restart != "always" {
+				t.Errorf("%s: service %s: restart %q, want unless-stopped (started again after a crash or an OOM kill)", file, name, s.Restart)
+			}
 			if grace == "" {
 				grace = vars["IDEMPROXY_SHUTDOWN_GRACE"]
 			}

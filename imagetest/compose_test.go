@@ -5,8 +5,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // composeCommand is `docker compose` where the plugin is installed, else the
@@ -208,6 +211,14 @@ func TestComposeExample(t *testing.T) {
 		t.Fatalf("compose logs: %v\n%s", err, log)
 	}
 	checkGoLimit(t, log)
+
+	// A crash: the store on the volume outlives it, and the restarted
+	// process replays the order.
+	p.crash(t, "idemproxy")
+	if out := p.pay(t, "idemproxy", `{"order_id":"order-1","amount":"10.00","currency":"EUR"}`); statusOf(out) != "201" ||
+		headerOf(out, "Idempotent-Replayed") != "true" || headerOf(out, "Idempotency-Key") != headerOf(outs[0], "Idempotency-Key") {
+		t.Errorf("order-1 after the restart, want the stored 201 replayed with its key:\n%s", out)
+	}
 }
 
 // The README's replicas example: two idemproxy containers on one PostgreSQL
@@ -220,6 +231,76 @@ func TestComposeReplicasExample(t *testing.T) {
 	p := upCompose(t, img, "compose.replicas.yaml", "docker compose -f compose.replicas.yaml up --build -d")
 	outs := p.readme(t, img.root, "docker compose -f compose.replicas.yaml exec ")
 	checkOnce(t, outs, "order-2")
+
+	// The other way round: an order through idemproxy-b, replayed by
+	// idemproxy-a; and idemproxy-a crashed meanwhile, started again by its
+	// restart policy while idemproxy-b served.
+	const order3 = `{"order_id":"order-3","amount":"5.00","currency":"EUR"}`
+	var first string
+	p.crash(t, "idemproxy-a", func() {
+		if first = p.pay(t, "idemproxy-b", order3); statusOf(first) != "201" || headerOf(first, "Idempotent-Replayed") != "" {
+			t.Errorf("order-3 through idemproxy-b while idemproxy-a restarts, want 201 executed:\n%s", first)
+		}
+	})
+	again := p.pay(t, "idemproxy-a", order3)
+	if statusOf(again) != "201" || headerOf(again, "Idempotent-Replayed") != "true" ||
+		headerOf(again, "Idempotency-Key") != headerOf(first, "Idempotency-Key") {
+		t.Errorf("order-3 repeated through the restarted idemproxy-a, want the stored 201 replayed with its key:\n%s", again)
+	}
+	ledger, err := p.run("exec", "-T", "legacy-app", "curl", "-sS", "http://provider:8081/_sandbox/ledger")
+	if err != nil {
+		t.Fatalf("ledger: %v\n%s", err, ledger)
+	}
+	if l := decodeLedger(t, []byte(ledger)); l.ByOrder["order-3"] != 1 || len(l.DuplicateOrders) != 0 {
+		t.Errorf("order-3 executed %d times, duplicates %v; want once\n%s", l.ByOrder["order-3"], l.DuplicateOrders, ledger)
+	}
+}
+
+// pay POSTs a JSON order to service's proxy port from the legacy app and
+// returns curl -i's output.
+func (p composeProject) pay(t *testing.T, service, body string) string {
+	t.Helper()
+	out, err := p.run("exec", "-T", "legacy-app", "curl", "-sSi", "--max-time", "60", "http://"+service+":8080/payments",
+		"-H", "Content-Type: application/json", "-d", body)
+	if err != nil {
+		t.Fatalf("POST to %s: %v\n%s", service, err, out)
+	}
+	return strings.ReplaceAll(out, "\r\n", "\n")
+}
+
+// crash kills service's process with SIGKILL from the host, as the kernel's
+// OOM killer does (docker kill would count as a stop the operator asked
+// for, which no restart policy undoes), runs meanwhile (if any) while it is
+// down, and waits for the restart policy to have started it again and for
+// it to be healthy.
+func (p composeProject) crash(t *testing.T, service string, meanwhile ...func()) {
+	t.Helper()
+	id, err := p.run("ps", "-q", service)
+	id = strings.TrimSpace(id)
+	if err != nil || id == "" {
+		t.Fatalf("compose ps -q %s: %v %q", service, err, id)
+	}
+	restarts := inspect(t, id, "{{.RestartCount}}")
+	pid, err := strconv.Atoi(inspect(t, id, "{{.State.Pid}}"))
+	if err != nil || pid <= 1 {
+		t.Fatalf("%s: no process to kill (pid %d, %v)", service, pid, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -KILL %d (%s's process; the test runs as root where docker does): %v", pid, service, err)
+	}
+	for _, f := range meanwhile {
+		f()
+	}
+	killed := time.Now()
+	waitFor(t, service+" started again by its restart policy and healthy", func() bool {
+		if inspect(t, id, "{{.RestartCount}}") == restarts {
+			if time.Since(killed) > 20*time.Second {
+				t.Fatalf("%s killed 20 s ago and not started again: %s (no restart policy?)", service, inspect(t, id, "{{.State.Status}} {{.HostConfig.RestartPolicy.Name}}"))
+			}
+			return false
+		}
+		return inspect(t, id, "{{.State.Health.Status}}") == "healthy"
+	})
 }
 
 // quoteAll single-quotes each word for sh.
