@@ -24,11 +24,13 @@ import (
 	"time"
 )
 
-// A MANIFEST removed, or cut short, after a clean shutdown: Badger would
-// start from what is left and delete every table file the MANIFEST no longer
-// names, so that every acknowledged answer was gone and the next repeat of
-// each order reached the provider again (seen: 0 of 100 replayed, the start
-// logging nothing). The start is refused, the tables stay, and with the
+// A MANIFEST removed, or cut short (inside an entry, or at an entry's start,
+// as a copy that stopped at a write boundary leaves it), after a clean
+// shutdown: Badger would start from what is left and delete every table file
+// the MANIFEST no longer names, so that every acknowledged answer was gone
+// and the next repeat of each order reached the provider again (seen: 0 of
+// 100 replayed, the start logging nothing; cut at its entry's start, the
+// same, until the check counted a cut at a boundary). The start is refused, the tables stay, and with the
 // MANIFEST put back every answer replays.
 func TestBinaryRefusesDamagedManifest(t *testing.T) {
 	prov := &crashProvider{size: 2000, hits: map[string]int{}}
@@ -44,6 +46,11 @@ func TestBinaryRefusesDamagedManifest(t *testing.T) {
 			}
 		}},
 		{"cut by a byte", func(t *testing.T, manifest string) { cutFile(t, manifest, 1) }},
+		{"cut at its last entry's start", func(t *testing.T, manifest string) {
+			if err := os.Truncate(manifest, lastManifestEntry(t, manifest)); err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{"cut to half", func(t *testing.T, manifest string) {
 			st, err := os.Stat(manifest)
 			if err != nil {
@@ -81,6 +88,26 @@ func TestBinaryRefusesDamagedManifest(t *testing.T) {
 			putBackAndReplay(t, env, manifest, whole, prov, all)
 		})
 	}
+}
+
+// lastManifestEntry returns where the MANIFEST's last entry starts: after
+// the 8 bytes of magic and version, entries of a 4-byte big-endian length,
+// a 4-byte checksum and that many bytes. Cut there, the MANIFEST is whole,
+// one entry shorter.
+func lastManifestEntry(t *testing.T, manifest string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := int64(-1)
+	for off := int64(8); off+8 <= int64(len(b)); off += 8 + int64(binary.BigEndian.Uint32(b[off:])) {
+		last = off
+	}
+	if last < 0 {
+		t.Fatalf("MANIFEST of %d bytes holds no entry", len(b))
+	}
+	return last
 }
 
 // Garbage inside a data block of a table, after a clean shutdown (its

@@ -136,9 +136,9 @@ func removeEmptyLogs(dir string) error {
 //   - No MANIFEST, but table files: Badger creates the MANIFEST before any
 //     table and replaces it only by rename, so it is never missing once a
 //     table exists. Badger would start empty.
-//   - A MANIFEST that ends in a partial entry (cut short) while table files it
-//     does not name, with entries newer than those it names, exist and no
-//     write-ahead log (*.mem) does. A crash can cut
+//   - A MANIFEST, cut short or cut at an entry boundary, that never named
+//     table files with entries newer than those it names, while no
+//     write-ahead log (*.mem) exists. A crash can cut
 //     the last entry short (a power loss during its append), but Badger adds
 //     a table to the MANIFEST while the log it was flushed from, or the
 //     tables it was compacted from, are still there; and a store that was
@@ -155,8 +155,22 @@ func removeEmptyLogs(dir string) error {
 // during its append leaves exactly that: a cut entry, its tables unnamed,
 // no log, and nothing lost.
 //
-// A MANIFEST cut at an entry boundary, or cut short while a log exists, is
-// not caught: it looks like what a crash leaves.
+// Only tables the MANIFEST never mentions count: one it created and then
+// deleted (a compaction's input, or a table DropPrefix emptied) stays on
+// disk when a crash comes between the entry that deletes it and the file's
+// removal, and may hold the newest version (a compaction at the last level
+// drops expired entries and deletions). A MANIFEST cut at an entry boundary
+// loses whole entries, the flush's among them, just as a cut inside one:
+// nothing tells the two apart but what the tables hold (the MANIFEST of a
+// fresh store cut to its 8-byte header, after a clean shutdown, started
+// empty, deleted the table and sent each of 100 acknowledged orders to the
+// provider again). Badger rewrites the MANIFEST with only the tables it
+// names once deletions far outnumber creations; a crash right after such a
+// rewrite, during a compaction that ran while Close ended and dropped the
+// newest version, would be refused though nothing was lost.
+//
+// A MANIFEST cut while a log exists is not caught: it looks like what a
+// crash leaves.
 func checkManifestWhole(dir string, mr manifestRead) error {
 	tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
 	if err != nil || len(tables) == 0 {
@@ -166,8 +180,8 @@ func checkManifestWhole(dir string, mr manifestRead) error {
 		return fmt.Errorf("%s is missing but table files (*.sst) are there (%d): the store would start empty and delete them, "+
 			"losing every record in them; restore the directory from a backup, or move it aside to start empty", badger.ManifestFilename, len(tables))
 	}
-	if !mr.ok || mr.end >= mr.size {
-		return nil // damage badger.Open refuses or reports itself, or a whole MANIFEST
+	if !mr.ok {
+		return nil // damage badger.Open refuses or reports itself
 	}
 	m := mr.m
 	logs, err := filepath.Glob(filepath.Join(dir, "*.mem"))
@@ -177,7 +191,7 @@ func checkManifestWhole(dir string, mr manifestRead) error {
 	var unnamed []string
 	for _, path := range tables {
 		if id, ok := table.ParseFileID(path); ok {
-			if _, named := m.Tables[id]; !named {
+			if !mr.mentioned[id] {
 				unnamed = append(unnamed, filepath.Base(path))
 			}
 		}
@@ -185,9 +199,13 @@ func checkManifestWhole(dir string, mr manifestRead) error {
 	if len(unnamed) == 0 || !newerThanNamed(dir, m, unnamed) {
 		return nil
 	}
-	return fmt.Errorf("%s is cut short (%d of its %d bytes are whole) and no longer names table files of a store "+
+	cut := fmt.Sprintf("is cut short (%d of its %d bytes are whole)", mr.end, mr.size)
+	if mr.end >= mr.size {
+		cut = "lost entries (it may have been cut at an entry's end)"
+	}
+	return fmt.Errorf("%s %s and no longer names table files of a store "+
 		"that was closed cleanly: the store would delete them, losing every record in them; restore the directory from a backup, "+
-		"or move it aside to start empty (unnamed: %s)", badger.ManifestFilename, mr.end, mr.size, strings.Join(unnamed, ", "))
+		"or move it aside to start empty (unnamed: %s)", badger.ManifestFilename, cut, strings.Join(unnamed, ", "))
 }
 
 // newerThanNamed reports whether one of the unnamed tables (file names in
@@ -236,9 +254,10 @@ func tableMaxVersion(path string) (v uint64, err error) {
 // once for every check at start.
 type manifestRead struct {
 	m         badger.Manifest
-	end, size int64 // the bytes of its whole entries; the file's size
-	missing   bool  // there is no MANIFEST
-	ok        bool  // it was opened and replayed
+	end, size int64           // the bytes of its whole entries; the file's size
+	mentioned map[uint64]bool // every table id a whole entry creates or deletes
+	missing   bool            // there is no MANIFEST
+	ok        bool            // it was opened and replayed
 }
 
 func readManifest(dir string, bopts badger.Options) manifestRead {
@@ -255,7 +274,39 @@ func readManifest(dir string, bopts badger.Options) manifestRead {
 	if err != nil {
 		return manifestRead{}
 	}
-	return manifestRead{m: m, end: end, size: st.Size(), ok: true}
+	mentioned, err := manifestMentions(f, end)
+	if err != nil {
+		return manifestRead{}
+	}
+	return manifestRead{m: m, end: end, size: st.Size(), ok: true, mentioned: mentioned}
+}
+
+// manifestMentions returns the id of every table that the MANIFEST f's
+// whole entries, its first end bytes, create or delete. Badger's replay
+// keeps only the tables still named; a table it once named and then
+// deleted is no table the MANIFEST lost. f was replayed by Badger up to
+// end, so its entries' lengths and checksums hold there.
+func manifestMentions(f *os.File, end int64) (map[uint64]bool, error) {
+	b := make([]byte, end)
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return nil, err
+	}
+	ids := map[uint64]bool{}
+	for off := int64(8); off+8 <= end; { // the magic and version, then entries
+		n := int64(binary.BigEndian.Uint32(b[off : off+4]))
+		if off+8+n > end {
+			return nil, fmt.Errorf("MANIFEST entry at %d runs past %d", off, end)
+		}
+		var cs pb.ManifestChangeSet
+		if err := proto.Unmarshal(b[off+8:off+8+n], &cs); err != nil {
+			return nil, err
+		}
+		for _, c := range cs.Changes {
+			ids[c.Id] = true
+		}
+		off += 8 + n
+	}
+	return ids, nil
 }
 
 // manifestTables returns the ids of the tables the MANIFEST references; ok
