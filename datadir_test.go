@@ -734,3 +734,97 @@ func TestBinaryDataDirFilesNotPermitted(t *testing.T) {
 	p := launch(t, launchSpec{bin: bin, env: env, cred: cred})
 	verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
 }
+
+// The header of a value log or a write-ahead log damaged between two runs
+// (its first 8 bytes, the id of the encryption key its entries use, which is
+// 0 in a store that encrypts nothing), or a stray file given a value log's
+// name: Badger refused the start with "While opening vlog file 1 err: Error
+// for the KEY ID … err: Invalid datakey id", for a write-ahead log too,
+// saying neither that the file is damaged nor what to do. The start names
+// the file and the fix: a value log holds no record (every value stays in
+// the LSM tree), so it is removed and every answer replays; a write-ahead
+// log holds acknowledged answers, so it comes from a backup.
+func TestBinaryNamesDamagedLogHeader(t *testing.T) {
+	prov := &crashProvider{size: 2000, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	flipHeader := func(t *testing.T, path string) []byte {
+		t.Helper()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 8 {
+			b[i] ^= 0xa5
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		name string
+		kill bool // SIGKILL instead of SIGTERM: the answers in the write-ahead log
+		file func(t *testing.T, dir string) string
+	}{
+		{"value log", false, func(t *testing.T, dir string) string { path, _ := onlyFile(t, dir, "*.vlog"); return path }},
+		{"value log of a killed process", true, func(t *testing.T, dir string) string {
+			path, _ := onlyFile(t, dir, "*.vlog")
+			return path
+		}},
+		{"stray value log", false, func(t *testing.T, dir string) string {
+			path := filepath.Join(dir, "000099.vlog")
+			if err := os.WriteFile(path, []byte("not a value log, but named like one"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return path
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			env := baseEnv(up.URL, dir)
+			var all []acked
+			if c.kill {
+				p := launch(t, launchSpec{env: env})
+				all = postOrders(t, p, prov, "vlog-"+c.name)
+				p.cmd.Process.Kill()
+				<-p.done
+			} else {
+				all = storeAndStop(t, env, prov, "vlog-"+c.name)
+			}
+			path := c.file(t, dir)
+			var damaged []byte
+			if c.name == "stray value log" {
+				damaged, _ = os.ReadFile(path)
+			} else {
+				damaged = flipHeader(t, path)
+			}
+
+			refusedSaying(t, env, "with a damaged value log", "IDEMPROXY_DATA_DIR="+dir, "value log "+path+" is damaged",
+				"removing the file loses nothing")
+			keptAndUnsent(t, path, damaged, prov, all)
+
+			// As the message says: the file removed, every answer replays.
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			p := launch(t, launchSpec{env: env})
+			verifyReplays(t, http.DefaultClient, p.proxy, prov, all)
+		})
+	}
+	t.Run("write-ahead log", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "data")
+		env := baseEnv(up.URL, dir)
+		p := launch(t, launchSpec{env: env})
+		all := postOrders(t, p, prov, "walhead")
+		p.cmd.Process.Kill() // the answers are in the WAL only
+		<-p.done
+		path, whole := onlyFile(t, dir, "*.mem")
+		damaged := flipHeader(t, path)
+
+		refusedSaying(t, env, "with a damaged write-ahead log header", "IDEMPROXY_DATA_DIR="+dir,
+			"write-ahead log "+path+" is damaged", "restore the directory from a backup")
+		keptAndUnsent(t, path, damaged, prov, all)
+		putBackAndReplay(t, env, path, whole, prov, all)
+	})
+}

@@ -56,6 +56,9 @@ import (
 // for good after one L0 compaction). A damaged table must therefore never
 // reach Badger; refusing the directory keeps every file as it was.
 func checkTables(dir string, bopts badger.Options) error {
+	if err := checkLogHeaders(dir); err != nil {
+		return err
+	}
 	if err := checkWALs(dir, bopts.MemTableSize); err != nil {
 		return err
 	}
