@@ -828,3 +828,38 @@ func TestBinaryNamesDamagedLogHeader(t *testing.T) {
 		putBackAndReplay(t, env, path, whole, prov, all)
 	})
 }
+
+// A bit flipped in the middle of the write-ahead log of a killed process
+// (the disk, a copy): the log keeps its full size, so the cut-log check did
+// not see it, and Badger replayed it up to the damaged entry, truncated it
+// there and started; every answer after it was gone without a word and its
+// order sent to the provider again (seen: 70 of 100, one bit flipped at a
+// third of the entries, the start logging only the in-flight record it
+// released). The start is refused naming the log and the byte, nothing is
+// sent, and with the log put back every answer replays.
+func TestBinaryRefusesWALDamagedInTheMiddle(t *testing.T) {
+	prov := &crashProvider{size: 2000, hits: map[string]int{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	dir := filepath.Join(t.TempDir(), "data")
+	env := baseEnv(up.URL, dir)
+	p := launch(t, launchSpec{env: env})
+	all := postOrders(t, p, prov, "walflip")
+	p.cmd.Process.Kill() // the answers are in the WAL only
+	<-p.done
+	path, whole := onlyFile(t, dir, "*.mem")
+	last := len(whole) - 1 // the entries' last byte: zeros follow
+	for last > 0 && whole[last] == 0 {
+		last--
+	}
+	damaged := bytes.Clone(whole)
+	damaged[last/3] ^= 0x04
+	if err := os.WriteFile(path, damaged, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	refusedSaying(t, env, "on a write-ahead log damaged in the middle", "IDEMPROXY_DATA_DIR="+dir, path+" is damaged",
+		"does not match its checksum", "restore the directory from a backup")
+	keptAndUnsent(t, path, damaged, prov, all)
+	putBackAndReplay(t, env, path, whole, prov, all)
+}
