@@ -244,7 +244,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	adm := newAdmin(instrumented, m.Handler())
 	adm.mux.Handle("/admin/", adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, Clients: set.clients.Names(), OrderKeys: handler.OrderKeys, Logger: log}))
-	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, settle: settle, stopWaits: gate.Close,
+	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, settle: settle, stopWaits: gate.Close, cutReads: handler.CutBodyReads,
 		admin: adm, connMetrics: m.ClientConnections}, log, ready)
 }
 
@@ -260,7 +260,11 @@ type app struct {
 	// stopWaits refuses the attempts still queued at the outbound gate (behind
 	// a provider's pause): they were never sent and get a 503 at once.
 	stopWaits func()
-	admin     *admin
+	// cutReads ends the reads of request bodies still arriving: those
+	// requests get a 503 at once, instead of holding the drain for the
+	// server's read timeout.
+	cutReads func()
+	admin    *admin
 	// connMetrics, if set, exports the client connection bound (limit,
 	// open, closed idle).
 	connMetrics func(limit int, open, closedIdle func() int64)
@@ -345,6 +349,9 @@ func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger)
 	defer cancel()
 	if a.stopWaits != nil {
 		a.stopWaits()
+	}
+	if a.cutReads != nil {
+		a.cutReads()
 	}
 	err := ps.Shutdown(ctx)
 	if derr := a.drain(ctx); derr != nil {

@@ -1,15 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -148,4 +151,55 @@ func waitInFlight(t *testing.T, admin string, n int) {
 		}
 	}
 	t.Fatalf("fewer than %d records in flight after a minute", n)
+}
+
+// TestShutdownCutsBodyStillArriving: a client stalled in its body (declared
+// 100 bytes, sent fewer) does not hold the drain until the server's read
+// timeout, past the grace: at SIGTERM it gets 503 with Retry-After, nothing
+// is sent, and the process exits 0 (its drain finished), well within the
+// grace.
+func TestShutdownCutsBodyStillArriving(t *testing.T) {
+	var sent atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	p := launch(t, launchSpec{env: baseEnv(up.URL, filepath.Join(t.TempDir(), "data"), "IDEMPROXY_SHUTDOWN_GRACE=20s")})
+	conn, err := net.Dial("tcp", p.proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/payouts HTTP/1.1\r\nHost: idemproxy\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n%s", `{"order_id":"stalled"`)
+	for deadline := time.Now().Add(time.Minute); scrape(t, "http://"+p.admin+"/metrics")["idemproxy_requests_in_flight"] < 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled request never reached the handler")
+		}
+	}
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to the stalled request at SIGTERM: %v\n%s", err, p.text())
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+		!strings.Contains(string(b), "shutting down") || !strings.Contains(string(b), "nothing was sent") {
+		t.Errorf("stalled request at SIGTERM = %d Retry-After=%q %s; want 503 with Retry-After, shutting down, nothing sent",
+			resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("still running 15 s after SIGTERM (grace 20 s):\n%s", p.text())
+	}
+	if p.err != nil {
+		t.Errorf("exit after SIGTERM = %v, want 0 (drain finished):\n%s", p.err, p.text())
+	}
+	if n := sent.Load(); n != 0 {
+		t.Errorf("the provider saw %d requests, want none", n)
+	}
 }

@@ -81,6 +81,9 @@ var (
 	// ErrBodyUnread: the client's body did not arrive in full (too slow, or
 	// the connection broke); nothing was sent.
 	ErrBodyUnread = &Error{http.StatusBadRequest, CodeBadRequest, "request body could not be read in full; nothing was sent upstream"}
+	// ErrDraining: the shutdown began while the client's body was still
+	// arriving (Handler.CutBodyReads); nothing was claimed or sent.
+	ErrDraining = &Error{http.StatusServiceUnavailable, CodeUpstreamUnavailable, "idemproxy is shutting down and the request body had not arrived in full; nothing was sent upstream: retry"}
 	// ErrRouteRejected answers a request an IDEMPROXY_ROUTES reject rule matches.
 	ErrRouteRejected = &Error{http.StatusMethodNotAllowed, CodeMethodNotAllowed, "this method and path are refused by the proxy's route table; nothing was sent"}
 	ErrUpgrade       = &Error{http.StatusBadRequest, CodeUpgradeNotSupported, "protocol upgrades are not proxied"}

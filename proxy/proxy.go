@@ -164,6 +164,7 @@ type Handler struct {
 	flights    flights
 	windows    windowLocks
 	adm        *admission
+	reads      bodyReads
 	// underscored holds the dashed canonical names of the headers
 	// idemproxy owns (Options.OwnedHeaders, the key's, the client
 	// token's): a client header that reads as one of them once its
@@ -419,7 +420,7 @@ func (h *Handler) serveUnprotected(w http.ResponseWriter, r *http.Request, tenan
 		return
 	}
 	if h.opt.SignsBody && r.ContentLength != 0 {
-		body, err := readHeld(r.Body, r.ContentLength, t)
+		body, err := h.readBody(w, r, t)
 		if errors.Is(err, errBodyBytes) {
 			h.fail(w, sum, ErrOverloadedBytes)
 			return
@@ -465,7 +466,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 	// nothing reads a key or a signature from them, and none goes upstream
 	// (rewrite).
 	echoClientKey(w, r)
-	body, err := readHeld(r.Body, r.ContentLength, t)
+	body, err := h.readBody(w, r, t)
 	if errors.Is(err, errBodyBytes) {
 		h.fail(w, sum, ErrOverloadedBytes)
 		return
