@@ -24,6 +24,10 @@ import (
 // pinger is what readiness needs of the store.
 type pinger interface{ Ping(context.Context) error }
 
+// readyzBound bounds /readyz's store check: past it, the store counts as
+// unavailable (503 with the reason).
+const readyzBound = 2 * time.Second
+
 // admin serves /healthz, /readyz and /metrics on the admin listener.
 type admin struct {
 	mux      *http.ServeMux
@@ -49,7 +53,7 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "shutting down", http.StatusServiceUnavailable)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(r.Context(), readyzBound)
 	defer cancel()
 	if err := a.store.Ping(ctx); err != nil {
 		http.Error(w, "store unavailable", http.StatusServiceUnavailable)

@@ -136,6 +136,7 @@ type httpProbe struct {
 		Port string `yaml:"port"` // a number or a port's name
 	} `yaml:"httpGet"`
 	PeriodSeconds    int `yaml:"periodSeconds"`
+	TimeoutSeconds   int `yaml:"timeoutSeconds"`
 	FailureThreshold int `yaml:"failureThreshold"`
 }
 
@@ -441,6 +442,13 @@ func TestKubernetesExample(t *testing.T) {
 		}
 		if pr.probe.HTTPGet.Path != pr.path || resolve(pr.probe.HTTPGet.Port) != admin {
 			t.Errorf("%s GETs %s on port %s, want %s on the admin port %d", pr.what, pr.probe.HTTPGet.Path, pr.probe.HTTPGet.Port, pr.path, admin)
+		}
+		// The kubelet's default timeout is 1 s; /readyz waits up to its
+		// own bound (readyzBound) for the store before answering 503
+		// with the reason: a shorter probe timeout turns a database
+		// answering in 1-2 s into a failed probe, pods flapping.
+		if timeout := time.Duration(max(pr.probe.TimeoutSeconds, 1)) * time.Second; pr.path == "/readyz" && timeout <= readyzBound {
+			t.Errorf("%s timeoutSeconds %d, want more than /readyz's own bound %s", pr.what, pr.probe.TimeoutSeconds, readyzBound)
 		}
 	}
 	if !subset(m.service.Selector, d.Template.Metadata.Labels) {
