@@ -87,6 +87,21 @@ func TestOpenAfterPowerLossDuringCloseCompaction(t *testing.T) {
 	}
 }
 
+// refusedKeepingTables opens dir, which must be refused naming the MANIFEST,
+// and checks that every one of tables is still on disk after it.
+func refusedKeepingTables(t *testing.T, dir string, tables []string) {
+	t.Helper()
+	_, err := Open(Options{Dir: dir, SyncWrites: true, MinFreeBytes: -1})
+	if err == nil || !strings.Contains(err.Error(), "MANIFEST") {
+		t.Fatalf("Open = %v; want it refused, naming the MANIFEST", err)
+	}
+	for _, f := range tables {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("table %s gone after the refused start: %v", f, err)
+		}
+	}
+}
+
 // A MANIFEST cut short after a clean Close that no longer names the table
 // Close flushed is still refused: that table holds records no other has.
 func TestOpenRefusesManifestThatLostAFlush(t *testing.T) {
@@ -100,15 +115,7 @@ func TestOpenRefusesManifestThatLostAFlush(t *testing.T) {
 	if err := os.Truncate(manifest, st.Size()-1); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Open(Options{Dir: dir, SyncWrites: true, MinFreeBytes: -1})
-	if err == nil || !strings.Contains(err.Error(), "MANIFEST") {
-		t.Fatalf("Open = %v; want it refused, naming the MANIFEST", err)
-	}
-	for _, f := range tables {
-		if _, err := os.Stat(f); err != nil {
-			t.Errorf("table %s gone after the refused start: %v", f, err)
-		}
-	}
+	refusedKeepingTables(t, dir, tables)
 }
 
 // The same cut entry with a table the MANIFEST names missing is no state a
@@ -160,15 +167,7 @@ func TestOpenRefusesManifestCutAtEntryBoundary(t *testing.T) {
 	if err := os.Truncate(manifest, last); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Open(Options{Dir: dir, SyncWrites: true, MinFreeBytes: -1})
-	if err == nil || !strings.Contains(err.Error(), "MANIFEST") {
-		t.Fatalf("Open = %v; want it refused, naming the MANIFEST", err)
-	}
-	for _, f := range tables {
-		if _, err := os.Stat(f); err != nil {
-			t.Errorf("table %s gone after the refused start: %v", f, err)
-		}
-	}
+	refusedKeepingTables(t, dir, tables)
 }
 
 // A crash after a compaction's entry is whole in the MANIFEST but before
