@@ -191,6 +191,9 @@ func TestShutdownCutsBodyStillArriving(t *testing.T) {
 		t.Errorf("stalled request at SIGTERM = %d Retry-After=%q %s; want 503 with Retry-After, shutting down, nothing sent",
 			resp.StatusCode, resp.Header.Get("Retry-After"), b)
 	}
+	if !resp.Close {
+		t.Error("the stalled request's connection is kept after its cut body; want Connection: close")
+	}
 	select {
 	case <-p.done:
 	case <-time.After(15 * time.Second):

@@ -13,42 +13,40 @@ import (
 // sent or claimed.
 type bodyReads struct {
 	mu  sync.Mutex
-	cut bool // the shutdown began: reads starting now end at once
-	m   map[*bodyRead]struct{}
+	cut bool                       // the shutdown began: reads starting now end at once
+	m   map[*http.Request]bodyRead // the reads under way
 }
 
-// bodyRead is one request's read.
+// bodyRead is one request's read: its ResponseWriter, for the read
+// deadline, and whether the shutdown cut it.
 type bodyRead struct {
-	rc  *http.ResponseController
+	w   http.ResponseWriter
 	cut bool
 }
 
-// start registers w's body read; ended by end.
-func (b *bodyReads) start(w http.ResponseWriter) *bodyRead {
-	r := &bodyRead{rc: http.NewResponseController(w)}
+// start registers r's body read, answered on w; ended by end.
+func (b *bodyReads) start(w http.ResponseWriter, r *http.Request) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.cut {
-		r.cut = true
-		r.rc.SetReadDeadline(time.Now())
-		return r
-	}
 	if b.m == nil {
-		b.m = map[*bodyRead]struct{}{}
+		b.m = map[*http.Request]bodyRead{}
 	}
-	b.m[r] = struct{}{}
-	return r
+	b.m[r] = bodyRead{w, b.cut}
+	if b.cut {
+		http.NewResponseController(w).SetReadDeadline(time.Now())
+	}
 }
 
-// end unregisters r, and says whether the shutdown cut it. A read deadline
-// is set only between start and end: after end, a deadline would end the
-// server's watch for the client leaving with a timeout, taken for the client
-// gone.
-func (b *bodyReads) end(r *bodyRead) (cut bool) {
+// end unregisters r's read, and says whether the shutdown cut it. A read
+// deadline is set only between start and end: after end, a deadline would
+// end the server's watch for the client leaving with a timeout, taken for
+// the client gone.
+func (b *bodyReads) end(r *http.Request) (cut bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	cut = b.m[r].cut
 	delete(b.m, r)
-	return r.cut
+	return cut
 }
 
 // CutBodyReads ends, with a read deadline in the past, every body still
@@ -59,10 +57,11 @@ func (h *Handler) CutBodyReads() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.cut = true
-	for r := range b.m {
-		r.cut = true
-		r.rc.SetReadDeadline(time.Now())
-		delete(b.m, r)
+	for r, read := range b.m {
+		if !read.cut {
+			b.m[r] = bodyRead{read.w, true}
+			http.NewResponseController(read.w).SetReadDeadline(time.Now())
+		}
 	}
 }
 
@@ -70,9 +69,9 @@ func (h *Handler) CutBodyReads() {
 // a read the shutdown cut fails with ErrDraining, and the connection closes
 // after the answer (what follows the cut on it cannot be read).
 func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, t *ticket) ([]byte, error) {
-	read := h.reads.start(w)
+	h.reads.start(w, r)
 	body, err := readHeld(r.Body, r.ContentLength, t)
-	if h.reads.end(read) {
+	if h.reads.end(r) {
 		w.Header().Set("Connection", "close")
 		return nil, ErrDraining
 	}
