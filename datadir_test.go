@@ -391,6 +391,21 @@ func postOrders(t *testing.T, p *opsProc, prov *crashProvider, prefix string) []
 	return all
 }
 
+// killedWithAnswersInWAL runs the binary on a new data directory, has it
+// acknowledge postOrders' orders and SIGKILLs it, so that the answers are in
+// its write-ahead log only; it returns that log's path and bytes.
+func killedWithAnswersInWAL(t *testing.T, upstream string, prov *crashProvider, prefix string) (dir string, env []string, all []acked, path string, whole []byte) {
+	t.Helper()
+	dir = filepath.Join(t.TempDir(), "data")
+	env = baseEnv(upstream, dir)
+	p := launch(t, launchSpec{env: env})
+	all = postOrders(t, p, prov, prefix)
+	p.cmd.Process.Kill()
+	<-p.done
+	path, whole = onlyFile(t, dir, "*.mem")
+	return dir, env, all, path, whole
+}
+
 // The write-ahead log of a killed process cut short before the next start (a
 // copy that stopped part way, a restore from a partial backup): Badger
 // replayed what was left, truncated the log there and started, and every
@@ -403,13 +418,7 @@ func TestBinaryRefusesCutWAL(t *testing.T) {
 	prov := &crashProvider{size: 2000, hits: map[string]int{}}
 	up := httptest.NewServer(prov)
 	defer up.Close()
-	dir := filepath.Join(t.TempDir(), "data")
-	env := baseEnv(up.URL, dir)
-	p := launch(t, launchSpec{env: env})
-	all := postOrders(t, p, prov, "wal")
-	p.cmd.Process.Kill() // the answers are in the WAL only
-	<-p.done
-	path, whole := onlyFile(t, dir, "*.mem")
+	dir, env, all, path, whole := killedWithAnswersInWAL(t, up.URL, prov, "wal")
 	if err := os.Truncate(path, 4096); err != nil { // within the first orders' entries
 		t.Fatal(err)
 	}
@@ -442,13 +451,7 @@ func TestBinaryRefusesEmptiedWAL(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), "data")
-			env := baseEnv(up.URL, dir)
-			p := launch(t, launchSpec{env: env})
-			all := postOrders(t, p, prov, "emptied-"+c.name)
-			p.cmd.Process.Kill() // the answers are in the WAL only
-			<-p.done
-			path, whole := onlyFile(t, dir, "*.mem")
+			dir, env, all, path, whole := killedWithAnswersInWAL(t, up.URL, prov, "emptied-"+c.name)
 			damaged := c.damage(whole)
 			if err := os.WriteFile(path, damaged, 0o600); err != nil {
 				t.Fatal(err)
@@ -813,13 +816,7 @@ func TestBinaryNamesDamagedLogHeader(t *testing.T) {
 		})
 	}
 	t.Run("write-ahead log", func(t *testing.T) {
-		dir := filepath.Join(t.TempDir(), "data")
-		env := baseEnv(up.URL, dir)
-		p := launch(t, launchSpec{env: env})
-		all := postOrders(t, p, prov, "walhead")
-		p.cmd.Process.Kill() // the answers are in the WAL only
-		<-p.done
-		path, whole := onlyFile(t, dir, "*.mem")
+		dir, env, all, path, whole := killedWithAnswersInWAL(t, up.URL, prov, "walhead")
 		damaged := flipHeader(t, path)
 
 		refusedSaying(t, env, "with a damaged write-ahead log header", "IDEMPROXY_DATA_DIR="+dir,
@@ -841,13 +838,7 @@ func TestBinaryRefusesWALDamagedInTheMiddle(t *testing.T) {
 	prov := &crashProvider{size: 2000, hits: map[string]int{}}
 	up := httptest.NewServer(prov)
 	defer up.Close()
-	dir := filepath.Join(t.TempDir(), "data")
-	env := baseEnv(up.URL, dir)
-	p := launch(t, launchSpec{env: env})
-	all := postOrders(t, p, prov, "walflip")
-	p.cmd.Process.Kill() // the answers are in the WAL only
-	<-p.done
-	path, whole := onlyFile(t, dir, "*.mem")
+	dir, env, all, path, whole := killedWithAnswersInWAL(t, up.URL, prov, "walflip")
 	last := len(whole) - 1 // the entries' last byte: zeros follow
 	for last > 0 && whole[last] == 0 {
 		last--
