@@ -530,6 +530,18 @@ func TestComposeVariables(t *testing.T) {
 	if len(files) < 2 {
 		t.Fatalf("compose files at the root: %v, want compose.yaml and compose.replicas.yaml", files)
 	}
+	// The Dockerfile's base images, by build argument, with their defaults.
+	dockerfile, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bases := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^ARG ([A-Z_]+_IMAGE)=(\S+)$`).FindAllStringSubmatch(string(dockerfile), -1) {
+		bases[m[1]] = m[2]
+	}
+	if bases["GO_IMAGE"] == "" || bases["RUNTIME_IMAGE"] == "" {
+		t.Fatalf("the Dockerfile's base image arguments %v, want GO_IMAGE and RUNTIME_IMAGE", bases)
+	}
 	for _, file := range files {
 		raw, err := os.ReadFile(file)
 		if err != nil {
@@ -541,6 +553,9 @@ func TestComposeVariables(t *testing.T) {
 				Environment     map[string]string `yaml:"environment"`
 				StopGracePeriod string            `yaml:"stop_grace_period"`
 				Restart         string            `yaml:"restart"`
+				Build           *struct {
+					Args map[string]string `yaml:"args"`
+				} `yaml:"build"`
 			} `yaml:"services"`
 		}
 		if err := yaml.Unmarshal(raw, &doc); err != nil {
@@ -548,6 +563,21 @@ func TestComposeVariables(t *testing.T) {
 		}
 		proxies := 0
 		for name, s := range doc.Services {
+			// Every image can be replaced from the shell, and every build
+			// takes the Dockerfile's base images from it, defaulting to the
+			// Dockerfile's own: without the arguments, `up --build` pulls
+			// the public bases, and fails where no registry can be reached
+			// (README, Development).
+			if !regexp.MustCompile(`^\$\{[A-Z_]+_IMAGE:-[^}]+\}$`).MatchString(s.Image) {
+				t.Errorf("%s: service %s: image %q, want ${<NAME>_IMAGE:-<default>}", file, name, s.Image)
+			}
+			if s.Build != nil {
+				for arg, def := range bases {
+					if want := "${" + arg + ":-" + def + "}"; s.Build.Args[arg] != want {
+						t.Errorf("%s: service %s: build arg %s %q, want %q (the Dockerfile's default, replaceable from the shell)", file, name, arg, s.Build.Args[arg], want)
+					}
+				}
+			}
 			if strings.Contains(s.Image, "POSTGRES_IMAGE") && s.Restart != "unless-stopped" && s.Restart != "always" {
 				t.Errorf("%s: service %s (the store): restart %q, want unless-stopped", file, name, s.Restart)
 			}
