@@ -262,8 +262,10 @@ type app struct {
 	stopWaits func()
 	// cutReads ends the reads of request bodies still arriving: those
 	// requests get a 503 at once, instead of holding the drain for the
-	// server's read timeout.
-	cutReads func()
+	// server's read timeout. Bodies streamed upstream as they arrive
+	// (unprotected) are cut once they stop arriving for a moment, or at
+	// streamEnd at the latest.
+	cutReads func(streamEnd time.Time)
 	admin    *admin
 	// connMetrics, if set, exports the client connection bound (limit,
 	// open, closed idle).
@@ -351,7 +353,7 @@ func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger)
 		a.stopWaits()
 	}
 	if a.cutReads != nil {
-		a.cutReads()
+		a.cutReads(time.Now().Add(grace - streamMargin(grace)))
 	}
 	err := ps.Shutdown(ctx)
 	if derr := a.drain(ctx); derr != nil {
@@ -368,6 +370,13 @@ func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger)
 	}
 	log.Info("shutdown complete: in-flight operations finished and stored")
 	return nil
+}
+
+// streamMargin is how long before the grace ends a body still streaming
+// upstream is cut: time for its 503 and the rest of the shutdown. A quarter
+// of the grace, at most 5 s (25 s into the default 30 s).
+func streamMargin(grace time.Duration) time.Duration {
+	return min(grace/4, 5*time.Second)
 }
 
 // loggedListener logs when the proxy listener closes, the moment from which no

@@ -51,8 +51,14 @@ func (b *bodyReads) end(r *http.Request) (cut bool) {
 
 // CutBodyReads ends, with a read deadline in the past, every body still
 // being read and any read that starts later: those requests get 503
-// (ErrDraining), nothing sent. Called as the shutdown begins.
-func (h *Handler) CutBodyReads() {
+// (ErrDraining), nothing sent. Called as the shutdown begins. The bodies
+// streamed upstream as they arrive (unprotected requests whose body is not
+// signed) are given longer: each is cut once it stops arriving for a
+// moment, or at streamEnd, shortly before the grace ends (streamReads);
+// those requests get 503 (ErrDrainingStreamed), their request upstream
+// broken off.
+func (h *Handler) CutBodyReads(streamEnd time.Time) {
+	h.cutStreams(streamEnd)
 	b := &h.reads
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -84,6 +84,10 @@ var (
 	// ErrDraining: the shutdown began while the client's body was still
 	// arriving (Handler.CutBodyReads); nothing was claimed or sent.
 	ErrDraining = &Error{http.StatusServiceUnavailable, CodeUpstreamUnavailable, "idemproxy is shutting down and the request body had not arrived in full; nothing was sent upstream: retry"}
+	// ErrDrainingStreamed: the shutdown cut the body of an unprotected
+	// request streamed upstream as it arrived (Handler.CutBodyReads); the
+	// request upstream was aborted before its body ended.
+	ErrDrainingStreamed = &Error{http.StatusServiceUnavailable, CodeUpstreamUnavailable, "idemproxy is shutting down and the request body had not arrived in full; the request streamed upstream was broken off before its body ended, so the upstream cannot act on it: retry"}
 	// ErrRouteRejected answers a request an IDEMPROXY_ROUTES reject rule matches.
 	ErrRouteRejected = &Error{http.StatusMethodNotAllowed, CodeMethodNotAllowed, "this method and path are refused by the proxy's route table; nothing was sent"}
 	ErrUpgrade       = &Error{http.StatusBadRequest, CodeUpgradeNotSupported, "protocol upgrades are not proxied"}

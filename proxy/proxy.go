@@ -165,6 +165,7 @@ type Handler struct {
 	windows    windowLocks
 	adm        *admission
 	reads      bodyReads
+	streams    streamReads
 	// underscored holds the dashed canonical names of the headers
 	// idemproxy owns (Options.OwnedHeaders, the key's, the client
 	// token's): a client header that reads as one of them once its
@@ -390,8 +391,14 @@ func modeFor(method string) retry.Mode {
 
 // forward passes an unprotected request through, streaming the answer.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, m retry.Mode, key outgoingKey, sum *Summary) {
+	h.forwardStream(w, r, m, key, sum, nil)
+}
+
+// forwardStream is forward for a request whose body, if stream is not nil,
+// is streamed upstream as it arrives (Handler.stream).
+func (h *Handler) forwardStream(w http.ResponseWriter, r *http.Request, m retry.Mode, key outgoingKey, sum *Summary, stream *streamBody) {
 	ex := &retry.Exchange{Transport: h.opt.Transport, Call: retry.Call{Mode: m}}
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statusWriter{ResponseWriter: w, stream: stream}
 	h.reverseProxy(key, ex).ServeHTTP(sw, r)
 	if sw.clientGone { // logged as before, answered as a protected request (fail)
 		sum.settle(result{resp: store.Response{Status: ErrClientGone.Status}, report: ex.Report}, nil)
@@ -419,6 +426,7 @@ func (h *Handler) serveUnprotected(w http.ResponseWriter, r *http.Request, tenan
 		h.fail(w, sum, err)
 		return
 	}
+	var stream *streamBody
 	if h.opt.SignsBody && r.ContentLength != 0 {
 		body, err := h.readBody(w, r, t)
 		if errors.Is(err, errBodyBytes) {
@@ -432,18 +440,34 @@ func (h *Handler) serveUnprotected(w http.ResponseWriter, r *http.Request, tenan
 		// Held whole, it goes with its length; the signer signs these
 		// bytes in place (heldbody.Unread).
 		r.Body, r.ContentLength, r.TransferEncoding = heldbody.New(body), int64(len(body)), nil
+	} else {
+		// Streamed as it arrives: a shutdown cuts it if it is still
+		// arriving near the grace's end (CutBodyReads).
+		r, stream = h.stream(w, r)
+		defer h.streamDone(stream)
 	}
 	if !t.takeSlot() {
 		h.fail(w, sum, ErrOverloaded)
 		return
 	}
-	h.forward(w, r, modeFor(r.Method), key, sum)
+	h.forwardStream(w, r, modeFor(r.Method), key, sum, stream)
 }
 
 // upstreamError is the ReverseProxy's error handler (unprotected requests,
 // streamed): it answers the client, unless the client left (forward then
 // closes the connection without an answer).
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if sw, ok := w.(*statusWriter); ok && sw.stream.wasCut() {
+		// The shutdown cut the body, and cancelled the request's context
+		// with it: answered, not taken for the client gone.
+		h.opt.Logger.Warn("shutting down: request body still arriving cut; its request upstream was broken off before the body ended",
+			"method", r.Method, "path", r.URL.Path)
+		w.Header().Set("Connection", "close") // what follows the cut on it cannot be read
+		a := classify(ErrDrainingStreamed)
+		sw.failed = &a
+		writeClassified(w, ErrDrainingStreamed, a, "")
+		return
+	}
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		if sw, ok := w.(*statusWriter); ok {
 			sw.clientGone = true

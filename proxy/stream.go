@@ -23,6 +23,9 @@ type statusWriter struct {
 	// failed: the attempts ended with no answer to pass on, and idemproxy
 	// answered with its own error, of this class (upstreamError).
 	failed *apiError
+	// stream is the request's body when it is streamed as it arrives
+	// (Handler.stream), else nil.
+	stream *streamBody
 }
 
 func (w *statusWriter) WriteHeader(code int) {
