@@ -225,6 +225,17 @@ func poolConfig(opt Options) (*pgxpool.Config, error) {
 	// and the statements are written so that the plan that fits any
 	// arguments is the one wanted (inFlight, listBatch).
 	params["plan_cache_mode"] = "force_generic_plan"
+	// Every call is bounded by the call timeout (its statement cancelled
+	// there), so a write waits for a row another session holds within it.
+	// A lock_timeout or statement_timeout a DBA set on the role or the
+	// database (ALTER ROLE ... SET) shorter than such a wait made the final
+	// answer's write fail after the provider had acted, and the app got 503
+	// for an operation that ran. The URL may still give them.
+	for _, name := range []string{"lock_timeout", "statement_timeout"} {
+		if _, given := params[name]; !given {
+			params[name] = "0"
+		}
+	}
 	return cfg, checkPool(cfg)
 }
 
