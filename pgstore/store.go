@@ -129,6 +129,7 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	conns := &connSet{open: map[*trackedConn]struct{}{}}
 	cfg.ConnConfig.DialFunc = conns.dial(cfg.ConnConfig.DialFunc)
 	cfg.AfterConnect = stampRetire(cfg.MaxConnLifetime, cfg.MaxConnLifetimeJitter)
+	cfg.ShouldPing = shouldPing
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", redact(err))

@@ -1,0 +1,40 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/tls"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// shouldPing is the pool's check before it hands out an idle connection:
+// pgxpool's own (a ping after a second idle), and a ping whenever the server
+// has spoken on the connection while it sat idle. A server that ends a
+// session (pg_terminate_backend, idle_session_timeout, a fast shutdown)
+// sends it a FATAL error and closes it; taken without a ping, such a
+// connection failed the next statement with that error, a claim answered
+// 503 store_unavailable and /readyz 503 on a database that was fine. The
+// ping fails on it, and pgxpool drops it and takes another.
+func shouldPing(_ context.Context, p pgxpool.ShouldPingParams) bool {
+	return p.IdleDuration > time.Second || serverSpoke(p.Conn)
+}
+
+// serverSpoke says whether conn's socket has bytes to read or has been
+// closed by the server, without reading anything (one non-blocking peek).
+func serverSpoke(conn *pgx.Conn) bool {
+	nc := conn.PgConn().Conn()
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	if t, ok := nc.(*trackedConn); ok {
+		nc = t.Conn
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	return peekPending(sc)
+}
