@@ -122,7 +122,7 @@ func (st *state) mentions(s Source, r Request) bool {
 		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(bytes.TrimPrefix(r.Body, utf8BOM)) == '{') {
 			return false
 		}
-		return formMentions(st.val[:0], r.Body, s.Name)
+		return formMentions(st.val[:0], r.Body, s.Name, true)
 	case Header:
 		for k, vs := range r.Header {
 			if sameCGIName(k, s.Name) && slices.ContainsFunc(vs, func(v string) bool { return v != "" }) {
@@ -130,7 +130,7 @@ func (st *state) mentions(s Source, r Request) bool {
 			}
 		}
 	case Query:
-		return formMentions(st.val[:0], r.RawQuery, s.Name)
+		return formMentions(st.val[:0], r.RawQuery, s.Name, false)
 	}
 	return false
 }
@@ -199,7 +199,7 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 			return nil, false
 		}
 		var ok bool
-		st.val, ok = formValue(st.val, r.Body, s.Name)
+		st.val, ok = formValue(st.val, r.Body, s.Name, true)
 		return st.val, ok
 	case Header:
 		vs := r.Header.Values(s.Name)
@@ -211,7 +211,7 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 		return st.val, len(st.val) > 0
 	case Query:
 		var ok bool
-		st.val, ok = formValue(st.val, r.RawQuery, s.Name)
+		st.val, ok = formValue(st.val, r.RawQuery, s.Name, false)
 		return st.val, ok
 	}
 	return nil, false

@@ -76,7 +76,9 @@ func TestDerive(t *testing.T) {
 		{"json with wrong content type", "json:order_id", Request{Method: "POST", Path: "/p", ContentType: "text/plain", Body: []byte(`{"order_id":"A"}`)}, Source{JSON, "order_id"}, "A"},
 		{"form", "form:order_id", form("amount=1&order_id=F%2D1+x"), Source{Form, "order_id"}, "F-1 x"},
 		{"form field repeated with one value", "form:order_id", form("order_id=F-1&amount=1&order_id=F%2D1"), Source{Form, "order_id"}, "F-1"},
-		{"form skips malformed pairs", "form:order_id", form("order_id=%zz&order_id=ok"), Source{Form, "order_id"}, "ok"},
+		{"form skips malformed pairs of other fields", "form:order_id", form("note=100%&order_id=ok&x%zz=1"), Source{Form, "order_id"}, "ok"},
+		// A query's malformed pairs are dropped before it is forwarded.
+		{"query skips malformed pairs", "query:order_id", Request{Method: "POST", Path: "/p", RawQuery: "order_id=%zz&order_id=ok"}, Source{Query, "order_id"}, "ok"},
 		{"form without content type", "form:order_id", Request{Method: "POST", Path: "/p", Body: []byte("order_id=7")}, Source{Form, "order_id"}, "7"},
 		{"header", "header:x-order-id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1"}}}, Source{Header, "X-Order-Id"}, "H-1"},
 		{"header repeated with one value", "header:x-order-id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1", "H-1"}}}, Source{Header, "X-Order-Id"}, "H-1"},
@@ -162,6 +164,11 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"truncated", "json:order_id", postJSON(`{"order_id":"A"`)},
 		{"invalid UTF-8", "json:order_id", postJSON("{\"order_id\":\"A\xff\"}")},
 		{"form field repeated with another value", "form:order_id", form("order_id=F-1&order_id=second")},
+		// A body is forwarded as it came: PHP and Node.js read a value
+		// that does not decode with its '%' kept, Go and Java not at all.
+		{"form field with a malformed escape", "form:order_id", form("order_id=50%off")},
+		{"form field repeated with a malformed escape", "form:order_id", form("order_id=%zz&order_id=ok")},
+		{"form field repeated, the second with a malformed escape", "form:order_id", form("order_id=ok&order_id=ok%")},
 		{"form field repeated, the second empty", "form:order_id", form("order_id=F-1&order_id=")},
 		{"form field repeated, the first empty", "form:order_id", form("order_id&order_id=F-1")},
 		{"header repeated with another value", "header:X-Order-Id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1", "H-2"}}}},

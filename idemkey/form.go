@@ -13,13 +13,18 @@ type text interface{ ~string | ~[]byte }
 // application/x-www-form-urlencoded text s, appended to buf[:0]. Like
 // url.ParseQuery, it skips pairs that do not decode, and a field without '='
 // has an empty value; an empty value counts as absent, and so does the field.
+// With asSent (a body, which reaches the provider as it came), a field whose
+// value does not decode ("order_id=50%off") gives no value instead of being
+// skipped: PHP and Node.js read it with its '%' kept, Go and Java not at all,
+// so idemproxy cannot know which order the provider reads. A query is not
+// asSent: such a parameter is dropped from it before it is forwarded.
 // A field given more than once counts as absent unless every value is the
 // same: applications differ on which one they read (Go's and Java's the
 // first, PHP's the last), so a key derived from one would be another order's
 // for a provider that reads the other. A field whose name differs only in
 // letter case is the same field to ASP.NET, so it is such a repeat too; a
 // field present only in another letter case counts as absent.
-func formValue[T text](buf []byte, s T, name string) ([]byte, bool) {
+func formValue[T text](buf []byte, s T, name string, asSent bool) ([]byte, bool) {
 	n := -1 // the length of the first value, kept at buf[:n]; -1 before one
 	exact := false
 	for len(s) > 0 {
@@ -34,6 +39,9 @@ func formValue[T text](buf []byte, s T, name string) ([]byte, bool) {
 		isName := string(key[base:]) == name
 		val, ok := unescapeForm(key[:base], v)
 		if !ok {
+			if asSent {
+				return val[:0], false
+			}
 			continue
 		}
 		exact = exact || isName
@@ -53,8 +61,9 @@ func formValue[T text](buf []byte, s T, name string) ([]byte, bool) {
 }
 
 // formMentions reports whether the form text s has a field called name, in
-// any letter case, whose value is not empty (Unreadable); buf is scratch.
-func formMentions[T text](buf []byte, s T, name string) bool {
+// any letter case, whose value is not empty (Unreadable), and, with asSent
+// (see formValue), whose value does not decode; buf is scratch.
+func formMentions[T text](buf []byte, s T, name string, asSent bool) bool {
 	for len(s) > 0 {
 		var pair T
 		pair, s = cutByte(s, '&')
@@ -63,7 +72,7 @@ func formMentions[T text](buf []byte, s T, name string) bool {
 		if !ok || !bytes.EqualFold(key, []byte(name)) {
 			continue
 		}
-		if val, ok := unescapeForm(key[:0], v); ok && len(val) > 0 {
+		if val, ok := unescapeForm(key[:0], v); ok && len(val) > 0 || !ok && asSent {
 			return true
 		}
 	}

@@ -1,0 +1,168 @@
+package main
+
+// End-to-end tests of form bodies and queries as PHP reads them, through
+// the real binary: a PHP provider ($_POST, $_GET) reads field names and
+// values that idemproxy's form and query sources used to read otherwise.
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// phpOrderProvider executes each Idempotency-Key once and reads order_id as
+// PHP does: $_POST['order_id'] from an application/x-www-form-urlencoded
+// body, else $_GET['order_id'], counting executions per order. Like PHP's
+// php_default_treat_data it splits at '&', decodes names and values with
+// urldecode (which keeps a '%' not followed by two hex digits as it is),
+// and registers a name as php_register_variable_ex does: leading spaces
+// dropped, cut at a NUL, ' ' and '.' turned into '_', a '[' with no ']'
+// after it too, a name[index] being an array; the last field wins.
+type phpOrderProvider struct {
+	mu     sync.Mutex
+	keys   map[string]bool
+	orders map[string]int
+}
+
+func (p *phpOrderProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	order := ""
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/x-www-form-urlencoded") {
+		order = phpVars(string(b))["order_id"]
+	}
+	if order == "" {
+		order = phpVars(r.URL.RawQuery)["order_id"]
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if key := r.Header.Get("Idempotency-Key"); !p.keys[key] {
+		p.keys[key] = true
+		p.orders[order]++
+	}
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order_id":%q}`, order)
+}
+
+// phpVars reads form text s as PHP's request variables (see
+// phpOrderProvider); an array variable is "Array", as PHP converts it to a
+// string.
+func phpVars(s string) map[string]string {
+	vars := map[string]string{}
+	for _, pair := range strings.Split(s, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		name := strings.TrimLeft(phpURLDecode(k), " ")
+		name, _, _ = strings.Cut(name, "\x00")
+		array := false
+		if i := strings.IndexByte(name, '['); i >= 0 {
+			if strings.IndexByte(name[i:], ']') > 0 {
+				name, array = name[:i], true
+			} else {
+				name = name[:i] + "_" + strings.NewReplacer("[", "_").Replace(name[i+1:])
+			}
+		}
+		name = strings.NewReplacer(" ", "_", ".", "_").Replace(name)
+		if name == "" {
+			continue
+		}
+		if array {
+			vars[name] = "Array"
+			continue
+		}
+		vars[name] = phpURLDecode(v)
+	}
+	return vars
+}
+
+// phpURLDecode is PHP's urldecode: '+' is a space, %XX a byte, and a '%'
+// not followed by two hex digits is kept.
+func phpURLDecode(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '+':
+			b.WriteByte(' ')
+		case c == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]):
+			var n byte
+			fmt.Sscanf(s[i+1:i+3], "%02x", &n)
+			b.WriteByte(n)
+			i += 2
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// phpPost sends a POST of a form body to path, as raw bytes.
+func phpPost(t *testing.T, addr, path, body string) reply {
+	t.Helper()
+	return rawExchange(t, addr, fmt.Sprintf("POST %s HTTP/1.1\nHost: x\nContent-Type: application/x-www-form-urlencoded\nContent-Length: %d\n\n%s",
+		path, len(body), body))
+}
+
+// phpProxy runs the binary, with the form and query sources and the
+// missing-key policy, in front of a phpOrderProvider.
+func phpProxy(t *testing.T, policy string) (*phpOrderProvider, *proc) {
+	prov := &phpOrderProvider{keys: map[string]bool{}, orders: map[string]int{}}
+	up := httptest.NewServer(prov)
+	t.Cleanup(up.Close)
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_KEY_SOURCES=json:order_id,form:order_id,query:order_id",
+		"IDEMPROXY_MISSING_KEY="+policy)...)
+	return prov, p
+}
+
+// checkPHPOrders fails unless prov executed exactly the orders in want.
+func checkPHPOrders(t *testing.T, prov *phpOrderProvider, want map[string]int) {
+	t.Helper()
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if !maps.Equal(prov.orders, want) {
+		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
+	}
+}
+
+// A form body whose order_id value has a '%' that is not an escape
+// ("order_id=50%off", an id a legacy app wrote into the body unescaped) is
+// forwarded as it came, and PHP reads it as order 50%off; so it is 422 with
+// nothing sent under every IDEMPROXY_MISSING_KEY, and so is such a value
+// beside a well-formed one, which PHP reads as the last. Before the fix
+// idemproxy skipped the field as url.ParseQuery does: under generate each
+// blind retry of "order_id=50%off" went with a new random key and the
+// provider executed order 50%off twice; and "order_id=b1&order_id=b1%zz"
+// went under order b1's key while the provider executed order b1%zz.
+func TestHostileFormValueWithBadEscape(t *testing.T) {
+	for _, policy := range []string{"reject", "generate", "passthrough"} {
+		t.Run(policy, func(t *testing.T) {
+			prov, p := phpProxy(t, policy)
+			for _, body := range []string{"order_id=50%off&amount=5", "order_id=b1&order_id=b1%zz&amount=5", "amount=5&order_id=b2%"} {
+				for try := 1; try <= 2; try++ { // the app's blind retry
+					if got := phpPost(t, p.addr, "/v1/payout", body); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+						t.Errorf("%s, try %d: %d %s, want 422 idempotency_key_missing", body, try, got.status, got.body)
+					}
+				}
+			}
+			// The same ids escaped, and an escape elsewhere in the body,
+			// are one order each.
+			for try := 1; try <= 2; try++ {
+				for _, body := range []string{"order_id=50%25off&amount=5", "order_id=b1&note=100%&amount=5"} {
+					if got := phpPost(t, p.addr, "/v1/payout", body); got.status != http.StatusCreated {
+						t.Errorf("%s, try %d: %d %s, want 201", body, try, got.status, got.body)
+					}
+				}
+			}
+			checkPHPOrders(t, prov, map[string]int{"50%off": 1, "b1": 1})
+		})
+	}
+}
