@@ -166,3 +166,44 @@ func TestHostileFormValueWithBadEscape(t *testing.T) {
 		})
 	}
 }
+
+// A form field or query parameter that PHP registers as order_id under
+// another spelling ("order.id", "order id", " order_id", "order[id", an
+// array "order_id[]", a name cut at a NUL) is a spelling of order_id, as
+// one in another letter case is: 422 with nothing sent under every
+// IDEMPROXY_MISSING_KEY when it is the only one or beside order_id with
+// another value. Before the fix idemproxy did not see it: under generate
+// each blind retry of "order.id=n1" got a new random key and the provider,
+// reading $_POST['order_id'], executed n1 once per try; under reject,
+// "order_id=n6&order.id=n6b" went under order n6's key while PHP executed
+// n6b, the last.
+func TestHostileFormNameAsPHPReadsIt(t *testing.T) {
+	for _, policy := range []string{"reject", "generate"} {
+		t.Run(policy, func(t *testing.T) {
+			prov, p := phpProxy(t, policy)
+			for _, c := range []struct{ path, body string }{
+				{"/v1/payout", "order.id=n1&amount=5"},
+				{"/v1/payout", "order+id=n2&amount=5"},
+				{"/v1/payout", "+order_id=n3&amount=5"},
+				{"/v1/payout", "order_id%00x=n4&amount=5"},
+				{"/v1/payout", "order[id=n5&amount=5"},
+				{"/v1/payout", "order_id=n6&order.id=n6b&amount=5"},
+				{"/v1/payout", "order_id=n8&order_id[]=n8b&amount=5"},
+				{"/v1/payout?order.id=q1", "amount=5"},
+			} {
+				for try := 1; try <= 2; try++ { // the app's blind retry
+					if got := phpPost(t, p.addr, c.path, c.body); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+						t.Errorf("%s %s, try %d: %d %s, want 422 idempotency_key_missing", c.path, c.body, try, got.status, got.body)
+					}
+				}
+			}
+			// Other fields with dots or brackets leave order_id alone.
+			for try := 1; try <= 2; try++ {
+				if got := phpPost(t, p.addr, "/v1/payout?order.x=1", "order_id=n7&order.x=1&items[]=a&amount=5"); got.status != http.StatusCreated {
+					t.Errorf("n7, try %d: %d %s, want 201", try, got.status, got.body)
+				}
+			}
+			checkPHPOrders(t, prov, map[string]int{"n7": 1})
+		})
+	}
+}

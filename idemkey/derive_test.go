@@ -71,6 +71,8 @@ func TestDerive(t *testing.T) {
 		{"json duplicate in another case, same value", "json:order_id", postJSON(`{"order_id":"A","ORDER_ID":"A"}`), Source{JSON, "order_id"}, "A"},
 		{"json other keys in another case", "json:a.b", postJSON(`{"B":"y","a":{"b":"x","B":"x"},"c":{"B":1}}`), Source{JSON, "a.b"}, "x"},
 		{"form field repeated in another case, same value", "form:order_id", form("order_id=F-1&Order_Id=F-1"), Source{Form, "order_id"}, "F-1"},
+		{"form field repeated as PHP spells it, same value", "form:order_id", form("order.id=F-1&order_id=F-1"), Source{Form, "order_id"}, "F-1"},
+		{"form fields PHP spells otherwise", "form:order_id", form("order.x=1&order_idx=2&order_id=F-1&order_id.x[]=3&Order.Id=4"), Source{Form, "order_id"}, "F-1"},
 		{"json duplicate elsewhere", "json:a.b", postJSON(`{"b":"y","a":{"b":"x"},"b":"z","c":{"b":1},"c":{}}`), Source{JSON, "a.b"}, "x"},
 		{"json without content type", "json:order_id", Request{Method: "POST", Path: "/p", Body: []byte(" \n{\"order_id\":\"A\"}")}, Source{JSON, "order_id"}, "A"},
 		{"json with wrong content type", "json:order_id", Request{Method: "POST", Path: "/p", ContentType: "text/plain", Body: []byte(`{"order_id":"A"}`)}, Source{JSON, "order_id"}, "A"},
@@ -148,6 +150,12 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"parent only in another case", "json:payment.id", postJSON(`{"Payment":{"id":"x"}}`)},
 		{"form field repeated in another case", "form:order_id", form("order_id=F-1&ORDER_ID=F-2")},
 		{"form field only in another case", "form:order_id", form("Order_Id=F-1")},
+		// PHP registers these as order_id ($_POST, $_GET), the last winning.
+		{"form field only as PHP spells it", "form:order_id", form("order.id=F-1")},
+		{"form field repeated as PHP spells it", "form:order_id", form("order_id=F-1&order+id=F-2")},
+		{"form field repeated as a PHP array", "form:order_id", form("order_id=F-1&order_id%5B%5D=F-2")},
+		{"form field repeated with a NUL", "form:order_id", form("order_id=F-1&+order_id%00x=F-2")},
+		{"query parameter only as PHP spells it", "query:order_id", Request{Method: "POST", Path: "/p", RawQuery: "order%5Bid=Q-1"}},
 		// PHP behind a server passing underscored names reads both as
 		// HTTP_X_ORDER_ID: which one wins is the server's.
 		{"header repeated with underscores, another value", "header:X-Order-Id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1"}, "X_order_id": {"H-2"}}}},

@@ -22,8 +22,9 @@ type text interface{ ~string | ~[]byte }
 // same: applications differ on which one they read (Go's and Java's the
 // first, PHP's the last), so a key derived from one would be another order's
 // for a provider that reads the other. A field whose name differs only in
-// letter case is the same field to ASP.NET, so it is such a repeat too; a
-// field present only in another letter case counts as absent.
+// letter case is the same field to ASP.NET, and one PHP registers under the
+// name (formNameIs) the same to PHP, so either is such a repeat too; a field
+// present only in another spelling counts as absent.
 func formValue[T text](buf []byte, s T, name string, asSent bool) ([]byte, bool) {
 	n := -1 // the length of the first value, kept at buf[:n]; -1 before one
 	exact := false
@@ -33,7 +34,7 @@ func formValue[T text](buf []byte, s T, name string, asSent bool) ([]byte, bool)
 		k, v := cutByte(pair, '=')
 		base := max(n, 0)
 		key, ok := unescapeForm(buf[:base], k)
-		if !ok || !bytes.EqualFold(key[base:], []byte(name)) {
+		if !ok || !formNameIs(key[base:], name) {
 			continue
 		}
 		isName := string(key[base:]) == name
@@ -61,7 +62,7 @@ func formValue[T text](buf []byte, s T, name string, asSent bool) ([]byte, bool)
 }
 
 // formMentions reports whether the form text s has a field called name, in
-// any letter case, whose value is not empty (Unreadable), and, with asSent
+// any spelling (formNameIs), whose value is not empty (Unreadable), and, with asSent
 // (see formValue), whose value does not decode; buf is scratch.
 func formMentions[T text](buf []byte, s T, name string, asSent bool) bool {
 	for len(s) > 0 {
@@ -69,7 +70,7 @@ func formMentions[T text](buf []byte, s T, name string, asSent bool) bool {
 		pair, s = cutByte(s, '&')
 		k, v := cutByte(pair, '=')
 		key, ok := unescapeForm(buf[:0], k)
-		if !ok || !bytes.EqualFold(key, []byte(name)) {
+		if !ok || !formNameIs(key, name) {
 			continue
 		}
 		if val, ok := unescapeForm(key[:0], v); ok && len(val) > 0 || !ok && asSent {
@@ -77,6 +78,41 @@ func formMentions[T text](buf []byte, s T, name string, asSent bool) bool {
 		}
 	}
 	return false
+}
+
+// formNameIs reports whether key, a decoded form field or query parameter
+// name, is a spelling of the field name to some application that reads it:
+// name in any letter case (ASP.NET), or the name PHP registers for it
+// ($_POST, $_GET, $_REQUEST; php_register_variable_ex): leading spaces
+// dropped, the name cut at a NUL, ' ', '.' and a '[' without a ']' after it
+// turned into '_', and "name[...]", an array, named name. So "order.id",
+// "order id", " order_id", "order[id" and "order_id[]" are all order_id to
+// a PHP provider, the last one winning.
+func formNameIs(key []byte, name string) bool {
+	if bytes.EqualFold(key, []byte(name)) {
+		return true
+	}
+	for len(key) > 0 && key[0] == ' ' {
+		key = key[1:]
+	}
+	if i := bytes.IndexByte(key, 0); i >= 0 {
+		key = key[:i]
+	}
+	if i := bytes.IndexByte(key, '['); i >= 0 && bytes.IndexByte(key[i:], ']') > 0 {
+		key = key[:i]
+	}
+	if len(key) != len(name) {
+		return false
+	}
+	for i, c := range key {
+		if c == ' ' || c == '.' || c == '[' {
+			c = '_'
+		}
+		if c != name[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // pair is one decoded form field: key and value as ranges of a buffer.

@@ -87,8 +87,8 @@ func appendFormData(b, body []byte, boundary string) ([]byte, bool) {
 // formDataValue returns the value of the field called name in a
 // multipart/form-data body, with formValue's rules: a part with that name
 // and no filename, its bytes as they came; a field given twice with
-// different values, also in another letter case, or present only in
-// another letter case, counts as absent, and so does an empty value. A part
+// different values, also in another spelling (formNameIs), or present only
+// in another spelling, counts as absent, and so does an empty value. A part
 // with a Content-Transfer-Encoding other than 7bit, 8bit or binary gives no
 // value: parsers differ on whether they decode it.
 func formDataValue(buf, body []byte, boundary, name string) ([]byte, bool) {
@@ -99,7 +99,7 @@ func formDataValue(buf, body []byte, boundary, name string) ([]byte, bool) {
 	found, exact := false, false
 	for _, p := range parts {
 		disp, params, err := mime.ParseMediaType(p.header.Get("Content-Disposition"))
-		if err != nil || !strings.EqualFold(disp, "form-data") || !strings.EqualFold(params["name"], name) {
+		if err != nil || !strings.EqualFold(disp, "form-data") || !formNameIs([]byte(params["name"]), name) {
 			continue
 		}
 		if _, file := params["filename"]; file {
@@ -123,13 +123,13 @@ func formDataValue(buf, body []byte, boundary, name string) ([]byte, bool) {
 }
 
 // formDataMentions reports whether a multipart/form-data body has a part
-// called name, in any letter case, without a filename and not empty,
+// called name, in any spelling (formNameIs), without a filename and not empty,
 // whatever its Content-Transfer-Encoding (Unreadable).
 func formDataMentions(body []byte, boundary, name string) bool {
 	parts, _ := formParts(body, boundary)
 	for _, p := range parts {
 		disp, params, err := mime.ParseMediaType(p.header.Get("Content-Disposition"))
-		if err != nil || !strings.EqualFold(disp, "form-data") || !strings.EqualFold(params["name"], name) {
+		if err != nil || !strings.EqualFold(disp, "form-data") || !formNameIs([]byte(params["name"]), name) {
 			continue
 		}
 		if _, file := params["filename"]; !file && len(p.data) > 0 {

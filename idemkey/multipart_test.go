@@ -85,6 +85,8 @@ func TestFormDataOrder(t *testing.T) {
 		"repeated":           formData(t, "x", "order_id", "MP-1", "order_id", "MP-2"),
 		"repeated, ORDER_ID": formData(t, "x", "order_id", "MP-1", "ORDER_ID", "MP-2"),
 		"only ORDER_ID":      formData(t, "x", "ORDER_ID", "MP-1"),
+		"repeated, order.id": formData(t, "x", "order_id", "MP-1", "order.id", "MP-2"), // PHP's order_id
+		"only order id":      formData(t, "x", "order id", "MP-1"),
 		"a file":             formData(t, "x", "@order_id", "MP-1"),
 		"empty":              formData(t, "x", "order_id", ""),
 		"quoted-printable":   qp,

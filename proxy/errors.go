@@ -43,7 +43,7 @@ const (
 
 // The errors of docs/contract.md's table, plus the request-shape errors the table leaves open.
 var (
-	ErrKeyMissing = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key, and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) gives one value: each is absent, empty, given twice with different values (also in another letter case), present only in another letter case, in a form body with a '%' that is not an escape, or in a JSON body that does not parse whole or is not in UTF-8"}
+	ErrKeyMissing = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key, and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) gives one value: each is absent, empty, given twice with different values (also in another letter case, or in a form or query under a name PHP reads as it, such as order.id), present only in such a spelling, in a form body with a '%' that is not an escape, or in a JSON body that does not parse whole or is not in UTF-8"}
 	// ErrKeyMissingEncoded is ErrKeyMissing for a body sent with a
 	// Content-Encoding idemproxy does not decode (decodedBody): its key
 	// sources cannot be read, and saying
