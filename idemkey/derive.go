@@ -84,7 +84,10 @@ func Derive(sources []Source, r Request) (key string, src Source, ok bool) {
 // value that is not empty but is given twice with different values, or is
 // spelt in another letter case only, or a JSON member in a body that does
 // not parse whole as one object (data after it, a syntax error after the
-// member); or a JSON object in UTF-16 or UTF-32, which is not read at all
+// member), or a body that starts as a JSON object, is not valid JSON and
+// names the member's key anywhere (lenient parsers such as Json.NET's and
+// Gson's read single quotes, names without quotes, comments); or a JSON
+// object in UTF-16 or UTF-32, which is not read at all
 // (wideObject). Derive counts such a source as absent; the provider may well
 // read an order id from it (encoding/json matches member names without
 // regard to case, a streaming decoder stops after the first object), so
@@ -114,7 +117,16 @@ func (st *state) mentions(s Source, r Request) bool {
 			return false
 		}
 		st.json.lookup(body, s.Name)
-		return st.json.seen
+		if st.json.seen {
+			return true
+		}
+		// A body that is not valid JSON before the member (single
+		// quotes, a name without quotes, a comment, a leading zero) is
+		// still read by lenient parsers (Json.NET, Gson), whose provider
+		// finds the order id in it: one that names the member's key
+		// anywhere mentions it.
+		st.json.reset(body, false)
+		return st.json.document() != nil && containsFold(body, lastSegment(s.Name))
 	case Form:
 		if boundary, ok := formDataBoundary(r.ContentType); ok {
 			return formDataMentions(r.Body, boundary, s.Name)
@@ -131,6 +143,21 @@ func (st *state) mentions(s Source, r Request) bool {
 		}
 	case Query:
 		return formMentions(st.val[:0], r.RawQuery, s.Name, false)
+	}
+	return false
+}
+
+// lastSegment is the last key of a dotted path.
+func lastSegment(path string) string {
+	return path[strings.LastIndexByte(path, '.')+1:]
+}
+
+// containsFold reports whether b contains s in any ASCII letter case.
+func containsFold(b []byte, s string) bool {
+	for i := 0; i+len(s) <= len(b); i++ {
+		if bytes.EqualFold(b[i:i+len(s)], []byte(s)) {
+			return true
+		}
 	}
 	return false
 }

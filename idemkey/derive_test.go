@@ -170,7 +170,15 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"UTF-16LE array", "json:order_id", postJSON(wide(`[{"order_id":"A"}]`, binary.LittleEndian, true))},
 		{"trailing garbage", "json:order_id", postJSON(`{"order_id":"A"} x`)},
 		{"truncated", "json:order_id", postJSON(`{"order_id":"A"`)},
+		{"invalid JSON not naming it", "json:order_id", postJSON(`{'id': 'A', 'amount': 5}`)},
+		// encoding/json reads it as "A\uFFFD": unreadable, as are bodies
+		// only lenient parsers read (Json.NET, Gson).
 		{"invalid UTF-8", "json:order_id", postJSON("{\"order_id\":\"A\xff\"}")},
+		{"single quotes", "json:order_id", postJSON(`{'order_id': 'A', 'amount': 5}`)},
+		{"name without quotes", "json:order_id", postJSON(`{order_id: "A"}`)},
+		{"comment before it", "json:order_id", postJSON(`{"amount": 5, /* x */ "order_id": "A"}`)},
+		{"leading zero before it", "json:order_id", postJSON(`{"amount": 05, "Order_Id": "A"}`)},
+		{"nested, single quotes", "json:payment.order_id", postJSON(`{'payment': {'order_id': 'A'}}`)},
 		{"form field repeated with another value", "form:order_id", form("order_id=F-1&order_id=second")},
 		// A body is forwarded as it came: PHP and Node.js read a value
 		// that does not decode with its '%' kept, Go and Java not at all.
@@ -229,7 +237,7 @@ func wide(s string, o binary.AppendByteOrder, bom bool) string {
 var absent = map[string]bool{
 	"no body": true, "missing field": true, "nested field missing": true, "path through a non-object": true,
 	"path through an array": true, "empty string": true, "null": true, "bool": true, "object": true, "array": true,
-	"top-level array": true, "UTF-16LE array": true, "invalid UTF-8": true, "form field empty": true, "form field without value": true,
+	"top-level array": true, "UTF-16LE array": true, "invalid JSON not naming it": true, "form field empty": true, "form field without value": true,
 	"form body with JSON content type": true, "form source on a JSON body": true,
 	"form source on a JSON body with a byte order mark": true, "header absent": true, "header empty": true,
 	"nil header": true, "query absent": true, "query empty": true, "no sources": true,
