@@ -5,6 +5,7 @@ package main
 // values that idemproxy's form and query sources used to read otherwise.
 
 import (
+	"encoding/binary"
 	"fmt"
 	"io"
 	"maps"
@@ -205,5 +206,40 @@ func TestHostileFormNameAsPHPReadsIt(t *testing.T) {
 			}
 			checkPHPOrders(t, prov, map[string]int{"n7": 1})
 		})
+	}
+}
+
+// An order posted as a form in UTF-16 (.NET's StringContent with
+// Encoding.Unicode and "application/x-www-form-urlencoded; charset=utf-16",
+// which ASP.NET Core's form reader decodes in that charset) has a key
+// source idemproxy cannot read: 422 with nothing sent under
+// IDEMPROXY_MISSING_KEY=generate too, as a JSON body in UTF-16 is. Before
+// the fix it got a new random key on each blind retry, and the provider
+// executed order w16-2 twice.
+func TestHostileUTF16FormOrder(t *testing.T) {
+	prov := &utf16Provider{goOrderProvider{keys: map[string]bool{}, orders: map[string]int{}}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_KEY_SOURCES=json:order_id,form:order_id", "IDEMPROXY_MISSING_KEY=generate")...)
+	body := []byte{0xff, 0xfe}
+	for _, r := range "order_id=w16-2&amount=5.00" {
+		body = binary.LittleEndian.AppendUint16(body, uint16(r))
+	}
+	for try := 1; try <= 2; try++ {
+		got := rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nContent-Type: application/x-www-form-urlencoded; charset=utf-16\nContent-Length: %d\n\n%s", len(body), body))
+		if got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+			t.Errorf("try %d: %d %s, want 422 idempotency_key_missing", try, got.status, got.body)
+		}
+	}
+	// The same form in UTF-8 is one order.
+	for try := 1; try <= 2; try++ {
+		if got := phpPost(t, p.addr, "/v1/payout", "order_id=w8-2&amount=5.00"); got.status != http.StatusCreated {
+			t.Errorf("UTF-8, try %d: %d %s, want 201", try, got.status, got.body)
+		}
+	}
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	if want := map[string]int{"w8-2": 1}; !maps.Equal(prov.orders, want) {
+		t.Errorf("provider executed orders %v, want %v", prov.orders, want)
 	}
 }

@@ -87,8 +87,8 @@ func Derive(sources []Source, r Request) (key string, src Source, ok bool) {
 // member), or a body that starts as a JSON object, is not valid JSON and
 // names the member's key anywhere (lenient parsers such as Json.NET's and
 // Gson's read single quotes, names without quotes, comments); or a JSON
-// object in UTF-16 or UTF-32, which is not read at all
-// (wideObject). Derive counts such a source as absent; the provider may well
+// object or a form in UTF-16 or UTF-32, which is not read at all
+// (wideObject, wideText). Derive counts such a source as absent; the provider may well
 // read an order id from it (encoding/json matches member names without
 // regard to case, a streaming decoder stops after the first object), so
 // a random key or none for the request would have each of the app's blind
@@ -133,6 +133,9 @@ func (st *state) mentions(s Source, r Request) bool {
 		}
 		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(bytes.TrimPrefix(r.Body, utf8BOM)) == '{') {
 			return false
+		}
+		if wideText(r.Body) {
+			return true // not read at all, as a JSON object in UTF-16 (wideObject)
 		}
 		return formMentions(st.val[:0], r.Body, s.Name, true)
 	case Header:
@@ -188,6 +191,16 @@ func wideObject(body []byte) bool {
 		}
 	}
 	return false
+}
+
+// wideText reports whether body is text in UTF-16 or UTF-32: it starts with
+// a byte order mark (FE FF or FF FE), or has a NUL among its first two
+// bytes. A form sent so ("application/x-www-form-urlencoded;
+// charset=utf-16", as .NET's StringContent with Encoding.Unicode sends it)
+// is read in that charset by ASP.NET Core's form reader; idemproxy's form
+// source reads it as bytes and finds nothing.
+func wideText(body []byte) bool {
+	return len(body) >= 2 && (body[0] == 0xfe && body[1] == 0xff || body[0] == 0xff && body[1] == 0xfe || body[0] == 0 || body[1] == 0)
 }
 
 // KeyFor returns the key Derive gives a request of r.Method, r.Path, r.Tenant

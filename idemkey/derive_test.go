@@ -168,6 +168,9 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"UTF-16BE without one", "json:order_id", postJSON(wide(` {"order_id":"A"}`, binary.BigEndian, false))},
 		{"UTF-16LE without one", "json:order_id", postJSON(wide(`{"order_id":"A"}`, binary.LittleEndian, false))},
 		{"UTF-16LE array", "json:order_id", postJSON(wide(`[{"order_id":"A"}]`, binary.LittleEndian, true))},
+		// ASP.NET Core reads a form in the charset its Content-Type names.
+		{"form in UTF-16LE with a byte order mark", "form:order_id", form(wide("order_id=F-1", binary.LittleEndian, true))},
+		{"form in UTF-16BE without one", "form:order_id", form(wide("order_id=F-1", binary.BigEndian, false))},
 		{"trailing garbage", "json:order_id", postJSON(`{"order_id":"A"} x`)},
 		{"truncated", "json:order_id", postJSON(`{"order_id":"A"`)},
 		{"invalid JSON not naming it", "json:order_id", postJSON(`{'id': 'A', 'amount': 5}`)},
