@@ -91,6 +91,7 @@ func New(version string) *Metrics {
 	m.attemptSecondsBy = newChildren(m.attemptSeconds.WithLabelValues, 1)
 	m.attemptsPerReqBy = newChildren(m.attemptsPerReq.WithLabelValues, 1)
 	m.storeSecondsBy = newChildren(m.storeSeconds.WithLabelValues, 1)
+	m.initCounters()
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: namespace, Name: "build_info",
 		Help:        "Always 1; the labels say which build runs.",
@@ -105,7 +106,7 @@ func New(version string) *Metrics {
 
 func (m *Metrics) newRequestMetrics() {
 	m.requests = m.counterVec("requests_total",
-		"Client requests answered, by method and outcome (forwarded, replayed, conflict, in_progress, rejected, upstream_unavailable, store_unavailable, client_gone).",
+		"Client requests answered, by method (GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, other) and outcome (forwarded, replayed, conflict, in_progress, rejected, upstream_unavailable, store_unavailable, client_gone, overloaded).",
 		"method", "outcome")
 	m.requestSeconds = m.histogramVec("request_duration_seconds",
 		"End-to-end time from receiving a client request to its answer, by outcome.",
@@ -121,7 +122,7 @@ func (m *Metrics) newUpstreamMetrics() {
 		"Upstream attempts sent, by mode (protected, safe, once) and result (2xx..5xx, or error when no response came).",
 		"mode", "result")
 	m.retries = m.counterVec("upstream_retries_total",
-		"Upstream attempts followed by another attempt, by reason (not_sent, timeout, network, status, code).",
+		"Upstream attempts followed by another attempt, by reason (not_sent, timeout, network, status, code; refused: the provider refused the attempt before acting on it, such as 409 nonce_reused).",
 		"reason")
 	m.attemptsPerReq = m.histogramVec("upstream_attempts_per_request",
 		"Attempts an upstream attempt sequence made before its result was final or it gave up, by mode.",
@@ -156,6 +157,53 @@ func (m *Metrics) newStoreMetrics() {
 	m.probes = m.counterVec("status_probes_total",
 		"Status probes sent before re-sending an operation whose outcome is unknown, by result (found, not_found, other, unfilled).",
 		"result")
+}
+
+// The label values of the counters the README's alerts watch, each exported
+// at 0 from the start (initCounters).
+var (
+	requestMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+		http.MethodPatch, http.MethodDelete, http.MethodOptions, "other"} // methodLabel's values
+	requestOutcomes = []proxy.Outcome{proxy.OutcomeForwarded, proxy.OutcomeReplayed, proxy.OutcomeConflict,
+		proxy.OutcomeInProgress, proxy.OutcomeRejected, proxy.OutcomeUnavailable, proxy.OutcomeStoreError,
+		proxy.OutcomeClientGone, proxy.OutcomeOverloaded}
+	retryReasons = []retry.Reason{retry.ReasonNotSent, retry.ReasonTimeout, retry.ReasonNetwork,
+		retry.ReasonStatus, retry.ReasonCode, retry.ReasonRefused}
+	probeResults = []retry.ProbeResult{retry.ProbeFound, retry.ProbeNotFound, retry.ProbeOther, retry.ProbeUnfilled}
+	// storeOps are the operations InstrumentedStore times and counts.
+	storeOps = []string{"begin", "complete", "abandon", "get", "renew", "park", "ping",
+		"list", "supersede", "resolve", "reviewed", "discard"}
+)
+
+// initCounters exports every series of the labelled counters the README's
+// alerts watch at 0 from the start. A series made only by its first event
+// appears at 1, and Prometheus's increase() and rate() see no increase in a
+// series' first sample: `increase(idemproxy_retry_after_pauses_total[15m]) >
+// 0` stayed silent on a provider's first pause, and a first store error, a
+// first overload or a first client that left went unalerted the same way.
+func (m *Metrics) initCounters() {
+	for _, method := range requestMethods {
+		for _, outcome := range requestOutcomes {
+			m.requests.WithLabelValues(method, string(outcome))
+		}
+	}
+	for _, limit := range []string{proxy.LimitRequests, proxy.LimitBytes} {
+		m.overloaded.WithLabelValues(limit)
+	}
+	for _, reason := range retryReasons {
+		m.retries.WithLabelValues(string(reason))
+	}
+	for _, status := range []string{"429", "503"} { // the statuses whose Retry-After pauses
+		m.pauses.WithLabelValues(status)
+	}
+	for _, result := range probeResults {
+		m.probes.WithLabelValues(string(result))
+	}
+	for _, op := range storeOps {
+		for _, kind := range storeErrorKinds {
+			m.storeErrors.WithLabelValues(op, kind)
+		}
+	}
 }
 
 // unknownWait bounds how long a scrape waits for the store's count of

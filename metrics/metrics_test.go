@@ -7,6 +7,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -288,8 +291,12 @@ func TestInstrumentedStore(t *testing.T) {
 			}
 		})
 	}
-	if _, ok := lookup(t, m, "idemproxy_store_errors_total", "op", "get"); ok {
-		t.Error("a missing record was counted as a store error")
+	// Every series exists from the start (initCounters): none of op get
+	// may have counted.
+	for _, kind := range storeErrorKinds {
+		if v, _ := lookup(t, m, "idemproxy_store_errors_total", "op", "get", "kind", kind); v != 0 {
+			t.Errorf("a missing record was counted as a store error (kind %s: %v)", kind, v)
+		}
 	}
 	ops := []struct {
 		op   string
@@ -408,6 +415,79 @@ func TestHandlerServesTextFormat(t *testing.T) {
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+// A fresh process exports every series of the labelled counters the README's
+// alerts watch, at 0: a series made by its first event appears at 1, and
+// increase() over it stays 0, so `increase(idemproxy_retry_after_pauses_total[15m])
+// > 0` missed a provider's first pause, and the first store error, overload
+// or client that left went unalerted the same way.
+func TestAlertedCountersStartAtZero(t *testing.T) {
+	fams, err := New("t").Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := map[string]float64{}
+	for _, f := range fams {
+		for _, mt := range f.Metric {
+			var labels []string
+			for _, lp := range mt.Label {
+				labels = append(labels, lp.GetName()+"="+lp.GetValue())
+			}
+			series[f.GetName()+"{"+strings.Join(labels, ",")+"}"] = mt.GetCounter().GetValue()
+		}
+	}
+	var want []string
+	for _, method := range requestMethods {
+		for _, outcome := range requestOutcomes {
+			want = append(want, "idemproxy_requests_total{method="+method+",outcome="+string(outcome)+"}")
+		}
+	}
+	for _, op := range storeOps {
+		for _, kind := range storeErrorKinds {
+			want = append(want, "idemproxy_store_errors_total{kind="+kind+",op="+op+"}")
+		}
+	}
+	want = append(want,
+		"idemproxy_overload_refusals_total{limit=requests}", "idemproxy_overload_refusals_total{limit=bytes}",
+		"idemproxy_retry_after_pauses_total{status=429}", "idemproxy_retry_after_pauses_total{status=503}",
+		"idemproxy_upstream_retries_total{reason=timeout}", "idemproxy_upstream_retries_total{reason=network}",
+		"idemproxy_upstream_retries_total{reason=not_sent}", "idemproxy_upstream_retries_total{reason=status}",
+		"idemproxy_upstream_retries_total{reason=code}", "idemproxy_upstream_retries_total{reason=refused}",
+		"idemproxy_status_probes_total{result=found}", "idemproxy_status_probes_total{result=not_found}",
+		"idemproxy_status_probes_total{result=other}", "idemproxy_status_probes_total{result=unfilled}",
+		"idemproxy_requests_total{method=POST,outcome=store_unavailable}",
+		"idemproxy_requests_total{method=POST,outcome=client_gone}",
+		"idemproxy_store_errors_total{kind=no_space,op=begin}",
+	)
+	for _, w := range want {
+		if v, ok := series[w]; !ok || v != 0 {
+			t.Errorf("a fresh process does not export %s at 0 (present %v, value %v)", w, ok, v)
+		}
+	}
+
+	// The label values are every value the code gives: every op
+	// InstrumentedStore names, every kind errorKind returns, every method
+	// methodLabel keeps.
+	src, err := os.ReadFile("store.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`s\.(?:fail|observe)\("([a-z_]+)"`).FindAllStringSubmatch(string(src), -1) {
+		if !slices.Contains(storeOps, m[1]) {
+			t.Errorf("InstrumentedStore names op %q, which storeOps lacks", m[1])
+		}
+	}
+	for _, k := range errorKinds {
+		if !slices.Contains(storeErrorKinds, k.kind) {
+			t.Errorf("errorKind returns %q, which storeErrorKinds lacks", k.kind)
+		}
+	}
+	for _, method := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PROPFIND"} {
+		if !slices.Contains(requestMethods, methodLabel(method)) {
+			t.Errorf("methodLabel(%s) is %q, which requestMethods lacks", method, methodLabel(method))
 		}
 	}
 }

@@ -182,25 +182,30 @@ func (s *InstrumentedStore) now() time.Time {
 // the readiness probes. Only a cancelled context, a caller that went away
 // (a client that left), is canceled.
 func errorKind(err error) string {
-	kinds := []struct {
-		err  error
-		kind string
-	}{
-		{store.ErrNotOwner, "not_owner"},
-		{store.ErrNoSpace, "no_space"},
-		{store.ErrTooLarge, "too_large"},
-		{store.ErrClosed, "closed"},
-		{store.ErrUnavailable, "unavailable"},
-		{context.Canceled, "canceled"},
-		{context.DeadlineExceeded, "unavailable"},
-	}
-	for _, k := range kinds {
+	for _, k := range errorKinds {
 		if errors.Is(err, k.err) {
 			return k.kind
 		}
 	}
 	return "other"
 }
+
+// errorKinds are errorKind's kinds by error, in the order it tries them.
+var errorKinds = []struct {
+	err  error
+	kind string
+}{
+	{store.ErrNotOwner, "not_owner"},
+	{store.ErrNoSpace, "no_space"},
+	{store.ErrTooLarge, "too_large"},
+	{store.ErrClosed, "closed"},
+	{store.ErrUnavailable, "unavailable"},
+	{context.Canceled, "canceled"},
+	{context.DeadlineExceeded, "unavailable"},
+}
+
+// storeErrorKinds are every value errorKind returns.
+var storeErrorKinds = []string{"not_owner", "no_space", "too_large", "closed", "unavailable", "canceled", "other"}
 
 // Resolve implements store.Store; an operator's call. The unknown records
 // are counted again at the next scrape.
