@@ -1,7 +1,9 @@
 // Package pgstore is the record store shared by replicas: the store contract
 // (package store) on PostgreSQL through pgx. The database is the only
-// authority: its clock measures leases and TTLs, and one statement claims a
-// key, so any number of idemproxy processes may share one database.
+// authority: its clock measures leases and TTLs, and first sends are kept by
+// it (the proxy ties them to the claim's now(), see retry.StoreClock), and
+// one statement claims a key, so any number of idemproxy processes may share
+// one database.
 //
 // Records are written with synchronous_commit on: a nil error means the
 // write survives a database crash. The provider-wide throttle state (see

@@ -86,7 +86,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey *string, fp, 
 					"method", r.Method, "path", r.URL.Path, "key", id.Key, "upstream_key", rec.UpstreamKey, "this_binding", *upstreamKey)
 				*upstreamKey = rec.UpstreamKey
 			}
-			return h.start(r, id, owner, claimed, *upstreamKey, body, resumed(rec), t), nil
+			return h.start(r, id, owner, claimed, *upstreamKey, body, resumed(rec), rec.ReadAt, t), nil
 		}
 		if rec.State == store.Final && rec.Superseded {
 			return result{}, superseded{rec}
@@ -184,7 +184,9 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 //
 // before is what earlier sequences of this key left: non-zero when the record
 // was parked with its outcome unknown, so the first attempt is a re-send.
-func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time.Time, upstreamKey string, body []byte, before store.Outcome, t *ticket) result {
+// readAt is the claimed record's ReadAt: the store's time at the claim, for
+// a store whose clock is not this process's (see run).
+func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time.Time, upstreamKey string, body []byte, before store.Outcome, readAt time.Time, t *ticket) result {
 	f := h.flights.open(id)
 	h.ops.Add(1)
 	t.hold() // the operation holds its slot and body bytes until it ends
@@ -192,7 +194,7 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time
 		defer h.ops.Done()
 		defer t.release()
 		defer h.flights.close(id, f) // after f.res is set
-		f.res = h.run(r, id, owner, claimed, upstreamKey, body, before, &f.lease)
+		f.res = h.run(r, id, owner, claimed, upstreamKey, body, before, readAt, &f.lease)
 	})
 	select {
 	case <-f.done:
@@ -206,9 +208,18 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time
 // completed in the store before anyone sees it; a sequence after which the
 // provider may have acted, or whose final answer could not be stored, parks
 // the record as unknown; anything else releases the key. Either way the next request resumes with the same key.
-func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.Time, upstreamKey string, body []byte, before store.Outcome, l *leaseRenewal) result {
+func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.Time, upstreamKey string, body []byte, before store.Outcome, readAt time.Time, l *leaseRenewal) result {
 	ctx := context.WithoutCancel(r.Context())
 	call := retry.Call{Mode: retry.Protected}
+	if !readAt.IsZero() {
+		// A shared store's clock (the database's) is not this process's:
+		// the first send the record holds, which the key retention check
+		// counts from, and the one this sequence records are times of the
+		// store's clock, tied to this one at the claim (retry.StoreClock),
+		// so that a replica whose clock is off the database's neither
+		// records a first send that far off nor counts one's age by it.
+		call.Store = &retry.StoreClock{At: readAt, Since: time.Since(claimed)}
+	}
 	if !before.IsZero() {
 		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt, LastBody: before.LastBody}
 	}

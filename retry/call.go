@@ -15,6 +15,14 @@ type Call struct {
 	// whose outcome is unknown: its first attempt is a re-send, preceded by
 	// the status probe ([Transport.Prober]) and the key-retention check.
 	Resume *Resume
+	// Store, if not nil, relates the record store's clock to the
+	// Transport's, for a store whose clock is not its callers' (one shared
+	// by replicas: the database's). Resume.FirstSentAt is then a time of the
+	// store's clock, and so are the first sends the sequence reports
+	// (Report.FirstSentAt, ExhaustedError.FirstSentAt): times of the two
+	// clocks are never compared, only durations measured by each carried to
+	// the other. Nil: the store's clock is the Transport's (one process).
+	Store *StoreClock
 	// Body, if not nil, is a protected request's body, already in memory:
 	// every attempt sends these bytes (the signer hashes them in place)
 	// instead of a copy read from the request's Body, which is then only
@@ -24,6 +32,27 @@ type Call struct {
 	// Stop, if not nil, lets another goroutine end a protected sequence
 	// (see [Stop]).
 	Stop *Stop
+}
+
+// StoreClock ties the record store's clock to the Transport's at the claim
+// that started a sequence ([Call.Store]).
+//
+// At, a time of the store's clock, comes from the claim, so it is before the
+// sequence begins and after the claim was sent. A first send the sequence
+// reports is At plus how long after the sequence began it was, by the
+// Transport's clock: earlier than it was by what the claim took after At
+// (its commit, its answer), never before the claim. A first send it resumes
+// is taken to be At-FirstSentAt plus Since before the sequence began: at
+// least as long ago as it was. Both err towards the key retention check
+// refusing, not re-sending, and neither moves by how far the clocks are
+// apart.
+type StoreClock struct {
+	// At is the store's time during the claim (pgstore: the claim
+	// statement's now(), store.Record.ReadAt).
+	At time.Time
+	// Since is how long before the sequence began the claim was sent, by
+	// the caller's clock.
+	Since time.Duration
 }
 
 // Report is what an attempt sequence tells its caller besides the response.
@@ -38,7 +67,8 @@ type Report struct {
 	// attempt, NotSent when no attempt reached it, and Retry otherwise.
 	Disposition Disposition
 	// FirstSentAt is when the operation first reached the provider, in this
-	// sequence or the one it resumed; zero if it never did.
+	// sequence or the one it resumed; zero if it never did. By the store's
+	// clock with [Call.Store], else by the Transport's.
 	FirstSentAt time.Time
 	// LastBody is the body of the last ambiguous answer (an Unknown one), for
 	// the status probe of a later sequence; nil if none.

@@ -49,7 +49,8 @@ type ExhaustedError struct {
 	// have executed it (dial errors, 429, 503, business refusals).
 	Unknown bool
 	// FirstSentAt is when the operation first reached the provider (in this
-	// sequence or the one it resumed); zero if it never did.
+	// sequence or the one it resumed); zero if it never did. By the store's
+	// clock with [Call.Store], as Report.FirstSentAt.
 	FirstSentAt time.Time
 	// LastBody is the body of the last ambiguous answer; nil if none.
 	LastBody []byte

@@ -173,9 +173,13 @@ type sequence struct {
 	sent       bool // an attempt may have reached the upstream
 	last       outcome
 	// What is known of the operation upstream (protected requests only).
-	firstSent time.Time // when an attempt first reached the provider; zero if none did
+	firstSent time.Time // when an attempt first reached the provider, by the Transport's clock; zero if none did
 	unknown   bool      // the provider may have acted on an attempt whose answer was lost
 	lastBody  []byte    // the body of the last ambiguous answer, for the probe
+	// The record store's clock (Call.Store), and the Transport's time when
+	// the sequence began, which the store's At is counted from.
+	store  *StoreClock
+	origin time.Time
 }
 
 // outcome is the result of one attempt.
@@ -219,8 +223,16 @@ func (s *sequence) begin(c Call) error {
 	if d, ok := req.Context().Deadline(); ok && (s.deadline.IsZero() || d.Before(s.deadline)) {
 		s.deadline = d
 	}
+	if c.Store != nil {
+		s.store, s.origin = c.Store, t.now()
+	}
 	if r := c.Resume; r != nil {
 		s.unknown, s.firstSent, s.lastBody = true, r.FirstSentAt, r.LastBody
+		if s.store != nil && !r.FirstSentAt.IsZero() {
+			// Its age by the store's clock at the claim, and the time since
+			// the claim was sent, carried to this clock (see StoreClock).
+			s.firstSent = s.origin.Add(-(s.store.At.Sub(r.FirstSentAt) + s.store.Since))
+		}
 	}
 	return nil
 }
@@ -526,7 +538,16 @@ func (s *sequence) verdict(o outcome) Verdict {
 
 // reportAs is the sequence's Report, ending with disposition d.
 func (s *sequence) reportAs(d Disposition) Report {
-	return Report{Attempts: s.attempts, Disposition: d, FirstSentAt: s.firstSent, LastBody: s.lastBody}
+	return Report{Attempts: s.attempts, Disposition: d, FirstSentAt: s.reportedSend(), LastBody: s.lastBody}
+}
+
+// reportedSend is the first send as the sequence reports it: by the store's
+// clock with Call.Store (see StoreClock), else as the Transport's clock read it.
+func (s *sequence) reportedSend() time.Time {
+	if s.store == nil || s.firstSent.IsZero() {
+		return s.firstSent
+	}
+	return s.store.At.Add(s.firstSent.Sub(s.origin))
 }
 
 // ended is the Report of a sequence that ended without an answer.
@@ -616,7 +637,7 @@ func (s *sequence) exhausted(cause error) *ExhaustedError {
 		Err:      o.err,
 		Unknown:  s.unknown,
 		// The first send of this sequence, or of the one it resumes.
-		FirstSentAt: s.firstSent,
+		FirstSentAt: s.reportedSend(),
 		LastBody:    s.lastBody,
 		NotSent:     !s.sent,
 	}

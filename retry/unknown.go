@@ -33,7 +33,9 @@ type Prober interface {
 // ended with its outcome unknown ([Call.Resume]), so that this one treats its
 // first attempt as a re-send.
 type Resume struct {
-	FirstSentAt time.Time // when the operation was first sent upstream
+	// FirstSentAt is when the operation was first sent upstream: by the
+	// store's clock with [Call.Store], else by the Transport's.
+	FirstSentAt time.Time
 	// LastBody is the body of the last ambiguous answer, for {resp.…}
 	// placeholders; nil when not known.
 	LastBody []byte

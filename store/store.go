@@ -192,6 +192,10 @@ const MaxLastBody = 64 << 10
 type Outcome struct {
 	// FirstSentAt is when a request for the key was first sent upstream; zero
 	// if it never was. The store keeps the earliest non-zero value it is given.
+	// It is a time of the store's lease clock (the one ReadAt is of, for a
+	// store that gives ReadAt: the database's), as Complete's sent is: the
+	// proxy ties it to the claim's ReadAt (retry.StoreClock), so that the key
+	// retention check never counts with the clocks of two hosts.
 	FirstSentAt time.Time
 	// Attempts is the number of upstream attempts; the store adds each Park's
 	// count to the record's total.
