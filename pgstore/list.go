@@ -11,6 +11,7 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -67,26 +68,30 @@ const filterBatch = 500
 // not know too).
 func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID, n int) ([]store.Record, error) {
 	var out []store.Record
-	err := s.call(ctx, "list", nil, func(ctx context.Context) error {
-		// The state is written into the statement, not passed: a plan made
-		// once for any state (see Open) could not use the open-records
-		// index for in-flight and unknown records.
-		rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM idemproxy_records
-			WHERE `+inState(state)+` AND `+live+` AND (tenant, key) > ($1, $2)
-			ORDER BY tenant, key LIMIT $3`, []byte(after.Tenant), []byte(after.Key), n)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		out = out[:0]
-		for rows.Next() {
-			rec, err := scanRecord(rows)
+	err := s.call(ctx, "list", nil, func(ctx context.Context) (err error) {
+		// A caller who leaves mid-statement costs no connection (see read).
+		out, err = read(ctx, s, func(ctx context.Context, conn *pgxpool.Conn) ([]store.Record, error) {
+			// The state is written into the statement, not passed: a plan
+			// made once for any state (see Open) could not use the
+			// open-records index for in-flight and unknown records.
+			rows, err := conn.Query(ctx, `SELECT `+columns+` FROM idemproxy_records
+				WHERE `+inState(state)+` AND `+live+` AND (tenant, key) > ($1, $2)
+				ORDER BY tenant, key LIMIT $3`, []byte(after.Tenant), []byte(after.Key), n)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			out = append(out, rec)
-		}
-		return rows.Err()
+			defer rows.Close()
+			var out []store.Record
+			for rows.Next() {
+				rec, err := scanRecord(rows)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, rec)
+			}
+			return out, rows.Err()
+		})
+		return err
 	})
 	return out, err
 }

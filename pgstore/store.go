@@ -880,9 +880,54 @@ func (s *Store) Get(ctx context.Context, id store.ID) (store.Record, error) {
 }
 
 func (s *Store) get(ctx context.Context, id store.ID) (store.Record, error) {
-	return readRecord(s.pool.QueryRow(ctx,
-		`SELECT `+columns+` FROM idemproxy_records WHERE tenant = $1 AND key = $2 AND `+live,
-		[]byte(id.Tenant), []byte(id.Key)))
+	return read(ctx, s, func(ctx context.Context, conn *pgxpool.Conn) (store.Record, error) {
+		return readRecord(conn.QueryRow(ctx,
+			`SELECT `+columns+` FROM idemproxy_records WHERE tenant = $1 AND key = $2 AND `+live,
+			[]byte(id.Tenant), []byte(id.Key)))
+	})
+}
+
+// read runs a read statement for a caller (fn, on a pooled connection) so
+// that a caller who leaves mid-statement costs no connection: fn runs on a
+// goroutine of its own, under ctx's values but not its end, bounded by the
+// call timeout from now (and by Close), and read returns as soon as ctx
+// ends, fn's result then going unread. The connection is acquired within
+// ctx: a caller who leaves before one is free runs nothing. Run under the
+// caller's context, pgx cancels a statement whose context ends and drops
+// its connection (it cannot tell what the server still sends on it), and
+// the pool opens a new session for the next read: a client hanging up while
+// its request polls a key in flight, as hundreds may at once, made the
+// database fork a backend for each (200 waiters leaving reads held behind a
+// lock opened 200 new sessions on a pool of 8). Left to end, a read ends in
+// a few milliseconds, or at the call timeout on a database that does not
+// answer, when pgx cancels it as before.
+func read[T any](ctx context.Context, s *Store, fn func(ctx context.Context, conn *pgxpool.Conn) (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	deadline := time.Now().Add(s.opt.CallTimeout)
+	done := make(chan result, 1)
+	go func() {
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer conn.Release()
+		sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+		defer cancel()
+		defer context.AfterFunc(s.bg, cancel)() // Close ends it
+		v, err := fn(sctx, conn)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var none T
+		return none, ctx.Err()
+	}
 }
 
 // inFlight is the check that a row found by its key is in flight, written
