@@ -263,6 +263,52 @@ func TestThrottleGateFallsBackWhenDatabaseStops(t *testing.T) {
 	}
 }
 
+// Attempts on the shared bucket whose callers hang up while queued leave the
+// tokens leased for them to the next attempt of this replica: 30 attempts at
+// 10 per second that all leave after 300 ms, then one more, which leaves
+// within a few tokens' time. Each queued attempt took its own leased token,
+// dropped when it left, so the next one took new tokens behind all of theirs
+// (2.6 s). Real database and clock; the bound is 10 tokens' time.
+func TestThrottleGateLeaversKeepTokensHere(t *testing.T) {
+	url := pgtest.Database(t)
+	const rate, leavers = 10, 30
+	gate := ratelimit.New(rate, 1)
+	gate.Shared = throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Heartbeat: time.Hour})
+	if _, err := gate.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		left int
+	)
+	for range leavers {
+		wg.Go(func() {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer time.AfterFunc(300*time.Millisecond, cancel).Stop()
+			_, err := gate.Wait(ctx)
+			if errors.Is(err, context.Canceled) {
+				mu.Lock()
+				left++
+				mu.Unlock()
+			} else if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if left < leavers-5 {
+		t.Fatalf("%d of %d attempts left, want all but the few whose tokens came", left, leavers)
+	}
+	start := time.Now()
+	if _, err := gate.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if took, bound := time.Since(start), 10*time.Second/rate; took > bound {
+		t.Errorf("the next attempt waited %v after %d left, want at most %v", took.Round(time.Millisecond), left, bound)
+	}
+}
+
 // A throttle row the rate limit created, never paused, holds paused_until
 // '-infinity': a replica starting then still beats (and counts the
 // replicas), listens, and hears the next pause at once.

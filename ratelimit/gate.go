@@ -66,13 +66,19 @@ type Gate struct {
 
 	mu          sync.Mutex
 	pausedUntil time.Time
-	published   time.Time // the latest pause end given to Shared
+	published   time.Time     // the latest pause end given to Shared
+	extended    chan struct{} // closed when the pause is extended (see pauseSet)
 
-	smu       sync.Mutex    // the shared bucket's lease
-	lease     lease         // tokens of the last Take
-	leasing   chan struct{} // non-nil while a Take runs; closed when it returns
-	waiting   int           // attempts waiting for the running Take
-	downUntil time.Time     // Shared failed: the local share until then
+	// The line of attempts waiting for a token (see Wait).
+	qmu         sync.Mutex
+	busy        bool    // an attempt is at the head: it alone may hold a token
+	first, last *waiter // the attempts behind it, in arrival order
+	queued      int
+
+	smu       sync.Mutex // the shared bucket's lease
+	lease     lease      // tokens of the last Take
+	leases    int        // Takes so far, to tell a token of the last one
+	downUntil time.Time  // Shared failed: the local share until then
 
 	closed    chan struct{} // closed by Close
 	closeOnce sync.Once
@@ -106,11 +112,52 @@ func (g *Gate) SetReplicas(n int) {
 // without sleeping. If ctx is done while waiting, Wait returns ctx's error.
 // A pause set or extended while Wait sleeps is honoured: it re-checks after
 // every sleep.
+//
+// With a rate limit, attempts wait in line, first come first served, and only
+// the one at the head holds a token (a reservation of the local bucket or a
+// token of the shared bucket's lease). An attempt that leaves the line uses
+// none: one behind the head had taken nothing, and the head gives its token
+// back, to the local bucket or to the lease for the next in line. (A local
+// reservation made behind others' cannot be given back whole: the rate
+// package restores only what no later reservation counted on, so attempts
+// that all reserved at once and left in order returned nothing, and the next
+// one waited for the tokens of every attempt that had left.)
 func (g *Gate) Wait(ctx context.Context) (time.Duration, error) {
+	if g.limiter == nil {
+		return g.pass(ctx, 0)
+	}
+	g.qmu.Lock()
+	if g.busy {
+		w, err := g.enqueue(ctx) // unlocks qmu
+		if err != nil {
+			return 0, err
+		}
+		waited, err := g.awaitTurn(ctx, w)
+		if err != nil {
+			return waited, err
+		}
+		defer g.passTurn()
+		return g.pass(ctx, waited)
+	}
+	// No one in line: a token available now is taken at once, without a
+	// reservation (nothing allocated); otherwise this attempt is the head.
+	if now := g.now(); g.Shared == nil && !g.isClosed() && !g.PausedUntil().After(now) && g.limiter.AllowN(now, 1) {
+		g.qmu.Unlock()
+		return 0, nil
+	}
+	g.busy = true
+	g.qmu.Unlock()
+	defer g.passTurn()
+	return g.pass(ctx, 0)
+}
+
+// pass is the wait of the head of the line (or of any attempt, without a
+// rate limit): the pause, then its token. waited is the time already spent
+// in line.
+func (g *Gate) pass(ctx context.Context, waited time.Duration) (time.Duration, error) {
 	var (
-		waited time.Duration
-		held   time.Duration // time spent in a pause
-		tk     ticket        // the token held once taken; kept across re-checks
+		held time.Duration // time spent in a pause
+		tk   ticket        // the token held once taken; kept across re-checks
 	)
 	for {
 		if g.isClosed() {
@@ -139,11 +186,165 @@ func (g *Gate) Wait(ctx context.Context) (time.Duration, error) {
 	}
 }
 
-// giveBack returns a locally reserved token so that a failed wait does not
-// slow the others. A leased token cannot go back: it is dropped.
+// waiter is an attempt in line behind the head.
+type waiter struct {
+	prev, next *waiter
+	turn       chan struct{} // closed when it becomes the head
+}
+
+// enqueue puts an attempt in line, with g.qmu held on entry and released on
+// return. If ctx's deadline comes before the attempt could leave, counting a
+// token for each attempt ahead of it, it returns an error wrapping
+// ErrDeadline instead.
+func (g *Gate) enqueue(ctx context.Context) (*waiter, error) {
+	defer g.qmu.Unlock()
+	if deadline, ok := ctx.Deadline(); ok {
+		now := g.now()
+		if d := g.lineDelay(now, g.queued+1); !now.Add(d).Before(deadline) {
+			return nil, fmt.Errorf("ratelimit: wait %v in line: %w", d, ErrDeadline)
+		}
+	}
+	w := &waiter{turn: make(chan struct{}), prev: g.last}
+	if g.last != nil {
+		g.last.next = w
+	} else {
+		g.first = w
+	}
+	g.last = w
+	g.queued++
+	return w, nil
+}
+
+// lineDelay is how long from now the k-th attempt behind the head would wait
+// at least, if the head and each attempt ahead of it took one token: the
+// rest of the pause, or its token's time, whichever is later.
+func (g *Gate) lineDelay(now time.Time, k int) time.Duration {
+	d := max(g.PausedUntil().Sub(now), 0)
+	if g.Shared != nil {
+		g.smu.Lock()
+		defer g.smu.Unlock()
+		if !now.Before(g.downUntil) {
+			if at, ok := g.lease.peek(k - 1); ok {
+				d = max(d, at.Sub(now))
+			}
+			return d
+		}
+	}
+	// The head's reservation, if made, is counted in the tokens already.
+	if lack := float64(k) - g.limiter.TokensAt(now); lack > 0 {
+		d = max(d, time.Duration(lack/float64(g.limiter.Limit())*float64(time.Second)))
+	}
+	return d
+}
+
+// awaitTurn waits until w is the head of the line. If the attempt leaves
+// first (ctx done, Close, or a pause set meanwhile that outlasts ctx's
+// deadline), it leaves the line having used no token.
+func (g *Gate) awaitTurn(ctx context.Context, w *waiter) (time.Duration, error) {
+	start := g.now()
+	deadline, hasDeadline := ctx.Deadline()
+	var err error
+	for err == nil {
+		var pauseSet <-chan struct{}
+		if hasDeadline {
+			pauseSet = g.pauseSet()
+			if p := g.PausedUntil(); !p.Before(deadline) {
+				err = fmt.Errorf("ratelimit: paused for %v: %w", p.Sub(g.now()), ErrDeadline)
+				break
+			}
+		}
+		select {
+		case <-w.turn:
+			return g.now().Sub(start), nil
+		case <-pauseSet: // re-check the pause against the deadline
+		case <-ctx.Done():
+			err = fmt.Errorf("ratelimit: wait in line: %w", ctx.Err())
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("ratelimit: wait in line: %w: %w", ErrDeadline, ctx.Err())
+			}
+		case <-g.closed:
+			err = ErrClosed
+		}
+	}
+	g.qmu.Lock()
+	select {
+	case <-w.turn: // made the head meanwhile: the turn goes to the next
+		g.qmu.Unlock()
+		g.passTurn()
+	default:
+		g.unlink(w)
+		g.qmu.Unlock()
+	}
+	return g.now().Sub(start), err
+}
+
+// passTurn makes the first attempt in line the head, as the head leaves.
+func (g *Gate) passTurn() {
+	g.qmu.Lock()
+	defer g.qmu.Unlock()
+	w := g.first
+	if w == nil {
+		g.busy = false
+		return
+	}
+	g.unlink(w)
+	close(w.turn)
+}
+
+// unlink takes w out of the line, with g.qmu held.
+func (g *Gate) unlink(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		g.first = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		g.last = w.prev
+	}
+	w.prev, w.next = nil, nil
+	g.queued--
+}
+
+// inLine is how many attempts wait in line behind the head.
+func (g *Gate) inLine() int {
+	g.qmu.Lock()
+	defer g.qmu.Unlock()
+	return g.queued
+}
+
+// pauseSet returns a channel closed when the pause is next extended.
+func (g *Gate) pauseSet() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.extended == nil {
+		g.extended = make(chan struct{})
+	}
+	return g.extended
+}
+
+// extendedLocked tells the attempts in line that the pause was extended,
+// with g.mu held.
+func (g *Gate) extendedLocked() {
+	if g.extended != nil {
+		close(g.extended)
+		g.extended = nil
+	}
+}
+
+// giveBack returns the token of a wait that failed, so that it does not slow
+// the others: a local reservation goes back to the bucket (whole, as it is
+// the only one outstanding), a leased token to the lease, for the next in
+// line. The shared bucket itself keeps it booked.
 func (g *Gate) giveBack(tk ticket) {
 	if tk.res != nil {
 		tk.res.CancelAt(g.now())
+	}
+	if !tk.expires.IsZero() {
+		g.smu.Lock()
+		g.lease.putBack(tk)
+		g.smu.Unlock()
 	}
 }
 
@@ -285,6 +486,7 @@ func (g *Gate) PauseUntil(t time.Time) {
 	defer g.mu.Unlock()
 	if t.After(g.pausedUntil) {
 		g.pausedUntil = t
+		g.extendedLocked()
 	}
 	if g.Shared != nil && t.After(g.published) {
 		g.published = t
@@ -302,6 +504,7 @@ func (g *Gate) PeerPause(t time.Time) bool {
 		return false
 	}
 	g.pausedUntil = t
+	g.extendedLocked()
 	return true
 }
 

@@ -333,3 +333,129 @@ func TestGateFree(t *testing.T) {
 		t.Error("a closed gate is free")
 	}
 }
+
+// Attempts that give up while queued for a token use none: 30 attempts at 10
+// per second whose callers all hang up after 100 ms, then one more. It leaves within a
+// few tokens' time; it waited for the tokens of all 30 (about 2.9 s) when
+// each held its own reservation, because the rate package gives nothing back
+// for a reservation that later ones counted on, and the earliest left first.
+// Real clock; the bound is 10 tokens' time.
+func TestGateLeaversUseNoTokens(t *testing.T) {
+	const rate, leavers = 10, 30
+	g := New(rate, 1)
+	if w, err := g.Wait(context.Background()); err != nil || w != 0 {
+		t.Fatalf("first Wait = %v, %v; want the burst at once", w, err)
+	}
+	var wg sync.WaitGroup
+	left := 0
+	var mu sync.Mutex
+	for range leavers {
+		wg.Go(func() {
+			// Its client hangs up: canceled, not a deadline (a wait
+			// past a deadline is refused at once, reserving nothing).
+			ctx, cancel := context.WithCancel(context.Background())
+			defer time.AfterFunc(100*time.Millisecond, cancel).Stop()
+			if _, err := g.Wait(ctx); err != nil {
+				mu.Lock()
+				left++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if left < leavers-2 {
+		t.Fatalf("%d of %d attempts left the line, want all but the one or two whose token came", left, leavers)
+	}
+	start := time.Now()
+	if _, err := g.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if took, bound := time.Since(start), 10*time.Second/rate; took > bound {
+		t.Errorf("the next attempt waited %v after %d left the line, want at most %v", took.Round(time.Millisecond), left, bound)
+	}
+}
+
+// Attempts leave in the order they came, a pause or not.
+func TestGateFirstComeFirstServed(t *testing.T) {
+	g := New(200, 1)
+	g.PauseUntil(time.Now().Add(50 * time.Millisecond))
+	const n = 20
+	var (
+		mu    sync.Mutex
+		order []int
+		wg    sync.WaitGroup
+	)
+	for i := range n {
+		wg.Go(func() {
+			if _, err := g.Wait(context.Background()); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+		})
+		for g.holding() < i+1 { // the first is the head; the others queue in turn
+			time.Sleep(time.Millisecond)
+		}
+	}
+	wg.Wait()
+	for i, got := range order {
+		if got != i {
+			t.Fatalf("attempts left in order %v, want their arrival order", order)
+		}
+	}
+}
+
+// holding counts the attempts at the Gate: the head and those in line.
+func (g *Gate) holding() int {
+	g.qmu.Lock()
+	defer g.qmu.Unlock()
+	if !g.busy {
+		return 0
+	}
+	return 1 + g.queued
+}
+
+// An attempt queued behind others whose tokens come after its deadline is
+// refused at once with ErrDeadline, as is one in line when a pause past its
+// deadline is set; one that can make it waits its turn.
+func TestGateDeadlineInLine(t *testing.T) {
+	g, c := newTestGate(1, 1)
+	if _, err := g.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The head sleeps for its token until released.
+	sleeping, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	g.Sleep = func(ctx context.Context, d time.Duration) error {
+		once.Do(func() { close(sleeping); <-release })
+		return c.Sleep(ctx, d)
+	}
+	head := make(chan error, 1)
+	go func() { _, err := g.Wait(context.Background()); head <- err }()
+	<-sleeping
+	// Its token comes in 1 s; the next one in 2 s.
+	ctx, cancel := context.WithDeadline(context.Background(), c.Now().Add(1500*time.Millisecond))
+	defer cancel()
+	if w, err := g.Wait(ctx); !errors.Is(err, ErrDeadline) || w != 0 {
+		t.Errorf("Wait in line past the deadline = %v, %v; want ErrDeadline at once", w, err)
+	}
+	ctx, cancel = context.WithDeadline(context.Background(), c.Now().Add(time.Hour))
+	defer cancel()
+	queued := make(chan error, 1)
+	go func() { _, err := g.Wait(ctx); queued <- err }()
+	for g.inLine() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	g.PauseUntil(c.Now().Add(2 * time.Hour))
+	if err := <-queued; !errors.Is(err, ErrDeadline) {
+		t.Errorf("Wait in line when a pause past its deadline is set = %v, want ErrDeadline", err)
+	}
+	if n := g.inLine(); n != 0 {
+		t.Errorf("%d attempts still in line, want none", n)
+	}
+	close(release)
+	if err := <-head; err != nil {
+		t.Errorf("head: %v", err)
+	}
+}

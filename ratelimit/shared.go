@@ -50,11 +50,14 @@ const (
 
 // ticket is what lets one attempt leave: a time, taken either from the local
 // bucket (res, given back if the attempt does not leave) or from a lease of
-// the shared one (valid until expires, dropped after).
+// the shared one (valid until expires, dropped after; given back to the lease
+// if the attempt does not leave).
 type ticket struct {
 	at      time.Time
 	expires time.Time // zero for a local reservation
 	res     *rate.Reservation
+	lease   int // the leased token's Take (Gate.leases) and index in it
+	index   int
 }
 
 // none says whether t holds nothing yet, or a leased token whose time to be
@@ -73,28 +76,53 @@ type lease struct {
 	every      time.Duration
 	burst      int
 	n, next    int
+	id         int // Gate.leases when it was taken
+}
+
+func (l *lease) at(i int) time.Time {
+	at := l.start.Add(time.Duration(i+1-l.burst) * l.every)
+	if at.Before(l.got) {
+		at = l.got
+	}
+	return at
 }
 
 // take hands out the next token whose time has not passed by more than
 // leaseSlack; the ones that have are dropped.
 func (l *lease) take(now time.Time) (ticket, bool) {
 	for ; l.next < l.n; l.next++ {
-		at := l.start.Add(time.Duration(l.next+1-l.burst) * l.every)
-		if at.Before(l.got) {
-			at = l.got
-		}
+		at := l.at(l.next)
 		if exp := at.Add(leaseSlack); now.Before(exp) {
 			l.next++
-			return ticket{at: at, expires: exp}, true
+			return ticket{at: at, expires: exp, lease: l.id, index: l.next - 1}, true
 		}
 	}
 	return ticket{}, false
 }
 
-// sharedTicket takes a token of the shared bucket for one attempt. One Take
-// at a time runs per Gate, for every attempt waiting when it starts, so that
-// under load one round trip serves many attempts. ok is false while the
-// shared store failed recently: the caller uses the local share then.
+// putBack returns the token last handed out, unspent, for the next attempt.
+// Only the head of the line holds a token, so it is the last handed out
+// unless the lease was replaced since.
+func (l *lease) putBack(tk ticket) {
+	if tk.lease == l.id && tk.index == l.next-1 {
+		l.next--
+	}
+}
+
+// peek returns the time of the token k places after the next one to be
+// handed out, if the lease holds it.
+func (l *lease) peek(k int) (time.Time, bool) {
+	if i := l.next + k; i < l.n {
+		return l.at(i), true
+	}
+	return time.Time{}, false
+}
+
+// sharedTicket takes a token of the shared bucket for the head of the line.
+// When the lease has none left it runs one Take for the head and every
+// attempt in line behind it, so that under load one round trip serves many
+// attempts. ok is false while the shared store failed recently: the caller
+// uses the local share then.
 func (g *Gate) sharedTicket(ctx context.Context) (tk ticket, ok bool, err error) {
 	g.smu.Lock()
 	defer g.smu.Unlock()
@@ -106,42 +134,23 @@ func (g *Gate) sharedTicket(ctx context.Context) (tk ticket, ok bool, err error)
 		if tk, ok := g.lease.take(now); ok {
 			return tk, true, nil
 		}
-		if g.leasing == nil {
-			if err := g.lead(ctx, g.waiting+1); err != nil {
-				return ticket{}, true, err
-			}
-			continue
-		}
-		done := g.leasing
-		g.waiting++
-		g.smu.Unlock()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-g.closed:
-			err = ErrClosed
-		}
-		g.smu.Lock()
-		g.waiting--
-		if err != nil {
+		if err := g.lead(ctx); err != nil {
 			return ticket{}, true, err
 		}
 	}
 }
 
-// lead runs one Take of n tokens with g.smu held on entry and exit (released
-// during the call) and installs the lease, or marks the store down.
-func (g *Gate) lead(ctx context.Context, n int) error {
-	done := make(chan struct{})
-	g.leasing = done
+// lead runs one Take, for the head and the attempts in line behind it, with
+// g.smu held on entry and exit (released during the call: g.qmu is taken
+// before it, never after) and installs the lease, or marks the store down.
+func (g *Gate) lead(ctx context.Context) error {
 	g.smu.Unlock()
-	l, err := g.takeLease(ctx, n)
+	l, err := g.takeLease(ctx, 1+g.inLine())
 	g.smu.Lock()
-	g.leasing = nil
-	close(done)
 	switch {
 	case err == nil:
+		g.leases++
+		l.id = g.leases
 		g.lease = l
 	case errors.Is(err, ErrDeadline), ctx.Err() != nil:
 		return err

@@ -129,11 +129,7 @@ func TestGateSharedBucket(t *testing.T) {
 	})
 }
 
-func (g *Gate) waitingForTake() int {
-	g.smu.Lock()
-	defer g.smu.Unlock()
-	return g.waiting
-}
+func (g *Gate) waitingForTake() int { return g.inLine() }
 
 // Leased tokens not spent soon after their time are dropped: a token taken,
 // then held by a pause, is not spent after the pause; a new one is taken.
@@ -208,5 +204,27 @@ func TestGateSharedDeadline(t *testing.T) {
 	defer cancel()
 	if _, err := g.Wait(ctx); !errors.Is(err, ErrDeadline) {
 		t.Errorf("Wait = %v, want ErrDeadline", err)
+	}
+}
+
+// A leased token whose attempt gives up goes back to the lease for the next
+// attempt, instead of being dropped and a new one taken from the store (where
+// the one dropped stays booked, delaying every replica).
+func TestGateLeasedTokenGivenBack(t *testing.T) {
+	g, _ := newTestGate(10, 1)
+	f := &fakeShared{take: func(int, time.Duration) (time.Duration, error) { return time.Second, nil }}
+	g.Shared = f
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 3 { // each takes its token, a second away, and gives up
+		if _, err := g.Wait(gone); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait = %v, want context.Canceled", err)
+		}
+	}
+	if w, err := g.Wait(context.Background()); err != nil || w != time.Second {
+		t.Errorf("Wait = %v, %v; want the lease's first token, 1s", w, err)
+	}
+	if got := f.takeCalls(); !slices.Equal(got, []int{1}) {
+		t.Errorf("Take calls for n = %v, want [1]: the tokens given up go back to the lease", got)
 	}
 }
