@@ -82,9 +82,15 @@ type Throttle struct {
 	loops   sync.WaitGroup
 	once    sync.Once
 	jitter  func() float64 // in [0, 1), spreads the listener's retries
+
+	bmu    sync.Mutex
+	booked time.Time // the bucket's tat as this replica's last Take left it; zero once given back
 }
 
-var _ ratelimit.Shared = (*Throttle)(nil)
+var (
+	_ ratelimit.Shared = (*Throttle)(nil)
+	_ ratelimit.Giver  = (*Throttle)(nil)
+)
 
 // Throttle starts the provider-wide throttle for opt.Name on this store: a
 // heartbeat loop and a LISTEN connection, taken from the store's pool.
@@ -161,15 +167,18 @@ func (t *Throttle) Take(ctx context.Context, n int, perSecond float64, burst int
 	span := int64(math.Ceil(float64(n) * every))
 	// The first token leaves lead+(1-burst)*every from now.
 	limit := micros(max(min(maxWait, time.Hour), 0)) + int64(float64(max(burst, 1)-1)*every)
-	var lead int64
+	var (
+		lead int64
+		tat  time.Time
+	)
 	booked := false
 	err := t.s.call(ctx, "take", nil, func(ctx context.Context) error {
 		err := t.s.pool.QueryRow(ctx, `
 			INSERT INTO idemproxy_throttle AS t (name, tat) VALUES (@name::text, now() + @span::bigint * interval '1 microsecond')
 			ON CONFLICT (name) DO UPDATE SET tat = greatest(t.tat, now()) + @span::bigint * interval '1 microsecond'
 				WHERE greatest(t.tat, now()) <= now() + @limit::bigint * interval '1 microsecond'
-			RETURNING (extract(epoch FROM t.tat - now()) * 1000000)::bigint - @span::bigint`,
-			pgx.NamedArgs{"name": t.opt.Name, "span": span, "limit": limit}).Scan(&lead)
+			RETURNING (extract(epoch FROM t.tat - now()) * 1000000)::bigint - @span::bigint, t.tat`,
+			pgx.NamedArgs{"name": t.opt.Name, "span": span, "limit": limit}).Scan(&lead, &tat)
 		if errors.Is(err, pgx.ErrNoRows) { // the row is there, but booked too far
 			booked, err = true, nil
 		}
@@ -181,7 +190,36 @@ func (t *Throttle) Take(ctx context.Context, n int, perSecond float64, burst int
 	if err != nil {
 		return 0, err
 	}
+	t.bmu.Lock()
+	t.booked = tat
+	t.bmu.Unlock()
 	return time.Duration(max(lead, 0)) * time.Microsecond, nil
+}
+
+// Give implements ratelimit.Giver: the last n tokens of this replica's last
+// Take go back to the bucket (its theoretical arrival time moves n tokens
+// earlier), provided no replica has taken tokens since; otherwise nothing
+// changes, as others' tokens were placed after these. It gives back once per
+// Take.
+func (t *Throttle) Give(ctx context.Context, n int, perSecond float64) error {
+	if n < 1 || perSecond <= 0 {
+		return nil
+	}
+	t.bmu.Lock()
+	booked := t.booked
+	t.booked = time.Time{}
+	t.bmu.Unlock()
+	if booked.IsZero() {
+		return nil
+	}
+	span := int64(float64(n) * 1e6 / perSecond) // rounded down: never more than was taken
+	return t.s.call(ctx, "give", nil, func(ctx context.Context) error {
+		_, err := t.s.pool.Exec(ctx, `
+			UPDATE idemproxy_throttle SET tat = tat - @span::bigint * interval '1 microsecond'
+			WHERE name = @name::text AND tat = @booked::timestamptz`,
+			pgx.NamedArgs{"name": t.opt.Name, "span": span, "booked": booked})
+		return err
+	})
 }
 
 // pauseLeft is what is left of a throttle row's pause, in microseconds, 0

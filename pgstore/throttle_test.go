@@ -309,6 +309,58 @@ func TestThrottleGateLeaversKeepTokensHere(t *testing.T) {
 	}
 }
 
+// The tokens a replica leased for attempts whose callers hung up while
+// queued go back to the shared bucket once its line is empty, so that another
+// replica does not wait for them: 30 attempts on one replica at 10 per second
+// that all leave after 300 ms, then one attempt on another replica, which
+// leaves within a few tokens' time. The bucket stayed booked for the 30
+// (still 2.3 s ahead half a second later) and the other replica waited
+// 2.3 s. Given back only if no replica took tokens in between, so the
+// other one waits for it, half a second at most (a round trip is needed).
+func TestThrottleGateLeaversGiveTokensBack(t *testing.T) {
+	url := pgtest.Database(t)
+	const rate, leavers = 10, 30
+	s := open(t, url, 0)
+	a := ratelimit.New(rate, 1)
+	a.Shared = throttle(t, s, ThrottleOptions{Name: "p", Heartbeat: time.Hour})
+	a.OnSharedError = func(err error) { t.Log(err) }
+	b := ratelimit.New(rate, 1)
+	b.Shared = throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Heartbeat: time.Hour})
+	if _, err := a.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range leavers {
+		wg.Go(func() {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer time.AfterFunc(300*time.Millisecond, cancel).Stop()
+			if _, err := a.Wait(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	var ahead time.Duration
+	for deadline := time.Now().Add(500 * time.Millisecond); ; time.Sleep(10 * time.Millisecond) {
+		var us int64
+		if err := s.pool.QueryRow(t.Context(), `SELECT (extract(epoch FROM tat - now()) * 1000000)::bigint
+			FROM idemproxy_throttle WHERE name = 'p'`).Scan(&us); err != nil {
+			t.Fatal(err)
+		}
+		if ahead = time.Duration(us) * time.Microsecond; ahead < 300*time.Millisecond || time.Now().After(deadline) {
+			break
+		}
+	}
+	start := time.Now()
+	if _, err := b.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if took, bound := time.Since(start), 10*time.Second/rate; took > bound {
+		t.Errorf("the other replica waited %v (the bucket booked %v ahead), want at most %v", took.Round(time.Millisecond), ahead.Round(time.Millisecond), bound)
+	}
+
+}
+
 // A throttle row the rate limit created, never paused, holds paused_until
 // '-infinity': a replica starting then still beats (and counts the
 // replicas), listens, and hears the next pause at once.

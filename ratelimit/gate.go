@@ -75,10 +75,11 @@ type Gate struct {
 	first, last *waiter // the attempts behind it, in arrival order
 	queued      int
 
-	smu       sync.Mutex // the shared bucket's lease
-	lease     lease      // tokens of the last Take
-	leases    int        // Takes so far, to tell a token of the last one
-	downUntil time.Time  // Shared failed: the local share until then
+	smu       sync.Mutex    // the shared bucket's lease
+	lease     lease         // tokens of the last Take
+	leases    int           // Takes so far, to tell a token of the last one
+	giving    chan struct{} // non-nil while a Give runs; closed when it returns
+	downUntil time.Time     // Shared failed: the local share until then
 
 	closed    chan struct{} // closed by Close
 	closeOnce sync.Once
@@ -285,6 +286,9 @@ func (g *Gate) passTurn() {
 	w := g.first
 	if w == nil {
 		g.busy = false
+		if g.Shared != nil {
+			g.giveRest()
+		}
 		return
 	}
 	g.unlink(w)

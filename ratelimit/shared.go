@@ -29,6 +29,14 @@ type Shared interface {
 	Take(ctx context.Context, n int, perSecond float64, burst int, maxWait time.Duration) (time.Duration, error)
 }
 
+// Giver is a [Shared] that can take back tokens no attempt will spend: the
+// last n tokens of the last Take, which the Gate leased and then found no
+// attempt for (their attempts left while waiting). Give changes nothing if
+// any replica took tokens since, as those were placed after these.
+type Giver interface {
+	Give(ctx context.Context, n int, perSecond float64) error
+}
+
 const (
 	// sharedTimeout bounds one call to the Shared store made for an
 	// attempt: a hung database delays an attempt by at most this much
@@ -118,6 +126,37 @@ func (l *lease) peek(k int) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// giveRest hands the tokens left in the lease back to the shared bucket, in
+// the background, when the line has just emptied: no attempt waits for them,
+// and attempts that left while waiting would otherwise keep them booked for
+// every replica. Called with g.qmu held; the lease hands them out no more.
+func (g *Gate) giveRest() {
+	giver, ok := g.Shared.(Giver)
+	if !ok {
+		return
+	}
+	g.smu.Lock()
+	defer g.smu.Unlock()
+	n := g.lease.n - g.lease.next
+	if n <= 0 || g.giving != nil {
+		return
+	}
+	g.lease.n = g.lease.next
+	done := make(chan struct{})
+	g.giving = done // the next Take waits for it: Give is of the last Take
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), sharedTimeout)
+		defer cancel()
+		if err := giver.Give(ctx, n, g.perSecond); err != nil {
+			g.sharedFailed(fmt.Errorf("ratelimit: give back %d tokens to the shared bucket: %w", n, err))
+		}
+		g.smu.Lock()
+		g.giving = nil
+		close(done)
+		g.smu.Unlock()
+	}()
+}
+
 // sharedTicket takes a token of the shared bucket for the head of the line.
 // When the lease has none left it runs one Take for the head and every
 // attempt in line behind it, so that under load one round trip serves many
@@ -144,6 +183,12 @@ func (g *Gate) sharedTicket(ctx context.Context) (tk ticket, ok bool, err error)
 // g.smu held on entry and exit (released during the call: g.qmu is taken
 // before it, never after) and installs the lease, or marks the store down.
 func (g *Gate) lead(ctx context.Context) error {
+	for g.giving != nil {
+		done := g.giving
+		g.smu.Unlock()
+		<-done
+		g.smu.Lock()
+	}
 	g.smu.Unlock()
 	l, err := g.takeLease(ctx, 1+g.inLine())
 	g.smu.Lock()

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -226,5 +227,52 @@ func TestGateLeasedTokenGivenBack(t *testing.T) {
 	}
 	if got := f.takeCalls(); !slices.Equal(got, []int{1}) {
 		t.Errorf("Take calls for n = %v, want [1]: the tokens given up go back to the lease", got)
+	}
+}
+
+// givingShared is a fakeShared that takes tokens back (Giver), slowly, and
+// records the order of Takes and Gives.
+type givingShared struct {
+	fakeShared
+	emu    sync.Mutex
+	events []string
+}
+
+func (f *givingShared) log(e string) {
+	f.emu.Lock()
+	f.events = append(f.events, e)
+	f.emu.Unlock()
+}
+
+func (f *givingShared) Take(ctx context.Context, n int, perSecond float64, burst int, maxWait time.Duration) (time.Duration, error) {
+	f.log(fmt.Sprint("take ", n))
+	return f.fakeShared.Take(ctx, n, perSecond, burst, maxWait)
+}
+
+func (f *givingShared) Give(_ context.Context, n int, _ float64) error {
+	time.Sleep(20 * time.Millisecond)
+	f.log(fmt.Sprint("give ", n))
+	return nil
+}
+
+// When the line empties with leased tokens no attempt took (their attempts
+// left), they go back to the shared bucket, so that other replicas need not
+// wait for them; the next Take waits for that Give, which is of the last one.
+func TestGateGivesRestBack(t *testing.T) {
+	g, _ := newTestGate(10, 1)
+	f := &givingShared{fakeShared: fakeShared{take: func(int, time.Duration) (time.Duration, error) { return time.Second, nil }}}
+	g.Shared = f
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := g.Wait(gone); !errors.Is(err, context.Canceled) { // takes its token, a second away, and leaves
+		t.Fatalf("Wait = %v, want context.Canceled", err)
+	}
+	if w, err := g.Wait(context.Background()); err != nil || w != time.Second {
+		t.Errorf("Wait = %v, %v; want a new token, 1s", w, err)
+	}
+	f.emu.Lock()
+	defer f.emu.Unlock()
+	if want := []string{"take 1", "give 1", "take 1"}; !slices.Equal(f.events, want) {
+		t.Errorf("calls %q, want %q", f.events, want)
 	}
 }
