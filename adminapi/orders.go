@@ -25,7 +25,10 @@ var listable = map[string]store.Filter{
 const maxLimit = 1000
 
 // listRecords is GET /admin/v1/records?state=in_flight|unknown|needs_review&limit=N&cursor=C[&client=][&body=1].
-// A page holds limit records unless it is the last.
+// A page holds limit records, or fewer once its records hold
+// store.MaxListBytes (4 MiB of stored answers: the store stops there, so an
+// operator's listing cannot take the memory of the payment path), and a
+// next cursor whenever more may follow; only the last page has none.
 func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	state := q.Get("state")

@@ -17,7 +17,10 @@ const defaultListLimit = 100
 
 // List implements store.Store.List. Records are visited in key order (the
 // hash of tenant and key), state read from UserMeta so that other states
-// cost no value read; the cursor is the hex of the last key returned. A
+// cost no value read, and values read one at a time (no prefetch): a record
+// Keep leaves out, or the one that would take the page past
+// store.MaxListBytes, is dropped as soon as it is judged. The cursor is the
+// hex of the last key returned. A
 // record whose value does not decode (a newer build's, or damaged; kept so
 // by ReleaseInFlight) is listed as store.Record.Unreadable, named by its
 // client and key where they still read, instead of failing the page; one in
@@ -43,6 +46,8 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 	defer s.life.RUnlock()
 	var out []store.Record
 	var next string
+	var last []byte // the key of out's last record
+	size := 0       // what out's records hold (store.MaxListBytes)
 	now := s.now()
 	err := s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(recordPrefix)})
@@ -78,9 +83,14 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 			if f.Keep != nil && rec.Unreadable == nil && !f.Keep(&rec) {
 				continue
 			}
-			out = append(out, rec)
+			n := rec.Size()
+			if len(out) > 0 && size+n > store.MaxListBytes {
+				next = hex.EncodeToString(last) // this record starts the next page
+				return nil
+			}
+			out, size, last = append(out, rec), size+n, item.KeyCopy(last[:0])
 			if len(out) == limit {
-				next = hex.EncodeToString(item.Key())
+				next = hex.EncodeToString(last)
 				return nil
 			}
 		}

@@ -22,7 +22,10 @@ const defaultListLimit = 100
 // List implements store.Store.List in (tenant, key) order; the cursor is the
 // last (tenant, key) returned, encoded. Records f.Keep leaves out are read
 // past in batches, each its own call, until the page is full or the rows end.
-// A row that does not decode (scanRecord) is listed as
+// A batch is bounded in bytes as well as in rows (listBatch), so that what
+// is read to judge and dropped, a thousand stored answers of up to
+// MaxRecordBytes each, is never held at once; the page is bounded by
+// store.MaxListBytes. A row that does not decode (scanRecord) is listed as
 // store.Record.Unreadable instead of failing the page, and one in a state
 // this version does not know (a newer version's) is listed with the
 // unknown records so: its operation may have reached the provider.
@@ -39,8 +42,9 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 		batch = max(limit, filterBatch)
 	}
 	var out []store.Record
+	size := 0 // what out's records hold
 	for {
-		rows, err := s.listBatch(ctx, f.State, after, batch)
+		rows, cut, err := s.listBatch(ctx, f.State, after, batch)
 		if err != nil {
 			return nil, "", err
 		}
@@ -48,53 +52,89 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 			if f.Keep != nil && rows[i].Unreadable == nil && !f.Keep(&rows[i]) {
 				continue
 			}
-			out = append(out, rows[i])
+			n := rows[i].Size()
+			if len(out) > 0 && size+n > store.MaxListBytes {
+				return out, encodeCursor(out[len(out)-1].ID), nil // this row starts the next page
+			}
+			out, size = append(out, rows[i]), size+n
 			if len(out) == limit {
 				return out, encodeCursor(rows[i].ID), nil
 			}
 		}
-		if len(rows) < batch {
+		if len(rows) < batch && !cut {
 			return out, "", nil
 		}
 		after = rows[len(rows)-1].ID
 	}
 }
 
-// filterBatch is how many rows a filtered List reads per call.
+// filterBatch is how many rows a filtered List reads per call, at most.
 const filterBatch = 500
+
+// rowBytes is about what a row holds in its variable-length columns, as
+// store.Record.Size counts it. octet_length of a column stored out of line
+// (TOAST) is read from its pointer: the values are not fetched to be
+// measured.
+const rowBytes = `(octet_length(tenant) + octet_length(key) + octet_length(fingerprint) + octet_length(owner)
+	+ coalesce(octet_length(header), 0) + coalesce(octet_length(body), 0) + coalesce(octet_length(last_body), 0)
+	+ coalesce(octet_length(method), 0) + coalesce(octet_length(path), 0) + coalesce(octet_length(upstream_key), 0)
+	+ octet_length(last_error))`
 
 // listBatch returns up to n live records in state after the (tenant, key)
 // after, in order (for store.Unknown, those in a state this version does
-// not know too).
-func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID, n int) ([]store.Record, error) {
-	var out []store.Record
-	err := s.call(ctx, "list", nil, func(ctx context.Context) (err error) {
+// not know too), and no more of them than reach store.MaxListBytes by
+// rowBytes: each row is returned only while the rows before it hold less
+// (so the first always is), which the database decides from the rows'
+// sizes before it sends any. cut reports that the last row returned
+// reached it: rows may follow, though fewer than n were returned.
+func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID, n int) (out []store.Record, cut bool, err error) {
+	type batch struct {
+		rows []store.Record
+		cut  bool
+	}
+	err = s.call(ctx, "list", nil, func(ctx context.Context) error {
 		// A caller who leaves mid-statement costs no connection (see read).
-		out, err = read(ctx, s, func(ctx context.Context, conn *pgxpool.Conn) ([]store.Record, error) {
+		b, err := read(ctx, s, func(ctx context.Context, conn *pgxpool.Conn) (batch, error) {
 			// The state is written into the statement, not passed: a plan
 			// made once for any state (see Open) could not use the
-			// open-records index for in-flight and unknown records.
-			rows, err := conn.Query(ctx, `SELECT `+columns+` FROM idemproxy_records
-				WHERE `+inState(state)+` AND `+live+` AND (tenant, key) > ($1, $2)
-				ORDER BY tenant, key LIMIT $3`, []byte(after.Tenant), []byte(after.Key), n)
+			// open-records index for in-flight and unknown records. The
+			// innermost query is the plain page (ORDER BY … LIMIT); the
+			// running sum is taken over its rows only.
+			rows, err := conn.Query(ctx, `SELECT `+columns+`, before + bytes FROM (
+				SELECT p.*, sum(bytes) OVER (ORDER BY tenant, key ROWS UNBOUNDED PRECEDING) - bytes AS before FROM (
+					SELECT r.*, `+rowBytes+` AS bytes FROM idemproxy_records r
+					WHERE `+inState(state)+` AND `+live+` AND (tenant, key) > ($1, $2)
+					ORDER BY tenant, key LIMIT $3) p) w
+				WHERE before < $4 ORDER BY tenant, key`, []byte(after.Tenant), []byte(after.Key), n, int64(store.MaxListBytes))
 			if err != nil {
-				return nil, err
+				return batch{}, err
 			}
 			defer rows.Close()
-			var out []store.Record
+			var b batch
 			for rows.Next() {
-				rec, err := scanRecord(rows)
+				var through int64
+				rec, err := scanRecord(withExtra{rows, &through})
 				if err != nil {
-					return nil, err
+					return batch{}, err
 				}
-				out = append(out, rec)
+				b.rows = append(b.rows, rec)
+				b.cut = through >= store.MaxListBytes
 			}
-			return out, rows.Err()
+			return b, rows.Err()
 		})
+		out, cut = b.rows, b.cut
 		return err
 	})
-	return out, err
+	return out, cut, err
 }
+
+// withExtra scans a row of columns and one more column, into extra.
+type withExtra struct {
+	pgx.Row
+	extra any
+}
+
+func (r withExtra) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.extra)...) }
 
 // inState is the condition of the rows List lists for state: those in it,
 // and for store.Unknown those in a state this version does not know, which

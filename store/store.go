@@ -232,6 +232,31 @@ func (o Outcome) Merge(next Outcome) Outcome {
 	return o
 }
 
+// MaxListBytes bounds what one List page holds (the sum of its records'
+// Size), so that an operator's listing cannot take the memory the request
+// path needs: a thousand stored answers of up to 1 MiB each would be a
+// gigabyte. A page of one record may hold more (a record larger than it).
+const MaxListBytes = 4 << 20
+
+// Size is what r holds in variable-length fields, in bytes: the answer's
+// body and headers, the last ambiguous body, the fingerprint and the
+// strings. List budgets its pages by it (MaxListBytes).
+func (r *Record) Size() int {
+	n := len(r.ID.Tenant) + len(r.ID.Key) + len(r.Fingerprint) + len(r.Owner) +
+		len(r.Method) + len(r.Path) + len(r.UpstreamKey) +
+		len(r.Response.Body) + len(r.Outcome.LastBody) + len(r.Outcome.LastError)
+	for k, vs := range r.Response.Header {
+		n += len(k)
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	if r.Unreadable != nil {
+		n += len(r.Unreadable.StoreKey)
+	}
+	return n
+}
+
 // Filter selects the records List returns.
 type Filter struct {
 	// State is the state of the records listed.
@@ -355,9 +380,16 @@ type Store interface {
 	// in an order of the store's that is stable between calls, starting
 	// after cursor ("" from the start), and the cursor to pass for the next
 	// page: "" when the end was reached (a non-empty cursor may still lead
-	// to an empty page). It scans on until it has limit records or reaches
-	// the end, so a page is short only at the end, whatever f.Keep skips;
-	// the cursor is the position of the page's last record. limit <= 0
+	// to an empty page). It scans on until it has limit records, or the
+	// page's records hold MaxListBytes (Record.Size), or it reaches the
+	// end, whatever f.Keep skips: it never adds a record that would take a
+	// page of one or more records past MaxListBytes, so a page holds at
+	// most MaxListBytes, or one record. A page may thus be short with a
+	// next cursor, and every record is still reached once across the pages;
+	// the cursor is the position of the page's last record. Records it
+	// reads past (f.Keep's, another state's, one that does not fit) are not
+	// kept meanwhile: a page's memory is bounded whatever the records'
+	// sizes and limit. limit <= 0
 	// means 100. For operators: it may scan every record, so it is not for
 	// the request path. ErrBadCursor for a cursor List did not give. A
 	// record whose stored value cannot be read is returned with

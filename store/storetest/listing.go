@@ -247,3 +247,122 @@ func testSupersededKept(t *testing.T, s store.Store, advance func(time.Duration)
 		t.Fatalf("superseded record after the TTL: %+v", rec)
 	}
 }
+
+// testListByBytes: records whose sizes together exceed store.MaxListBytes
+// are paged by bytes as well as by limit: no page of more than one record
+// holds more than MaxListBytes (Record.Size), a page short of limit with a
+// next cursor is one the next record would have taken past it, and every
+// record is reached exactly once across the pages, with and without Keep.
+func testListByBytes(t *testing.T, s store.Store, _ func(time.Duration)) {
+	ctx := context.Background()
+	base := newID("")
+	id := func(k string) store.ID { return store.ID{Tenant: base.Tenant, Key: k} }
+	large := int(min(s.MaxBodyBytes(), 900<<10))
+	body := func(status string, n int) []byte {
+		b := []byte(`{"status":"` + status + `","pad":"`)
+		b = append(b, bytes.Repeat([]byte{'x'}, max(0, n-len(b)-2))...)
+		return append(b, `"}`...)
+	}
+	var review, all []string // this tenant's needs_review keys, and all its final keys
+	sizes := map[string]int{}
+	for i := range 14 {
+		k := fmt.Sprintf("b%02d", i)
+		var resp store.Response
+		switch i % 4 {
+		case 0, 1: // large, needs review
+			resp = store.Response{Status: 200, Body: body("needs_review", large)}
+			review = append(review, k)
+		case 2: // small, needs review
+			resp = store.Response{Status: 200, Body: body("needs_review", 100)}
+			review = append(review, k)
+		case 3: // large, left out by Keep
+			resp = store.Response{Status: 200, Body: body("succeeded", large)}
+		}
+		mustBegin(t, s, id(k), fpA, "o-"+k, Long)
+		if err := s.Complete(ctx, id(k), "o-"+k, resp, time.Time{}); err != nil {
+			t.Fatalf("Complete(%s, %d bytes): %v", k, len(resp.Body), err)
+		}
+		all = append(all, k)
+		sizes[k] = len(resp.Body)
+	}
+	needsReview := func(r *store.Record) bool {
+		return r.ID.Tenant == base.Tenant && store.NeedsReview(r.Response.Body)
+	}
+	for _, c := range []struct {
+		name string
+		f    store.Filter
+		want []string
+	}{
+		{"Keep", store.Filter{State: store.Final, Keep: needsReview}, review},
+		{"no Keep", store.Filter{State: store.Final}, all},
+	} {
+		var pages [][]store.Record
+		byBytes := false
+		seen := map[store.ID]bool{}
+		cursor := ""
+		for page := 0; ; page++ {
+			recs, next, err := s.List(ctx, c.f, cursor, 1000)
+			if err != nil {
+				t.Fatalf("%s: List(%q): %v", c.name, cursor, err)
+			}
+			held := 0
+			for _, r := range recs {
+				held += r.Size()
+				if seen[r.ID] {
+					t.Fatalf("%s: %v listed twice", c.name, r.ID)
+				}
+				seen[r.ID] = true
+			}
+			if len(recs) > 1 && held > store.MaxListBytes {
+				t.Fatalf("%s: page %d holds %d records of %d bytes together, more than MaxListBytes %d",
+					c.name, page, len(recs), held, store.MaxListBytes)
+			}
+			if next != "" && len(recs) < 1000 {
+				byBytes = true
+			}
+			pages = append(pages, recs)
+			if next == "" {
+				break
+			}
+			if next == cursor || page > 1000 {
+				t.Fatalf("%s: List does not advance: cursor %q", c.name, next)
+			}
+			cursor = next
+		}
+		// A page ends short only where the next record would not fit.
+		for i := 0; i+1 < len(pages); i++ {
+			held := 0
+			for _, r := range pages[i] {
+				held += r.Size()
+			}
+			if len(pages[i+1]) > 0 && held+pages[i+1][0].Size() <= store.MaxListBytes {
+				t.Fatalf("%s: page %d holds %d records of %d bytes, and the next page begins with one of %d: it would have fit",
+					c.name, i, len(pages[i]), held, pages[i+1][0].Size())
+			}
+		}
+		if !byBytes {
+			total := 0
+			for _, k := range c.want {
+				total += sizes[k]
+			}
+			t.Fatalf("%s: %d pages, none short of the limit 1000 with a next cursor: records of %d bytes together were not paged by bytes",
+				c.name, len(pages), total)
+		}
+		var got []string
+		for _, p := range pages {
+			for _, r := range p {
+				if r.ID.Tenant != base.Tenant {
+					continue
+				}
+				if len(r.Response.Body) != sizes[r.ID.Key] {
+					t.Fatalf("%s: %s listed with a body of %d bytes, stored %d", c.name, r.ID.Key, len(r.Response.Body), sizes[r.ID.Key])
+				}
+				got = append(got, r.ID.Key)
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, c.want) {
+			t.Fatalf("%s: listed %v, want %v", c.name, got, c.want)
+		}
+	}
+}

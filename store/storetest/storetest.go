@@ -64,6 +64,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ArgumentErrors", testArguments},
 		{"List", testList},
 		{"ListKeepFullPages", testListKeepFullPages},
+		{"ListByBytes", testListByBytes},
 		{"RequestFields", testRequestFields},
 		{"TakeoverKeepsUpstreamKey", testTakeoverKeepsUpstreamKey},
 		{"LastBody", testLastBody},
