@@ -3,7 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
+	"os"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -121,5 +124,68 @@ func TestREADMEVariables(t *testing.T) {
 	}
 	if table != "\n"+variableTable(want) && !t.Failed() {
 		t.Errorf("README's variable table is not as generated; run: go test -run TestREADMEVariables -update-readme .")
+	}
+}
+
+// docs/contract.md's Configuration states the rules in its own words: the
+// secrets that take <NAME>_FILE, and every variable in one group. Both must
+// name exactly config's variables (it listed three of the six _FILE secrets).
+func TestContractConfiguration(t *testing.T) {
+	raw, err := os.ReadFile("docs/contract.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	_, section, ok := strings.Cut(doc, "\n## Configuration\n")
+	if !ok {
+		t.Fatal("docs/contract.md has no Configuration section")
+	}
+	names := regexp.MustCompile("`([A-Z_]+)`")
+	var files, settings []string
+	for _, f := range configFields(t) {
+		name := strings.TrimPrefix(f.name, envPrefix)
+		if strings.Contains(f.opts, "file") {
+			files = append(files, strings.TrimSuffix(name, "_FILE"))
+		} else {
+			settings = append(settings, name)
+		}
+	}
+
+	m := regexp.MustCompile(`(?s)- Secrets \(([^)]*)\) also accept ` + "`<NAME>_FILE`").FindStringSubmatch(section)
+	if m == nil {
+		t.Fatal("docs/contract.md's Configuration has no bullet \"Secrets (…) also accept `<NAME>_FILE`\"")
+	}
+	var listed []string
+	for _, n := range names.FindAllStringSubmatch(m[1], -1) {
+		listed = append(listed, n[1])
+	}
+	slices.Sort(listed)
+	slices.Sort(files)
+	if !slices.Equal(listed, files) {
+		t.Errorf("docs/contract.md says %v accept <NAME>_FILE; config.go reads a _FILE for %v", listed, files)
+	}
+
+	_, table, ok := strings.Cut(section, "| group | variables | page |")
+	if !ok {
+		t.Fatal("docs/contract.md's Configuration has no table of the settings in groups")
+	}
+	grouped := map[string]int{}
+	for _, line := range strings.Split(table, "\n")[2:] {
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.Split(line, "|")
+		for _, n := range names.FindAllStringSubmatch(cells[2], -1) {
+			grouped[n[1]]++
+		}
+	}
+	for _, name := range settings {
+		if grouped[name] != 1 {
+			t.Errorf("docs/contract.md's groups list %s %d times, want once", name, grouped[name])
+		}
+		delete(grouped, name)
+	}
+	for name := range grouped {
+		t.Errorf("docs/contract.md's groups list %s, which config.go does not read", name)
 	}
 }
