@@ -312,6 +312,7 @@ func TestKubernetesExample(t *testing.T) {
 		"`RollingUpdate` with `maxUnavailable: 0`",
 		"readiness on `/readyz`",
 		"a PodDisruptionBudget keeping " + strconv.Itoa(minAvailable) + " available",
+		"the admin token from a Secret",
 	} {
 		if !strings.Contains(readme, claim) {
 			t.Errorf("the README's paragraph on the examples does not say %q, which is what kubernetes.yaml has:\n%s", claim, readme)
@@ -391,7 +392,7 @@ func TestKubernetesExample(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{"IDEMPROXY_STORE_URL", "IDEMPROXY_SIGN_SECRET"} {
+	for _, name := range []string{"IDEMPROXY_STORE_URL", "IDEMPROXY_SIGN_SECRET", "IDEMPROXY_ADMIN_TOKEN"} {
 		switch {
 		case env[name] == "(secret)":
 		case env[name+"_FILE"] != "":
@@ -401,8 +402,14 @@ func TestKubernetesExample(t *testing.T) {
 		case env[name] != "":
 			t.Errorf("%s is written in the manifest; it holds a secret, so take it from the Secret", name)
 		default:
-			if name == "IDEMPROXY_STORE_URL" {
+			switch name {
+			case "IDEMPROXY_STORE_URL":
 				t.Error("no IDEMPROXY_STORE_URL(_FILE): replicas without the shared store each have their own records, and one operation can run twice")
+			case "IDEMPROXY_ADMIN_TOKEN":
+				// Any pod in the cluster reaches the admin port (the
+				// probes need it open to the kubelet): without a token,
+				// anyone there resolves, renews or discards records.
+				t.Error("no IDEMPROXY_ADMIN_TOKEN(_FILE): the admin API would be open to every pod in the cluster")
 			}
 		}
 	}
