@@ -297,7 +297,8 @@ func testRenewAtOnceOnTwoReplicas(t *testing.T, shared bool) {
 }
 
 // TestListRecordsPages: the operator pages through the unknown records with
-// limit and cursor: a page holds limit records unless it is the last, whose
+// limit and cursor: these records are small, so a page holds limit records
+// unless it is the last (a page is also cut at store.MaxListBytes), whose
 // next_cursor is "", and the pages together hold each unknown record once
 // (and no final one).
 func TestListRecordsPages(t *testing.T) { onStores(t, testListRecordsPages) }
