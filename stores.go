@@ -90,10 +90,11 @@ func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, set settings, log *sl
 }
 
 // countUnknown walks the store's unknown records: how many, and the earliest
-// first send among them (for the metrics). A record kept unknown whose value
+// first send among them on now's clock (for the metrics; a shared store's
+// first sends are of the database's clock and are carried over to now's). A record kept unknown whose value
 // cannot be read (a newer version's, or damaged) counts, without a first
 // send; a warning says how many there are whenever that number changes.
-func countUnknown(s store.Store, log *slog.Logger) func(ctx context.Context) (int, time.Time, error) {
+func countUnknown(s store.Store, log *slog.Logger, now func() time.Time) func(ctx context.Context) (int, time.Time, error) {
 	var mu sync.Mutex
 	warned := 0 // unreadable unknown records found by the last scan that ended
 	return func(ctx context.Context) (int, time.Time, error) {
@@ -114,7 +115,18 @@ func countUnknown(s store.Store, log *slog.Logger) func(ctx context.Context) (in
 					unreadable = append(unreadable, name)
 					continue
 				}
-				if t := r.Outcome.FirstSentAt; !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
+				t := r.Outcome.FirstSentAt
+				if t.IsZero() {
+					continue
+				}
+				// A shared store's first send is a time of its clock (the
+				// database's), which ReadAt is of too: carried over to this
+				// process's clock, the age is counted by the database's
+				// clock, whatever this host's is off by.
+				if !r.ReadAt.IsZero() {
+					t = t.Add(now().Sub(r.ReadAt))
+				}
+				if oldest.IsZero() || t.Before(oldest) {
 					oldest = t
 				}
 			}
