@@ -374,7 +374,14 @@ func (h *Handler) leased(ctx context.Context, l *leaseRenewal, id store.ID, owne
 	l.stopped = true
 	l.timer.Stop()
 	// Stopped by the lease's end, not only by a renewal that found it lost.
-	lost = l.lost || errors.Is(res.err, retry.ErrStopped)
+	// A lease that ran out with no renewal reaching the store, after the
+	// sequence had ended (a renewal still waiting on the store when the
+	// provider answered), loses nothing: nobody else holds the key unless a
+	// write says so, and Complete and Park write only the owner's in-flight
+	// record (store.ErrNotOwner once another replica took it over). Counted
+	// as lost, the provider's answer was dropped and the app got 409
+	// idempotency_in_progress, its retry sending the operation again.
+	lost = l.taken || errors.Is(res.err, retry.ErrStopped)
 	l.mu.Unlock()
 	return res, lost
 }
@@ -392,7 +399,7 @@ type leaseRenewal struct {
 	next    time.Time // when the current renewal was due: renewals keep a third of the lease apart, as a ticker would
 	held    time.Time // the end of the lease as this process knows it: a lease after the last claim or renewal that succeeded was sent
 	stopped bool
-	lost    bool
+	taken   bool // a renewal found the record no longer this owner's
 }
 
 func (l *leaseRenewal) renew() {
@@ -408,7 +415,7 @@ func (l *leaseRenewal) renew() {
 	rcancel()
 	if errors.Is(err, store.ErrNotOwner) {
 		h.opt.Logger.Warn("lease lost to another owner; stopping this operation's attempts", "key", l.id.Key)
-		l.lost = true
+		l.taken = true
 		l.stop.Stop()
 		return
 	}
@@ -420,7 +427,6 @@ func (l *leaseRenewal) renew() {
 		// progress is cut and none follows.
 		h.opt.Logger.Warn("lease ran out with no renewal reaching the store; stopping this operation's attempts",
 			"key", l.id.Key, "err", err)
-		l.lost = true
 		l.stop.Stop()
 		return
 	} else {
