@@ -561,6 +561,16 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 	cctx, cancel := context.WithTimeout(ctx, s.opt.CallTimeout)
 	defer cancel()
 	err := fn(cctx)
+	for wait := serverFullWait; err != nil && serverFull(err) && s.pool.Stat().TotalConns() > 0; wait = min(2*wait, serverFullWaitMax) {
+		// The pool's new connection was refused, nothing sent: the call
+		// waits for one of the pool's own, as it does when the pool is at
+		// its size, within the call timeout. (A pool with none fails at
+		// once, as when the database cannot be reached.)
+		if !s.waitPooled(cctx, wait) {
+			break
+		}
+		err = fn(cctx)
+	}
 	switch {
 	case err == nil:
 		return nil
@@ -580,6 +590,40 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 		return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrNoSpace, err)
 	}
 	return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrUnavailable, redact(err))
+}
+
+// serverFullWait and serverFullWaitMax bound how long a call whose new
+// connection the server refused for lack of slots waits, doubling, for one of
+// the pool's connections to be free before it tries again (which connects
+// again if none is).
+const (
+	serverFullWait    = 25 * time.Millisecond
+	serverFullWaitMax = 500 * time.Millisecond
+)
+
+// serverFull says whether err is the server refusing a new connection
+// because its connection slots are taken (53300: max_connections, or the
+// slots reserved for superusers): the statement was never sent.
+func serverFull(err error) bool {
+	var ce *pgconn.ConnectError
+	var pe *pgconn.PgError
+	return errors.As(err, &ce) && errors.As(err, &pe) && pe.Code == "53300"
+}
+
+// waitPooled waits until the pool has an idle connection, or for wait at
+// most; false if ctx ends first. It polls the pool's counts: other clients
+// holding the server's slots, each new connection the pool tried would be
+// another session the server starts only to refuse it.
+func (s *Store) waitPooled(ctx context.Context, wait time.Duration) bool {
+	until := time.Now().Add(wait)
+	for s.pool.Stat().IdleConns() == 0 && time.Now().Before(until) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return ctx.Err() == nil
 }
 
 // Durations go to SQL as microseconds.
