@@ -89,9 +89,13 @@ type Store struct {
 	// space (SQLSTATE 53100), and cleared by a Ping whose probe write
 	// succeeds: until then the database does not take writes.
 	noSpace atomic.Bool
-	stop    chan struct{}
-	loops   sync.WaitGroup
-	once    sync.Once
+	// denied is set when the database refused a statement for want of a
+	// privilege (SQLSTATE 42501: a grant revoked while running), and
+	// cleared like noSpace.
+	denied atomic.Bool
+	stop   chan struct{}
+	loops  sync.WaitGroup
+	once   sync.Once
 	// bg is the context of the background loops' calls, cancelled by
 	// Close: on a database that does not answer, a call would otherwise
 	// run out its timeout before Close could go on.
@@ -588,6 +592,9 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 	if errors.As(err, &pe) && pe.Code == "53100" {
 		s.noSpace.Store(true)
 		return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrNoSpace, err)
+	}
+	if errors.As(err, &pe) && pe.Code == "42501" {
+		s.denied.Store(true)
 	}
 	return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrUnavailable, redact(err))
 }
@@ -1154,7 +1161,8 @@ func (s *Store) ownerWrite(ctx context.Context, op string, id store.ID, owner, s
 // it is not a standby left read-only by a failover, nor a primary whose
 // sessions are read-only (default_transaction_read_only, which some managed
 // databases turn on when their disk fills), nor one that refused a write for
-// lack of disk space, until a probe write (probeWrite) passes again.
+// lack of disk space or for want of a privilege, until a probe write
+// (probeWrite) passes again.
 func (s *Store) Ping(ctx context.Context) error {
 	return s.call(ctx, "ping", nil, func(ctx context.Context) error {
 		var standby, readOnly bool
@@ -1168,7 +1176,9 @@ func (s *Store) Ping(ctx context.Context) error {
 		if readOnly {
 			return errors.New("the database's sessions are read-only (default_transaction_read_only)")
 		}
-		if s.noSpace.Swap(false) {
+		// Both flags are cleared: the probe sets again the one that
+		// still holds.
+		if noSpace, denied := s.noSpace.Swap(false), s.denied.Swap(false); noSpace || denied {
 			return probeWrite(ctx, s.pool)
 		}
 		return nil
@@ -1177,9 +1187,11 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // probeWrite inserts a claim-like row under a random key and rolls it back:
 // it fails as a claim would on a database that has no disk space for one
-// (53100, which sets noSpace again). Ping runs it only once a write was
-// refused for space: reads and the read-only checks still pass then, while
-// every claim is refused.
+// (53100, which sets noSpace again), or where idemproxy's user lacks a
+// privilege a claim needs (42501, which sets denied again: INSERT, and
+// UPDATE and SELECT, which ON CONFLICT DO UPDATE ... WHERE needs). Ping runs
+// it only once a write was refused so: reads and the read-only checks still
+// pass then, while every claim is refused.
 func probeWrite(ctx context.Context, pool *pgxpool.Pool) error {
 	key := make([]byte, 16)
 	rand.Read(key)
@@ -1188,8 +1200,9 @@ func probeWrite(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `INSERT INTO idemproxy_records (tenant, key, state, fingerprint, owner, fence, lease_until, created_at)
-		VALUES ('\xff'::bytea, $1, 1, ''::bytea, 'readiness probe', 1, now(), now())`, key)
+	_, err = tx.Exec(ctx, `INSERT INTO idemproxy_records AS r (tenant, key, state, fingerprint, owner, fence, lease_until, created_at)
+		VALUES ('\xff'::bytea, $1, 1, ''::bytea, 'readiness probe', 1, now(), now())
+		ON CONFLICT (tenant, key) DO UPDATE SET owner = excluded.owner WHERE r.state = 1`, key)
 	return err
 }
 
