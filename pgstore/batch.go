@@ -292,7 +292,12 @@ func dataError(err error) bool {
 // statement runs one statement for jobs within ctx. A statement that
 // PostgreSQL aborted as a deadlock wrote nothing and is sent again: two
 // batches on shared rows (from two replicas, or a claim and a final answer)
-// may lock them in different orders.
+// may lock them in different orders. So is one whose session the server
+// ended while it ran (FATAL 57P01: pg_terminate_backend, a fast shutdown):
+// an error the server sends aborts the statement's transaction, and the
+// next try takes another connection (none, if the server is going down).
+// A commit that may have happened unanswered never comes as the server's
+// error (see mayHaveRun).
 //
 // A panic in the statement's code becomes the error of every caller in it,
 // with its stack: the statement runs on the group's goroutine, outside the
@@ -310,7 +315,7 @@ func (g *group[I, O]) statement(ctx context.Context, jobs []*job[I, O]) (err err
 		}
 		err := g.run(ctx, jobs)
 		var pe *pgconn.PgError
-		if try == 3 || !errors.As(err, &pe) || pe.Code != "40P01" {
+		if try == 3 || !errors.As(err, &pe) || pe.Code != "40P01" && pe.Code != "57P01" {
 			return err
 		}
 	}
