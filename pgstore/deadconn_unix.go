@@ -8,7 +8,10 @@ import (
 )
 
 // peekPending peeks at one byte of sc without waiting (Go's sockets are
-// non-blocking): true if one is there or the peer closed its side.
+// non-blocking): true if one is there or the peer closed its side. It runs
+// under Control, not Read: Read would wait for a read pgconn's background
+// reader may still have pending on the idle connection (after a large
+// write), which ends only when the server sends something.
 func peekPending(sc syscall.Conn) bool {
 	rc, err := sc.SyscallConn()
 	if err != nil {
@@ -16,7 +19,7 @@ func peekPending(sc syscall.Conn) bool {
 	}
 	var buf [1]byte
 	pending := false
-	rc.Read(func(fd uintptr) bool {
+	rc.Control(func(fd uintptr) {
 		_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK)
 		switch {
 		case err == nil:
@@ -25,7 +28,6 @@ func peekPending(sc syscall.Conn) bool {
 		default:
 			pending = true // a reset: let the ping find out
 		}
-		return true // never wait for readiness
 	})
 	return pending
 }
