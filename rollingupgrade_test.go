@@ -142,25 +142,8 @@ func buildAt(t *testing.T, commit, dir string) string {
 	return bin
 }
 
-// schemaVersion reads the database's schema version.
-func schemaVersion(t *testing.T, url string) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var v int
-	if err := conn.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM idemproxy_schema`).Scan(&v); err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-// recordCount is how many records the database holds.
-func recordCount(t *testing.T, url string) int {
+// queryInt runs a query giving one integer on the database at url.
+func queryInt(t *testing.T, url, sql string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -170,10 +153,22 @@ func recordCount(t *testing.T, url string) int {
 	}
 	defer conn.Close(ctx)
 	var n int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM idemproxy_records`).Scan(&n); err != nil {
+	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// schemaVersion reads the database's schema version.
+func schemaVersion(t *testing.T, url string) int {
+	t.Helper()
+	return queryInt(t, url, `SELECT coalesce(max(version), 0) FROM idemproxy_schema`)
+}
+
+// recordCount is how many records the database holds.
+func recordCount(t *testing.T, url string) int {
+	t.Helper()
+	return queryInt(t, url, `SELECT count(*) FROM idemproxy_records`)
 }
 
 // TestRollingUpgradeOlderReplicaKeepsWorking runs a rolling upgrade for
