@@ -33,6 +33,22 @@ func (c *counted) Get(ctx context.Context, id store.ID) (store.Record, error) {
 	return c.Store.Get(ctx, id)
 }
 
+// ownCluster starts a PostgreSQL cluster of the test's own (one it may
+// freeze), removed when the test ends; without PostgreSQL the test is
+// skipped, or failed when pgtest.RequireEnv is 1.
+func ownCluster(t *testing.T) *pgtest.Cluster {
+	t.Helper()
+	c, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		if os.Getenv(pgtest.RequireEnv) == "1" {
+			t.Fatalf("PostgreSQL is required (%s=1) but unavailable: %v; %s", pgtest.RequireEnv, err, pgtest.Install)
+		}
+		t.Skipf("PostgreSQL unavailable (%v): %s to run this test", err, pgtest.Install)
+	}
+	t.Cleanup(c.Remove)
+	return c
+}
+
 // sharedPG is a PostgreSQL store on a new database of c, and that database's URL.
 func sharedPG(t *testing.T, c *pgtest.Cluster) (*pgstore.Store, string) {
 	t.Helper()
@@ -70,14 +86,7 @@ func inFlightOnOtherReplica(t *testing.T, st store.Store) string {
 // from the database's by more than a lease (through Options.Now, since the
 // system clock cannot be stepped here).
 func TestAwaitOtherJudgesLeaseByDatabaseClock(t *testing.T) {
-	c, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		if os.Getenv(pgtest.RequireEnv) == "1" {
-			t.Fatalf("PostgreSQL is required (%s=1) but unavailable: %v; %s", pgtest.RequireEnv, err, pgtest.Install)
-		}
-		t.Skipf("PostgreSQL unavailable (%v): %s to run this test", err, pgtest.Install)
-	}
-	t.Cleanup(c.Remove)
+	c := ownCluster(t)
 
 	// Behind the database's clock, the dead replica's lease, over by the
 	// database's clock while b waits, looked live until b's wait bound: the

@@ -3,11 +3,9 @@ package proxy_test
 import (
 	"context"
 	"net/http"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
@@ -25,14 +23,7 @@ import (
 // idempotency_in_progress, the record stayed in flight, and the app's retry
 // sent the operation to the provider again.
 func TestAnswerKeptWhenLeaseRunsOutOnFrozenDatabase(t *testing.T) {
-	c, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		if os.Getenv(pgtest.RequireEnv) == "1" {
-			t.Fatalf("PostgreSQL is required (%s=1) but unavailable: %v; %s", pgtest.RequireEnv, err, pgtest.Install)
-		}
-		t.Skipf("PostgreSQL unavailable (%v): %s to run this test", err, pgtest.Install)
-	}
-	t.Cleanup(c.Remove)
+	c := ownCluster(t)
 	st, _ := sharedPG(t, c)       // the store's call timeout: 5 s
 	const lease = 6 * time.Second // renewals at 2 s and 4 s, each waiting up to 2 s
 	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) { o.Store, o.Lease = st, lease })

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"testing"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 
 	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/pgstore"
-	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
@@ -76,14 +74,7 @@ func replicaAt(t *testing.T, dbURL string, skew, retention time.Duration) (*env,
 // the retention (409 idempotency_key_expired, nothing sent, for a person to
 // resolve).
 func TestKeyRetentionCountedByDatabaseClock(t *testing.T) {
-	c, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		if os.Getenv(pgtest.RequireEnv) == "1" {
-			t.Fatalf("PostgreSQL is required (%s=1) but unavailable: %v; %s", pgtest.RequireEnv, err, pgtest.Install)
-		}
-		t.Skipf("PostgreSQL unavailable (%v): %s to run this test", err, pgtest.Install)
-	}
-	t.Cleanup(c.Remove)
+	c := ownCluster(t)
 	const skew = time.Hour
 
 	// unknownOn sends the order through replica a, whose provider answers
