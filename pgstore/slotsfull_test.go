@@ -2,14 +2,10 @@ package pgstore
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/store"
@@ -35,26 +31,7 @@ func TestCallsWaitForPooledConnectionWhenServerFull(t *testing.T) {
 		wg.Go(func() { s.pool.Exec(ctx, `SELECT pg_sleep(0.05)`) })
 	}
 	wg.Wait()
-	var fillers []*pgx.Conn
-	defer func() {
-		for _, f := range fillers {
-			f.Close(ctx)
-		}
-	}()
-	for {
-		f, err := pgx.Connect(ctx, dbURL)
-		if err != nil {
-			var pe *pgconn.PgError
-			if !errors.As(err, &pe) || pe.Code != "53300" {
-				t.Fatalf("filling the connection slots: %v\n%s", err, c.Log())
-			}
-			break
-		}
-		fillers = append(fillers, f)
-		if len(fillers) > 20 {
-			t.Fatal("no connection refused after 20")
-		}
-	}
+	takeEverySlot(t, c, dbURL, 20)
 	var failed atomic.Int64
 	var first atomic.Value
 	for range 16 {

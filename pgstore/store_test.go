@@ -303,26 +303,7 @@ func TestOpenWhileDown(t *testing.T) {
 func TestOpenPreferWhileFull(t *testing.T) {
 	c, dbURL := pgtest.Own(t, pgtest.Options{Settings: []string{"max_connections = 5", "superuser_reserved_connections = 0"}})
 	ctx := context.Background()
-	var fillers []*pgx.Conn
-	defer func() {
-		for _, f := range fillers {
-			f.Close(ctx)
-		}
-	}()
-	for {
-		f, err := pgx.Connect(ctx, dbURL)
-		if err != nil {
-			var pe *pgconn.PgError
-			if !errors.As(err, &pe) || pe.Code != "53300" {
-				t.Fatalf("filling the connection slots: %v\n%s", err, c.Log())
-			}
-			break
-		}
-		fillers = append(fillers, f)
-		if len(fillers) > 50 {
-			t.Fatal("no connection refused after 50")
-		}
-	}
+	release := takeEverySlot(t, c, dbURL, 50)
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -335,16 +316,43 @@ func TestOpenPreferWhileFull(t *testing.T) {
 		t.Fatalf("Open with every slot taken: %v (want a store that waits for one)", err)
 	}
 	defer s.Close()
-	for _, f := range fillers {
-		f.Close(ctx)
-	}
-	fillers = nil
+	release()
 	deadline := time.Now().Add(time.Minute)
 	for s.Ping(ctx) != nil {
 		if time.Now().After(deadline) {
 			t.Fatalf("store not ready a minute after slots were freed: %v", s.Ping(ctx))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// takeEverySlot opens connections to dbURL until the server refuses one for
+// want of a slot (53300), failing the test past most; release (also run
+// when the test ends) closes them.
+func takeEverySlot(t *testing.T, c *pgtest.Cluster, dbURL string, most int) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	var fillers []*pgx.Conn
+	release = func() {
+		for _, f := range fillers {
+			f.Close(ctx)
+		}
+		fillers = nil
+	}
+	t.Cleanup(release)
+	for {
+		f, err := pgx.Connect(ctx, dbURL)
+		if err != nil {
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "53300" {
+				t.Fatalf("filling the connection slots: %v\n%s", err, c.Log())
+			}
+			return release
+		}
+		fillers = append(fillers, f)
+		if len(fillers) > most {
+			t.Fatalf("no connection refused after %d", most)
+		}
 	}
 }
 
