@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -24,11 +22,7 @@ func TestSessionsEndedWhileIdle(t *testing.T) {
 	url := pgtest.Database(t)
 	ctx := context.Background()
 	s := open(t, url, time.Hour)
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := session(t, url)
 	req := store.Request{Fingerprint: []byte("fp")}
 	for round := range 3 {
 		// Several connections in the pool, each just used.

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -21,11 +19,7 @@ func TestLeaseJudgedByDatabaseClock(t *testing.T) {
 	url := pgtest.Database(t)
 	s := open(t, url, time.Hour)
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := session(t, url)
 	setLease := func(id store.ID, sql string) {
 		t.Helper()
 		tag, err := admin.Exec(ctx, `UPDATE idemproxy_records SET lease_until = `+sql+` WHERE key = $1 AND state = 1`, []byte(id.Key))

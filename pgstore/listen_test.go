@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 )
 
@@ -126,11 +124,7 @@ func TestThrottleListenerRetiresAtLifetime(t *testing.T) {
 		OnReplicas: func(n int) { beat <- n }})
 	waitBeat(t, beat) // before the pause is written; the next is an hour later
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := session(t, url)
 	// listener returns the listening session's pid (0 for none) and age,
 	// and how many sessions the replica has.
 	listener := func() (pid int32, age time.Duration, all int) {

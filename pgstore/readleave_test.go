@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -39,11 +37,7 @@ func TestCallersLeavingReadsKeepConnections(t *testing.T) {
 	if _, err := s.Get(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := session(t, url)
 	// lock holds every read of the table until the returned function ends
 	// the transaction.
 	lock := func() func() {

@@ -326,6 +326,19 @@ func TestOpenPreferWhileFull(t *testing.T) {
 	}
 }
 
+// session is a database session of the test's own on url (an operator's
+// psql), closed when the test ends.
+func session(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	return conn
+}
+
 // takeEverySlot opens connections to dbURL until the server refuses one for
 // want of a slot (53300), failing the test past most; release (also run
 // when the test ends) closes them.
@@ -446,11 +459,7 @@ func TestLostClaimIsUndone(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := session(t, url)
 	if _, err := admin.Exec(ctx, `CREATE TABLE sync_probe (at timestamptz)`); err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +526,7 @@ func TestLostClaimIsUndone(t *testing.T) {
 func commitWaits(t *testing.T, admin *pgx.Conn, url string) bool {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := pgx.Connect(ctx, url) // one per probe: closed here, not at the test's end
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,11 +573,7 @@ func TestPingReadOnlyPrimary(t *testing.T) {
 	_, url := pgtest.Own(t, pgtest.Options{})
 	ctx := context.Background()
 	s := open(t, url, time.Hour)
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := session(t, url)
 	// This session keeps writing whatever the server's default.
 	if _, err := admin.Exec(ctx, `SET default_transaction_read_only = off`); err != nil {
 		t.Fatal(err)

@@ -27,16 +27,8 @@ func TestWriteTerminatedMidStatementIsSentAgain(t *testing.T) {
 	if _, created, err := s.Begin(ctx, done, req, "o", time.Minute); err != nil || !created {
 		t.Fatalf("Begin = %v, %v", created, err)
 	}
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	other, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close(ctx)
+	admin := session(t, url)
+	other := session(t, url)
 
 	// terminate ends the store's session once it waits for admin's lock,
 	// then releases the lock.
