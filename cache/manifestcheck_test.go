@@ -74,9 +74,16 @@ func TestOpenAfterPowerLossDuringCloseCompaction(t *testing.T) {
 	writeFile(t, output, whole)
 	appendTorn(t, dir)
 
+	opensWithEveryAnswer(t, dir, n, "Open after a power loss during a compaction at Close")
+}
+
+// opensWithEveryAnswer opens dir, which must start (after says when), and
+// checks that records 0 to n-1 are each final.
+func opensWithEveryAnswer(t *testing.T, dir string, n int, after string) {
+	t.Helper()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, MinFreeBytes: -1})
 	if err != nil {
-		t.Fatalf("Open after a power loss during a compaction at Close: %v", err)
+		t.Fatalf("%s: %v", after, err)
 	}
 	defer s.Close()
 	for i := range n {
@@ -192,17 +199,7 @@ func TestOpenAfterCrashBeforeCompactedTablesRemoved(t *testing.T) {
 		{Id: id, Op: pb.ManifestChange_DELETE},
 	}})
 
-	s, err := Open(Options{Dir: dir, SyncWrites: true, MinFreeBytes: -1})
-	if err != nil {
-		t.Fatalf("Open after a crash before a compaction removed its input: %v", err)
-	}
-	defer s.Close()
-	for i := range n {
-		rec, err := s.Get(ctx, store.ID{Key: fmt.Sprint(i)})
-		if err != nil || rec.State != store.Final {
-			t.Fatalf("record %d = %+v, %v; want its final answer", i, rec, err)
-		}
-	}
+	opensWithEveryAnswer(t, dir, n, "Open after a crash before a compaction removed its input")
 }
 
 // appendManifestEntry appends cs to dir's MANIFEST as Badger does: its

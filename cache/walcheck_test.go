@@ -34,21 +34,29 @@ func killedCopy(t *testing.T, n int) (dir, wal string) {
 	return dir, wals[0]
 }
 
+// killedLog is killedCopy's directory and log, the log's bytes and the end
+// of its entries (zeros follow).
+func killedLog(t *testing.T, n int) (dir, wal string, b []byte, end int) {
+	t.Helper()
+	dir, wal = killedCopy(t, n)
+	b, err := os.ReadFile(wal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end = walEnd(b)
+	if end <= walHeaderSize || !allZero(b[end:]) {
+		t.Fatalf("walEnd = %d of a %d-byte log: not the end of its entries", end, len(b))
+	}
+	return dir, wal, b, end
+}
+
 // A write-ahead log cut short is refused, naming it, and left as it was;
 // one cut where Badger's own replay truncates it (the end of its last whole
 // entry: a start killed after the replay) opens with every record. The cut
 // one byte shorter is refused: Badger would have dropped the last record.
 func TestOpenRefusesCutWAL(t *testing.T) {
 	const n = 50
-	dir, wal := killedCopy(t, n)
-	b, err := os.ReadFile(wal)
-	if err != nil {
-		t.Fatal(err)
-	}
-	end := walEnd(b)
-	if end <= walHeaderSize || !allZero(b[end:]) {
-		t.Fatalf("walEnd = %d of a %d-byte log: not the end of its entries", end, len(b))
-	}
+	dir, wal, b, end := killedLog(t, n)
 	for _, cut := range []int{end - 1, end / 2, walHeaderSize + 1, walHeaderSize - 1, 1} {
 		t.Run(fmt.Sprint(cut), func(t *testing.T) {
 			writeFile(t, wal, b[:cut])
@@ -89,15 +97,7 @@ func TestOpenRefusesCutWAL(t *testing.T) {
 // entry with no whole entry after it.
 func TestOpenRefusesWALDamagedInTheMiddle(t *testing.T) {
 	const n = 50
-	dir, wal := killedCopy(t, n)
-	b, err := os.ReadFile(wal)
-	if err != nil {
-		t.Fatal(err)
-	}
-	end := walEnd(b)
-	if end <= walHeaderSize || !allZero(b[end:]) {
-		t.Fatalf("walEnd = %d of a %d-byte log: not the end of its entries", end, len(b))
-	}
+	dir, wal, b, end := killedLog(t, n)
 	// The offsets of the entries, to aim at one in the middle.
 	var offs []int
 	for off := walHeaderSize; off < end; {
