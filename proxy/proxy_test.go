@@ -156,6 +156,7 @@ type env struct {
 	up    *httptest.Server
 	store *cache.Store
 	h     *proxy.Handler
+	tr    *retry.Transport // the handler's attempt chain
 	srv   *httptest.Server
 }
 
@@ -194,10 +195,11 @@ func newEnvUpstream(t *testing.T, up func(*upstream.Config), opts ...envOpt) *en
 	if up != nil {
 		up(&cfg)
 	}
-	o.Transport, err = upstream.New(cfg)
+	e.tr, err = upstream.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	o.Transport = e.tr
 	h, err := proxy.New(o)
 	if err != nil {
 		t.Fatal(err)

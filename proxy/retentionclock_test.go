@@ -3,14 +3,11 @@ package proxy_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/pgstore"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
@@ -33,31 +30,11 @@ func replicaAt(t *testing.T, dbURL string, skew, retention time.Duration) (*env,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	e := &env{prov: newProvider()}
-	e.up = httptest.NewServer(e.prov)
-	t.Cleanup(e.up.Close)
-	u, _ := url.Parse(e.up.URL)
-	sources, err := idemkey.ParseSources("json:order_id,query:order_id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol := retry.Policy{MaxAttempts: 1, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond,
-		Statuses: map[int]bool{500: true, 502: true, 503: true, 504: true, 429: true}}
-	tr, err := upstream.New(upstream.Config{Policy: pol, MaxResponseBytes: st.MaxBodyBytes(), Wire: e.up.Client().Transport,
-		KeyRetention: retention})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.Now = clock
-	h, err := proxy.New(proxy.Options{Upstream: u, Store: st, KeySources: sources, InflightWait: 5 * time.Second,
-		Transport: tr, Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.h = h
-	e.srv = httptest.NewServer(h)
-	t.Cleanup(e.srv.Close)
-	t.Cleanup(func() { h.Drain(context.Background()) })
+	e := newEnvUpstream(t, func(c *upstream.Config) { c.KeyRetention = retention }, func(o *proxy.Options, _ *retry.Policy) {
+		o.Store, o.Now = st, clock
+	})
+	// Set before any request reaches the handler.
+	e.tr.Now = clock
 	return e, st
 }
 
