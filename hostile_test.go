@@ -452,6 +452,34 @@ func TestHostileHostAndAbsoluteForm(t *testing.T) {
 	}
 }
 
+// An asterisk-form request target ("OPTIONS *", RFC 9112 §3.2.4) is a request
+// target not starting with "/", which the contract answers 400 bad_request in
+// idemproxy's JSON error shape (docs/contract.md, Errors). net/http answered
+// "OPTIONS *" itself before any handler ran: 200 with no body, not JSON, no
+// Cache-Control, and, with a body, the connection kept for what followed.
+func TestHostileAsteriskTarget(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, hostileEnv(t, up.URL)...)
+	for _, raw := range []string{
+		"OPTIONS * HTTP/1.1\nHost: x\n\n",
+		"OPTIONS * HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}",
+		"OPTIONS * HTTP/1.0\n\n",
+		"GET * HTTP/1.1\nHost: x\n\n",
+		"POST * HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: 21\n\n{\"order_id\":\"star-1\"}",
+	} {
+		got := rawExchange(t, p.addr, raw)
+		if got.status != http.StatusBadRequest || got.header.Get("Content-Type") != "application/json" ||
+			got.header.Get("Cache-Control") != "no-store" || !strings.Contains(got.body, `"code":"bad_request"`) {
+			t.Errorf("%q: %d %v %q, want 400 bad_request as JSON with Cache-Control: no-store", raw, got.status, got.header, got.body)
+		}
+	}
+	if seen := prov.take(); len(seen) != 0 {
+		t.Errorf("provider received %d requests, want none: %+v", len(seen), seen)
+	}
+}
+
 var forwardingHeaderNames = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
 // A client's copy of a header idemproxy owns never reaches the provider

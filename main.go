@@ -323,6 +323,10 @@ func proxyServer(l net.Listener, handler http.Handler, conns int, stall time.Dur
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// "OPTIONS *" reaches the handler, which refuses a request target
+		// not starting with "/" (400 bad_request); net/http otherwise
+		// answers it itself, 200 with no body.
+		DisableGeneralOptionsHandler: true,
 	}
 	if stall > 0 {
 		l = stallListener{l, stall}
