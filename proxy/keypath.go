@@ -126,3 +126,36 @@ func (h *Handler) windowFingerprint(ctx context.Context, r idemkey.Request, fp [
 	}
 	return normal, nil
 }
+
+// clientKey is the key of a request whose app sent key in its Idempotency-Key
+// header, for tenant ("" for DefaultTenant): key in its canonical spelling
+// (idemkey.Canonical: a UUID in lower case without braces, the form of the
+// keys idemproxy derives and generates), so that a key given back upper-cased
+// by a uniqueidentifier column is the operation it names, not a second one
+// at the provider. Versions before idemkey.Canonical kept a key as it came:
+// when no record exists under the canonical spelling and one does under key
+// as it came (stored, in flight or unknown since before an upgrade), key
+// stays the operation's, so that its retry is replayed or resumed under it
+// instead of sent again under another. A key already canonical, or not a
+// UUID, costs no lookup. A store that cannot be read is a storeError (503,
+// nothing sent).
+func (h *Handler) clientKey(ctx context.Context, tenant, key string) (string, error) {
+	canon := idemkey.Canonical(key)
+	if canon == key {
+		return key, nil
+	}
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	for _, k := range []string{canon, key} {
+		_, found, err := h.lookup(ctx, store.ID{Tenant: tenant, Key: k})
+		if err != nil {
+			h.opt.Logger.Error("looking up the record of a key's other spelling failed; nothing sent, key left free", "key", key, "err", err)
+			return "", err
+		}
+		if found {
+			return k, nil
+		}
+	}
+	return canon, nil
+}

@@ -611,7 +611,7 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, parsed *ide
 		return "", err
 	}
 	if present {
-		return key, nil
+		return h.clientKey(ctx, r.Tenant, key)
 	}
 	if rule.Policy == routes.Fingerprint {
 		return h.windowKey(ctx, r.Tenant, fp, rule.Window)
