@@ -233,7 +233,7 @@ func view(id store.ID, rec store.Record, withBody bool) Record {
 	}
 	if rec.State == store.Final {
 		v.Status = rec.Response.Status
-		v.NeedsReview = store.NeedsReview(rec.Response.Body)
+		v.NeedsReview = rec.Response.NeedsReview() // also of a body not listed (store.Filter.Bodies)
 		v.Reviewed = rec.Reviewed
 		v.Reconciled = rec.Response.Header.Get(retry.ReconciledHeader) == "true"
 		// The answer's header counts the attempts of the sequence that got

@@ -26,9 +26,10 @@ const maxLimit = 1000
 
 // listRecords is GET /admin/v1/records?state=in_flight|unknown|needs_review&limit=N&cursor=C[&client=][&body=1].
 // A page holds limit records, or fewer once its records hold
-// store.MaxListBytes (4 MiB of stored answers: the store stops there, so an
-// operator's listing cannot take the memory of the payment path), and a
-// next cursor whenever more may follow; only the last page has none.
+// store.MaxListBytes (4 MiB of what the page keeps of them: the
+// stored answers only with body=1; the store stops there, so an operator's
+// listing cannot take the memory of the payment path), and a next cursor
+// whenever more may follow; only the last page has none.
 func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	state := q.Get("state")
@@ -74,6 +75,11 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 		}
 		cursor = pos
 	}
+	// The bodies are read only when shown: without them a page holds
+	// limit records whatever the answers' sizes, and the store neither
+	// fetches nor keeps them.
+	withBody := q.Get("body") == "1"
+	f.Bodies = withBody
 	recs, next, err := h.opt.Store.List(r.Context(), f, cursor, limit)
 	switch {
 	case errors.Is(err, store.ErrBadCursor):
@@ -91,7 +97,7 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 		out.NextCursor = listing + "." + next
 	}
 	for _, rec := range recs {
-		out.Records = append(out.Records, view(rec.ID, rec, q.Get("body") == "1"))
+		out.Records = append(out.Records, view(rec.ID, rec, withBody))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

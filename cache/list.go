@@ -19,7 +19,10 @@ const defaultListLimit = 100
 // hash of tenant and key), state read from UserMeta so that other states
 // cost no value read, and values read one at a time (no prefetch): a record
 // Keep leaves out, or the one that would take the page past
-// store.MaxListBytes, is dropped as soon as it is judged. The cursor is the
+// store.MaxListBytes, is dropped as soon as it is judged; without
+// f.Bodies, a record's bodies are dropped as it is decoded (decodeListed),
+// so they neither stay in memory nor count towards the page's bytes. The
+// value is still read whole: a record is one Badger value. The cursor is the
 // hex of the last key returned. A
 // record whose value does not decode (a newer build's, or damaged; kept so
 // by ReleaseInFlight) is listed as store.Record.Unreadable, named by its
@@ -67,7 +70,7 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 			var rec store.Record
 			err := item.Value(func(v []byte) error {
 				var err error
-				rec, err = decodeRecord(v)
+				rec, err = decodeListed(v, f.Bodies)
 				if err == nil && !knownState(meta) {
 					err = fmt.Errorf("%w: state %d is not one this build knows", ErrCorrupt, meta)
 				}

@@ -206,6 +206,20 @@ func appendHeader(dst []byte, h http.Header) []byte {
 // as no caller writes into a returned Fingerprint or Body, which no caller
 // does (they are an answer to replay and a hash to compare).
 func decodeRecord(b []byte) (store.Record, error) {
+	return decode(b, true)
+}
+
+// decodeListed is decodeRecord for List: with bodies, the same; without,
+// the record without its bodies (store.Response.WithoutBody, which judges
+// the answer's before it is dropped, and Outcome.LastBody nil), its other
+// fields copied out of b one by one, so that nothing it returns holds the
+// bodies' bytes: a page of records that are mostly body holds what it
+// shows.
+func decodeListed(b []byte, bodies bool) (store.Record, error) {
+	return decode(b, bodies)
+}
+
+func decode(b []byte, bodies bool) (store.Record, error) {
 	if len(b) == 0 {
 		return store.Record{}, fmt.Errorf("%w: empty value", ErrCorrupt)
 	}
@@ -214,6 +228,9 @@ func decodeRecord(b []byte) (store.Record, error) {
 			ErrCorrupt, b[0], recordVersion)
 	}
 	d := decoder{buf: bytes.Clone(b[1:])}
+	if !bodies {
+		d = decoder{buf: b[1:], noBodies: true}
+	}
 	r := d.record()
 	if b[0] == 1 {
 		r.Fence = 1 // version 1 knew no takeovers' count
@@ -239,9 +256,13 @@ var errShort = errors.New("truncated")
 
 // decoder reads fields off buf; after the first failure every read returns a
 // zero value and err stays set, so callers check err once at the end.
+//
+// With noBodies, buf is the caller's (b itself): every field is copied out
+// of it (bytes, string), and the bodies are judged and dropped (body).
 type decoder struct {
-	buf []byte
-	err error
+	buf      []byte
+	err      error
+	noBodies bool
 }
 
 func (d *decoder) record() store.Record {
@@ -260,7 +281,12 @@ func (d *decoder) record() store.Record {
 	}
 	r.Response.Status = int(status)
 	r.Response.Header = d.header()
-	r.Response.Body = d.bytes()
+	if d.noBodies {
+		r.Response.Body = d.field() // b's, judged and dropped here
+		r.Response = r.Response.WithoutBody()
+	} else {
+		r.Response.Body = d.bytes()
+	}
 	return r
 }
 
@@ -305,7 +331,11 @@ func (d *decoder) request(r *store.Record) {
 	r.Method = d.string()
 	r.Path = d.string()
 	r.UpstreamKey = d.string()
-	r.Outcome.LastBody = d.bytes()
+	if d.noBodies {
+		d.field() // skipped
+	} else {
+		r.Outcome.LastBody = d.bytes()
+	}
 }
 
 func (d *decoder) fail(err error) {
@@ -339,8 +369,19 @@ func (d *decoder) uvarint() uint64 {
 }
 
 // bytes returns the next length-prefixed field (nil if empty), a slice of
-// the decoder's private buffer capped at its length.
+// the decoder's private buffer capped at its length, or with noBodies a
+// copy of it.
 func (d *decoder) bytes() []byte {
+	b := d.field()
+	if d.noBodies && b != nil {
+		return bytes.Clone(b)
+	}
+	return b
+}
+
+// field returns the next length-prefixed field (nil if empty), a slice of
+// buf capped at its length.
+func (d *decoder) field() []byte {
 	n := d.uvarint()
 	if d.err != nil {
 		return nil

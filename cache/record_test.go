@@ -414,3 +414,50 @@ func benchRecord() store.Record {
 		},
 	}
 }
+
+// TestDecodeListedWithoutBodies: List without bodies decodes every sample
+// record as decodeRecord does, but for its bodies: Response.Body and
+// Outcome.LastBody nil, Response.NeedsReview answering for the body it
+// had, and nothing shared with the value (Badger's buffer, valid only in
+// the transaction): the record stays as decoded when the value is
+// overwritten. A body of 1 MiB that needs review and a last ambiguous
+// body are left out the same way.
+func TestDecodeListedWithoutBodies(t *testing.T) {
+	samples := sampleRecords()
+	big := store.Record{State: store.Final, Fingerprint: bytes.Repeat([]byte{2}, 32), Owner: "o", CreatedAt: t0,
+		ID: store.ID{Tenant: "acme", Key: "k"}, Method: "POST", Path: "/v1/payments", UpstreamKey: "u",
+		Response: store.Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: []byte(`{"status":"needs_review","pad":"` + strings.Repeat("x", 1<<20) + `"}`)}}
+	samples["final of 1 MiB that needs review"] = big
+	unknown := big
+	unknown.State, unknown.Response = store.Unknown, store.Response{}
+	unknown.Outcome = store.Outcome{Attempts: 2, LastError: "504", LastBody: bytes.Repeat([]byte{'y'}, store.MaxLastBody)}
+	samples["unknown with a last body"] = unknown
+	for name, r := range samples {
+		t.Run(name, func(t *testing.T) {
+			enc := appendRecord(nil, &r)
+			got, err := decodeListed(enc, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range enc {
+				enc[i] = 0
+			}
+			want := normalize(r)
+			needs := store.NeedsReview(r.Response.Body)
+			want.Response.Body, want.Outcome.LastBody = nil, nil
+			if got.Response.Body != nil || got.Outcome.LastBody != nil || got.Response.NeedsReview() != needs {
+				t.Fatalf("listed without bodies: body %d bytes, last body %d, NeedsReview %v; want none, none, %v",
+					len(got.Response.Body), len(got.Outcome.LastBody), got.Response.NeedsReview(), needs)
+			}
+			got.Response = store.Response{Status: got.Response.Status, Header: got.Response.Header}
+			want.Response = store.Response{Status: want.Response.Status, Header: want.Response.Header}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("listed without bodies, its value overwritten:\n got %#v\nwant %#v", got, want)
+			}
+			if got.Size() > 1<<10 {
+				t.Fatalf("listed without bodies: %d bytes (Record.Size)", got.Size())
+			}
+		})
+	}
+}

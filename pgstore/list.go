@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,7 +26,10 @@ const defaultListLimit = 100
 // A batch is bounded in bytes as well as in rows (listBatch), so that what
 // is read to judge and dropped, a thousand stored answers of up to
 // MaxRecordBytes each, is never held at once; the page is bounded by
-// store.MaxListBytes. A row that does not decode (scanRecord) is listed as
+// store.MaxListBytes. Without f.Bodies, the body columns are not fetched
+// (listColumns), but for a final answer's body that may need review, which
+// is judged and dropped (store.Response.WithoutBody); batches and pages are
+// cut by what is fetched and kept. A row that does not decode (scanRecord) is listed as
 // store.Record.Unreadable instead of failing the page, and one in a state
 // this version does not know (a newer version's) is listed with the
 // unknown records so: its operation may have reached the provider.
@@ -44,7 +48,7 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 	var out []store.Record
 	size := 0 // what out's records hold
 	for {
-		rows, cut, err := s.listBatch(ctx, f.State, after, batch)
+		rows, cut, err := s.listBatch(ctx, f.State, after, batch, f.Bodies)
 		if err != nil {
 			return nil, "", err
 		}
@@ -72,22 +76,59 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 const filterBatch = 500
 
 // rowBytes is about what a row holds in its variable-length columns, as
-// store.Record.Size counts it. octet_length of a column stored out of line
-// (TOAST) is read from its pointer: the values are not fetched to be
-// measured.
+// store.Record.Size counts it, with the bodies (or without: listedBytes).
+// octet_length of a column stored out of line (TOAST) is read from its
+// pointer: the values are not fetched to be measured.
 const rowBytes = `(octet_length(tenant) + octet_length(key) + octet_length(fingerprint) + octet_length(owner)
 	+ coalesce(octet_length(header), 0) + coalesce(octet_length(body), 0) + coalesce(octet_length(last_body), 0)
 	+ coalesce(octet_length(method), 0) + coalesce(octet_length(path), 0) + coalesce(octet_length(upstream_key), 0)
 	+ octet_length(last_error))`
 
+// mayNeedReview is what store.NeedsReview checks of a body before it
+// parses it: the body holds "needs_review" or a \u escape (the bytes in hex,
+// so that no quoting setting matters). A body without either does not need
+// review; one with either is fetched to be judged (listColumns).
+const mayNeedReview = `(position(decode('6e656564735f726576696577', 'hex') IN body) > 0 OR position(decode('5c75', 'hex') IN body) > 0)`
+
+// listedBytes is rowBytes of a row as List fetches it without bodies: no
+// last_body, and the body only where it may need review.
+const listedBytes = `(octet_length(tenant) + octet_length(key) + octet_length(fingerprint) + octet_length(owner)
+	+ coalesce(octet_length(header), 0) + CASE WHEN ` + mayNeedReview + ` THEN octet_length(body) ELSE 0 END
+	+ coalesce(octet_length(method), 0) + coalesce(octet_length(path), 0) + coalesce(octet_length(upstream_key), 0)
+	+ octet_length(last_error))`
+
+// listColumns is columns as List fetches them: with bodies, columns;
+// without, last_body NULL and body NULL where it does not need review
+// (mayNeedReview), so that scanRecord reads the same row shape.
+func listColumns(bodies bool) string {
+	if bodies {
+		return columns
+	}
+	return withoutBodies
+}
+
+var withoutBodies = func() string {
+	c := strings.Replace(columns, " body,", " CASE WHEN "+mayNeedReview+" THEN body END,", 1)
+	c = strings.Replace(c, " last_body,", " NULL::bytea,", 1)
+	if strings.Count(c, "body") != strings.Count(columns, "body")+1 { // one more in mayNeedReview, last_body gone
+		panic("pgstore: listColumns: columns changed: " + columns)
+	}
+	return c
+}()
+
 // listBatch returns up to n live records in state after the (tenant, key)
 // after, in order (for store.Unknown, those in a state this version does
 // not know too), and no more of them than reach store.MaxListBytes by
-// rowBytes: each row is returned only while the rows before it hold less
-// (so the first always is), which the database decides from the rows'
-// sizes before it sends any. cut reports that the last row returned
+// rowBytes (listedBytes without bodies, as listColumns fetches them): each
+// row is returned only while the rows before it hold less (so the first
+// always is), which the database decides from the rows' sizes before it
+// sends any. cut reports that the last row returned
 // reached it: rows may follow, though fewer than n were returned.
-func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID, n int) (out []store.Record, cut bool, err error) {
+func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID, n int, bodies bool) (out []store.Record, cut bool, err error) {
+	size := rowBytes
+	if !bodies {
+		size = listedBytes
+	}
 	type batch struct {
 		rows []store.Record
 		cut  bool
@@ -100,9 +141,9 @@ func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID
 			// open-records index for in-flight and unknown records. The
 			// innermost query is the plain page (ORDER BY … LIMIT); the
 			// running sum is taken over its rows only.
-			rows, err := conn.Query(ctx, `SELECT `+columns+`, before + bytes FROM (
+			rows, err := conn.Query(ctx, `SELECT `+listColumns(bodies)+`, before + bytes FROM (
 				SELECT p.*, sum(bytes) OVER (ORDER BY tenant, key ROWS UNBOUNDED PRECEDING) - bytes AS before FROM (
-					SELECT r.*, `+rowBytes+` AS bytes FROM idemproxy_records r
+					SELECT r.*, `+size+` AS bytes FROM idemproxy_records r
 					WHERE `+inState(state)+` AND `+live+` AND (tenant, key) > ($1, $2)
 					ORDER BY tenant, key LIMIT $3) p) w
 				WHERE before < $4 ORDER BY tenant, key`, []byte(after.Tenant), []byte(after.Key), n, int64(store.MaxListBytes))
@@ -116,6 +157,9 @@ func (s *Store) listBatch(ctx context.Context, state store.State, after store.ID
 				rec, err := scanRecord(withExtra{rows, &through})
 				if err != nil {
 					return batch{}, err
+				}
+				if !bodies {
+					rec.Response = rec.Response.WithoutBody() // judged, dropped
 				}
 				b.rows = append(b.rows, rec)
 				b.cut = through >= store.MaxListBytes

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,7 +33,7 @@ func TestListBatchBoundedByBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rows, cut, err := s.listBatch(ctx, store.Final, store.ID{}, filterBatch)
+	rows, cut, err := s.listBatch(ctx, store.Final, store.ID{}, filterBatch, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +56,72 @@ func TestListBatchBoundedByBytes(t *testing.T) {
 	for id, c := range judged {
 		if c != 1 {
 			t.Fatalf("%v judged %d times", id, c)
+		}
+	}
+}
+
+// TestListWithoutBodiesFetchesNone: a List without bodies (the admin API's
+// listing without body=1) does not fetch the body columns: final answers of
+// about 900 KiB (one of them naming needs_review elsewhere than at status,
+// fetched to be judged) and unknown records keeping a last ambiguous body of
+// 64 KiB are listed, every one, for a few KiB on the wire, where the same
+// listings with bodies take the bodies' bytes. Before, every listing
+// fetched every body (about 7.6 MiB here, and pages cut by them).
+func TestListWithoutBodiesFetchesNone(t *testing.T) {
+	ctx := context.Background()
+	s, w := relayed(t)
+	size := int(min(s.MaxBodyBytes(), 900<<10))
+	const n = 8
+	for i := range n {
+		id := store.ID{Tenant: "t", Key: fmt.Sprintf("f%02d", i)}
+		if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		body := []byte(`{"status":"succeeded","pad":"` + strings.Repeat("x", size) + `"}`)
+		if i == 0 {
+			body = []byte(`{"status":"succeeded","note":"needs_review","pad":"` + strings.Repeat("x", size) + `"}`)
+		}
+		if err := s.Complete(ctx, id, "o", store.Response{Status: 200, Body: body}, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		id.Key = fmt.Sprintf("u%02d", i)
+		if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp")}, "o", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		last := bytes.Repeat([]byte{'y'}, store.MaxLastBody)
+		if err := s.Park(ctx, id, "o", store.Outcome{Attempts: 1, LastBody: last}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, state := range []store.State{store.Final, store.Unknown} {
+		fetched := map[bool]int64{}
+		for _, bodies := range []bool{false, true} {
+			got, cursor := 0, ""
+			before := w.recv.Load()
+			for {
+				recs, next, err := s.List(ctx, store.Filter{State: state, Bodies: bodies}, cursor, 1000)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got += len(recs)
+				if next == "" {
+					break
+				}
+				cursor = next
+			}
+			fetched[bodies] = w.recv.Load() - before
+			if got != n {
+				t.Fatalf("List(%s, bodies %v) listed %d records, want %d", state, bodies, got, n)
+			}
+		}
+		t.Logf("List(%s): %d bytes from the server without bodies, %d with", state, fetched[false], fetched[true])
+		bodyBytes := int64(n * store.MaxLastBody)
+		if state == store.Final {
+			bodyBytes = int64(n * size)
+		}
+		if fetched[false] > int64(size)+64<<10 || fetched[true] < bodyBytes {
+			t.Fatalf("List(%s) fetched %d bytes without bodies (the one answer to judge is %d), %d with; the bodies are %d bytes",
+				state, fetched[false], size, fetched[true], bodyBytes)
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,9 +35,10 @@ type wire struct {
 	mu     sync.Mutex
 	sent   map[byte]int
 	held   bool
-	holdAt string     // a client message holding this starts the hold (set before connections)
-	stuck  int        // messages stopped by the hold
-	free   *sync.Cond // on mu, broadcast when held ends
+	holdAt string       // a client message holding this starts the hold (set before connections)
+	stuck  int          // messages stopped by the hold
+	free   *sync.Cond   // on mu, broadcast when held ends
+	recv   atomic.Int64 // bytes the server sent clients
 }
 
 // relayed opens a store on a fresh database through a relay that counts
@@ -76,7 +78,7 @@ func (w *wire) accept() {
 			c.Close()
 			continue
 		}
-		go func() { io.Copy(c, s); c.Close() }()
+		go func() { io.Copy(counted{c, &w.recv}, s); c.Close() }()
 		go func() { w.count(c, s); s.Close() }()
 	}
 }
@@ -122,6 +124,18 @@ func (w *wire) count(r io.Reader, server io.Writer) {
 			return
 		}
 	}
+}
+
+// counted is a writer that counts what it writes into n.
+type counted struct {
+	io.Writer
+	n *atomic.Int64
+}
+
+func (c counted) Write(p []byte) (int, error) {
+	n, err := c.Writer.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // hold stops client messages short of the server until release.

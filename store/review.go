@@ -43,11 +43,13 @@ func jsonString(b json.RawMessage) string {
 	return s
 }
 
-// review is NeedsReview of the body at body (its first byte) of n bytes.
+// review is NeedsReview of the body at body (its first byte) of n bytes,
+// or, with omitted, of the body WithoutBody left out.
 type review struct {
-	body *byte
-	n    int
-	yes  bool
+	body    *byte
+	n       int
+	yes     bool
+	omitted bool
 }
 
 // WithReview returns r knowing whether its body needs review: NeedsReview
@@ -63,10 +65,26 @@ func (r Response) WithReview() Response {
 	return r
 }
 
+// WithoutBody returns r without its body (Body nil), still knowing
+// whether the body it had needs review: r.NeedsReview of it and of every
+// copy of it answers for that body while Body stays empty. It is how List
+// gives a record whose bodies were not asked for (Filter.Bodies): the
+// listing still tells, and Filter.Keep still judges, an answer that needs
+// review.
+func (r Response) WithoutBody() Response {
+	yes := r.NeedsReview()
+	r.Body = nil
+	r.review = review{yes: yes, omitted: true}
+	return r
+}
+
 // NeedsReview is NeedsReview(r.Body), as WithReview found it if it scanned
-// this body.
+// this body, or as WithoutBody found it of the body it left out.
 func (r *Response) NeedsReview() bool {
 	if len(r.Body) > 0 && r.review.body == &r.Body[0] && r.review.n == len(r.Body) {
+		return r.review.yes
+	}
+	if len(r.Body) == 0 && r.review.omitted {
 		return r.review.yes
 	}
 	return NeedsReview(r.Body)

@@ -267,6 +267,16 @@ type Filter struct {
 	// cannot be read (Record.Unreadable) is listed in its State whatever
 	// Keep would say: nothing in it can be judged.
 	Keep func(*Record) bool
+	// Bodies asks for the records' bodies: the answer's (Response.Body)
+	// and the last ambiguous one (Outcome.LastBody). Without it, List
+	// gives both nil and keeps none of them in memory past judging
+	// (pgstore does not fetch them, but for a final answer's body that may
+	// need review, which it judges and drops); Response.NeedsReview, and so
+	// Record.AwaitsReview, still answers for the stored body
+	// (Response.WithoutBody), also when Keep asks it. A page's bytes
+	// (MaxListBytes) are those of the records as returned, so records
+	// without their bodies come many more to a page.
+	Bodies bool
 }
 
 // Sentinel errors, matched with errors.Is. Any other error from a write
@@ -381,7 +391,8 @@ type Store interface {
 	// after cursor ("" from the start), and the cursor to pass for the next
 	// page: "" when the end was reached (a non-empty cursor may still lead
 	// to an empty page). It scans on until it has limit records, or the
-	// page's records hold MaxListBytes (Record.Size), or it reaches the
+	// page's records, as returned (with their bodies only when f.Bodies),
+	// hold MaxListBytes (Record.Size), or it reaches the
 	// end, whatever f.Keep skips: it never adds a record that would take a
 	// page of one or more records past MaxListBytes, so a page holds at
 	// most MaxListBytes, or one record. A page may thus be short with a

@@ -115,7 +115,7 @@ func testListKeepFullPages(t *testing.T, s store.Store, _ func(time.Duration)) {
 			t.Fatal(err)
 		}
 	}
-	f := store.Filter{State: store.Final, Keep: func(r *store.Record) bool {
+	f := store.Filter{State: store.Final, Bodies: true, Keep: func(r *store.Record) bool {
 		return r.ID.Tenant == base.Tenant && bytes.Contains(r.Response.Body, []byte("needs_review"))
 	}}
 	for _, limit := range []int{1, 2, 5, 6, 100} {
@@ -293,8 +293,8 @@ func testListByBytes(t *testing.T, s store.Store, _ func(time.Duration)) {
 		f    store.Filter
 		want []string
 	}{
-		{"Keep", store.Filter{State: store.Final, Keep: needsReview}, review},
-		{"no Keep", store.Filter{State: store.Final}, all},
+		{"Keep", store.Filter{State: store.Final, Keep: needsReview, Bodies: true}, review},
+		{"no Keep", store.Filter{State: store.Final, Bodies: true}, all},
 	} {
 		var pages [][]store.Record
 		byBytes := false
@@ -363,6 +363,173 @@ func testListByBytes(t *testing.T, s store.Store, _ func(time.Duration)) {
 		slices.Sort(got)
 		if !slices.Equal(got, c.want) {
 			t.Fatalf("%s: listed %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// testListWithoutBodies: without Filter.Bodies, List gives records without
+// their bodies (Response.Body and Outcome.LastBody nil), and a page's bytes
+// are those of the records as given: final answers of up to 900 KiB each,
+// several MiB together, and unknown records keeping a last ambiguous body
+// of MaxLastBody, come in one page with limit 1000, where the final
+// answers with their bodies take several. Response.NeedsReview still answers for the stored
+// body, so Keep (Record.AwaitsReview, as the admin API's needs_review
+// listing asks it) selects without the bodies what it selects with them,
+// an answer spelling needs_review with a \u escape or naming it elsewhere
+// than at status included; with Filter.Bodies the bodies come as stored.
+func testListWithoutBodies(t *testing.T, s store.Store, _ func(time.Duration)) {
+	ctx := context.Background()
+	base := newID("")
+	id := func(k string) store.ID { return store.ID{Tenant: base.Tenant, Key: k} }
+	large := int(min(s.MaxBodyBytes(), 900<<10))
+	body := func(status string, n int) []byte {
+		b := []byte(`{"status":"` + status + `","pad":"`)
+		b = append(b, bytes.Repeat([]byte{'x'}, max(0, n-len(b)-2))...)
+		return append(b, `"}`...)
+	}
+	bodies := map[string][]byte{} // the final answers' bodies
+	needs := map[string]bool{}    // whether each final answer needs review
+	var awaiting, final []string  // keys of the final records awaiting review, and of all
+	for i := range 12 {
+		k := fmt.Sprintf("f%02d", i)
+		var b []byte
+		switch i % 4 {
+		case 0, 1: // large, needs review
+			b = body("needs_review", large)
+		case 2: // large, names needs_review but not at status
+			b = body("succeeded", large-40)
+			b = append(b[:len(b)-1], `,"note":"needs_review"}`...)
+		case 3: // large, ordinary
+			b = body("succeeded", large)
+		}
+		bodies[k], needs[k] = b, store.NeedsReview(b)
+	}
+	bodies["u0"] = []byte(`{"status":"needs\u005freview"}`) // needs review, spelled with an escape
+	bodies["r0"] = body("needs_review", large)              // needs review, marked reviewed
+	needs["u0"], needs["r0"] = true, true
+	for k, b := range bodies {
+		mustBegin(t, s, id(k), fpA, "o-"+k, Long)
+		if err := s.Complete(ctx, id(k), "o-"+k, store.Response{Status: 200, Body: b}, time.Time{}); err != nil {
+			t.Fatalf("Complete(%s, %d bytes): %v", k, len(b), err)
+		}
+		final = append(final, k)
+		if needs[k] && k != "r0" {
+			awaiting = append(awaiting, k)
+		}
+	}
+	if !needs["f00"] || needs["f02"] || needs["f03"] || !store.NeedsReview(bodies["u0"]) {
+		t.Fatal("the test's bodies do not say what the test means")
+	}
+	if _, marked, err := s.Reviewed(ctx, id("r0")); err != nil || !marked {
+		t.Fatalf("Reviewed(r0) = %v, %v", marked, err)
+	}
+	last := body("", store.MaxLastBody)
+	var unknown []string
+	for i := range 6 {
+		k := fmt.Sprintf("p%02d", i)
+		mustBegin(t, s, id(k), fpA, "o-"+k, Long)
+		if err := s.Park(ctx, id(k), "o-"+k, store.Outcome{Attempts: 1, LastError: "504 from upstream", LastBody: last}); err != nil {
+			t.Fatal(err)
+		}
+		unknown = append(unknown, k)
+	}
+	mine := func(r *store.Record) bool { return r.ID.Tenant == base.Tenant }
+	awaits := func(r *store.Record) bool { return mine(r) && r.AwaitsReview() }
+	// list pages through f with limit 1000, and returns this tenant's
+	// records and the number of pages that were short of the limit with a
+	// next cursor (cut by bytes).
+	list := func(name string, f store.Filter) (map[string]store.Record, int) {
+		got := map[string]store.Record{}
+		cut, cursor := 0, ""
+		for page := 0; ; page++ {
+			recs, next, err := s.List(ctx, f, cursor, 1000)
+			if err != nil {
+				t.Fatalf("%s: List(%q): %v", name, cursor, err)
+			}
+			held := 0
+			for _, r := range recs {
+				held += r.Size()
+				if !mine(&r) {
+					continue
+				}
+				if _, dup := got[r.ID.Key]; dup {
+					t.Fatalf("%s: %s listed twice", name, r.ID.Key)
+				}
+				got[r.ID.Key] = r
+			}
+			if len(recs) > 1 && held > store.MaxListBytes {
+				t.Fatalf("%s: page %d holds %d records of %d bytes together, more than MaxListBytes", name, page, len(recs), held)
+			}
+			if next == "" {
+				return got, cut
+			}
+			if len(recs) < 1000 {
+				cut++
+			}
+			if next == cursor || page > 1000 {
+				t.Fatalf("%s: List does not advance: cursor %q", name, next)
+			}
+			cursor = next
+		}
+	}
+	keys := func(m map[string]store.Record) []string {
+		var out []string
+		for k := range m {
+			out = append(out, k)
+		}
+		slices.Sort(out)
+		return out
+	}
+	slices.Sort(awaiting)
+	slices.Sort(final)
+	for _, c := range []struct {
+		name string
+		f    store.Filter
+		want []string
+	}{
+		{"needs review", store.Filter{State: store.Final, Keep: awaits}, awaiting},
+		{"final", store.Filter{State: store.Final}, final},
+		{"unknown", store.Filter{State: store.Unknown}, unknown},
+	} {
+		got, cut := list(c.name+" without bodies", c.f)
+		if k := keys(got); !slices.Equal(k, c.want) {
+			t.Fatalf("%s without bodies: listed %v, want %v", c.name, k, c.want)
+		}
+		if cut > 0 {
+			t.Fatalf("%s without bodies: %d pages short of limit 1000 with a next cursor: records listed without their bodies were paged by the bodies' bytes",
+				c.name, cut)
+		}
+		for k, r := range got {
+			if r.Response.Body != nil || r.Outcome.LastBody != nil {
+				t.Fatalf("%s without bodies: %s listed with a body of %d bytes and a last body of %d",
+					c.name, k, len(r.Response.Body), len(r.Outcome.LastBody))
+			}
+			if r.Size() > 1<<10 {
+				t.Fatalf("%s without bodies: %s holds %d bytes (Record.Size)", c.name, k, r.Size())
+			}
+			if r.State == store.Final && r.Response.NeedsReview() != needs[k] {
+				t.Fatalf("%s without bodies: %s NeedsReview %v, its stored body's is %v", c.name, k, r.Response.NeedsReview(), needs[k])
+			}
+			if r.State == store.Unknown && (r.Outcome.Attempts != 1 || r.Outcome.LastError != "504 from upstream") {
+				t.Fatalf("%s without bodies: %s lacks its outcome: %+v", c.name, k, r.Outcome)
+			}
+		}
+		c.f.Bodies = true
+		got, cut = list(c.name+" with bodies", c.f)
+		if k := keys(got); !slices.Equal(k, c.want) {
+			t.Fatalf("%s with bodies: listed %v, want %v", c.name, k, c.want)
+		}
+		if c.name != "unknown" && cut == 0 {
+			t.Fatalf("%s with bodies: one page: records of several MiB together were not paged by bytes", c.name)
+		}
+		for k, r := range got {
+			if r.State == store.Final && (!bytes.Equal(r.Response.Body, bodies[k]) || r.Response.NeedsReview() != needs[k]) {
+				t.Fatalf("%s with bodies: %s listed with a body of %d bytes (NeedsReview %v), stored %d (%v)",
+					c.name, k, len(r.Response.Body), r.Response.NeedsReview(), len(bodies[k]), needs[k])
+			}
+			if r.State == store.Unknown && !bytes.Equal(r.Outcome.LastBody, last) {
+				t.Fatalf("%s with bodies: %s listed with a last body of %d bytes, stored %d", c.name, k, len(r.Outcome.LastBody), len(last))
+			}
 		}
 	}
 }

@@ -65,6 +65,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"List", testList},
 		{"ListKeepFullPages", testListKeepFullPages},
 		{"ListByBytes", testListByBytes},
+		{"ListWithoutBodies", testListWithoutBodies},
 		{"RequestFields", testRequestFields},
 		{"TakeoverKeepsUpstreamKey", testTakeoverKeepsUpstreamKey},
 		{"LastBody", testLastBody},
