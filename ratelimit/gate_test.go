@@ -459,3 +459,48 @@ func TestGateDeadlineInLine(t *testing.T) {
 		t.Errorf("head: %v", err)
 	}
 }
+
+// A line of attempts keeps to the rate when every wake-up is late by more
+// than the interval between tokens (here 15 ms at 100 a second, as on busy
+// cores at 2,000 a second): the head takes its token only after the one
+// before it woke up and left, and with a burst of 1 the bucket did not count
+// the time of that wake-up. Before, 40 attempts took 500 ms, the rate of
+// 80 a second; now 400 ms, and never fewer than the rate allows.
+func TestGateLineKeepsRateThroughLateWakeUps(t *testing.T) {
+	const (
+		perSecond = 100
+		n         = 40
+		late      = 15 * time.Millisecond
+	)
+	interval := time.Second / perSecond
+	g, c := newTestGate(perSecond, 1)
+	if w, err := g.Wait(context.Background()); err != nil || w != 0 {
+		t.Fatalf("first Wait = %v, %v; want the burst at once", w, err)
+	}
+	start := make(chan struct{})
+	g.Sleep = func(ctx context.Context, d time.Duration) error {
+		<-start // the whole line is in place first
+		return c.Sleep(ctx, d+late)
+	}
+	t0 := c.Now()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if _, err := g.Wait(context.Background()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for g.holding() < n {
+		time.Sleep(time.Millisecond)
+	}
+	close(start)
+	wg.Wait()
+	took := c.Now().Sub(t0)
+	if limit := n*interval + late; took > limit {
+		t.Errorf("%d attempts in line took %v, want at most %v (the rate, and one wake-up)", n, took, limit)
+	}
+	if least := (n - 1) * interval; took < least {
+		t.Errorf("%d attempts in line took %v, want at least %v: faster than the rate", n, took, least)
+	}
+}
