@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/ratelimit"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -28,10 +29,10 @@ import (
 // that operation; otherwise it belongs to (and anchors, if first) its own
 // period. Anchors are final records, so a crash, a restart or an abandoned
 // attempt never loses one, and they live for IDEMPROXY_RECORD_TTL, which must
-// be at least the window. In one process the look-up and the anchoring are
-// serialised per fingerprint; across replicas on a shared store two identical
-// requests arriving within milliseconds of each other exactly at a period
-// boundary could still anchor two periods.
+// be at least the window. A request that would anchor decides again under
+// the fingerprint's lock (a mutex in the process, a lock record in the
+// store across replicas) by the store's clock, so that replicas never anchor
+// two periods for one operation (see windowKey).
 //
 // The rule that matters most (never a new key for an operation whose outcome
 // is unknown) outranks the window: when a request comes after the window and
@@ -62,28 +63,34 @@ func (l *windowLocks) lock(fp [32]byte) func() {
 
 // windowKey returns the key of a request with fingerprint fp under a
 // fingerprint window rule, anchoring its operation if it is the first.
+//
+// Most requests join an operation anchored already: reads only, by this
+// process's clock. A request that would anchor one decides again under the
+// fingerprint's lock record (lockWindow), by the store's clock read as the
+// lock is taken: replicas whose clocks differ, or two requests on each side
+// of a period boundary on two replicas, would otherwise anchor two periods,
+// and the provider would execute the operation twice.
 func (h *Handler) windowKey(ctx context.Context, tenant string, fp [32]byte, window time.Duration) (string, error) {
 	defer h.windows.lock(fp)()
-	now := h.opt.Now()
-	period := idemkey.WindowPeriod(now, window)
-	prev, err := h.readAnchor(ctx, tenant, fp, window, period-1)
+	if _, key, joined, err := h.joinWindow(ctx, tenant, fp, window, h.opt.Now()); err != nil || joined {
+		return key, err
+	}
+	now, unlock, err := h.lockWindow(ctx, tenant, fp, window)
 	if err != nil {
 		return "", err
 	}
-	if prev.found && now.Sub(prev.at) < window {
-		return prev.key, nil
+	defer unlock()
+	last, key, joined, err := h.joinWindow(ctx, tenant, fp, window, now)
+	if err != nil || joined {
+		return key, err
 	}
-	own, err := h.readAnchor(ctx, tenant, fp, window, period)
-	if err != nil || own.found {
-		return own.key, err
-	}
-	last := prev
+	period := idemkey.WindowPeriod(now, window)
 	if !last.found {
 		if last, err = h.readAnchor(ctx, tenant, fp, window, period-2); err != nil {
 			return "", err
 		}
 	}
-	key := own.key
+	key = idemkey.WindowKey(fp, window, period, tenant)
 	if last.found {
 		open, err := h.unsettled(ctx, tenant, last.key)
 		if err != nil {
@@ -95,17 +102,98 @@ func (h *Handler) windowKey(ctx context.Context, tenant string, fp [32]byte, win
 	}
 	named, err := h.anchor(ctx, anchorID(tenant, fp, window, period), fp, key)
 	if named == "" { // anchored first by an earlier version, naming no operation
-		named = own.key
+		named = idemkey.WindowKey(fp, window, period, tenant)
 	}
 	return named, err
 }
 
+// joinWindow returns the key of the operation a request at now belongs to,
+// if one is anchored (joined): the previous period's, if its first request
+// came less than a window ago, else its own period's. An anchor read with
+// the store's clock (Record.ReadAt) is judged by it rather than by now. prev
+// is what the previous period's anchor says.
+func (h *Handler) joinWindow(ctx context.Context, tenant string, fp [32]byte, window time.Duration, now time.Time) (prev anchorRef, key string, joined bool, err error) {
+	period := idemkey.WindowPeriod(now, window)
+	for _, p := range [...]int64{period - 1, period} {
+		ref, err := h.readAnchor(ctx, tenant, fp, window, p)
+		if err != nil {
+			return prev, "", false, err
+		}
+		if p < period {
+			prev = ref
+		}
+		at := now
+		if !ref.readAt.IsZero() {
+			at = ref.readAt
+		}
+		if ref.found && at.Sub(ref.at) < window {
+			return prev, ref.key, true, nil
+		}
+	}
+	return prev, "", false, nil
+}
+
+// windowLockLease bounds how long a replica that stopped while deciding a
+// fingerprint's anchor holds the others' decisions for it.
+const windowLockLease = 10 * time.Second
+
+// lockWindow takes the lock record of fingerprint fp's window, which
+// serialises anchoring across replicas sharing the store as h.windows does
+// within the process, and returns the store's time at the claim (this
+// process's for a store that gives none) and the function that releases it.
+// While another replica holds it, it waits, reading, as for a key in flight,
+// up to InflightWait: then 409, nothing sent.
+func (h *Handler) lockWindow(ctx context.Context, tenant string, fp [32]byte, window time.Duration) (time.Time, func(), error) {
+	id := anchorID(tenant, fp, window, 0)
+	id.Key += "/lock"
+	owner := newOwner()
+	deadline := h.opt.Now().Add(h.opt.InflightWait)
+	for {
+		rec, created, err := h.opt.Store.Begin(ctx, id, store.Request{Fingerprint: fp[:]}, owner, windowLockLease)
+		if err != nil {
+			return time.Time{}, nil, storeError{err}
+		}
+		if created {
+			now := rec.ReadAt
+			if now.IsZero() {
+				now = h.opt.Now()
+			}
+			return now, func() {
+				// Also when the client has gone: left held, the lock would
+				// hold the fingerprint's next request for a lease.
+				h.opt.Store.Abandon(context.WithoutCancel(ctx), id, owner)
+			}, nil
+		}
+		// Held for a few statements: read it again every few milliseconds
+		// until it is released, or its lease ran out by the store's clock
+		// (a replica that stopped holding it).
+		for rec.LeaseLive(h.opt.Now()) {
+			if !h.opt.Now().Before(deadline) {
+				return time.Time{}, nil, h.inProgress
+			}
+			if err := ratelimit.SleepContext(ctx, windowLockPoll); err != nil {
+				return time.Time{}, nil, err
+			}
+			if rec, err = h.opt.Store.Get(ctx, id); errors.Is(err, store.ErrNotFound) {
+				break
+			} else if err != nil {
+				return time.Time{}, nil, storeError{err}
+			}
+		}
+	}
+}
+
+// windowLockPoll is how often a request waiting for a fingerprint's lock
+// reads it.
+const windowLockPoll = 5 * time.Millisecond
+
 // anchorRef is what a period's anchor says: when the period's first request
 // came, and the key of the operation the period belongs to.
 type anchorRef struct {
-	found bool
-	at    time.Time
-	key   string
+	found  bool
+	at     time.Time
+	key    string
+	readAt time.Time // the store's clock at the read (Record.ReadAt), if it gives one
 }
 
 // readAnchor reads the anchor of period. Its key is the period's own window
@@ -117,7 +205,7 @@ func (h *Handler) readAnchor(ctx context.Context, tenant string, fp [32]byte, wi
 	if !found {
 		return ref, err
 	}
-	ref.found, ref.at = true, rec.CreatedAt
+	ref.found, ref.at, ref.readAt = true, rec.CreatedAt, rec.ReadAt
 	if rec.UpstreamKey != "" {
 		ref.key = rec.UpstreamKey
 	}
