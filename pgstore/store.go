@@ -85,17 +85,16 @@ type Store struct {
 	opt    Options
 	ready  atomic.Bool // the schema is in place
 	closed atomic.Bool
-	// noSpace is set when the database refused a write for lack of disk
-	// space (SQLSTATE 53100), and cleared by a Ping whose probe write
-	// succeeds: until then the database does not take writes.
-	noSpace atomic.Bool
-	// denied is set when the database refused a statement for want of a
-	// privilege (SQLSTATE 42501: a grant revoked while running), and
-	// cleared like noSpace.
-	denied atomic.Bool
-	stop   chan struct{}
-	loops  sync.WaitGroup
-	once   sync.Once
+	// refused counts the statements the database refused for lack of disk
+	// space (SQLSTATE 53100) or for want of a privilege (42501: a grant
+	// revoked while running) since a Ping's probe write last passed; 0:
+	// none. Until a probe passes the database does not take writes, and
+	// only a probe that passed clears it, and only if no refusal came
+	// while it ran (see ping).
+	refused atomic.Uint64
+	stop    chan struct{}
+	loops   sync.WaitGroup
+	once    sync.Once
 	// bg is the context of the background loops' calls, cancelled by
 	// Close: on a database that does not answer, a call would otherwise
 	// run out its timeout before Close could go on.
@@ -590,11 +589,11 @@ func (s *Store) call(ctx context.Context, op string, id *store.ID, fn func(ctx c
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "53100" {
-		s.noSpace.Store(true)
+		s.refused.Add(1)
 		return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrNoSpace, err)
 	}
 	if errors.As(err, &pe) && pe.Code == "42501" {
-		s.denied.Store(true)
+		s.refused.Add(1)
 	}
 	return fmt.Errorf("pgstore: %s: %w: %w", op, store.ErrUnavailable, redact(err))
 }
@@ -1163,39 +1162,62 @@ func (s *Store) ownerWrite(ctx context.Context, op string, id store.ID, owner, s
 // databases turn on when their disk fills), nor one that refused a write for
 // lack of disk space or for want of a privilege, until a probe write
 // (probeWrite) passes again.
+//
+// Its statements run as a read's (see read): a caller that leaves (a
+// readiness probe whose deadline ends on a slow database) is answered at
+// once, while the statements run on within the call timeout and their
+// connection goes back to the pool. Run under the caller's context, pgx
+// cancelled them and dropped the connection: each timed-out probe cost the
+// database a session and the pool a reconnect.
 func (s *Store) Ping(ctx context.Context) error {
 	return s.call(ctx, "ping", nil, func(ctx context.Context) error {
-		var standby, readOnly bool
-		if err := s.pool.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'`).
-			Scan(&standby, &readOnly); err != nil {
-			return err
-		}
-		if standby {
-			return errors.New("the database is a read-only standby")
-		}
-		if readOnly {
-			return errors.New("the database's sessions are read-only (default_transaction_read_only)")
-		}
-		// Both flags are cleared: the probe sets again the one that
-		// still holds.
-		if noSpace, denied := s.noSpace.Swap(false), s.denied.Swap(false); noSpace || denied {
-			return probeWrite(ctx, s.pool)
-		}
-		return nil
+		_, err := read(ctx, s, s.ping)
+		return err
 	})
+}
+
+// ping is Ping's statements on conn. A refusal (see Store.refused) is
+// cleared only by a probe that passed, and only if no other came while it
+// ran: a probe that fails, or whose caller left, or that ends at the call
+// timeout, leaves it as it was, so that Ping keeps failing while the
+// database refuses claims. (Cleared first and set again by the probe's
+// failure, a probe whose caller left before it failed lost it, and every
+// later Ping passed without a probe while claims were refused.)
+func (s *Store) ping(ctx context.Context, conn *pgxpool.Conn) (struct{}, error) {
+	var none struct{}
+	var standby, readOnly bool
+	if err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'`).
+		Scan(&standby, &readOnly); err != nil {
+		return none, err
+	}
+	if standby {
+		return none, errors.New("the database is a read-only standby")
+	}
+	if readOnly {
+		return none, errors.New("the database's sessions are read-only (default_transaction_read_only)")
+	}
+	refused := s.refused.Load()
+	if refused == 0 {
+		return none, nil
+	}
+	if err := probeWrite(ctx, conn); err != nil {
+		return none, err
+	}
+	s.refused.CompareAndSwap(refused, 0)
+	return none, nil
 }
 
 // probeWrite inserts a claim-like row under a random key and rolls it back:
 // it fails as a claim would on a database that has no disk space for one
-// (53100, which sets noSpace again), or where idemproxy's user lacks a
-// privilege a claim needs (42501, which sets denied again: INSERT, and
-// UPDATE and SELECT, which ON CONFLICT DO UPDATE ... WHERE needs). Ping runs
-// it only once a write was refused so: reads and the read-only checks still
-// pass then, while every claim is refused.
-func probeWrite(ctx context.Context, pool *pgxpool.Pool) error {
+// (53100, which counts as a refusal again), or where idemproxy's user lacks
+// a privilege a claim needs (42501, likewise: INSERT, and UPDATE and
+// SELECT, which ON CONFLICT DO UPDATE ... WHERE needs). Ping runs it only
+// once a write was refused so: reads and the read-only checks still pass
+// then, while every claim is refused.
+func probeWrite(ctx context.Context, conn *pgxpool.Conn) error {
 	key := make([]byte, 16)
 	rand.Read(key)
-	tx, err := pool.Begin(ctx)
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err
 	}
