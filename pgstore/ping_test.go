@@ -2,8 +2,12 @@ package pgstore
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,6 +146,141 @@ func TestPingFailsAfterItsCallerLeft(t *testing.T) {
 	}
 }
 
+// TestPingFullDiskRoomForARow: on a full disk, the sweep deleting a record
+// now and then and (auto)vacuum giving its room back leave the table's
+// pages room for a row or two but not for 8 claims at once, whose batched
+// statement fails whole. Ping, and so /readyz, must fail in every check
+// whose claims were refused, and pass once there is space again. Its probe
+// was one row, which fitted: it passed in 16 of 16, 16 of 17 and 16 of 25
+// such checks (of 40), and in 25 of 25 and 31 of 32 once a refusal was kept
+// until a probe passed.
+func TestPingFullDiskRoomForARow(t *testing.T) {
+	dbURL, mnt := smallTablespace(t)
+	ctx := context.Background()
+	s := open(t, dbURL, time.Hour)
+	admin := session(t, dbURL)
+	req := store.Request{Fingerprint: []byte("fp"), Method: "POST", Path: "/v1/payments"}
+	answer := store.Response{Status: 201, Body: []byte(strings.Repeat(`{"id":"pay_0123456789","status":"succeeded"}`, 5))}
+	// Answered orders, as a replica has them, and the free space map
+	// autovacuum keeps.
+	var ids []store.ID
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 250 {
+				id := store.ID{Key: randomKey()}
+				if _, _, err := s.Begin(ctx, id, req, "o", time.Minute); err != nil {
+					t.Error(err)
+					return
+				}
+				if err := s.Complete(ctx, id, "o", answer, time.Now()); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				ids = append(ids, id)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	if _, err := admin.Exec(ctx, `VACUUM idemproxy_records`); err != nil {
+		t.Fatal(err)
+	}
+	// claims sends n claims at once, as concurrent orders do (one
+	// statement, but for the first), and returns how many were refused
+	// for space.
+	claims := func(n int) (refused int) {
+		t.Helper()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for range n {
+			wg.Go(func() {
+				_, _, err := s.Begin(ctx, store.ID{Key: randomKey()}, req, "o", time.Minute)
+				if err != nil && !errors.Is(err, store.ErrNoSpace) {
+					t.Errorf("claim on a full disk = %v, want ErrNoSpace or a claim", err)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					refused++
+				}
+			})
+		}
+		wg.Wait()
+		return refused
+	}
+
+	// vacuum gives the table's free space map the room its pages have
+	// (not the indexes': their maps would need room).
+	vacuum := func() {
+		t.Helper()
+		if _, err := admin.Exec(ctx, `VACUUM (INDEX_CLEANUP OFF) idemproxy_records`); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	filler := fill(t, mnt)
+	// Claims one at a time fill the room the pages have, until one is
+	// refused right after a vacuum.
+	for i := 0; ; i++ {
+		if i == 100_000 {
+			t.Fatal("claims on a full disk never refused for space")
+		}
+		if claims(1) == 1 {
+			vacuum()
+			if claims(1) == 1 {
+				break
+			}
+		}
+	}
+	const checks = 40
+	passed, refusedChecks := 0, 0
+	for i := range checks {
+		if i%8 == 0 {
+			// The sweep deletes an expired record; autovacuum gives its
+			// room back: enough for a row or two.
+			if _, err := admin.Exec(ctx, `DELETE FROM idemproxy_records WHERE tenant = $1 AND key = $2`,
+				[]byte(ids[i].Tenant), []byte(ids[i].Key)); err != nil {
+				t.Fatal(err)
+			}
+			vacuum()
+		}
+		refused := claims(8)
+		err := s.Ping(ctx)
+		if err != nil && !errors.Is(err, store.ErrNoSpace) {
+			t.Fatalf("Ping %d on a full disk = %v, want ErrNoSpace", i, err)
+		}
+		if refused > 0 {
+			refusedChecks++
+			if err == nil {
+				passed++
+			}
+		}
+	}
+	t.Logf("Ping passed in %d of the %d checks (of %d) whose claims were refused for space", passed, refusedChecks, checks)
+	if refusedChecks < checks/4 {
+		t.Fatalf("claims were refused in %d of %d checks only: the disk is not full", refusedChecks, checks)
+	}
+	if passed > 0 {
+		t.Errorf("Ping passed in %d of the %d checks whose claims were refused for space, want none", passed, refusedChecks)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping once there is space again: %v", err)
+	}
+	if refused := claims(8); refused > 0 {
+		t.Fatalf("%d of 8 claims refused once there is space again", refused)
+	}
+}
+
 // ownRoleStore opens a store (with opt, but for its URL) on a new
 // database, as a role of its own that an admin session (returned) may
 // revoke privileges from.
@@ -210,4 +349,11 @@ func waitIdle(t *testing.T, s *Store, within time.Duration) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// randomKey is a key shaped like a derived one (a UUID).
+func randomKey() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }

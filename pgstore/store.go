@@ -14,7 +14,6 @@ package pgstore
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -1207,24 +1206,37 @@ func (s *Store) ping(ctx context.Context, conn *pgxpool.Conn) (struct{}, error) 
 	return none, nil
 }
 
-// probeWrite inserts a claim-like row under a random key and rolls it back:
-// it fails as a claim would on a database that has no disk space for one
-// (53100, which counts as a refusal again), or where idemproxy's user lacks
-// a privilege a claim needs (42501, likewise: INSERT, and UPDATE and
-// SELECT, which ON CONFLICT DO UPDATE ... WHERE needs). Ping runs it only
-// once a write was refused so: reads and the read-only checks still pass
-// then, while every claim is refused.
+// probeWrite inserts a full batch of claim-like rows (batchRows, under
+// random keys shaped like derived ones, so that their index entries land
+// where claims' do) and rolls them back: it fails as claims would on a
+// database that has no disk space for them (53100, which counts as a
+// refusal again), or where idemproxy's user lacks a privilege a claim needs
+// (42501, likewise: INSERT, and UPDATE and SELECT, which ON CONFLICT DO
+// UPDATE ... WHERE needs). Ping runs it only once a write was refused so:
+// reads and the read-only checks still pass then, while every claim is
+// refused.
+//
+// A batch and not one row: on a full disk the table's pages keep a little
+// room (rows of refused batches and probes rolled back, records the sweep
+// deleted), enough for a row now and then but not for a batch, whose
+// statement fails whole. A probe of one row under one key passed in nearly
+// every check whose claims were refused so, and /readyz said ready. A batch
+// fits only where a batch of claims does: in room the pages have for it
+// (what a vacuum gave back), or in pages the database can add again. Its
+// rows, rolled back, take up their room until pruned or vacuumed, as a
+// refused batch's do.
 func probeWrite(ctx context.Context, conn *pgxpool.Conn) error {
-	key := make([]byte, 16)
-	rand.Read(key)
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `INSERT INTO idemproxy_records AS r (tenant, key, state, fingerprint, owner, fence, lease_until, created_at)
-		VALUES ('\xff'::bytea, $1, 1, ''::bytea, 'readiness probe', 1, now(), now())
-		ON CONFLICT (tenant, key) DO UPDATE SET owner = excluded.owner WHERE r.state = 1`, key)
+	_, err = tx.Exec(ctx, `INSERT INTO idemproxy_records AS r (tenant, key, state, fingerprint, owner, fence, lease_until, created_at,
+			method, path, upstream_key)
+		SELECT ''::bytea, convert_to(u::text, 'UTF8'), 1, sha256(uuid_send(u)), 'readiness probe', 1, now(), now(),
+			'POST', '/idemproxy/readiness-probe', u::text
+		FROM (SELECT gen_random_uuid() FROM generate_series(1, $1)) AS v(u)
+		ON CONFLICT (tenant, key) DO UPDATE SET owner = excluded.owner WHERE r.state = 1`, batchRows)
 	return err
 }
 

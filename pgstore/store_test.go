@@ -616,60 +616,14 @@ func TestPingReadOnlyPrimary(t *testing.T) {
 // sessions are not read-only, yet it refuses every claim (53100). Ping, and
 // so /readyz, must say so until there is space again; it said ready.
 func TestPingFullDisk(t *testing.T) {
-	c, _ := pgtest.Own(t, pgtest.Options{})
+	dbURL, mnt := smallTablespace(t)
 	ctx := context.Background()
-	// The database's files go to a small tmpfs of their own (a tablespace
-	// on it), so that filling it fails the writes, not the WAL.
-	mnt := filepath.Join(c.SocketDir(), "small")
-	if err := os.Mkdir(mnt, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=32m"); err != nil {
-		t.Skipf("cannot mount a tmpfs for the database (needs root or CAP_SYS_ADMIN): %v", err)
-	}
-	t.Cleanup(func() {
-		c.Stop(false)
-		if err := syscall.Unmount(mnt, 0); err != nil {
-			t.Errorf("unmount %s: %v", mnt, err)
-		}
-	})
-	if os.Geteuid() == 0 { // the server runs as postgres (pgtest)
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatal(err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(mnt, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admin, err := pgx.Connect(ctx, c.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	for _, q := range []string{`CREATE TABLESPACE small LOCATION '` + mnt + `'`, `CREATE DATABASE full_disk TABLESPACE small`} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	s := open(t, c.URL("full_disk"), time.Hour)
+	s := open(t, dbURL, time.Hour)
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("Ping with room: %v", err)
 	}
 
-	filler := filepath.Join(mnt, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for chunk := make([]byte, 64<<10); ; {
-		if _, err := f.Write(chunk); err != nil {
-			break // the file system is full
-		}
-	}
-	f.Close()
+	filler := fill(t, mnt)
 	req := store.Request{Fingerprint: []byte("fp")}
 	for i := 0; ; i++ {
 		_, _, err := s.Begin(ctx, store.ID{Key: fmt.Sprintf("full-%d", i)}, req, "o", time.Minute)
@@ -695,6 +649,65 @@ func TestPingFullDisk(t *testing.T) {
 	if _, created, err := s.Begin(ctx, store.ID{Key: "after"}, req, "o", time.Minute); err != nil || !created {
 		t.Fatalf("claim once there is space again = %v, %v", created, err)
 	}
+}
+
+// smallTablespace starts a cluster of the test's own whose database
+// full_disk (returned as dbURL) keeps its files on a small tmpfs of their
+// own (mnt, a tablespace on it), so that filling it (fill) fails the
+// writes, not the WAL. It skips the test where no tmpfs can be mounted.
+func smallTablespace(t *testing.T) (dbURL, mnt string) {
+	t.Helper()
+	c, _ := pgtest.Own(t, pgtest.Options{})
+	ctx := context.Background()
+	mnt = filepath.Join(c.SocketDir(), "small")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=32m"); err != nil {
+		t.Skipf("cannot mount a tmpfs for the database (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() {
+		c.Stop(false)
+		if err := syscall.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	if os.Geteuid() == 0 { // the server runs as postgres (pgtest)
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(mnt, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := session(t, c.URL("postgres"))
+	for _, q := range []string{`CREATE TABLESPACE small LOCATION '` + mnt + `'`, `CREATE DATABASE full_disk TABLESPACE small`} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return c.URL("full_disk"), mnt
+}
+
+// fill writes a file in mnt until its file system is full, and returns
+// the file's path: removing it gives the space back.
+func fill(t *testing.T, mnt string) (filler string) {
+	t.Helper()
+	filler = filepath.Join(mnt, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for chunk := make([]byte, 64<<10); ; {
+		if _, err := f.Write(chunk); err != nil {
+			break // the file system is full
+		}
+	}
+	f.Close()
+	return filler
 }
 
 // claimedThenStopped opens a store on a cluster of the test's own, claims
