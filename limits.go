@@ -36,7 +36,13 @@ type resourceLimits struct {
 
 // deriveLimits fills the bounds cfg leaves at 0. nofile is RLIMIT_NOFILE (0:
 // unknown), storeFiles the files the store holds open at start, goLimit the
-// Go runtime's soft memory limit (math.MaxInt64: none).
+// Go runtime's soft memory limit (math.MaxInt64: none), container the
+// container's memory limit (0: none found).
+//
+// Bytes: a quarter of goLimit, and never more than a quarter of the Go limit
+// the container's would give (a tenth of it): a GOMEMLIMIT set above that
+// (the README's GOMEMLIMIT=1TiB, to turn the soft limit off) made the bound a
+// quarter of a tebibyte in a 256 MiB container, no bound before the OOM kill.
 //
 // File descriptors: a quarter of nofile (at least minFDReserve) plus the
 // store's files is kept for other uses; the rest is shared equally between
@@ -45,7 +51,7 @@ type resourceLimits struct {
 // of the client connections: the rest carry the 503 overloaded answers and
 // idle keep-alive connections, so that past the bound a request is refused
 // clearly instead of waiting for a connection.
-func deriveLimits(cfg config, nofile uint64, storeFiles int, goLimit int64) resourceLimits {
+func deriveLimits(cfg config, nofile uint64, storeFiles int, goLimit, container int64) resourceLimits {
 	l := resourceLimits{maxInflight: cfg.MaxInflight, maxInflightBytes: cfg.MaxInflightBytes, nofile: nofile}
 	if nofile > 0 && nofile < math.MaxInt32 {
 		reserve := max(nofile/4, minFDReserve) + uint64(storeFiles)
@@ -67,14 +73,18 @@ func deriveLimits(cfg config, nofile uint64, storeFiles int, goLimit int64) reso
 		if goLimit > 0 && goLimit < math.MaxInt64 {
 			l.maxInflightBytes = goLimit / inflightBytesShare
 		}
+		if container > 0 {
+			l.maxInflightBytes = min(l.maxInflightBytes, containerGoLimit(container)/inflightBytesShare)
+		}
 		l.maxInflightBytes = max(l.maxInflightBytes, cfg.MaxBodyBytes)
 	}
 	return l
 }
 
 // processLimits derives the bounds for this process: its RLIMIT_NOFILE, the
-// files in the Badger directory (none with STORE_URL) and the Go memory
-// limit (GOMEMLIMIT, or the one set from the container's, memlimit.go).
+// files in the Badger directory (none with STORE_URL), the Go memory limit
+// (GOMEMLIMIT, or the one set from the container's, memlimit.go) and the
+// container's memory limit.
 func processLimits(cfg config) resourceLimits {
 	files := 0
 	if cfg.StoreURL == "" {
@@ -82,5 +92,6 @@ func processLimits(cfg config) resourceLimits {
 			files = len(entries)
 		}
 	}
-	return deriveLimits(cfg, openFileLimit(), files, debug.SetMemoryLimit(-1))
+	container, _ := cgroupMemoryLimit(cgroupLimitFiles)
+	return deriveLimits(cfg, openFileLimit(), files, debug.SetMemoryLimit(-1), container)
 }
