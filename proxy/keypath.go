@@ -21,18 +21,28 @@ import (
 // client library that encodes "~", a hand-built URL) would send one order
 // under two keys, and the provider would execute it twice. An encoded
 // reserved character stays encoded: /cards/a%2Fb and /cards/a/b are two
-// resources. A path without '%' is its own normal form.
+// resources.
+//
+// Repeated slashes are one and a trailing slash is dropped (/payments/,
+// //payments and /v1//payout are /payments and /v1/payout): the routers of
+// most providers' frameworks read them so (Rails and Spring merge repeated
+// slashes; Rails, ASP.NET Core, Express and Spring before 6 ignore a
+// trailing one; routes.Table.Match reads a rule's path the same way), and
+// an app whose base URL gained or lost a slash between an order and its
+// retry had the order executed once per spelling. A path without '%', a
+// repeated slash or a trailing slash is its own normal form.
 func keyPath(escaped string) string {
-	i := strings.IndexByte(escaped, '%')
-	if i < 0 {
+	if normalPath(escaped) {
 		return escaped
 	}
 	var b strings.Builder
 	b.Grow(len(escaped))
-	b.WriteString(escaped[:i])
-	for ; i < len(escaped); i++ {
+	for i := 0; i < len(escaped); i++ {
 		c := escaped[i]
-		if c != '%' || i+2 >= len(escaped) || !isHex(escaped[i+1]) || !isHex(escaped[i+2]) {
+		switch {
+		case c == '/' && i > 0 && escaped[i-1] == '/':
+			continue // a repeated slash (a decoded escape is never one)
+		case c != '%' || i+2 >= len(escaped) || !isHex(escaped[i+1]) || !isHex(escaped[i+2]):
 			b.WriteByte(c)
 			continue
 		}
@@ -45,7 +55,28 @@ func keyPath(escaped string) string {
 		}
 		i += 2
 	}
-	return b.String()
+	p := b.String()
+	if len(p) > 1 && p[len(p)-1] == '/' {
+		p = p[:len(p)-1]
+	}
+	return p
+}
+
+// normalPath reports whether escaped is its own normal form (keyPath): no
+// '%', no repeated slash and no trailing slash (but for "/"). Nearly every
+// request's path is.
+func normalPath(escaped string) bool {
+	for i := 0; i < len(escaped); i++ {
+		switch escaped[i] {
+		case '%':
+			return false
+		case '/':
+			if i > 0 && escaped[i-1] == '/' || i == len(escaped)-1 && i > 0 {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func unhex(c byte) byte {

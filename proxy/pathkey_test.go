@@ -10,6 +10,8 @@ import (
 
 	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/internal/fakeclock"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -167,5 +169,81 @@ func TestFingerprintWindowOfAPathSpelledAsItCame(t *testing.T) {
 	}
 	if _, execs := e.prov.counts(); len(execs) != 1 || execs[key] != 1 {
 		t.Errorf("the provider executed %v, want %s once", execs, key)
+	}
+}
+
+// One order sent to its path with a slash repeated or trailing
+// (/v1/payouts/, //v1/payouts, /v1//payouts) gets the key of the path
+// without them, so one execution: the routers of most providers (Rails,
+// Spring, ASP.NET Core, Express) take those spellings for the same
+// endpoint, as routes.Table.Match does for a rule's path. Before the fix
+// each spelling derived a key of its own, and such a provider executed the
+// order once per spelling (5 executions here; an app whose base URL gained
+// a trailing slash between an order and its retry paid twice). The
+// fingerprint is still the path as sent: 409 idempotency_conflict under the
+// first's key, nothing sent. A record an earlier version stored under the
+// key of the path as it came is still replayed when it comes so again.
+func TestSlashSpellingsAreOneOperation(t *testing.T) {
+	e := newEnv(t)
+	const body = `{"order_id":"slash-1","amount":"1.00"}`
+	first := e.do(t, "POST", "/v1/payouts", body)
+	if first.status != http.StatusCreated {
+		t.Fatalf("/v1/payouts: %d %s", first.status, first.body)
+	}
+	key := first.header.Get("Idempotency-Key")
+	for _, path := range []string{"/v1/payouts/", "//v1/payouts", "/v1//payouts", "/v1/payouts//", "//v1///p%61youts/"} {
+		a := e.do(t, "POST", path, body)
+		if a.status != http.StatusConflict || a.header.Get("Idempotency-Key") != key {
+			t.Errorf("%s after /v1/payouts: %d %s key %s, want 409 under %s", path, a.status, a.body, a.header.Get("Idempotency-Key"), key)
+		}
+	}
+	if _, execs := e.prov.counts(); len(execs) != 1 || execs[key] != 1 {
+		t.Errorf("the provider executed %v, want %s once", execs, key)
+	}
+	// A slash that is part of an escape or a segment is not repeated:
+	// /cards/a%2F/x and /cards/a/x are other resources, other keys.
+	for _, path := range []string{"/v1/payouts%2F", "/v1/payouts/x"} {
+		if a := e.do(t, "POST", path, body); a.status != http.StatusCreated || a.header.Get("Idempotency-Key") == key {
+			t.Errorf("%s: %d %s key %s, want 201 under a key other than %s", path, a.status, a.body, a.header.Get("Idempotency-Key"), key)
+		}
+	}
+
+	// Stored before the fix under the key of "/cards/c1/close/" as it came.
+	sources, _ := idemkey.ParseSources("json:order_id,query:order_id")
+	const old, oldBody = "/cards/c1/close/", `{"order_id":"slash-old","amount":"1.00"}`
+	kr := idemkey.Request{Method: "POST", Path: old, ContentType: "application/json", Body: []byte(oldBody)}
+	oldKey, _, _ := idemkey.Derive(sources, kr)
+	fp := idemkey.Fingerprint(kr)
+	id := store.ID{Tenant: "default", Key: oldKey}
+	ctx := context.Background()
+	if _, _, err := e.store.Begin(ctx, id, store.Request{Fingerprint: fp[:], Method: "POST", Path: old, UpstreamKey: oldKey}, "old", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Complete(ctx, id, "old", store.Response{Status: http.StatusCreated, Body: []byte(`{"id":"close_old"}`)}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	a := e.do(t, "POST", old, oldBody)
+	if a.status != http.StatusCreated || string(a.body) != `{"id":"close_old"}` || a.header.Get("Idempotency-Key") != oldKey {
+		t.Errorf("%s: %d %s key %s, want the answer stored under %s replayed", old, a.status, a.body, a.header.Get("Idempotency-Key"), oldKey)
+	}
+}
+
+// A POST to /cards/ or //cards, spellings of a fingerprint rule's path that
+// only a lenient router takes for it, keeps the defaults, and with no
+// order_id is 422 under IDEMPROXY_MISSING_KEY=generate, nothing sent: its
+// path in normal form (/cards) is not what the routes matched, and the
+// check that refuses it reads the path as sent. Read in normal form, it
+// found the rule matching exactly and gave each blind retry a random key.
+func TestSpeltOtherwiseReadAsSent(t *testing.T) {
+	e := newRouteEnv(t, "POST /cards=fingerprint:10m", nil, t.TempDir(), func(o *proxy.Options, _ *retry.Policy) { o.MissingKey = proxy.Generate })
+	for _, path := range []string{"/cards/", "//cards", "/cards//"} {
+		for try := 1; try <= 2; try++ {
+			if a := e.do(t, "POST", path, `{"amount":"50"}`); a.status != http.StatusUnprocessableEntity {
+				t.Errorf("%s, try %d: %d %s, want 422", path, try, a.status, a.body)
+			}
+		}
+	}
+	if total, _ := e.prov.counts(); total != 0 {
+		t.Errorf("the provider saw %d requests, want none", total)
 	}
 }

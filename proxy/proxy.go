@@ -540,7 +540,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 			return
 		}
 	}
-	key, err := h.resolveKey(r.Context(), kr, &parsed, rule, windowFP, undecodable)
+	key, err := h.resolveKey(r.Context(), kr, &parsed, rule, windowFP, undecodable, r.URL.EscapedPath())
 	if err != nil {
 		h.fail(w, sum, err)
 		return
@@ -604,8 +604,10 @@ func echoClientKey(w http.ResponseWriter, r *http.Request) {
 // of the rule's sources present (parsed is r's body read for them: Parse), else
 // what the MissingKey policy says ("" for Passthrough). undecodable says r's body has a Content-Encoding that was not
 // undone (decodedBody), so that its key sources could not be read: such a
-// request is refused under every policy.
-func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, parsed *idemkey.Parsed, rule routes.Rule, fp [32]byte, undecodable bool) (string, error) {
+// request is refused under every policy. sentPath is the escaped path as
+// the request came (r.Path is in its normal form, keyPath): the routes
+// matched that one, so it is the one keyedAsSpeltOtherwise reads.
+func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, parsed *idemkey.Parsed, rule routes.Rule, fp [32]byte, undecodable bool, sentPath string) (string, error) {
 	key, present, err := idemkey.FromHeader(r.Header)
 	if err != nil {
 		return "", err
@@ -631,7 +633,7 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, parsed *ide
 		// order's id.
 		return "", ErrKeyMissing
 	}
-	if h.opt.MissingKey != Reject && h.protected[r.Method] && h.keyedAsSpeltOtherwise(r.Method, r.Path) {
+	if h.opt.MissingKey != Reject && h.protected[r.Method] && h.keyedAsSpeltOtherwise(r.Method, sentPath) {
 		// Whatever the policy: a key or fingerprint rule is meant for this
 		// endpoint, which a lenient provider routes it to, and the defaults
 		// that apply in its place found no key (routes.Table.Match).

@@ -285,8 +285,8 @@ func (r Rule) covers(later Rule) bool {
 //     the key they derive (a new key for an operation in flight across an
 //     upgrade would be a second charge).
 //
-// The path is only read here: keys, fingerprints and what is sent upstream
-// use the path as written.
+// The path is only read here: fingerprints and what is sent upstream use
+// the path as written, keys its normal form (the proxy's keyPath).
 func (t Table) Match(method, escapedPath string, protectedByDefault bool) (Rule, bool) {
 	if len(t.rules) == 0 || !strings.HasPrefix(escapedPath, "/") {
 		return Rule{}, false
