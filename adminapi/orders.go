@@ -2,7 +2,6 @@ package adminapi
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
@@ -236,8 +235,8 @@ func (h *Handler) orderError(w http.ResponseWriter, err error) {
 // second charge, and one that succeeded must not run again.
 func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 	var in orderQuery
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&in); err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON {method, path, value, client}")
+	if err := decodeBody(w, r, 64<<10, &in); err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON {method, path, value, client}: "+err.Error())
 		return
 	}
 	o, ok := h.orderFrom(w, in)

@@ -43,12 +43,11 @@ type Resolved struct {
 // decodeRecordCall decodes the JSON body of a call on one record (at most
 // limit bytes) into in, whose key and client fields are at key and client,
 // and returns the record's ID. Unknown fields are refused: a mistyped
-// "statsu" must not store an empty answer. When ok is false, w has the 400,
+// "statsu" must not store an empty answer; so is anything but one JSON
+// object (decodeBody). When ok is false, w has the 400,
 // its message naming shape, the body's fields.
 func (h *Handler) decodeRecordCall(w http.ResponseWriter, r *http.Request, limit int64, shape string, in any, key, client *string) (id store.ID, ok bool) {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(in); err != nil {
+	if err := decodeBody(w, r, limit, in); err != nil {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON "+shape+": "+err.Error())
 		return store.ID{}, false
 	}
