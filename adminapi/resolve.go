@@ -158,10 +158,18 @@ func answer(in resolveQuery) (*store.Response, error) {
 			resp.Body = bytes.Clone(in.Body)
 		}
 	}
+	given := map[string]string{}
 	for name, value := range in.Headers {
 		if err := checkHeader(name, value); err != nil {
 			return nil, err
 		}
+		// Names differing in case only are one header: which value was
+		// stored depended on the map's order, so it is refused.
+		canon := http.CanonicalHeaderKey(name)
+		if other, ok := given[canon]; ok {
+			return nil, fmt.Errorf("header %s given twice (%q and %q): give it once", canon, other, name)
+		}
+		given[canon] = name
 		resp.Header.Set(name, value)
 	}
 	resp.Header.Set(retry.ReconciledHeader, "true")
