@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -278,10 +279,29 @@ func (h *Handler) getRecord(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
 		return
 	}
-	id := store.ID{Tenant: client, Key: r.PathValue("key")}
+	id := h.spelling(r.Context(), store.ID{Tenant: client, Key: r.PathValue("key")})
 	if rec, ok := h.lookup(w, r, id); ok {
 		writeJSON(w, http.StatusOK, view(id, rec, r.URL.Query().Get("body") == "1"))
 	}
+}
+
+// spelling returns id with its key spelt as its record is stored: an app's
+// key that is a UUID is stored in lower case without braces
+// (idemkey.Canonical), so the key as an operator copies it from the app's
+// database (upper-cased by a uniqueidentifier column) finds it; a record
+// stored by a build before that, under the key as the app sent it, is found
+// under that spelling when the lower-case one has none.
+func (h *Handler) spelling(ctx context.Context, id store.ID) store.ID {
+	canonical := store.ID{Tenant: id.Tenant, Key: idemkey.Canonical(id.Key)}
+	if canonical == id {
+		return id
+	}
+	if _, err := h.opt.Store.Get(ctx, canonical); errors.Is(err, store.ErrNotFound) {
+		if _, err := h.opt.Store.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			return id
+		}
+	}
+	return canonical
 }
 
 // lookup reads id's record, or answers 404 not_found (none), 500

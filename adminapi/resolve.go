@@ -60,7 +60,7 @@ func (h *Handler) decodeRecordCall(w http.ResponseWriter, r *http.Request, limit
 		writeError(w, http.StatusBadRequest, codeBadRequest, "key is required")
 		return store.ID{}, false
 	}
-	return store.ID{Tenant: tenant, Key: *key}, true
+	return h.spelling(r.Context(), store.ID{Tenant: tenant, Key: *key}), true
 }
 
 // maxResolveBody bounds the body of a resolve call, the answer given in it
