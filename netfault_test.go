@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -469,4 +471,75 @@ func TestNetFaultResetStorm(t *testing.T) {
 		}
 	}
 	n.once(t, ids...)
+}
+
+// TestNetFaultOperatorTransactionVanished: an operator marks a record
+// reviewed through replica a, and the network between a and the database
+// loses every packet once the row is locked (SELECT ... FOR UPDATE), the
+// connection never closed. The server kept that session idle in its
+// transaction, holding the row, until its TCP keepalive gave up (hours by
+// default): on the healthy replica b, the replay of that order and every
+// order whose claim or final answer shared a statement with it waited out
+// the call timeout and got 503 (22 of 22 requests, one or two of them
+// executed by the provider, in two runs). Sessions end a call timeout after they go idle in a
+// transaction (pgstore), and b serves them all.
+func TestNetFaultOperatorTransactionVanished(t *testing.T) {
+	up := httptest.NewServer(newDedupProvider())
+	defer up.Close()
+	db := pgtest.Database(t)
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := newFaultRelay(t, u.Host)
+	u.Host = relay.addr()
+	a := launch(t, launchSpec{env: sharedEnv(up.URL, u.String())})
+	b := launch(t, launchSpec{env: sharedEnv(up.URL, db)})
+	review := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"pay_r","status":"needs_review"}`)
+	}))
+	defer review.Close()
+	// The order whose answer awaits review, stored through a replica of
+	// its own in front of a provider that says so.
+	c := launch(t, launchSpec{env: sharedEnv(review.URL, db)})
+	order := `{"order_id":"review-1","amount":"1"}`
+	first := send(t, "POST", "http://"+c.proxy+"/v1/payments", order)
+	key := first.header.Get("Idempotency-Key")
+	if first.status != http.StatusCreated || key == "" {
+		t.Fatalf("the order to review: %d %s", first.status, first.body)
+	}
+
+	lost := relay.vanishAfter([]byte(key), []byte("FOR UPDATE"))
+	if r := send(t, "POST", "http://"+a.admin+"/admin/v1/records/reviewed", `{"key":"`+key+`"}`); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("reviewed through a, its transaction cut off: %d %s, want 503", r.status, r.body)
+	}
+	<-lost
+
+	var wg sync.WaitGroup
+	got := make([]reply, 22)
+	for i := range got {
+		wg.Go(func() {
+			body := order
+			if i%4 != 0 {
+				body = fmt.Sprintf(`{"order_id":"other-%d","amount":"1"}`, i)
+			}
+			got[i], _ = trySend("POST", "http://"+b.proxy+"/v1/payments", body)
+		})
+	}
+	wg.Wait()
+	failed := 0
+	for i, r := range got {
+		if r.status != http.StatusCreated {
+			failed++
+			t.Logf("request %d: %d %s", i, r.status, r.body)
+		}
+		if i%4 == 0 && r.status == http.StatusCreated && r.body != first.body {
+			t.Errorf("replay of the reviewed order: %s, want %s", r.body, first.body)
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d requests on b failed after a's transaction was cut off", failed, len(got))
+	}
 }

@@ -241,6 +241,18 @@ func poolConfig(opt Options) (*pgxpool.Config, error) {
 			params[name] = "0"
 		}
 	}
+	// A session whose client the network lost mid-transaction (packets
+	// vanishing, the connection never closed) is ended by the server, and
+	// its row locks freed, a call timeout after its last statement: no gap
+	// inside idemproxy's own transactions is longer, as a call ends there.
+	// Left to the server's TCP keepalive (hours by default), an operator's
+	// change (SELECT ... FOR UPDATE, then the write) cut so held its record's
+	// row: every claim of that key from any replica, a replay included,
+	// waited out its call timeout and failed, with every other claim and
+	// final answer batched in its statement (TestVanishedTransactionFreesItsRow).
+	if _, given := params["idle_in_transaction_session_timeout"]; !given {
+		params["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(opt.CallTimeout.Milliseconds(), 1), 10)
+	}
 	return cfg, checkPool(cfg)
 }
 
