@@ -473,6 +473,46 @@ func TestNetFaultResetStorm(t *testing.T) {
 	n.once(t, ids...)
 }
 
+// TestNetFaultSlowAnswers: the database's answers to replica a arrive 7 s
+// late (past the 5 s call timeout; its statements arrive on time). a's
+// /readyz is 503 and its order gets 503 store_unavailable with nothing sent;
+// the claim the database committed is undone once a's session is gone, so
+// the app's retry on b is executed, once. When answers come on time again,
+// a is ready and serves orders.
+func TestNetFaultSlowAnswers(t *testing.T) {
+	n := newNetFault(t)
+	if r, err := n.pay(n.a, "slow-0"); err != nil || r.status != http.StatusCreated {
+		t.Fatalf("before the fault: %d %s %v", r.status, r.body, err)
+	}
+	n.relay.setDelay(down, 7*time.Second)
+	if s := getStatus(t, "http://"+n.a.admin+"/readyz"); s != http.StatusServiceUnavailable {
+		t.Errorf("/readyz on a, its answers 7 s late = %d, want 503", s)
+	}
+	before := n.sb.Ledger().Executions
+	ra, err := n.pay(n.a, "slow-1")
+	if err != nil || ra.status != http.StatusServiceUnavailable || !strings.Contains(ra.body, "nothing was sent") {
+		t.Fatalf("a, its answers 7 s late: %d %s %v, want 503 store_unavailable, nothing sent", ra.status, ra.body, err)
+	}
+	if n.sb.Ledger().Executions != before {
+		t.Fatal("a sent the order though it could not claim its key")
+	}
+	if rb, err := n.pay(n.b, "slow-1"); err != nil || rb.status != http.StatusCreated || rb.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry on b: %d %s %v, want 201 executed", rb.status, rb.body, err)
+	}
+	n.relay.setDelay(down, 0)
+	began := time.Now()
+	for getStatus(t, "http://"+n.a.admin+"/readyz") != http.StatusOK {
+		if time.Since(began) > 30*time.Second {
+			t.Fatalf("/readyz on a not 200 30 s after answers came on time again\n%s", n.a.text())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r, err := n.pay(n.a, "slow-2"); err != nil || r.status != http.StatusCreated {
+		t.Fatalf("a after the fault: %d %s %v, want 201", r.status, r.body, err)
+	}
+	n.once(t, "slow-0", "slow-1", "slow-2")
+}
+
 // TestNetFaultOperatorTransactionVanished: an operator marks a record
 // reviewed through replica a, and the network between a and the database
 // loses every packet once the row is locked (SELECT ... FOR UPDATE), the
