@@ -79,18 +79,23 @@ func (r *faultRelay) serve() {
 		link := &relayLink{}
 		link.ends[down] = c.(*net.TCPConn)
 		r.mu.Lock()
-		link.dead = r.hole
+		hole := r.hole
+		r.mu.Unlock()
+		if !hole {
+			d, err := net.Dial("tcp", r.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			link.ends[up] = d.(*net.TCPConn)
+		}
+		r.mu.Lock()
+		link.dead = hole || r.hole
 		r.links[link] = true
 		r.mu.Unlock()
-		if link.dead {
+		if link.ends[up] == nil {
 			continue // the connection opens, nothing ever answers
 		}
-		d, err := net.Dial("tcp", r.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		link.ends[up] = d.(*net.TCPConn)
 		go r.pipe(link, up)
 		go r.pipe(link, down)
 	}
@@ -320,17 +325,17 @@ func (n *netFault) once(t *testing.T, ids ...string) {
 func TestNetFaultCommitAnswerLost(t *testing.T) {
 	n := newNetFault(t)
 	// The final answer's statement: armed as the provider executes.
-	var cut <-chan struct{}
+	cuts := make(chan (<-chan struct{}), 1)
 	n.onExecute(func(op sandbox.Operation) {
 		if op.OrderID == "lost-final" {
-			cut = n.relay.dropAnswer([]byte(op.IdempotencyKey))
+			cuts <- n.relay.dropAnswer([]byte(op.IdempotencyKey))
 		}
 	})
 	ra, err := n.pay(n.a, "lost-final")
 	if err != nil || ra.status != http.StatusServiceUnavailable || !strings.Contains(ra.body, `"store_unavailable"`) {
 		t.Fatalf("a, its final answer's commit unanswered: %d %s %v, want 503 store_unavailable", ra.status, ra.body, err)
 	}
-	<-cut
+	<-<-cuts
 	entries := n.sb.Ledger()
 	rb, err := n.pay(n.b, "lost-final")
 	if err != nil || rb.status != http.StatusCreated || rb.header.Get("Idempotent-Replayed") != "true" || !strings.Contains(rb.body, `"lost-final"`) {
@@ -342,7 +347,7 @@ func TestNetFaultCommitAnswerLost(t *testing.T) {
 
 	// The claim's statement: its key is the client's.
 	n.onExecute(nil)
-	cut = n.relay.dropAnswer([]byte("lost-claim-key"))
+	cut := n.relay.dropAnswer([]byte("lost-claim-key"))
 	ra, err = trySend("POST", "http://"+n.a.proxy+"/payments", `{"order_id":"lost-claim","amount":"5.00","currency":"EUR"}`, "Idempotency-Key", "lost-claim-key")
 	if err != nil || ra.status != http.StatusServiceUnavailable || !strings.Contains(ra.body, "nothing was sent") {
 		t.Fatalf("a, its claim's commit unanswered: %d %s %v, want 503 store_unavailable, nothing sent", ra.status, ra.body, err)
@@ -375,7 +380,10 @@ func TestNetFaultBlackHoleDuringAttempt(t *testing.T) {
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	n.onExecute(func(op sandbox.Operation) {
 		if op.OrderID == "hole-1" {
-			entered <- struct{}{}
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
 			<-release
 		}
 	})
