@@ -22,12 +22,47 @@ const (
 
 // resolveQuery is the body of POST /admin/v1/records/resolve.
 type resolveQuery struct {
-	Key     string            `json:"key"`
-	Client  string            `json:"client"`
-	Outcome string            `json:"outcome"`
-	Status  int               `json:"status"`
-	Body    json.RawMessage   `json:"body"`
-	Headers map[string]string `json:"headers"`
+	Key     string          `json:"key"`
+	Client  string          `json:"client"`
+	Outcome string          `json:"outcome"`
+	Status  int             `json:"status"`
+	Body    json.RawMessage `json:"body"`
+	Headers answerHeaders   `json:"headers"`
+}
+
+// answerHeaders is a resolve's headers: a JSON object of strings, each
+// name given once. encoding/json alone kept the last value of a name given
+// twice ({"Content-Type":"text/plain","Content-Type":"application/xml"})
+// and the resolve stored it; names differing in case only are refused in
+// answer.
+type answerHeaders map[string]string
+
+// UnmarshalJSON decodes b as a map[string]string, and refuses a member
+// named twice.
+func (h *answerHeaders) UnmarshalJSON(b []byte) error {
+	if err := json.Unmarshal(b, (*map[string]string)(h)); err != nil || *h == nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if _, err := dec.Token(); err != nil { // the opening brace
+		return err
+	}
+	seen := make(map[string]bool, len(*h))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		name, _ := tok.(string)
+		if seen[name] {
+			return fmt.Errorf("header %s given twice: give it once", name)
+		}
+		seen[name] = true
+		if _, err := dec.Token(); err != nil { // its value, a string
+			return err
+		}
+	}
+	return nil
 }
 
 // Resolved is the answer of POST /admin/v1/records/resolve: the record

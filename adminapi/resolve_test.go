@@ -51,6 +51,9 @@ func TestResolveRecord(t *testing.T) {
 		// was either, by the map's order (measured: 19 of 20 resolves stored
 		// application/xml, 1 text/plain).
 		`{"key":"k-1","client":"shop","outcome":"executed","status":200,"headers":{"Content-Type":"text/plain","content-type":"application/xml"}}`,
+		// One header twice under one name: encoding/json kept the last
+		// value and the resolve stored it, 200.
+		`{"key":"k-1","client":"shop","outcome":"executed","status":200,"headers":{"Content-Type":"text/plain","Content-Type":"application/xml"}}`,
 	} {
 		if w := post(body); w.Code != 400 || !strings.Contains(w.Body.String(), `"bad_request"`) {
 			t.Errorf("%s = %d %s, want 400 bad_request", body, w.Code, w.Body)
