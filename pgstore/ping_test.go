@@ -146,6 +146,37 @@ func TestPingFailsAfterItsCallerLeft(t *testing.T) {
 	}
 }
 
+// TestPingProbeNeedsNoFunctionAfter12: the README promises PostgreSQL 12
+// or later, and gen_random_uuid() is in PostgreSQL's core only from 13 (on
+// 12 it is pgcrypto's). The probe write that has to pass before Ping, and
+// so /readyz, is ready again after a refusal called it: on 12 without
+// pgcrypto it failed (42883) in every check, and a replica whose claims
+// were refused once, for a full disk or a revoked grant, stayed not ready
+// until restarted though the database took claims again. PostgreSQL 12 is
+// not installed here: the function's absence is stood in for by revoking
+// EXECUTE on it from PUBLIC in the test's own database (the store's role is
+// no superuser), which fails the call as 12 does, if with another SQLSTATE.
+func TestPingProbeNeedsNoFunctionAfter12(t *testing.T) {
+	ctx := context.Background()
+	s, admin, role := ownRoleStore(t, Options{CallTimeout: 3 * time.Second})
+	if _, err := admin.Exec(ctx, `REVOKE EXECUTE ON FUNCTION pg_catalog.gen_random_uuid() FROM PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	refuseClaim(t, s, admin, role)
+	if err := s.Ping(ctx); err == nil {
+		t.Fatal("Ping while claims are refused = nil, want an error (not ready)")
+	}
+	if _, err := admin.Exec(ctx, `GRANT INSERT ON idemproxy_records TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping once INSERT is granted again, gen_random_uuid() unavailable: %v", err)
+	}
+	if _, created, err := s.Begin(ctx, store.ID{Key: "granted"}, store.Request{Fingerprint: []byte("fp")}, "o", time.Minute); err != nil || !created {
+		t.Fatalf("claim once INSERT is granted again = %v, %v", created, err)
+	}
+}
+
 // TestPingFullDiskRoomForARow: on a full disk, the sweep deleting a record
 // now and then and (auto)vacuum giving its room back leave the table's
 // pages room for a row or two but not for 8 claims at once, whose batched

@@ -1228,6 +1228,11 @@ func (s *Store) ping(ctx context.Context, conn *pgxpool.Conn) (struct{}, error) 
 // reads and the read-only checks still pass then, while every claim is
 // refused.
 //
+// Its keys are random UUIDs made of md5 and random(), not gen_random_uuid(),
+// which is in PostgreSQL's core only from 13: on 12 (the oldest the README
+// supports) the probe failed in every check, and a replica refused once
+// stayed not ready (TestPingProbeNeedsNoFunctionAfter12).
+//
 // A batch and not one row: on a full disk the table's pages keep a little
 // room (rows of refused batches and probes rolled back, records the sweep
 // deleted), enough for a row now and then but not for a batch, whose
@@ -1247,7 +1252,7 @@ func probeWrite(ctx context.Context, conn *pgxpool.Conn) error {
 			method, path, upstream_key)
 		SELECT ''::bytea, convert_to(u::text, 'UTF8'), 1, sha256(uuid_send(u)), 'readiness probe', 1, now(), now(),
 			'POST', '/idemproxy/readiness-probe', u::text
-		FROM (SELECT gen_random_uuid() FROM generate_series(1, $1)) AS v(u)
+		FROM (SELECT md5(random()::text || clock_timestamp()::text || g::text)::uuid FROM generate_series(1, $1) AS g) AS v(u)
 		ON CONFLICT (tenant, key) DO UPDATE SET owner = excluded.owner WHERE r.state = 1`, batchRows)
 	return err
 }
