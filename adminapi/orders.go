@@ -137,6 +137,9 @@ const maxGenerations = 1000
 // comes first. With no record under any, it is the first source.
 func (h *Handler) current(r *http.Request, o orderQuery) (id store.ID, gen, src int, rec *store.Record, err error) {
 	keys, err := h.opt.OrderKeys(o.Method, o.Path, o.Value, o.Client, 1)
+	if errors.Is(err, store.ErrUnavailable) { // read for a path's earlier spelling
+		return store.ID{}, 0, 0, nil, errStore
+	}
 	if err != nil {
 		return store.ID{}, 0, 0, nil, err
 	}

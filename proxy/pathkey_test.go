@@ -247,3 +247,42 @@ func TestSpeltOtherwiseReadAsSent(t *testing.T) {
 		t.Errorf("the provider saw %d requests, want none", total)
 	}
 }
+
+// The operator's order look-up (GET /admin/v1/orders, renew) finds the
+// record an earlier version stored under the key of the path as it came,
+// as the proxy does for the order's next request (derivationPath): an
+// order posted to /cards/c1/close/ before keys took the path in normal form
+// and left unknown (kept until settled) was found by neither spelling,
+// since OrderKeys derived over /cards/c1/close for both, and the operator
+// could not settle or renew it by its order id. Another order under that
+// spelling, with no such record, gets the normal form's key.
+func TestOrderKeysOfAPathSpelledAsItCame(t *testing.T) {
+	e := newEnv(t)
+	sources, _ := idemkey.ParseSources("json:order_id,query:order_id")
+	const old, oldBody = "/cards/c1/close/", `{"order_id":"slash-unknown","amount":"1.00"}`
+	kr := idemkey.Request{Method: "POST", Path: old, ContentType: "application/json", Body: []byte(oldBody)}
+	oldKey, _, _ := idemkey.Derive(sources, kr)
+	fp := idemkey.Fingerprint(kr)
+	id := store.ID{Tenant: proxy.DefaultTenant, Key: oldKey}
+	ctx := context.Background()
+	if _, _, err := e.store.Begin(ctx, id, store.Request{Fingerprint: fp[:], Method: "POST", Path: old, UpstreamKey: oldKey}, "old", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Park(ctx, id, "old", store.Outcome{FirstSentAt: time.Now(), Attempts: 1, LastError: "timeout after send"}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := e.h.OrderKeys("POST", old, "slash-unknown", proxy.DefaultTenant, 1)
+	if err != nil || keys[0] != oldKey {
+		t.Fatalf("OrderKeys(%s, slash-unknown) = %v, %v; want %s first (the record's)", old, keys, err, oldKey)
+	}
+	gen2, err := e.h.OrderKeys("POST", old, "slash-unknown", proxy.DefaultTenant, 2)
+	want2, _, _ := idemkey.Derive(sources, idemkey.Request{Method: "POST", Path: old, ContentType: "application/json", Body: []byte(oldBody), Generation: 2})
+	if err != nil || gen2[0] != want2 {
+		t.Errorf("OrderKeys(%s, slash-unknown, generation 2) = %v, %v; want %s first", old, gen2, err, want2)
+	}
+	other, err := e.h.OrderKeys("POST", old, "slash-new", proxy.DefaultTenant, 1)
+	normal, _ := e.h.OrderKeys("POST", "/cards/c1/close", "slash-new", proxy.DefaultTenant, 1)
+	if err != nil || other[0] != normal[0] {
+		t.Errorf("OrderKeys(%s, slash-new) = %v, %v; want the normal form's %v", old, other, err, normal)
+	}
+}

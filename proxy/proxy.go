@@ -677,6 +677,13 @@ const maxGenerations = 1000
 // no part of the key); one no request can have is an error, not the key of
 // an order that cannot exist. It fails for requests that get no derived key
 // (unprotected, rejected or fingerprint routes).
+//
+// The keys are derived over the path in its normal form (keyPath), unless
+// a record exists under a generation 1 key derived over path as it came,
+// which is what versions before keyPath derived: the order's requests keep
+// that key (derivationPath), and so does its look-up, so that an operator
+// finds, settles or renews an order left unknown across an upgrade. Reading
+// the store, OrderKeys may fail with its error (store.ErrUnavailable).
 func (h *Handler) OrderKeys(method, path, value, client string, gen int) ([]string, error) {
 	path, err := requestPath(path)
 	if err != nil {
@@ -689,6 +696,24 @@ func (h *Handler) OrderKeys(method, path, value, client string, gen int) ([]stri
 	kr := idemkey.Request{Method: method, Path: keyPath(path), Generation: gen}
 	if client != DefaultTenant {
 		kr.Tenant = client
+	}
+	if kr.Path != path {
+		first := kr
+		first.Path, first.Generation = path, 1
+		tenant := client
+		if tenant == "" {
+			tenant = DefaultTenant
+		}
+		for _, src := range rule.Sources {
+			_, err := h.opt.Store.Get(context.Background(), store.ID{Tenant: tenant, Key: idemkey.KeyFor(src, value, first)})
+			if err == nil || errors.Is(err, store.ErrUnreadable) { // a record is there
+				kr.Path = path
+				break
+			}
+			if !errors.Is(err, store.ErrNotFound) {
+				return nil, fmt.Errorf("reading the record of the path as it came: %w", err)
+			}
+		}
 	}
 	keys := make([]string, len(rule.Sources))
 	for i, src := range rule.Sources {
