@@ -588,7 +588,7 @@ func TestComposeVariables(t *testing.T) {
 			if strings.Contains(s.Image, "POSTGRES_IMAGE") && s.Restart != "unless-stopped" && s.Restart != "always" {
 				t.Errorf("%s: service %s (the store): restart %q, want unless-stopped", file, name, s.Restart)
 			}
-			grace, set := "", false
+			grace, set, token := "", false, false
 			for k, v := range s.Environment {
 				if !strings.HasPrefix(k, "IDEMPROXY_") {
 					continue
@@ -597,14 +597,26 @@ func TestComposeVariables(t *testing.T) {
 				if _, ok := vars[k]; !ok {
 					t.Errorf("%s: service %s sets %s, which is not one of idemproxy's variables (config.go)", file, name, k)
 				}
-				if k == "IDEMPROXY_SHUTDOWN_GRACE" {
+				switch k {
+				case "IDEMPROXY_SHUTDOWN_GRACE":
 					grace = v
+				case "IDEMPROXY_ADMIN_TOKEN_FILE":
+					token = v != ""
+				case "IDEMPROXY_ADMIN_TOKEN":
+					t.Errorf("%s: service %s writes IDEMPROXY_ADMIN_TOKEN in the file; it is a secret, take it from a secret file (_FILE)", file, name)
 				}
 			}
 			if !set {
 				continue
 			}
 			proxies++
+			// Every container on the network reaches the admin port (the
+			// legacy app is told to, for metrics): without a token, any of
+			// them resolves an unknown operation as not executed (it is
+			// sent again), renews an order or discards a record.
+			if !token {
+				t.Errorf("%s: service %s: no IDEMPROXY_ADMIN_TOKEN_FILE: the admin API would be open to every container on the network", file, name)
+			}
 			if s.Restart != "unless-stopped" && s.Restart != "always" {
 				t.Errorf("%s: service %s: restart %q, want unless-stopped (started again after a crash or an OOM kill)", file, name, s.Restart)
 			}
