@@ -1151,6 +1151,59 @@ func TestHostileKeyedPathSpeltOtherwise(t *testing.T) {
 	}
 }
 
+// lenientRouter serves h under the path as a lenient router reads it
+// (Express, Spring, ASP.NET Core, Rails): letter case ignored, repeated
+// slashes merged, a trailing slash dropped.
+func lenientRouter(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := strings.ToLower(r.URL.Path)
+		for strings.Contains(p, "//") {
+			p = strings.ReplaceAll(p, "//", "/")
+		}
+		if len(p) > 1 {
+			p = strings.TrimSuffix(p, "/")
+		}
+		r.URL.Path, r.URL.RawPath = p, ""
+		h.ServeHTTP(w, r)
+	})
+}
+
+// One payment posted to /payments and again, as a retry from an app whose
+// base URL gained or lost a slash, to /payments/, //payments or
+// /payments//, is one operation: each later spelling is 409
+// idempotency_conflict under the first's key, nothing sent. Its key is
+// derived over the path with repeated and trailing slashes dropped. Before
+// the fix each spelling derived its own key, and the payments sandbox
+// behind a router that reads them all as /payments executed order sl-1 four
+// times.
+func TestHostileSlashSpellingsOfOneOrder(t *testing.T) {
+	sb, err := sandbox.New(sandbox.Config{Provider: sandbox.ProviderPayments})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := httptest.NewServer(lenientRouter(sb))
+	defer up.Close()
+	p := startBinary(t, presetEnv(t, "payments", up.URL)...)
+	const order = `{"order_id":"sl-1","amount":"10.00","currency":"EUR"}`
+	post := func(path string) reply {
+		return rawExchange(t, p.addr, fmt.Sprintf("POST %s HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n\n%s", path, len(order), order))
+	}
+	first := post("/payments")
+	if first.status != http.StatusCreated {
+		t.Fatalf("/payments: %d %s", first.status, first.body)
+	}
+	key := first.header.Get("Idempotency-Key")
+	for _, path := range []string{"/payments/", "//payments", "/payments//"} {
+		got := post(path)
+		if got.status != http.StatusConflict || !strings.Contains(got.body, `"idempotency_conflict"`) || got.header.Get("Idempotency-Key") != key {
+			t.Errorf("%s after /payments: %d %s key %s, want 409 idempotency_conflict under %s", path, got.status, got.body, got.header.Get("Idempotency-Key"), key)
+		}
+	}
+	if l := sb.Ledger(); l.Executions != 1 || l.ByOrder["sl-1"] != 1 {
+		t.Errorf("the sandbox executed %d operations (%v), want order sl-1 once", l.Executions, l.ByOrder)
+	}
+}
+
 // utf16Provider reads a body sent as "charset=utf-16" as ASP.NET does,
 // transcoded to UTF-8 (little-endian after its byte order mark, as .NET's
 // Encoding.Unicode writes it), then as goOrderProvider.
