@@ -1292,3 +1292,48 @@ func TestHostileMultipartOrder(t *testing.T) {
 		t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
 	}
 }
+
+// Every refusal of a protected request that came with a valid key of its own
+// carries that key in Idempotency-Key, as the app sent it (docs/contract.md,
+// Headers idemproxy adds to answers), also when it is refused before its key
+// is resolved: for its shape (declared trailers, a method override header, a
+// dot-segment, an Upgrade, an ambiguous length, an absolute-form target), for
+// its size (413) or for its client token (401). Nothing is sent upstream.
+// Before, only the 413 carried it.
+func TestHostileRefusalsEchoTheAppsKey(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	const key = "{0F8FAD5B-D9CB-469F-A165-70867728950E}" // valid, not in its canonical spelling
+	const order = `{"order_id":"echo-1","amount":"5.00"}`
+	post := func(target, extra string) string {
+		return fmt.Sprintf("POST %s HTTP/1.1\nHost: x\nIdempotency-Key: %s\nContent-Type: application/json\n%sContent-Length: %d\n\n%s", target, key, extra, len(order), order)
+	}
+	check := func(t *testing.T, p *proc, name, raw string, status int, code string) {
+		t.Helper()
+		got := rawExchange(t, p.addr, raw)
+		checkRefusal(t, prov, got, status, code)
+		if v := got.header.Values("Idempotency-Key"); len(v) != 1 || v[0] != key {
+			t.Errorf("%s: %d %s with Idempotency-Key %q, want the app's own %q", name, got.status, got.body, v, key)
+		}
+	}
+	p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_MAX_BODY_BYTES=1024")...)
+	chunked := fmt.Sprintf("%x\n%s\n0\n\n", len(order), order)
+	for _, c := range []struct {
+		name, raw string
+		status    int
+		code      string
+	}{
+		{"declared trailers", post("/v1/payout", "Trailer: X-Signature\n"), http.StatusBadRequest, "bad_request"},
+		{"method override", post("/v1/payout", "X-HTTP-Method-Override: DELETE\n"), http.StatusBadRequest, "bad_request"},
+		{"dot-segment", post("/v1/refunds/../payout", ""), http.StatusBadRequest, "bad_request"},
+		{"upgrade", post("/v1/payout", "Connection: Upgrade\nUpgrade: websocket\n"), http.StatusBadRequest, "upgrade_not_supported"},
+		{"ambiguous length", fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nIdempotency-Key: %s\nTransfer-Encoding: chunked\nContent-Length: %d\n\n%s", key, len(chunked), chunked), http.StatusBadRequest, "bad_request"},
+		{"absolute-form target", post("http://x/v1/payout", ""), http.StatusBadRequest, "bad_request"},
+		{"body over the cap", fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nIdempotency-Key: %s\nContent-Length: 4096\n\n%s", key, order), http.StatusRequestEntityTooLarge, "body_too_large"},
+	} {
+		check(t, p, c.name, c.raw, c.status, c.code)
+	}
+	tokens := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_CLIENT_TOKENS=app-a=token-of-app-a-0123456789", "IDEMPROXY_KEY_SECRET=hostile-key-secret-0123456789")...)
+	check(t, tokens, "no client token", post("/v1/payout", ""), http.StatusUnauthorized, "unauthorized")
+}

@@ -253,6 +253,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sum := newSummary(r, h.opt.Now())
 	defer h.done(sum)
 	if err := checkShape(r); err != nil {
+		h.echoProtectedKey(w, r)
 		if err == ErrFraming {
 			// What follows on the connection cannot be told from
 			// this request's body (RFC 9112 §6.1: close after it).
@@ -263,15 +264,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	tenant, err := h.tenant(r)
 	if err != nil {
+		h.echoProtectedKey(w, r)
 		h.fail(w, sum, err)
 		return
 	}
 	// Runs after the request's slot and bytes are given back (below).
 	defer lingerRefused(w, r, r.Body, sum)
 	if r.ContentLength > h.opt.MaxBodyBytes { // refused before a streamed request leaves
-		if p := h.rule(r).Policy; p == routes.Key || p == routes.Fingerprint {
-			echoClientKey(w, r)
-		}
+		h.echoProtectedKey(w, r)
 		// Close after the answer: net/http would otherwise read the rest
 		// of a body under 256 KiB before answering, to keep the connection,
 		// and a client that declared more than it sends (or sends slowly)
@@ -596,6 +596,17 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 func echoClientKey(w http.ResponseWriter, r *http.Request) {
 	if key, present, err := idemkey.FromHeader(r.Header); present && err == nil {
 		w.Header().Set(KeyHeader, key)
+	}
+}
+
+// echoProtectedKey is echoClientKey for a request refused before its rule
+// is acted on (its shape, its client token, its declared length): the app's
+// own valid key, as it came, when the rule protects the request. An
+// unprotected request's answers carry none of idemproxy's (they are the
+// provider's).
+func (h *Handler) echoProtectedKey(w http.ResponseWriter, r *http.Request) {
+	if p := h.rule(r).Policy; p == routes.Key || p == routes.Fingerprint {
+		echoClientKey(w, r)
 	}
 }
 
