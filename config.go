@@ -110,6 +110,9 @@ type settings struct {
 // error names the variable at fault.
 func loadConfig(environ []string) (config, settings, error) {
 	vars := env.ToMap(environ)
+	if err := quotedValues(vars); err != nil {
+		return config{}, settings{}, err
+	}
 	if err := applyPreset(vars); err != nil {
 		return config{}, settings{}, err
 	}
@@ -123,6 +126,30 @@ func loadConfig(environ []string) (config, settings, error) {
 	}
 	s, err := cfg.settings()
 	return cfg, s, err
+}
+
+// quotedValues refuses a setting whose value is wrapped in quotes ("…" or
+// '…'). `docker run --env-file` keeps quotes as part of the value
+// (IDEMPROXY_SIGN_SECRET="…" in the file), where a shell or a Compose .env
+// file strips them: a quoted upstream URL
+// stopped the start with only "not a URL", and a quoted signing secret,
+// admin token or client token started and was used quotes included, every
+// signed request then refused by the provider. Only the variable is named,
+// since the value may be a secret.
+func quotedValues(vars map[string]string) error {
+	var quoted []string
+	for _, v := range configVars() {
+		val, ok := vars[v.name]
+		if ok && len(val) >= 2 && (val[0] == '"' || val[0] == '\'') && val[len(val)-1] == val[0] {
+			quoted = append(quoted, v.name)
+		}
+	}
+	if len(quoted) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: the value is wrapped in quotes, which would be part of it: "+
+		"docker run --env-file keeps quotes as they are written; remove them",
+		strings.Join(quoted, ", "))
 }
 
 // configVar is one of config's variables, read from its struct tags.

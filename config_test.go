@@ -151,6 +151,35 @@ func TestConfigClientNamedDefault(t *testing.T) {
 	}
 }
 
+// `docker run --env-file` keeps quotes: IDEMPROXY_UPSTREAM_URL="http://…"
+// stopped the start with only "not a URL", and a quoted signing secret
+// started and signed with the quotes in it, every request then refused by the
+// provider. A value wrapped in quotes is refused (exit 2 at start) naming the
+// variable, never the value; quotes inside a value are kept.
+func TestConfigQuotedValues(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + t.TempDir()}
+	for _, tc := range []struct{ env, name string }{
+		{`IDEMPROXY_UPSTREAM_URL="http://127.0.0.1:1"`, "IDEMPROXY_UPSTREAM_URL"},
+		{`IDEMPROXY_SIGN_SECRET="quoted-sign-secret"`, "IDEMPROXY_SIGN_SECRET"},
+		{`IDEMPROXY_ADMIN_TOKEN='quoted-admin-token'`, "IDEMPROXY_ADMIN_TOKEN"},
+		{`IDEMPROXY_RETRY_BUDGET="30s"`, "IDEMPROXY_RETRY_BUDGET"},
+	} {
+		// loadConfig, not command: a value accepted would serve.
+		_, _, err := loadConfig(append(base, tc.env))
+		if err == nil {
+			t.Errorf("%s accepted, want a refusal", tc.env)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, tc.name) || !strings.Contains(msg, "wrapped in quotes") || strings.Contains(msg, "quoted-") {
+			t.Errorf("%s: message %q does not name %s and the quotes, or shows the value", tc.env, msg, tc.name)
+		}
+	}
+	if _, set, err := loadConfig(append(base, `IDEMPROXY_SIGN_SECRET=in"side"`, `IDEMPROXY_ADMIN_TOKEN="unbalanced-token`)); err != nil ||
+		string(set.sign.Secret) != `in"side"` {
+		t.Errorf("quotes inside or on one side of a value: %v", err)
+	}
+}
+
 // A secret file that is empty stops the start: it once turned the feature
 // off silently (an empty IDEMPROXY_ADMIN_TOKEN_FILE left the admin API open).
 func TestConfigEmptySecretFiles(t *testing.T) {
