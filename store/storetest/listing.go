@@ -258,11 +258,7 @@ func testListByBytes(t *testing.T, s store.Store, _ func(time.Duration)) {
 	base := newID("")
 	id := func(k string) store.ID { return store.ID{Tenant: base.Tenant, Key: k} }
 	large := int(min(s.MaxBodyBytes(), 900<<10))
-	body := func(status string, n int) []byte {
-		b := []byte(`{"status":"` + status + `","pad":"`)
-		b = append(b, bytes.Repeat([]byte{'x'}, max(0, n-len(b)-2))...)
-		return append(b, `"}`...)
-	}
+	body := paddedBody
 	var review, all []string // this tenant's needs_review keys, and all its final keys
 	sizes := map[string]int{}
 	for i := range 14 {
@@ -382,11 +378,7 @@ func testListWithoutBodies(t *testing.T, s store.Store, _ func(time.Duration)) {
 	base := newID("")
 	id := func(k string) store.ID { return store.ID{Tenant: base.Tenant, Key: k} }
 	large := int(min(s.MaxBodyBytes(), 900<<10))
-	body := func(status string, n int) []byte {
-		b := []byte(`{"status":"` + status + `","pad":"`)
-		b = append(b, bytes.Repeat([]byte{'x'}, max(0, n-len(b)-2))...)
-		return append(b, `"}`...)
-	}
+	body := paddedBody
 	bodies := map[string][]byte{} // the final answers' bodies
 	needs := map[string]bool{}    // whether each final answer needs review
 	var awaiting, final []string  // keys of the final records awaiting review, and of all
@@ -532,4 +524,11 @@ func testListWithoutBodies(t *testing.T, s store.Store, _ func(time.Duration)) {
 			}
 		}
 	}
+}
+
+// paddedBody is a JSON answer with the given status, padded to n bytes.
+func paddedBody(status string, n int) []byte {
+	b := []byte(`{"status":"` + status + `","pad":"`)
+	b = append(b, bytes.Repeat([]byte{'x'}, max(0, n-len(b)-2))...)
+	return append(b, `"}`...)
 }
