@@ -38,36 +38,9 @@ func TestCallersLeavingReadsKeepConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin := session(t, url)
-	// lock holds every read of the table until the returned function ends
-	// the transaction.
-	lock := func() func() {
-		t.Helper()
-		tx, err := admin.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `LOCK TABLE idemproxy_records IN ACCESS EXCLUSIVE MODE`); err != nil {
-			t.Fatal(err)
-		}
-		return func() {
-			if err := tx.Rollback(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	idle := func(within time.Duration) {
-		t.Helper()
-		deadline := time.Now().Add(within)
-		for s.pool.Stat().AcquiredConns() > 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d connections still acquired %v later", s.pool.Stat().AcquiredConns(), within)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 
 	before := s.pool.Stat().NewConnsCount()
-	unlock := lock()
+	unlock := lockRecords(t, admin)
 	const waiters = 200
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -95,7 +68,7 @@ func TestCallersLeavingReadsKeepConnections(t *testing.T) {
 	}
 	wg.Wait()
 	unlock()
-	idle(5 * time.Second)
+	waitIdle(t, s, 5*time.Second)
 	if _, err := s.Get(ctx, id); err != nil {
 		t.Fatalf("Get after the waiters left: %v", err)
 	}
@@ -111,7 +84,7 @@ func TestCallersLeavingReadsKeepConnections(t *testing.T) {
 
 	// A read whose caller left still ends at the call timeout, and a
 	// caller that stays is answered then.
-	unlock = lock()
+	unlock = lockRecords(t, admin)
 	defer unlock()
 	left, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
@@ -122,7 +95,7 @@ func TestCallersLeavingReadsKeepConnections(t *testing.T) {
 	if _, err := s.Get(ctx, id); !errors.Is(err, store.ErrUnavailable) || time.Since(start) > 4*time.Second {
 		t.Fatalf("Get behind a lock = %v after %v, want unavailable at the 3 s call timeout", err, time.Since(start))
 	}
-	idle(2 * time.Second)
+	waitIdle(t, s, 2*time.Second)
 }
 
 func mustDeadline(ctx context.Context) time.Time {
