@@ -100,3 +100,88 @@ func TestHostileLenientJSONOrder(t *testing.T) {
 		})
 	}
 }
+
+// surrogateProvider executes each Idempotency-Key once and reads order_id as
+// JavaScript's JSON.parse, Python's json and Java's Jackson do: a lone
+// surrogate escape is kept as that surrogate, so "s\ud800" and "s\udbff" are
+// two orders (Go's encoding/json would read both as "s\ufffd"). It counts
+// executions per order by the member's text as sent, which tells those
+// apart as such a parser does.
+type surrogateProvider struct {
+	mu     sync.Mutex
+	keys   map[string]bool
+	orders map[string]int
+}
+
+func (p *surrogateProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	var in struct {
+		OrderID json.RawMessage `json:"order_id"`
+	}
+	if err := json.Unmarshal(b, &in); err != nil || len(in.OrderID) == 0 {
+		http.Error(w, `{"error":"order_id required"}`, http.StatusBadRequest)
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if key := r.Header.Get("Idempotency-Key"); key == "" || !p.keys[key] {
+		p.keys[key] = true
+		p.orders[string(in.OrderID)]++
+	}
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order_id":%s}`, in.OrderID)
+}
+
+// Two orders whose ids differ only in a lone surrogate escape ("s\ud800",
+// "s\udbff": an id cut in the middle of an emoji by JavaScript's slice) are
+// two orders to a provider in JavaScript, Python or Java, and one to a Go
+// provider. Before the fix idemproxy read both as "s\ufffd" and gave them
+// one key: the first was executed, the second answered 409
+// idempotency_conflict under the first's key, every time, under every
+// IDEMPROXY_MISSING_KEY. Now each is 422 idempotency_key_missing with
+// nothing sent, as a body in invalid UTF-8 (which encoding/json also reads
+// as U+FFFD) already was; an id with a whole surrogate pair is still one
+// execution.
+func TestHostileLoneSurrogateOrders(t *testing.T) {
+	for _, policy := range []string{"reject", "generate", "passthrough"} {
+		t.Run(policy, func(t *testing.T) {
+			prov := &surrogateProvider{keys: map[string]bool{}, orders: map[string]int{}}
+			up := httptest.NewServer(prov)
+			defer up.Close()
+			p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_MISSING_KEY="+policy)...)
+			post := func(body string) reply {
+				return rawExchange(t, p.addr, fmt.Sprintf("POST /v1/payout HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n\n%s", len(body), body))
+			}
+			var keys []string
+			for _, body := range []string{
+				`{"order_id":"s\ud800","amount":5}`,
+				`{"order_id":"s\udbff","amount":5}`,
+				`{"order_id":"s\ud83d","amount":7}`,
+			} {
+				for try := 1; try <= 2; try++ { // the app's blind retry
+					got := post(body)
+					if k := got.header.Get("Idempotency-Key"); k != "" {
+						keys = append(keys, k)
+					}
+					if got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+						t.Errorf("%s, try %d: %d %s (key %q), want 422 idempotency_key_missing", body, try, got.status, got.body, got.header.Get("Idempotency-Key"))
+					}
+				}
+			}
+			if len(keys) > 0 {
+				t.Errorf("three orders answered under keys %q", keys)
+			}
+			// A whole pair is one character: the order is executed once.
+			for try := 1; try <= 2; try++ {
+				if got := post(`{"order_id":"s\ud83d\ude00","amount":5}`); got.status != http.StatusCreated {
+					t.Errorf("s😀, try %d: %d %s, want 201", try, got.status, got.body)
+				}
+			}
+			prov.mu.Lock()
+			defer prov.mu.Unlock()
+			if want := map[string]int{`"s\ud83d\ude00"`: 1}; fmt.Sprint(prov.orders) != fmt.Sprint(want) {
+				t.Errorf("the provider executed %v, want %v", prov.orders, want)
+			}
+		})
+	}
+}

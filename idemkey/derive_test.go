@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -397,13 +398,14 @@ func FuzzDeriveJSONStdlib(f *testing.F) {
 }
 
 // stdlibLookup returns a.b of body as encoding/json's decoder reads it, with
-// the rule Derive adds: a key of the path that repeats in its object gives
-// no value unless every member gives the same one.
+// the rules Derive adds: a key of the path that repeats in its object gives
+// no value unless every member gives the same one, and a string with a lone
+// surrogate escape gives none (encoding/json reads U+FFFD in its place).
 func stdlibLookup(body string) (string, bool) {
 	if !json.Valid([]byte(body)) {
 		return "", false
 	}
-	d := json.NewDecoder(strings.NewReader(body))
+	d := json.NewDecoder(strings.NewReader(markLoneSurrogates(body)))
 	d.UseNumber()
 	v, err := decodeMembers(d)
 	if err != nil {
@@ -417,6 +419,40 @@ func stdlibLookup(body string) (string, bool) {
 type jsonMember struct {
 	key string
 	val any
+}
+
+// loneMark is what markLoneSurrogates puts in place of a lone surrogate
+// escape, so that the value encoding/json decodes shows where one was.
+const loneMark = "\x00lone\x00"
+
+// markLoneSurrogates replaces each \u escape of a lone surrogate in body, a
+// valid JSON document (so every backslash starts an escape), with an escape
+// of loneMark; a surrogate pair is left as it is.
+func markLoneSurrogates(body string) string {
+	surrogate := func(s string, lo, hi rune) bool {
+		if len(s) < 6 || s[0] != '\\' || s[1] != 'u' {
+			return false
+		}
+		r, err := strconv.ParseUint(s[2:6], 16, 16)
+		return err == nil && lo <= rune(r) && rune(r) <= hi
+	}
+	var b strings.Builder
+	for i := 0; i < len(body); i++ {
+		switch {
+		case body[i] != '\\':
+			b.WriteByte(body[i])
+		case surrogate(body[i:], 0xd800, 0xdbff) && i+6 <= len(body) && surrogate(body[i+6:], 0xdc00, 0xdfff):
+			b.WriteString(body[i : i+12])
+			i += 11
+		case surrogate(body[i:], 0xd800, 0xdfff):
+			b.WriteString(`\u0000lone\u0000`)
+			i += 5
+		default: // another escape: its two characters as they are
+			b.WriteString(body[i : i+2])
+			i++
+		}
+	}
+	return b.String()
 }
 
 func decodeMembers(d *json.Decoder) (any, error) {
@@ -457,7 +493,7 @@ func lookupMembers(v any, path []string) (string, bool) {
 	if len(path) == 0 {
 		switch x := v.(type) {
 		case string:
-			return x, x != ""
+			return x, x != "" && !strings.Contains(x, loneMark)
 		case json.Number:
 			return string(x), true
 		}
@@ -551,5 +587,47 @@ func TestNameUUIDIsNewSHA1(t *testing.T) {
 	Derive(src, r) // the state pool warmed
 	if n := testing.AllocsPerRun(100, func() { Derive(src, r) }); n > 1 && !raceEnabled {
 		t.Errorf("Derive: %v allocations, want 1 (the key)", n)
+	}
+}
+
+// A string with a \u escape of a lone surrogate has no one value: Go's
+// encoding/json reads U+FFFD in its place, so "s\ud800", "s\udbff" and
+// "s\ufffd" are one order to a Go provider and three to one in JavaScript,
+// Python or Java. Before, Derive read each as "s\ufffd": three orders of
+// such a provider shared one key, and all but the first were refused 409
+// idempotency_conflict. Now none gives a key, and each is Unreadable (422
+// under every IDEMPROXY_MISSING_KEY); a surrogate pair and U+FFFD itself
+// still give theirs.
+func TestLoneSurrogateGivesNoKey(t *testing.T) {
+	srcs := mustSources(t, "json:order_id,json:p.order_id")
+	for _, body := range []string{
+		`{"order_id":"s\ud800"}`, `{"order_id":"s\udbff"}`, `{"order_id":"s\uDFFF"}`, `{"order_id":"s\ud83dx"}`,
+		`{"order_id":"\ud83d"}`, `{"order_id":"\ud83d\u0041"}`, `{"order_id":"\ude00\ud83d"}`,
+		`{"order_id":"\ufffd","order_id":"\ud800"}`, `{"order_id":"\ud800","order_id":"\ud800"}`,
+		`{"p":{"order_id":"s\ud800"}}`, `{"p":{"order_id":"s\ud800"},"p":{"order_id":"s\ud800"}}`,
+		"\xef\xbb\xbf{\"order_id\":\"s\\ud800\"}",
+	} {
+		r := postJSON(body)
+		if key, src, ok := Derive(srcs, r); ok {
+			t.Errorf("%s: key %s from %v", body, key, src)
+		}
+		p := Parse(srcs, r)
+		if key, src, ok := p.Derive(r); ok {
+			t.Errorf("%s: Parsed.Derive key %s from %v", body, key, src)
+		}
+		if !Unreadable(srcs, r) {
+			t.Errorf("%s: not Unreadable: its order id would get a random key or none", body)
+		}
+	}
+	for body, same := range map[string]string{
+		`{"order_id":"s\ud83d\ude00"}`: `{"order_id":"s😀"}`,
+		`{"order_id":"s\ufffd"}`:       `{"order_id":"s` + "\ufffd" + `"}`,
+		`{"order_id":"s\u0041"}`:       `{"order_id":"sA"}`,
+	} {
+		k1, _, ok1 := Derive(srcs, postJSON(body))
+		k2, _, ok2 := Derive(srcs, postJSON(same))
+		if !ok1 || !ok2 || k1 != k2 {
+			t.Errorf("%s: key %q (%v), %s: %q (%v): want one key", body, k1, ok1, same, k2, ok2)
+		}
 	}
 }

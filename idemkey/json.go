@@ -65,6 +65,12 @@ type jsonParser struct {
 	// whole after it (Unreadable).
 	seen bool
 
+	// lone is set by a \u escape that stands for a lone surrogate
+	// ("\ud800" not followed by a low one), which has no UTF-8 form:
+	// encoding/json reads U+FFFD in its place, JavaScript, Python and Java
+	// the surrogate itself.
+	lone bool
+
 	// frames are the looks (Parse) into the objects open on their
 	// paths: while the canonical form is emitted, the document's key
 	// sources are looked up in the same pass (lookMember). The first
@@ -386,13 +392,14 @@ func (p *jsonParser) lookValue(depth, lo, hi int, nested bool) error {
 			return err
 		}
 		val = p.data[at+1 : p.pos-1]
+		lone := false
 		if bytes.IndexByte(val, '\\') >= 0 {
 			q := jsonParser{data: p.data[at:p.pos]}
 			dec := make([]byte, 0, len(val))
 			q.str(&dec, false)
-			val = dec
+			val, lone = dec, q.lone
 		}
-		found = len(val) > 0
+		found = len(val) > 0 && !lone // a lone surrogate: see lookup
 	case c == '-' || isDigit(c):
 		at := p.pos
 		if err := p.number(); err != nil {
@@ -639,6 +646,9 @@ func (p *jsonParser) unicodeEscape(dst *[]byte, canon bool) error {
 			r = utf16.DecodeRune(r, r2)
 		}
 	}
+	if utf16.IsSurrogate(r) {
+		p.lone = true
+	}
 	if dst == nil {
 		return nil
 	}
@@ -713,7 +723,11 @@ func appendRune(dst []byte, r rune, canon bool) []byte {
 // case), so idemproxy cannot know which order the provider reads, and a key
 // derived from one would be another order's key for a provider that reads
 // the other. A key present only in another letter case counts as absent.
-// val is valid until the parser is reused.
+// So does a string with a \u escape of a lone surrogate ("A\ud800"), which
+// has no UTF-8 form: encoding/json reads U+FFFD in its place, so "A\ud800",
+// "A\udbff" and "A\ufffd" are one order to a Go provider and three to one in
+// JavaScript, Python or Java, which keep the surrogate; any key derived from
+// it would be wrong for one of them. val is valid until the parser is reused.
 func (p *jsonParser) lookup(data []byte, path string) (val []byte, ok bool) {
 	p.reset(data, false)
 	p.seen = false
@@ -800,7 +814,14 @@ func (p *jsonParser) lookupMember(rest string, nested bool, depth int) (bool, er
 		return p.lookupObject(rest, depth+1)
 	case !nested && c == '"':
 		p.val = p.val[:0]
+		p.lone = false
 		err := p.str(&p.val, false)
+		if p.lone && err == nil {
+			// No one value: see lookup. It is a value all the same
+			// (Unreadable).
+			p.seen = true
+			return false, nil
+		}
 		return len(p.val) > 0, err
 	case !nested && (c == '-' || isDigit(c)):
 		start := p.pos
