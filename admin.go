@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemproxy/idemproxy/adminapi"
 	"github.com/idemproxy/idemproxy/metrics"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
@@ -28,12 +29,19 @@ type pinger interface{ Ping(context.Context) error }
 // unavailable (503 with the reason).
 const readyzBound = 2 * time.Second
 
-// admin serves /healthz, /readyz and /metrics on the admin listener.
+// admin serves /healthz, /readyz and /metrics on the admin listener, and
+// hands /admin and everything under it to api (the admin API, which checks
+// the token first).
 type admin struct {
 	mux      *http.ServeMux
+	api      http.Handler
 	store    pinger
 	draining atomic.Bool // set first thing on shutdown
 }
+
+// openPaths are the admin listener's paths outside the admin API: GET (and
+// HEAD) only, no token.
+var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
 
 func newAdmin(store pinger, metricsHandler http.Handler) *admin {
 	a := &admin{mux: http.NewServeMux(), store: store}
@@ -45,7 +53,28 @@ func newAdmin(store pinger, metricsHandler http.Handler) *admin {
 	return a
 }
 
-func (a *admin) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+// ServeHTTP answers every request on the admin listener with
+// Idemproxy-Admin: v1 (adminapi.Header), and with the API's JSON error shape
+// for a path it does not serve (404 not_found) or a method it does not take
+// (405 method_not_allowed, with Allow). It never redirects: ServeMux's 307
+// to a cleaned path (/admin/v1//records) or to /admin/ came before the token
+// was checked, without the header or the JSON shape, and a client following
+// it would send a POST's change a second time to another path.
+func (a *admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(adminapi.Header, "v1")
+	p := r.URL.Path
+	switch {
+	case a.api != nil && (p == "/admin" || strings.HasPrefix(p, "/admin/")):
+		a.api.ServeHTTP(w, r)
+	case !openPaths[r.URL.EscapedPath()]:
+		adminapi.WriteError(w, http.StatusNotFound, "not_found", "no such path on the admin listener: /healthz, /readyz, /metrics and the admin API under /admin/v1/")
+	case r.Method != http.MethodGet && r.Method != http.MethodHead:
+		w.Header().Set("Allow", "GET, HEAD")
+		adminapi.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", p+" takes GET, HEAD")
+	default:
+		a.mux.ServeHTTP(w, r)
+	}
+}
 
 // ready is false while shutting down or when the store cannot be written.
 func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
@@ -167,9 +196,13 @@ func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // loadConfig). As a last line of defence, any attribute or message that
 // contains one of secrets (values of at least minSecretLen bytes, so that a
 // short value cannot blank out ordinary words) is replaced whole.
+//
+// The audit lines of the admin API (auditLogger) share its handler, so that
+// their lines and the others never interleave, and are written whatever the
+// level.
 func newLogger(w io.Writer, level string, secrets []string) *slog.Logger {
 	lvl, _ := parseLevel(level)
-	opts := &slog.HandlerOptions{Level: lvl}
+	opts := &slog.HandlerOptions{Level: min(lvl, auditLevel)}
 	var long []string
 	for _, s := range secrets {
 		if len(s) >= minSecretLen {
@@ -181,7 +214,39 @@ func newLogger(w io.Writer, level string, secrets []string) *slog.Logger {
 			return redact(a, long)
 		}
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	return slog.New(levelFloor{slog.NewJSONHandler(w, opts), lvl})
+}
+
+// auditLevel is the level of the admin API's audit lines (a change made by
+// an operator): WARN, and written at any IDEMPROXY_LOG_LEVEL.
+const auditLevel = slog.LevelWarn
+
+// auditLogger returns the logger of the admin API's audit lines: log's
+// handler, writing lines at auditLevel and above whatever log's level. At
+// IDEMPROXY_LOG_LEVEL=error the operator's changes were not logged at all.
+func auditLogger(log *slog.Logger) *slog.Logger {
+	if f, ok := log.Handler().(levelFloor); ok {
+		return slog.New(levelFloor{f.Handler, min(f.min, auditLevel)})
+	}
+	return log
+}
+
+// levelFloor passes to its handler the records at min or above.
+type levelFloor struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h levelFloor) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return levelFloor{h.Handler.WithAttrs(attrs), h.min}
+}
+
+func (h levelFloor) WithGroup(name string) slog.Handler {
+	return levelFloor{h.Handler.WithGroup(name), h.min}
 }
 
 // minSecretLen is the shortest secret the logger's safety net looks for.

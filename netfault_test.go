@@ -40,6 +40,7 @@ type faultRelay struct {
 	vanish  bool             // armed: the answer vanishes and the link is black-holed, not cut
 	after   []byte           // armed: only on a link that passed these bytes first
 	dropped chan struct{}    // closed once an armed dropAnswer cut its connection
+	simple  bool             // armed: the marker is in a simple query (COMMIT), not one ended by Sync
 	resets  int
 }
 
@@ -153,7 +154,7 @@ func (r *faultRelay) pipe(link *relayLink, dir int) {
 			link.seen = true
 		}
 		arm := dir == up && r.marker != nil && (r.after == nil || link.seen) &&
-			bytes.Contains(c.data, r.marker) && bytes.HasSuffix(c.data, []byte{'S', 0, 0, 0, 4})
+			bytes.Contains(c.data, r.marker) && (bytes.HasSuffix(c.data, []byte{'S', 0, 0, 0, 4}) || r.simple && c.data[0] == 'Q')
 		if arm {
 			link.cutNow, link.hole = true, r.vanish
 			r.marker = nil
@@ -234,10 +235,24 @@ func (r *faultRelay) vanishAfter(marker, after []byte) <-chan struct{} {
 	return r.arm(marker, after, true)
 }
 
+// dropCommitAfter arms as dropAnswer does, for the COMMIT of the next
+// transaction on a link that passed after first (pgx sends it as a simple
+// query): the server commits, and the connection is cut before its answer.
+func (r *faultRelay) dropCommitAfter(after []byte) <-chan struct{} {
+	c := r.arm([]byte("commit"), after, false)
+	r.mu.Lock()
+	r.simple = true
+	r.mu.Unlock()
+	return c
+}
+
 func (r *faultRelay) arm(marker, after []byte, vanish bool) <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.marker, r.after, r.vanish = bytes.Clone(marker), bytes.Clone(after), vanish
+	r.marker, r.after, r.vanish, r.simple = bytes.Clone(marker), bytes.Clone(after), vanish, false
+	for l := range r.links {
+		l.seen = false // after passed for an earlier arm
+	}
 	c := make(chan struct{})
 	r.dropped = c
 	return c

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,8 +61,9 @@ type Options struct {
 	// for client: one per key source of its route, in their order; the
 	// proxy's own derivation. Required for /admin/v1/orders.
 	OrderKeys func(method, path, value, client string, gen int) ([]string, error)
-	// Logger receives one WARN line per change made through the API; nil
-	// discards them.
+	// Logger receives one WARN line per change made through the API, and
+	// per change the store did not confirm (it may have been made); nil
+	// discards them. The caller writes them whatever its log level.
 	Logger *slog.Logger
 }
 
@@ -143,7 +145,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, codeUnauthorized, "missing or wrong bearer token")
 		return
 	}
+	if p := r.URL.EscapedPath(); p == "/admin" || p != cleanPath(p) {
+		// ServeMux would answer 307 to the cleaned path (or to /admin/),
+		// without this API's shape; a client following it would send a
+		// change again. No call is spelt so.
+		writeError(w, http.StatusNotFound, codeNotFound, "no such admin call (a call's path has no empty, . or .. segment)")
+		return
+	}
 	h.mux.ServeHTTP(w, r)
+}
+
+// cleanPath is p as ServeMux cleans it before matching: no empty, . or ..
+// segment, its trailing slash kept.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	np := path.Clean(p)
+	if strings.HasSuffix(p, "/") && np != "/" {
+		np += "/"
+	}
+	return np
 }
 
 // authorized compares SHA-256 digests in constant time, so the answer's
@@ -376,6 +398,12 @@ func writeUnreadable(w http.ResponseWriter, err error) {
 			"): a newer version wrote it (after a downgrade, start that version again) or it is damaged. "+
 			"Its operation may have reached the provider: requests with its key get 503 store_unavailable and nothing is sent; "+
 			"settle the operation with the provider, then remove the record (idemproxy records discard): the next request with its key is sent as a new operation, same key")
+}
+
+// WriteError writes an error answer of the API's shape, with its header,
+// for the admin listener's own answers (a path or method it does not serve).
+func WriteError(w http.ResponseWriter, status int, code, msg string) {
+	writeError(w, status, code, msg)
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

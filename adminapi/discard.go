@@ -42,7 +42,7 @@ func (h *Handler) discardRecord(w http.ResponseWriter, r *http.Request) {
 				"look it up (records get) and settle it by its state (records resolve, records reviewed, orders renew)")
 		return
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be written")
+		h.unconfirmed(w, "discard", err, "who", who(r), "client", id.Tenant, "key", id.Key)
 		return
 	}
 	v := view(id, rec, false)

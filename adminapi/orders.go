@@ -255,6 +255,18 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, codeRenewRefused, reason)
 		return
 	}
+	// The next generation's key before the change: once the order is moved
+	// on, a failure to derive it (a read for a path's earlier spelling)
+	// answered an error for a renew that was made, and logged nothing.
+	keys, err := h.opt.OrderKeys(o.Method, o.Path, o.Value, o.Client, gen+1)
+	if err != nil {
+		h.orderError(w, err)
+		return
+	}
+	next := keys[src]
+	args := []any{"who", who(r), "method", o.Method, "path", o.Path, "client", o.Client,
+		"from_key", id.Key, "from_generation", gen, "key", next, "generation", gen + 1,
+		"status", rec.Response.Status}
 	// Only the record just judged: one that expired since and was claimed
 	// anew (a success, or an operation in flight) is another claim's.
 	if _, err := h.opt.Store.Supersede(r.Context(), id, rec.Owner); err != nil {
@@ -268,19 +280,14 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusConflict, codeRenewRefused, "the order's record changed; look it up again")
 			return
 		}
-		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be written")
+		if errors.Is(err, store.ErrUnreadable) {
+			writeUnreadable(w, err)
+			return
+		}
+		h.unconfirmed(w, "renew", err, args...)
 		return
 	}
-	keys, err := h.opt.OrderKeys(o.Method, o.Path, o.Value, o.Client, gen+1)
-	if err != nil {
-		h.orderError(w, err)
-		return
-	}
-	next := keys[src]
-	h.opt.Logger.Warn("admin: order renewed to its next key generation",
-		"who", who(r), "method", o.Method, "path", o.Path, "client", o.Client,
-		"from_key", id.Key, "from_generation", gen, "key", next, "generation", gen+1,
-		"status", rec.Response.Status)
+	h.opt.Logger.Warn("admin: order renewed to its next key generation", args...)
 	writeJSON(w, http.StatusOK, Renewed{Key: next, Generation: gen + 1})
 }
 
@@ -299,6 +306,21 @@ func refusal(rec *store.Record) string {
 		return ""
 	}
 	return "the order's result was a success; it must not run again"
+}
+
+// unconfirmed answers a change (call) whose store call failed otherwise than
+// by refusing it: its answer was lost (the connection cut after the COMMIT
+// was sent, or the call's time ran out), so the change may have been made,
+// on any replica's view. It is logged at WARN like the change itself, with
+// the same fields (args: who, what, before and after), so that the audit
+// trail holds every change that may have been made, and answered 503
+// store_unavailable saying so. Before, such a call answered 503 and logged
+// nothing.
+func (h *Handler) unconfirmed(w http.ResponseWriter, call string, err error, args ...any) {
+	h.opt.Logger.Warn("admin: "+call+" by an operator not confirmed by the record store: it may have been made; look the record up",
+		append(args, "result", "unknown", "err", err.Error())...)
+	writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable,
+		"the record store did not confirm the "+call+": it may have been made; look the record up (records get, orders get) before repeating it")
 }
 
 // who names the caller of a change for the log: the address it came from

@@ -148,6 +148,13 @@ func (h *Handler) resolveRecord(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, codeResolveRefused, "the record is "+rec.State.String()+", not unknown: there is nothing to resolve")
 		return
 	}
+	// What the record was (unknown) and what the operator made of it.
+	args := []any{"who", who(r), "outcome", in.Outcome, "client", client, "key", id.Key,
+		"upstream_key", rec.UpstreamKey, "method", rec.Method, "path", rec.Path,
+		"attempts", rec.Outcome.Attempts, "first_sent_at", rec.Outcome.FirstSentAt, "last_error", rec.Outcome.LastError}
+	if resp != nil {
+		args = append(args, "status", resp.Status)
+	}
 	rec, err = h.opt.Store.Resolve(r.Context(), id, resp)
 	switch {
 	case errors.Is(err, store.ErrNotUnknown):
@@ -159,16 +166,15 @@ func (h *Handler) resolveRecord(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, store.ErrTooLarge):
 		writeError(w, http.StatusBadRequest, codeBadRequest, "the answer is too large for a record")
 		return
+	case errors.Is(err, store.ErrUnreadable):
+		writeUnreadable(w, err)
+		return
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be written")
+		h.unconfirmed(w, "resolve", err, args...)
 		return
 	}
-	args := []any{"who", who(r), "outcome", in.Outcome, "client", client, "key", id.Key,
-		"upstream_key", rec.UpstreamKey, "method", rec.Method, "path", rec.Path,
-		"attempts", rec.Outcome.Attempts, "first_sent_at", rec.Outcome.FirstSentAt, "last_error", rec.Outcome.LastError}
 	out := Resolved{Key: id.Key, Client: client, Outcome: in.Outcome}
 	if resp != nil {
-		args = append(args, "status", resp.Status)
 		v := view(id, rec, false)
 		out.Record = &v
 	}

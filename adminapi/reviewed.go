@@ -54,8 +54,12 @@ func (h *Handler) reviewedRecord(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, store.ErrNotFinal), errors.Is(err, store.ErrNoReview):
 		writeError(w, http.StatusConflict, codeReviewRefused, "the record changed; look it up again")
 		return
+	case errors.Is(err, store.ErrUnreadable):
+		writeUnreadable(w, err)
+		return
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, codeStoreUnavailable, "the record store cannot be written")
+		h.unconfirmed(w, "reviewed", err, "who", who(r), "client", client, "key", id.Key, "upstream_key", before.UpstreamKey,
+			"method", before.Method, "path", before.Path, "status", before.Response.Status)
 		return
 	}
 	if marked { // not a call that found it marked, nor one of two at once that wrote second
