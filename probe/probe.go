@@ -204,20 +204,23 @@ func (t *Template) Method() string { return t.method }
 
 // Build fills t for one operation. Values in the path are path-escaped (in
 // the query, query-escaped), so no value can change which resource is asked
-// for; values in the body are escaped as the inside of a JSON string, as the
-// body template puts them between quotes. A placeholder without a value
-// gives an error wrapping ErrUnfilled, and so does a path value that holds a
-// dot-segment (dotSegment): escaped, it would still lead above the resource
-// at an upstream that decodes the path before it resolves it.
+// for. A value in the body is escaped as the inside of a JSON string where
+// the body template puts it between quotes; elsewhere (`{"amount":{req.amount}}`)
+// it is put as the one JSON value it was: a number as its text, a string
+// quoted, so that no value ("[1,2]", "null", `1,"order_id":"x"`) can change
+// the body's structure. A placeholder without a value gives an error
+// wrapping ErrUnfilled, and so does a path value that holds a dot-segment
+// (dotSegment): escaped, it would still lead above the resource at an
+// upstream that decodes the path before it resolves it.
 func (t *Template) Build(v Values) (Probe, error) {
 	var req, resp map[string]any // decoded on first use
-	lookup := func(p part) (string, error) {
+	lookup := func(p part) (value, error) {
 		switch p.src {
 		case keySource:
 			if v.Key == "" {
-				return "", fmt.Errorf("%w: {idempotency_key} is empty", ErrUnfilled)
+				return value{}, fmt.Errorf("%w: {idempotency_key} is empty", ErrUnfilled)
 			}
-			return v.Key, nil
+			return value{text: v.Key}, nil
 		case reqSource:
 			if req == nil {
 				req = object(v.Request)
@@ -245,9 +248,16 @@ func (t *Template) Build(v Values) (Probe, error) {
 	return pr, nil
 }
 
+// value is a placeholder's value: its text, and whether it was a JSON
+// number (else a string) where it was read.
+type value struct {
+	text string
+	num  bool
+}
+
 // fill renders parts; escape gets the text before the value and the value,
 // and may refuse the value (an error wrapping ErrUnfilled).
-func fill(parts []part, lookup func(part) (string, error), escape func(before *strings.Builder, val string) (string, error)) (string, error) {
+func fill(parts []part, lookup func(part) (value, error), escape func(before *strings.Builder, val value) (string, error)) (string, error) {
 	var b strings.Builder
 	for _, p := range parts {
 		if p.src == literal {
@@ -271,14 +281,14 @@ func fill(parts []part, lookup func(part) (string, error), escape func(before *s
 // value, before it a path segment. A value that holds a dot-segment
 // (dotSegment) is refused in the path: escaped, it would still lead above
 // the resource at an upstream that decodes the path before resolving it.
-func pathEscape(before *strings.Builder, val string) (string, error) {
+func pathEscape(before *strings.Builder, val value) (string, error) {
 	if strings.Contains(before.String(), "?") {
-		return url.QueryEscape(val), nil
+		return url.QueryEscape(val.text), nil
 	}
-	if dotSegment(val) {
+	if dotSegment(val.text) {
 		return "", fmt.Errorf("%w: a value would be a dot-segment in the path", ErrUnfilled)
 	}
-	return url.PathEscape(val), nil
+	return url.PathEscape(val.text), nil
 }
 
 // dotSegment reports whether val, put in a path, holds a "." or ".."
@@ -301,10 +311,36 @@ func dotSegment(val string) bool {
 	return false
 }
 
-// jsonEscape escapes val as the inside of a JSON string.
-func jsonEscape(_ *strings.Builder, val string) (string, error) {
-	b, _ := json.Marshal(val) // a string always marshals
+// jsonEscape escapes val for where it lands in a JSON body: inside a JSON
+// string (the template put it between quotes), as the inside of a string;
+// elsewhere, as the JSON value it was, a number as its text (valid JSON: it
+// was decoded as one) and a string quoted.
+func jsonEscape(before *strings.Builder, val value) (string, error) {
+	quoted := inString(before.String())
+	if !quoted && val.num {
+		return val.text, nil
+	}
+	b, _ := json.Marshal(val.text) // a string always marshals
+	if !quoted {
+		return string(b), nil
+	}
 	return string(b[1 : len(b)-1]), nil
+}
+
+// inString reports whether the JSON text s ends inside a string: after an
+// opening quote not yet closed. Values filled in before leave the count as
+// it was (each is escaped inside a string, or a whole string or number).
+func inString(s string) bool {
+	in := false
+	for i := 0; i < len(s); i++ {
+		switch {
+		case in && s[i] == '\\':
+			i++
+		case s[i] == '"':
+			in = !in
+		}
+	}
+	return in
 }
 
 // object decodes a JSON object, numbers kept as their text; anything else is
@@ -320,7 +356,7 @@ func object(b []byte) map[string]any {
 }
 
 // member returns the string or number at the dotted path of m.
-func member(m map[string]any, side, path string) (string, error) {
+func member(m map[string]any, side, path string) (value, error) {
 	var cur any = m
 	for seg := range strings.SplitSeq(path, ".") {
 		obj, ok := cur.(map[string]any)
@@ -333,12 +369,12 @@ func member(m map[string]any, side, path string) (string, error) {
 	switch v := cur.(type) {
 	case string:
 		if v != "" {
-			return v, nil
+			return value{text: v}, nil
 		}
 	case json.Number:
-		return v.String(), nil
+		return value{text: v.String(), num: true}, nil
 	}
-	return "", fmt.Errorf("%w: {%s.%s} has no string or number value", ErrUnfilled, side, path)
+	return value{}, fmt.Errorf("%w: {%s.%s} has no string or number value", ErrUnfilled, side, path)
 }
 
 // Lookup sends a Template to one provider: it implements retry.Prober.

@@ -134,3 +134,26 @@ func TestParseErrors(t *testing.T) {
 		}
 	}
 }
+
+// A body value between quotes is escaped as the inside of a JSON string; one
+// where the template puts a JSON value ({"order_id":{req.order_id}}) is put as
+// the value it was, a number bare and a string quoted, so that no string can
+// change the body's structure.
+func TestBuildBodyValueOutsideQuotes(t *testing.T) {
+	tmpl, err := probe.Parse(`POST /info {"order_id":{req.order_id},"ref":"{req.order_id}","n":[{req.n}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ req, want string }{
+		{`{"order_id":123,"n":1.5e3}`, `{"order_id":123,"ref":"123","n":[1.5e3]}`},
+		{`{"order_id":"A-1","n":"2"}`, `{"order_id":"A-1","ref":"A-1","n":["2"]}`},
+		{`{"order_id":"[1]","n":"null"}`, `{"order_id":"[1]","ref":"[1]","n":["null"]}`},
+		{`{"order_id":"1,\"x\":\"}","n":"]}"}`, `{"order_id":"1,\"x\":\"}","ref":"1,\"x\":\"}","n":["]}"]}`},
+		{`{"order_id":"a\\\"","n":0}`, `{"order_id":"a\\\"","ref":"a\\\"","n":[0]}`},
+	} {
+		p, err := tmpl.Build(probe.Values{Request: []byte(c.req)})
+		if err != nil || string(p.Body) != c.want || !json.Valid(p.Body) {
+			t.Errorf("req %s: body %s, %v; want %s", c.req, p.Body, err, c.want)
+		}
+	}
+}
