@@ -4,7 +4,9 @@ import (
 	"errors"
 	"math/big"
 	"net/http"
+	"strings"
 	"sync"
+	"time"
 )
 
 // cards behaves like the cards provider.
@@ -14,10 +16,11 @@ type cards struct {
 	funds  *big.Rat // the account's unreserved funds; nil means no limit
 
 	mu       sync.Mutex
-	byKey    map[string]reply // Idempotency-Key → original operation, forever
-	holders  map[string]reply // external_id → cardholder
-	cards    map[string]*card // card id → card
-	inflight flights          // "key:<key>" and "holder:<external_id>"
+	byKey    map[string]reply     // Idempotency-Key → original operation, forever
+	holders  map[string]reply     // external_id → cardholder
+	cards    map[string]*card     // card id → card
+	inflight flights              // "key:<key>" and "holder:<external_id>"
+	signed   map[string]time.Time // X-Signature → when it was accepted (replay protection)
 }
 
 // card is an issued card.
@@ -77,7 +80,7 @@ const (
 // funds (zero: no limit).
 func newCards(c *core, secret []byte, balance float64) *cards {
 	p := &cards{core: c, secret: secret, byKey: map[string]reply{}, holders: map[string]reply{},
-		cards: map[string]*card{}, inflight: flights{}}
+		cards: map[string]*card{}, inflight: flights{}, signed: map[string]time.Time{}}
 	if balance > 0 {
 		p.funds = new(big.Rat).SetFloat64(balance)
 	}
@@ -120,19 +123,37 @@ func (p *cards) register(mux *http.ServeMux, wrap func(handler) http.Handler) {
 }
 
 // authenticate checks X-Timestamp and X-Signature when a secret is set. The
-// provider asks for a new signature (a new time) on every retry; a fixed
-// window is how a stale one is refused.
+// provider asks for a new signature (a new time) on every retry and points
+// to its replay protection: a stale signature is refused by the window, and
+// one already accepted within it (a request resent whole, or a retry signed
+// in the same second as the attempt before it) is refused as a replay,
+// 401 signature_reused, before anything runs.
 func (p *cards) authenticate(c *call) (reply, bool) {
 	if len(p.secret) == 0 {
 		return reply{}, true
 	}
-	err := checkTimestampSigned(c, p.secret, p.now())
+	now := p.now()
+	err := checkTimestampSigned(c, p.secret, now)
 	switch {
 	case errors.Is(err, errStaleTimestamp):
 		return errorReply(http.StatusUnauthorized, "timestamp_out_of_window", err.Error()), false
 	case err != nil:
 		return errorReply(http.StatusUnauthorized, "invalid_signature", err.Error()), false
 	}
+	sig := strings.ToLower(c.r.Header.Get("X-Signature"))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, seen := p.signed[sig]; seen {
+		return errorReply(http.StatusUnauthorized, "signature_reused", "this signature was already used; sign the retry anew (new time)"), false
+	}
+	if len(p.signed) >= 4096 { // forget what the window refuses anyway
+		for s, at := range p.signed {
+			if now.Sub(at) > 2*signatureWindow {
+				delete(p.signed, s)
+			}
+		}
+	}
+	p.signed[sig] = now
 	return reply{}, true
 }
 

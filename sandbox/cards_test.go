@@ -152,7 +152,8 @@ func TestCardsConcurrentRepeatWaits(t *testing.T) {
 }
 
 // TestCardsSignature: with a secret, each retry is signed anew (a new
-// time); a stale or wrong signature is refused before anything runs.
+// time); a stale, wrong or already used signature is refused before
+// anything runs.
 func TestCardsSignature(t *testing.T) {
 	clk := newClock()
 	s, ts := start(t, Config{Provider: ProviderCards, Secret: testSecret, Now: clk.Now})
@@ -173,6 +174,8 @@ func TestCardsSignature(t *testing.T) {
 		{"stale timestamp", signed(t0.Add(-301*time.Second), "k-1"), 401, "timestamp_out_of_window"},
 		{"wrong signature", bad, 401, "invalid_signature"},
 		{"fresh signature", signed(t0, "k-1"), 200, ""},
+		{"the same signature again (a retry in the same second)", signed(t0, "k-1"), 401, "signature_reused"},
+		{"the same signature under another key", signed(t0, "k-2"), 401, "signature_reused"},
 		{"retry re-signed later", signed(t0.Add(2*time.Minute), "k-1"), 200, ""},
 	}
 	for _, tt := range tests {

@@ -59,10 +59,11 @@
 //     X-Timestamp and X-Signature over timestamp "\n" METHOD "\n" path "\n" body;
 //     the Idempotency-Key is NOT signed. IDEMPROXY_SIGN_CANONICAL
 //     {timestamp}\n{method}\n{path}\n{body} (TimestampCanonical).
-//   - cards: the provider only says a retry is signed anew (new time); the
-//     sandbox checks X-Timestamp and X-Signature over the same string as
-//     payouts, so a retry that reuses an old signature fails once it is
-//     older than 300 s.
+//   - cards: the provider only says a retry is signed anew (new time), and
+//     points to its replay protection; the sandbox checks X-Timestamp and
+//     X-Signature over the same string as payouts, and refuses a signature
+//     it has already accepted with 401 signature_reused (a request resent
+//     whole, or a retry signed in the same second as the attempt before it).
 //
 // # Faults
 //
