@@ -392,3 +392,29 @@ func TestPresetPaymentsLooksUpAfter504(t *testing.T) {
 		t.Errorf("%d executions and %d lookups, want one of each", l.Executions, gets)
 	}
 }
+
+// The cards provider wants every retry signed anew ("a new signature, new
+// time") and refuses a signature it has seen (its replay protection). The
+// timestamp is in whole seconds and the cards scheme has no nonce, so a retry
+// sent within the second of the attempt before it, as one after a gateway's
+// 504 with a short backoff is, must wait for the next second: the issue the
+// gateway hid is then found under its key, not refused as a replay.
+func TestPresetCardsRetryIsSignedAnew(t *testing.T) {
+	sb, err := sandbox.New(sandbox.Config{Provider: sandbox.ProviderCards, Secret: []byte(sandboxSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := &gateway504{next: sb}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+	p := launch(t, launchSpec{env: presetEnv(t, "cards", srv.URL, "IDEMPROXY_RETRY_BASE_DELAY=1ms")})
+	issue := `{"tariff_id":"t-1","holder_external_id":"cust-504","amount":"50"}`
+	a := send(t, "POST", "http://"+p.proxy+"/cards", issue)
+	if a.status != http.StatusOK || field(t, a.body, "kind") != "issue" || a.header.Get("Idemproxy-Attempts") != "2" {
+		t.Fatalf("issue after a 504: %d %s attempts=%q, want the issue found by its retry (2 attempts)",
+			a.status, a.body, a.header.Get("Idemproxy-Attempts"))
+	}
+	if l := sb.Ledger(); l.Executions != 1 || l.Replays != 1 {
+		t.Errorf("ledger: %d executions, %d replays; want the issue once, then its replay", l.Executions, l.Replays)
+	}
+}

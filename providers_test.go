@@ -48,6 +48,7 @@ type seedProvider struct {
 	mu     sync.Mutex
 	seen   []seenRequest
 	nonces map[string]bool
+	sigs   map[string]bool   // cards: signatures accepted (its replay protection)
 	byKey  map[string]string // Idempotency-Key → stored body
 	sums   map[string]string // Idempotency-Key → body it came with
 	byExt  map[string]string // cards: cardholder external_id → body
@@ -56,7 +57,7 @@ type seedProvider struct {
 }
 
 func newSeedProvider(t *testing.T, scheme string) (*seedProvider, string) {
-	p := &seedProvider{scheme: scheme, publicID: "pub-seed", nonces: map[string]bool{}, byKey: map[string]string{},
+	p := &seedProvider{scheme: scheme, publicID: "pub-seed", nonces: map[string]bool{}, sigs: map[string]bool{}, byKey: map[string]string{},
 		sums: map[string]string{}, byExt: map[string]string{}}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
@@ -124,6 +125,13 @@ func (p *seedProvider) authenticate(r *http.Request, body []byte) (status int, c
 	}
 	if p.scheme == "payouts" && (len(r.Header.Values("X-Public-Id")) != 1 || r.Header.Get("X-Public-Id") != p.publicID) {
 		return 401, "invalid_public_id"
+	}
+	if p.scheme == "cards" {
+		// "a new signature (new time)" on every retry, see its replay protection
+		if p.sigs[r.Header.Get("X-Signature")] {
+			return 401, "signature_reused"
+		}
+		p.sigs[r.Header.Get("X-Signature")] = true
 	}
 	if p.scheme == "payments" {
 		n := r.Header.Get("X-Nonce")

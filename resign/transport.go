@@ -79,7 +79,11 @@ type Config struct {
 	// nor headers net/http manages (Host, Content-Length, Transfer-Encoding,
 	// Connection).
 	StaticHeaders http.Header
-	// Now is the clock for timestamps. Nil means time.Now.
+	// Now is the clock for timestamps. Nil means time.Now, and then, when
+	// the timestamp is signed and no nonce is, an attempt whose signature was
+	// already sent (a retry within the second of the attempt before it)
+	// waits for the next second. A clock of one's own, whose seconds need
+	// not pass, gets no such wait.
 	Now func() time.Time
 	// NewNonce makes one nonce. Nil means uuid.NewString (a random UUID v4).
 	NewNonce func() string
@@ -114,6 +118,9 @@ type signer struct {
 	now         func() time.Time
 	newNonce    func() string
 	macs        sync.Pool // of *macState
+	// used remembers the signatures just sent when nothing but the
+	// timestamp makes one new (it is signed, no nonce is); nil otherwise.
+	used *sentSignatures
 }
 
 // macState is a reusable HMAC and buffers, pooled to keep per-attempt
@@ -226,6 +233,9 @@ func (s *signer) setTemplate() error {
 	// so every request would fail with 401; better to stop at start.
 	if s.tmpl.Uses("nonce") && s.nonceHeader == "" {
 		return fmt.Errorf("%w: Template uses {nonce} but NonceHeader is empty", ErrConfig)
+	}
+	if s.tmpl.Uses("timestamp") && !s.tmpl.Uses("nonce") && s.now == nil {
+		s.used = &sentSignatures{}
 	}
 	return nil
 }
@@ -404,7 +414,6 @@ func (s *signer) sign(out *http.Request) error {
 	// layer above must re-sign instead.
 	out.GetBody = nil
 	f := Fields{
-		Timestamp:      strconv.FormatInt(s.now().Unix(), 10),
 		Method:         canonicalMethod(out.Method),
 		Path:           wirePath(out.URL),
 		Query:          out.URL.RawQuery,
@@ -415,9 +424,24 @@ func (s *signer) sign(out *http.Request) error {
 		f.Nonce = s.newNonce()
 		out.Header[s.nonceHeader] = []string{f.Nonce}
 	}
-	out.Header[s.tsHeader] = []string{f.Timestamp}
-	out.Header[s.sigHeader] = []string{s.signature(f)}
-	return nil
+	// Why the loop: without a nonce, a retry sent within the second of the
+	// attempt before it (a 503 answered at once, a backoff of a few hundred
+	// milliseconds) would carry that attempt's timestamp and signature, which
+	// a provider that wants a new signature ("new time") on every retry
+	// refuses as a replay. Such an attempt waits for the next second.
+	for waits := 0; ; waits++ {
+		now := s.now()
+		f.Timestamp = strconv.FormatInt(now.Unix(), 10)
+		sig := s.signature(f)
+		if s.used == nil || waits == maxUniqueWaits || s.used.claim(sig, now.Unix()) {
+			out.Header[s.tsHeader] = []string{f.Timestamp}
+			out.Header[s.sigHeader] = []string{sig}
+			return nil
+		}
+		if err := untilNextSecond(out.Context(), now); err != nil {
+			return fmt.Errorf("wait for a new timestamp: %w", err)
+		}
+	}
 }
 
 // signature renders the canonical string for f and returns its encoded
