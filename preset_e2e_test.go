@@ -418,3 +418,32 @@ func TestPresetCardsRetryIsSignedAnew(t *testing.T) {
 		t.Errorf("ledger: %d executions, %d replays; want the issue once, then its replay", l.Executions, l.Replays)
 	}
 }
+
+// A signature made in the same second by another process for the same
+// request (an idemproxy that died mid-attempt and was restarted, another
+// replica taking the app's retry) is refused by the cards provider as a
+// replay, 401 signature_reused; that says only that the attempt was refused
+// before anything ran, so idemproxy signs a new attempt, which finds the
+// issue under its key, instead of passing the 401 to the app.
+func TestPresetCardsSignatureReusedElsewhereIsResent(t *testing.T) {
+	sb, url := startSandbox(t, sandbox.Config{Provider: sandbox.ProviderCards})
+	p := launch(t, launchSpec{env: presetEnv(t, "cards", url, "IDEMPROXY_RETRY_BASE_DELAY=1ms")})
+	const key = "7f0c2a4e-5b6d-4e8f-9a1b-2c3d4e5f6a7b"
+	issue := `{"tariff_id":"t-1","holder_external_id":"cust-elsewhere","amount":"50"}`
+	// Just after a second begins, so that both sends below fall in it.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 20*time.Millisecond)))
+	ts := fmt.Sprint(time.Now().Unix())
+	elsewhere := send(t, "POST", url+"/cards", issue, "Idempotency-Key", key, "X-Timestamp", ts,
+		"X-Signature", sandbox.Sign([]byte(sandboxSecret), sandbox.TimestampString(ts, "POST", "/cards", []byte(issue))))
+	a := send(t, "POST", "http://"+p.proxy+"/cards", issue, "Idempotency-Key", key)
+	if elsewhere.status != http.StatusOK {
+		t.Fatalf("the other process's attempt: %d %s", elsewhere.status, elsewhere.body)
+	}
+	if a.status != http.StatusOK || a.body != elsewhere.body {
+		t.Fatalf("the app's retry through idemproxy: %d %s attempts=%q, want the issue %s",
+			a.status, a.body, a.header.Get("Idemproxy-Attempts"), elsewhere.body)
+	}
+	if l := sb.Ledger(); l.Executions != 1 {
+		t.Errorf("ledger: %d executions, want 1", l.Executions)
+	}
+}

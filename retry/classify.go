@@ -34,8 +34,12 @@ const (
 // the operation and must never be stored as its result. The payments
 // provider answers 409 nonce_reused to a request resent whole ("the nonce is
 // single-use; renew the signature"): a new attempt through the signer below
-// gets a new nonce.
-var refusedCodes = map[string]bool{"nonce_reused": true}
+// gets a new nonce. The cards provider wants a new signature ("new time") on
+// every retry and refuses one it has seen (401 signature_reused in the
+// sandbox): the signer never sends a signature twice itself, but one made in
+// the same second by a process that died, or by another replica, for the
+// same request can still be refused, and a new attempt is signed anew.
+var refusedCodes = map[string]bool{"nonce_reused": true, "signature_reused": true}
 
 // neverSent reports a failure before any request byte left, so a resend
 // cannot duplicate anything: a failure to connect, which *http.Transport

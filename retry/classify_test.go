@@ -74,6 +74,7 @@ func TestDispose(t *testing.T) {
 		{"409 idempotency_conflict final", Protected, 409, `{"error":{"code":"idempotency_conflict"}}`, nil, final},
 		{"409 nonce_reused: refused before acting, resent", Protected, 409, `{"error":{"code":"nonce_reused"}}`, nil, Verdict{Retry, ReasonRefused}},
 		{"nonce_reused at top-level code", Protected, 409, `{"code":"nonce_reused"}`, nil, Verdict{Retry, ReasonRefused}},
+		{"401 signature_reused: refused before acting, resent", Protected, 401, `{"error":{"code":"signature_reused"}}`, nil, Verdict{Retry, ReasonRefused}},
 		{"code must be a string", Protected, 409, `{"code":409,"error":"payout.frozen"}`, nil, final},
 		{"error.code wins over code", Protected, 409, `{"code":"payout.frozen","error":{"code":"payout.insufficient_funds"}}`, nil, final},
 		{"4xx not JSON", Protected, 409, `conflict`, nil, final},
