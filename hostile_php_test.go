@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -241,5 +242,76 @@ func TestHostileUTF16FormOrder(t *testing.T) {
 	defer prov.mu.Unlock()
 	if want := map[string]int{"w8-2": 1}; !maps.Equal(prov.orders, want) {
 		t.Errorf("provider executed orders %v, want %v", prov.orders, want)
+	}
+}
+
+// semicolonOrderProvider executes each Idempotency-Key once and reads a form
+// body as Perl's CGI.pm, Go before 1.17, Python's parse_qs before 3.9.2 and
+// Django before 3.2 do: fields are separated by '&' or ';', and the first
+// order_id wins (Go's FormValue), counting executions per order.
+type semicolonOrderProvider struct {
+	mu     sync.Mutex
+	keys   map[string]bool
+	orders map[string]int
+}
+
+func (p *semicolonOrderProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	order := ""
+	for _, field := range strings.FieldsFunc(string(b), func(c rune) bool { return c == '&' || c == ';' }) {
+		if k, v, _ := strings.Cut(field, "="); k == "order_id" && order == "" {
+			order, _ = url.QueryUnescape(v)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if key := r.Header.Get("Idempotency-Key"); key == "" || !p.keys[key] {
+		p.keys[key] = true
+		p.orders[order]++
+	}
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order_id":%q}`, order)
+}
+
+// A form body whose order_id is in a field with a ';' ("amount=5;order_id=s1",
+// "order_id=s2;amount=5", a legacy app joining fields with ';') is forwarded
+// as it came, and a provider that splits forms at ';' too (Perl's CGI.pm, Go
+// before 1.17, Python before 3.9.2, Django before 3.2) reads order s1 or s2
+// from it, where PHP, Java, Rack and Node.js read none or "s2;amount=5". So
+// it is 422 with nothing sent under every IDEMPROXY_MISSING_KEY. Before the
+// fix, under generate and passthrough each blind retry of
+// "amount=5;order_id=s1" went with a new random key or none and the provider
+// executed s1 once per try; under every policy "order_id=s2;amount=5" went
+// under the key of order "s2;amount=5", the provider executed s2, and the
+// app's retry of s2 spelt with '&' was executed again. A ';' in another
+// field changes nothing.
+func TestHostileFormFieldsJoinedBySemicolon(t *testing.T) {
+	for _, policy := range []string{"reject", "generate", "passthrough"} {
+		t.Run(policy, func(t *testing.T) {
+			prov := &semicolonOrderProvider{keys: map[string]bool{}, orders: map[string]int{}}
+			up := httptest.NewServer(prov)
+			defer up.Close()
+			p := startBinary(t, hostileEnv(t, up.URL, "IDEMPROXY_KEY_SOURCES=json:order_id,form:order_id",
+				"IDEMPROXY_MISSING_KEY="+policy)...)
+			for _, body := range []string{"amount=5;order_id=s1", "order_id=s2;amount=5", "order_id=s3&note=x;order_id=s3b", "x;order_id=s4&amount=5"} {
+				for try := 1; try <= 2; try++ { // the app's blind retry
+					if got := phpPost(t, p.addr, "/v1/payout", body); got.status != http.StatusUnprocessableEntity || !strings.Contains(got.body, `"idempotency_key_missing"`) {
+						t.Errorf("%s, try %d: %d %s (key %q), want 422 idempotency_key_missing", body, try, got.status, got.body, got.header.Get("Idempotency-Key"))
+					}
+				}
+			}
+			for try := 1; try <= 2; try++ {
+				for _, body := range []string{"order_id=s2&amount=5", "order_id=s5&note=a;b&amount=5"} {
+					if got := phpPost(t, p.addr, "/v1/payout", body); got.status != http.StatusCreated {
+						t.Errorf("%s, try %d: %d %s, want 201", body, try, got.status, got.body)
+					}
+				}
+			}
+			prov.mu.Lock()
+			defer prov.mu.Unlock()
+			if want := map[string]int{"s2": 1, "s5": 1}; !maps.Equal(prov.orders, want) {
+				t.Errorf("provider executed orders %v, want each once: %v", prov.orders, want)
+			}
+		})
 	}
 }

@@ -79,6 +79,8 @@ func TestDerive(t *testing.T) {
 		{"json with wrong content type", "json:order_id", Request{Method: "POST", Path: "/p", ContentType: "text/plain", Body: []byte(`{"order_id":"A"}`)}, Source{JSON, "order_id"}, "A"},
 		{"form", "form:order_id", form("amount=1&order_id=F%2D1+x"), Source{Form, "order_id"}, "F-1 x"},
 		{"form field repeated with one value", "form:order_id", form("order_id=F-1&amount=1&order_id=F%2D1"), Source{Form, "order_id"}, "F-1"},
+		{"form with a ';' in other fields", "form:order_id", form("note=a;b&order_id=ok&x;y=1"), Source{Form, "order_id"}, "ok"},
+		{"form field with an escaped ';'", "form:order_id", form("order_id=A%3Bx=1"), Source{Form, "order_id"}, "A;x=1"},
 		{"form skips malformed pairs of other fields", "form:order_id", form("note=100%&order_id=ok&x%zz=1"), Source{Form, "order_id"}, "ok"},
 		// A query's malformed pairs are dropped before it is forwarded.
 		{"query skips malformed pairs", "query:order_id", Request{Method: "POST", Path: "/p", RawQuery: "order_id=%zz&order_id=ok"}, Source{Query, "order_id"}, "ok"},
@@ -189,6 +191,13 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"form field with a malformed escape", "form:order_id", form("order_id=50%off")},
 		{"form field repeated with a malformed escape", "form:order_id", form("order_id=%zz&order_id=ok")},
 		{"form field repeated, the second with a malformed escape", "form:order_id", form("order_id=ok&order_id=ok%")},
+		// Perl's CGI.pm, Go before 1.17, Python before 3.9.2 and Django
+		// before 3.2 split a form at ';' too; PHP, Java and Rack do not.
+		{"form field after a ';'", "form:order_id", form("amount=5;order_id=F-1")},
+		{"form field with a ';' in its value", "form:order_id", form("order_id=F-1;amount=5")},
+		{"form field after a ';', escaped name", "form:order_id", form("x;order%5Fid=F-1&amount=5")},
+		{"form field beside one after a ';'", "form:order_id", form("order_id=F-1&x=1;order_id=F-2")},
+		{"form field beside one after a ';', same value", "form:order_id", form("order_id=F-1&x=1;order_id=F-1")},
 		{"form field repeated, the second empty", "form:order_id", form("order_id=F-1&order_id=")},
 		{"form field repeated, the first empty", "form:order_id", form("order_id&order_id=F-1")},
 		{"header repeated with another value", "header:X-Order-Id", Request{Method: "POST", Path: "/p", Header: http.Header{"X-Order-Id": {"H-1", "H-2"}}}},

@@ -24,13 +24,18 @@ type text interface{ ~string | ~[]byte }
 // for a provider that reads the other. A field whose name differs only in
 // letter case is the same field to ASP.NET, and one PHP registers under the
 // name (formNameIs) the same to PHP, so either is such a repeat too; a field
-// present only in another spelling counts as absent.
+// present only in another spelling counts as absent. With asSent, a field
+// with a ';' that names the field in one of its ';'-separated parts
+// (semicolonNames) gives no value either.
 func formValue[T text](buf []byte, s T, name string, asSent bool) ([]byte, bool) {
 	n := -1 // the length of the first value, kept at buf[:n]; -1 before one
 	exact := false
 	for len(s) > 0 {
 		var pair T
 		pair, s = cutByte(s, '&')
+		if asSent && semicolonNames(buf[:max(n, 0)], pair, name) {
+			return buf[:0], false
+		}
 		k, v := cutByte(pair, '=')
 		base := max(n, 0)
 		key, ok := unescapeForm(buf[:base], k)
@@ -68,12 +73,41 @@ func formMentions[T text](buf []byte, s T, name string, asSent bool) bool {
 	for len(s) > 0 {
 		var pair T
 		pair, s = cutByte(s, '&')
+		if asSent && semicolonNames(buf[:0], pair, name) {
+			return true
+		}
 		k, v := cutByte(pair, '=')
 		key, ok := unescapeForm(buf[:0], k)
 		if !ok || !formNameIs(key, name) {
 			continue
 		}
 		if val, ok := unescapeForm(key[:0], v); ok && len(val) > 0 || !ok && asSent {
+			return true
+		}
+	}
+	return false
+}
+
+// semicolonNames reports whether pair, one '&'-separated field of a form
+// body, has a ';' and names the field name (formNameIs) in one of its
+// ';'-separated parts: "order_id=A;x=1", "x=1;order_id=A", "x;order_id=A".
+// The body is forwarded as it came, and parsers read such a field three
+// ways: PHP, Java's servlets, Rack and Node.js split a form at '&' only
+// ("order_id=A;x=1" is order "A;x=1"; "x=1;order_id=A" names no order);
+// Perl's CGI.pm, Go before 1.17, Python's parse_qs before 3.9.2 and Django
+// before 3.2 split at ';' too (order "A"); Go since 1.17 drops the field.
+// So idemproxy cannot know which order, if any, the provider reads. buf is
+// scratch, appended to.
+func semicolonNames[T text](buf []byte, pair T, name string) bool {
+	semicolon := false
+	for i := 0; i < len(pair) && !semicolon; i++ {
+		semicolon = pair[i] == ';'
+	}
+	for semicolon && len(pair) > 0 {
+		var part T
+		part, pair = cutByte(pair, ';')
+		k, _ := cutByte(part, '=')
+		if key, ok := unescapeForm(buf, k); ok && formNameIs(key[len(buf):], name) {
 			return true
 		}
 	}
