@@ -401,3 +401,44 @@ func TestBinaryClientNamedDefaultRefused(t *testing.T) {
 		t.Errorf("provider saw %d requests, want 1", n)
 	}
 }
+
+// TestBinaryStatusLookupFindsAnUpperCaseUUIDKey: with client tokens, an
+// app's UUID key is one operation however it is spelt (idemkey.Canonical: a
+// key given back upper-cased by a SQL Server uniqueidentifier column, or in
+// braces), and the order goes upstream under that key, canonical, bound to
+// the app. A status lookup (an unprotected request) carrying the same key
+// as the app holds it must reach the provider under the same upstream key,
+// or the provider finds no operation for it: the lookup was bound over the
+// key as sent, and the app was told its executed order did not exist.
+func TestBinaryStatusLookupFindsAnUpperCaseUUIDKey(t *testing.T) {
+	prov := &keyedProvider{ops: map[string]string{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, tenancyEnv(up.URL, t.TempDir())...)
+	const lower = "6f1c2b9e-3d4a-4b8c-9e2f-0a1b2c3d4e5f"
+	upper := strings.ToUpper(lower)
+	order := send(t, http.MethodPost, "http://"+p.addr+"/cards", `{"amount":"5.00"}`,
+		"Idemproxy-Client-Token", tokenA, "Idempotency-Key", upper)
+	if order.status != http.StatusCreated {
+		t.Fatalf("order: %d %s", order.status, order.body)
+	}
+	sent := prov.received()[0]
+	for _, spelling := range []string{upper, "{" + upper + "}", lower, "{" + lower + "}"} {
+		for _, method := range []string{http.MethodGet, http.MethodDelete} {
+			got := send(t, method, "http://"+p.addr+"/cards/status", "", "Idemproxy-Client-Token", tokenA, "Idempotency-Key", spelling)
+			keys := prov.received()
+			if last := keys[len(keys)-1]; last != sent {
+				t.Errorf("%s status lookup with key %s went upstream as %s; the order went as %s", method, spelling, last, sent)
+			}
+			if got.status != http.StatusCreated || got.header.Get("Idempotency-Key") != spelling {
+				t.Errorf("%s status lookup with key %s: %d with Idempotency-Key %q, want the app's key as it sent it",
+					method, spelling, got.status, got.header.Get("Idempotency-Key"))
+			}
+		}
+	}
+	// app-b's lookup with the same key is app-b's, not app-a's operation.
+	send(t, http.MethodGet, "http://"+p.addr+"/cards/status", "", "Idemproxy-Client-Token", tokenB, "Idempotency-Key", upper)
+	if keys := prov.received(); keys[len(keys)-1] == sent {
+		t.Errorf("app-b's lookup with app-a's key went upstream under app-a's upstream key %s", sent)
+	}
+}

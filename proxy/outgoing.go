@@ -258,7 +258,12 @@ func (h *Handler) upstreamKey(tenant, key string) string {
 // unprotectedKey is the outgoing key of an unprotected request: the client's
 // own header as it came without client authentication (idemproxy keeps no
 // record of it), else the client's key bound like a protected one, so that
-// no client can reach another's operation at the provider through it.
+// no client can reach another's operation at the provider through it. A
+// UUID key is bound in its canonical spelling (idemkey.Canonical), as a
+// protected request's is: a status lookup with the key upper-cased or in
+// braces, as the app's database gives it back, asks the provider for the
+// operation the order went under, not for one bound over another spelling
+// that the provider never saw.
 func (h *Handler) unprotectedKey(r *http.Request, tenant string) (outgoingKey, error) {
 	if h.opt.Clients == nil {
 		return outgoingKey{keepClient: true}, nil
@@ -267,5 +272,5 @@ func (h *Handler) unprotectedKey(r *http.Request, tenant string) (outgoingKey, e
 	if err != nil || !present {
 		return outgoingKey{}, err
 	}
-	return outgoingKey{value: h.upstreamKey(tenant, key), app: key}, nil
+	return outgoingKey{value: h.upstreamKey(tenant, idemkey.Canonical(key)), app: key}, nil
 }
