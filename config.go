@@ -64,7 +64,7 @@ type config struct {
 	StaticHeaders     string `env:"STATIC_HEADERS" doc:"comma list of Name=value set on every upstream call, e.g. X-Public-Id=abc (secret)"`
 	StaticHeadersFile string `env:"STATIC_HEADERS_FILE,file" doc:"path of a file holding STATIC_HEADERS"`
 
-	ClientTokens     string `env:"CLIENT_TOKENS" doc:"comma list of client=token (tokens of 16+ characters; white space around names and tokens is ignored; no client may be named default); empty = no client authentication, one tenant for all (secret)"`
+	ClientTokens     string `env:"CLIENT_TOKENS" doc:"comma list of client=token (tokens of 16+ characters; white space around names and tokens is ignored; no client may be named default; names print, and no two differ only in letter case, white space or Unicode form); empty = no client authentication, one tenant for all (secret)"`
 	ClientTokensFile string `env:"CLIENT_TOKENS_FILE,file" doc:"path of a file holding CLIENT_TOKENS"`
 	AdminToken       string `env:"ADMIN_TOKEN" doc:"bearer token every /admin/ call on the admin port needs (401 otherwise); empty = admin API open; health and metrics never need it (secret)"`
 	AdminTokenFile   string `env:"ADMIN_TOKEN_FILE,file" doc:"path of a file holding ADMIN_TOKEN"`

@@ -12,7 +12,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -440,5 +442,69 @@ func TestBinaryStatusLookupFindsAnUpperCaseUUIDKey(t *testing.T) {
 	send(t, http.MethodGet, "http://"+p.addr+"/cards/status", "", "Idemproxy-Client-Token", tokenB, "Idempotency-Key", upper)
 	if keys := prov.received(); keys[len(keys)-1] == sent {
 		t.Errorf("app-b's lookup with app-a's key went upstream under app-a's upstream key %s", sent)
+	}
+}
+
+// TestBinaryClientNamesThatLookAlikeRefused: a client's name is its tenant:
+// its records, its derived keys and its upstream keys hang on it. An
+// operator rotating app-a's token who writes the new entry "App-A=…", or a
+// token file saved with a byte order mark before its first name, made a
+// second client that reads as app-a: the app, moved to its new token, was a
+// stranger to its own records, and its order o-1, already executed, was
+// executed again under a new key. Such a list now stops the start with
+// status 2 naming IDEMPROXY_CLIENT_TOKENS and the names (no token).
+func TestBinaryClientNamesThatLookAlikeRefused(t *testing.T) {
+	prov := &keyedProvider{ops: map[string]string{}}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	dir, order := t.TempDir(), `{"order_id":"o-1","amount":"900.00"}`
+	const tokenA2 = "token-of-app-a-rotated-0123456789"
+	before := launch(t, launchSpec{env: baseEnv(up.URL, dir,
+		"IDEMPROXY_CLIENT_TOKENS=app-a="+tokenA+",app-b="+tokenB, "IDEMPROXY_KEY_SECRET="+keySecret)})
+	stored := send(t, http.MethodPost, "http://"+before.proxy+"/cards", order, "Idemproxy-Client-Token", tokenA)
+	if stored.status != http.StatusCreated {
+		t.Fatalf("app-a's order: %d %s", stored.status, stored.body)
+	}
+	if err := before.terminate(t); err != nil {
+		t.Fatalf("SIGTERM: %v\n%s", err, before.text())
+	}
+
+	file := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(file, []byte("\ufeffapp-a="+tokenA2+",app-b="+tokenB+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, setting, says string }{
+		{"rotation in another case", "IDEMPROXY_CLIENT_TOKENS=app-a=" + tokenA + ",App-A=" + tokenA2 + ",app-b=" + tokenB,
+			`the client name \"App-A\" differs from \"app-a\" only in letter case`},
+		{"file with a byte order mark", "IDEMPROXY_CLIENT_TOKENS_FILE=" + file,
+			`the client name \"\\ufeffapp-a\" holds U+FEFF`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := startProc(t, launchSpec{env: baseEnv(up.URL, dir, c.setting, "IDEMPROXY_KEY_SECRET="+keySecret)})
+			if p.servesOrExits(t) {
+				got := send(t, http.MethodPost, "http://"+p.proxy+"/cards", order, "Idemproxy-Client-Token", tokenA2)
+				p.terminate(t)
+				t.Fatalf("started; app-a's order o-1 with its new token got %d %s (Idempotent-Replayed %q), its stored answer being %s; "+
+					"the provider executed %d operations", got.status, got.body, got.header.Get("Idempotent-Replayed"), stored.body, len(prov.ops))
+			}
+			var ee *exec.ExitError
+			if !errors.As(p.err, &ee) || ee.ExitCode() != 2 {
+				t.Errorf("exit %v, want status 2", p.err)
+			}
+			out := p.text()
+			for _, want := range []string{"IDEMPROXY_CLIENT_TOKENS", c.says} {
+				if !strings.Contains(out, want) {
+					t.Errorf("output does not say %s:\n%s", want, out)
+				}
+			}
+			for _, s := range []string{tokenA, tokenA2, tokenB, keySecret} {
+				if strings.Contains(out, s) {
+					t.Errorf("output shows a secret:\n%s", out)
+				}
+			}
+		})
+	}
+	if n := len(prov.received()); n != 1 {
+		t.Errorf("provider saw %d requests, want 1", n)
 	}
 }

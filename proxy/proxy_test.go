@@ -854,6 +854,20 @@ func TestParseClientTokens(t *testing.T) {
 		{"default=0123456789abcdef", `entry 1: the client name "default" is reserved`},
 		{"a=0123456789abcdef, default = fedcba9876543210", "entry 2: the client name \"default\" is reserved"},
 		{"default-app=0123456789abcdef", ""},
+		// One client's two tokens (a rotation) are under one name; names
+		// that differ only in case, white space or Unicode form, or by a
+		// character that does not print, would be two clients that read
+		// as one.
+		{"app-a=0123456789abcdef, app-a=fedcba9876543210", ""},
+		{"app a=0123456789abcdef, app-b=fedcba9876543210", ""},
+		{"кассa=0123456789abcdef, café=fedcba9876543210", ""},
+		{"app-a=0123456789abcdef, App-A=fedcba9876543210", `entry 2: the client name "App-A" differs from "app-a" only in`},
+		{"app a=0123456789abcdef, app  a=fedcba9876543210", `entry 2: the client name "app  a" differs from "app a"`},
+		{"caf\u00e9=0123456789abcdef, cafe\u0301=fedcba9876543210", "differs from"},
+		{"ＡＰＰ=0123456789abcdef, app=fedcba9876543210", "differs from"},
+		{"\ufeffapp-a=0123456789abcdef", `entry 1: the client name "\ufeffapp-a" holds U+FEFF`},
+		{"app-a=0123456789abcdef, app-a\u200b=fedcba9876543210", "entry 2: the client name \"app-a\\u200b\" holds U+200B"},
+		{"app\u00a0a=0123456789abcdef", "holds U+00A0"},
 	} {
 		_, err := proxy.ParseClientTokens("", c.list)
 		if (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {

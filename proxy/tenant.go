@@ -7,6 +7,9 @@ import (
 	"net/textproto"
 	"slices"
 	"strings"
+	"unicode"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // ClientTokens authenticates legacy apps by a token header of idemproxy's own and
@@ -24,7 +27,9 @@ const DefaultClientHeader = "Idemproxy-Client-Token"
 // client=token; white space around a name or a token is not part of it. An
 // empty list means authentication is off (nil, nil). Errors name the entry by
 // position, never the token. A client may not be named DefaultTenant: that
-// namespace holds the records stored while authentication was off.
+// namespace holds the records stored while authentication was off. A name
+// must print, and no two names may look alike (lookAlike): a client's name
+// is its tenant, so one spelt two ways would be two clients.
 func ParseClientTokens(header, list string) (*ClientTokens, error) {
 	if strings.TrimSpace(list) == "" {
 		return nil, nil
@@ -52,6 +57,22 @@ func ParseClientTokens(header, list string) (*ClientTokens, error) {
 		case strings.ContainsFunc(token, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }):
 			return nil, fmt.Errorf("entry %d (%s): token holds a control character, which no header carries", i+1, name)
 		}
+		if r, bad := unprintable(name); bad {
+			return nil, fmt.Errorf("entry %d: the client name %q holds %U, a character that does not print: "+
+				"the name would look like another one (a byte order mark at the start of a file does this); write it without", i+1, name, r)
+		}
+		for _, other := range c.byToken {
+			if other != name && lookAlike(other, name) {
+				// A token rotation written "app-a=old,App-A=new", or an
+				// "app-a" retyped in another Unicode form, would move the
+				// app to a new client: its stored answers and operations
+				// in flight or unknown left behind, its orders sent
+				// again under new keys, executed twice.
+				return nil, fmt.Errorf("entry %d: the client name %q differs from %q only in letter case, white space or Unicode form: "+
+					"they would be two clients, each with its own records and keys; name one client alike for each of its tokens, "+
+					"and two clients so that they do not look alike", i+1, name, other)
+			}
+		}
 		sum := sha256.Sum256([]byte(token))
 		if _, dup := c.byToken[sum]; dup {
 			return nil, fmt.Errorf("entry %d (%s): token used by another client", i+1, name)
@@ -59,6 +80,26 @@ func ParseClientTokens(header, list string) (*ClientTokens, error) {
 		c.byToken[sum] = name
 	}
 	return c, nil
+}
+
+// unprintable returns the first rune of name that does not print (a
+// control, format or invisible character, or white space other than a
+// space), if any.
+func unprintable(name string) (rune, bool) {
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return r, true
+		}
+	}
+	return 0, false
+}
+
+// lookAlike says whether two client names read as one: equal once in Unicode
+// compatibility form (NFKC), with runs of white space as one space, and
+// letter case folded.
+func lookAlike(a, b string) bool {
+	fold := func(s string) string { return strings.Join(strings.Fields(norm.NFKC.String(s)), " ") }
+	return strings.EqualFold(fold(a), fold(b))
 }
 
 // ErrUnauthorized is the contract's 401: client authentication is on and failed.
