@@ -669,8 +669,11 @@ func (s settings) secrets() []string {
 		out = append(out, string(s.keySecret))
 	}
 	for _, entry := range strings.Split(s.clientTokens, ",") {
-		if _, token, ok := strings.Cut(entry, "="); ok && token != "" {
-			out = append(out, token)
+		// The token as ParseClientTokens reads it: without the white space
+		// around it ("app-a = token"), or the net would look for the token
+		// with it, and miss it.
+		if _, token, ok := strings.Cut(entry, "="); ok && strings.TrimSpace(token) != "" {
+			out = append(out, strings.TrimSpace(token))
 		}
 	}
 	if len(s.sign.Secret) > 0 {

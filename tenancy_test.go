@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/idemkey"
 )
@@ -506,5 +507,38 @@ func TestBinaryClientNamesThatLookAlikeRefused(t *testing.T) {
 	}
 	if n := len(prov.received()); n != 1 {
 		t.Errorf("provider saw %d requests, want 1", n)
+	}
+}
+
+// TestBinarySpacedTokenListRedacted: the log's safety net blanks any value
+// holding a secret, a client token included. With the token list written by
+// hand ("app-a = token , app-b = token"), the net looked for each token with
+// its white space, so an app that sent its token in the wrong header (as its
+// Idempotency-Key, here) had the token written to the request log as its key.
+func TestBinarySpacedTokenListRedacted(t *testing.T) {
+	prov := &recordingProvider{}
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	p := startBinary(t, "IDEMPROXY_UPSTREAM_URL="+up.URL, "IDEMPROXY_DATA_DIR="+t.TempDir(),
+		"IDEMPROXY_CLIENT_TOKENS=app-a = "+tokenA+" , app-b =\t"+tokenB+"\t", "IDEMPROXY_KEY_SECRET="+keySecret)
+	for _, token := range []string{tokenA, tokenB} {
+		got := send(t, http.MethodPost, "http://"+p.addr+"/v1/payments", `{"order_id":"rd-1"}`,
+			"Idemproxy-Client-Token", token, "Idempotency-Key", token)
+		if got.status != http.StatusCreated {
+			t.Fatalf("order: %d %s", got.status, got.body)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for strings.Count(p.logText(), `"msg":"request"`) < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	log := p.logText()
+	for name, s := range map[string]string{"app-a's token": tokenA, "app-b's token": tokenB} {
+		if strings.Contains(log, s) {
+			t.Errorf("%s appears in the log:\n%s", name, log)
+		}
+	}
+	if !strings.Contains(log, "[redacted]") {
+		t.Errorf("no request line was redacted:\n%s", log)
 	}
 }
