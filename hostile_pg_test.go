@@ -70,6 +70,7 @@ func TestHostileOnPostgres(t *testing.T) {
 		{"UnprotectedAnswerShowsTheAppsKey", TestBinaryUnprotectedAnswerShowsTheAppsKey},
 		{"TenancyRefusalsAndSecrets", TestBinaryTenancyRefusalsAndSecrets},
 		{"AdminCallsNameAClient", TestBinaryAdminCallsNameAClient},
+		{"StatusLookupFindsAnUpperCaseUUIDKey", TestBinaryStatusLookupFindsAnUpperCaseUUIDKey},
 		{"ConcurrentIdenticalPosts", TestBinaryConcurrentIdenticalPosts},
 	} {
 		t.Run(c.name, c.test)
