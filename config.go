@@ -113,6 +113,9 @@ func loadConfig(environ []string) (config, settings, error) {
 	if err := quotedValues(vars); err != nil {
 		return config{}, settings{}, err
 	}
+	if err := blankValues(vars); err != nil {
+		return config{}, settings{}, err
+	}
 	if err := applyPreset(vars); err != nil {
 		return config{}, settings{}, err
 	}
@@ -150,6 +153,28 @@ func quotedValues(vars map[string]string) error {
 	return fmt.Errorf("%s: the value is wrapped in quotes, which would be part of it: "+
 		"docker run --env-file keeps quotes as they are written; remove them",
 		strings.Join(quoted, ", "))
+}
+
+// blankValues refuses a setting whose value is white space only. An empty
+// value is taken as unset (the default applies), but one of blanks is not:
+// IDEMPROXY_RETRY_CODES=" " started with no retriable code (every 409
+// payout.funds_maturing stored as final), IDEMPROXY_RETRY_STATUSES=" " with
+// no retriable status, IDEMPROXY_SIGN_CANONICAL=" " signed one space (the
+// same signature for every request), IDEMPROXY_DATA_DIR=" " kept the
+// records in a directory named by a space; a secret of blanks would be a
+// key anyone can guess. Only the variables are named.
+func blankValues(vars map[string]string) error {
+	var blank []string
+	for _, v := range configVars() {
+		if val := vars[v.name]; val != "" && strings.TrimSpace(val) == "" {
+			blank = append(blank, v.name)
+		}
+	}
+	if len(blank) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: the value holds only white space: unset it for the default, or set a value",
+		strings.Join(blank, ", "))
 }
 
 // configVar is one of config's variables, read from its struct tags.
@@ -349,20 +374,38 @@ func parseMethods(s string) ([]string, error) {
 }
 
 // secret returns the value of NAME or NAME_FILE, never both. A value of
-// white space only is refused, as an empty file is (emptySecretFiles): a
-// secret provisioned blank would turn its feature on with a key anyone can
-// guess, or be taken for none.
+// white space only was refused before (blankValues), as an empty file is
+// (emptySecretFiles). A file's final line break (LF or CRLF) is no part of
+// the value. A value that begins with a byte order mark, which Windows
+// editors write at the start of a text file, is refused: the mark would be
+// part of the secret (a signing key that no provider has, an admin token no
+// operator types, a client named with it).
 func secret(name, val, fromFile string) (string, error) {
 	if val != "" && fromFile != "" {
 		return "", fmt.Errorf("%s%s and %s%s_FILE are both set; use one", envPrefix, name, envPrefix, name)
 	}
-	if val != "" && strings.TrimSpace(val) == "" {
-		return "", fmt.Errorf("%s%s holds only white space: unset it, or set the value", envPrefix, name)
-	}
+	v, from := val, envPrefix+name
 	if fromFile != "" {
-		return strings.TrimRight(fromFile, "\r\n"), nil
+		v, from = strings.TrimRight(fromFile, "\r\n"), envPrefix+name+"_FILE"
 	}
-	return val, nil
+	if strings.HasPrefix(v, "\uFEFF") {
+		return "", fmt.Errorf("%s: the value begins with a byte order mark (U+FEFF), which an editor adds "+
+			"and which would be part of it; save the file as UTF-8 without it", from)
+	}
+	return v, nil
+}
+
+// checkKey refuses a key (SIGN_SECRET, KEY_SECRET) that begins or ends with
+// white space, typically the line break of a file the secret was made from
+// (kubectl create secret --from-file, then the variable set from the
+// secret): the key would hold it, every signature then refused by the
+// provider, or every upstream key differing from a replica's that reads the
+// same secret from its _FILE. The message does not quote the key.
+func checkKey(name, key string) error {
+	if key != strings.TrimSpace(key) {
+		return bad(name, errors.New("begins or ends with white space (a line break?), which would be part of the key; remove it"))
+	}
+	return nil
 }
 
 func (c *config) signConfig() (resign.Config, error) {
@@ -373,6 +416,9 @@ func (c *config) signConfig() (resign.Config, error) {
 	}
 	static, err := secret("STATIC_HEADERS", c.StaticHeaders, c.StaticHeadersFile)
 	if err != nil {
+		return sc, err
+	}
+	if err := checkKey("SIGN_SECRET", key); err != nil {
 		return sc, err
 	}
 	sc.Secret = []byte(key)
@@ -659,6 +705,9 @@ func (c *config) keySecret(clients bool) ([]byte, error) {
 		return nil, bad("KEY_SECRET", errors.New("required with IDEMPROXY_CLIENT_TOKENS: it binds each client's upstream keys to that client"))
 	case len(v) < 16:
 		return nil, bad("KEY_SECRET", errors.New("shorter than 16 characters"))
+	}
+	if err := checkKey("KEY_SECRET", v); err != nil {
+		return nil, err
 	}
 	return []byte(v), nil
 }

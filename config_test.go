@@ -235,3 +235,102 @@ func TestConfigAdminTokenShape(t *testing.T) {
 		t.Errorf("a token with inner spaces: %v, %q", err, set.adminToken)
 	}
 }
+
+// A value of white space only is refused, naming the variable (exit 2): an
+// empty value is the default, but these once started with a setting nobody
+// meant. IDEMPROXY_RETRY_CODES=" " retried no business code (a 409
+// payout.funds_maturing stored as final, the payout dropped),
+// IDEMPROXY_RETRY_STATUSES=" " no status, IDEMPROXY_SIGN_CANONICAL=" "
+// signed a single space (one signature for every request), and
+// IDEMPROXY_DATA_DIR=" " kept the records in a directory named " ".
+func TestConfigBlankValues(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}
+	for _, v := range []string{"IDEMPROXY_RETRY_CODES= ", "IDEMPROXY_RETRY_STATUSES=\t", "IDEMPROXY_SIGN_CANONICAL= ",
+		"IDEMPROXY_DATA_DIR=  ", "IDEMPROXY_ROUTES= ", "IDEMPROXY_NONCE_HEADER= ", "IDEMPROXY_SIGN_SECRET_FILE= "} {
+		name, _, _ := strings.Cut(v, "=")
+		// loadConfig, not command: a value accepted would serve.
+		_, _, err := loadConfig(append(base, v))
+		if err == nil || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "white space") {
+			t.Errorf("%q: %v; want refused, naming %s and saying it is white space", v, err, name)
+		}
+	}
+	// Empty is unset: the default applies.
+	cfg, _, err := loadConfig(append(base, "IDEMPROXY_RETRY_CODES=", "IDEMPROXY_SIGN_CANONICAL="))
+	if err != nil || cfg.RetryCodes == "" || cfg.SignCanonical == "" {
+		t.Errorf("empty values: %v, codes %q, template %q; want the defaults", err, cfg.RetryCodes, cfg.SignCanonical)
+	}
+}
+
+// A key (IDEMPROXY_SIGN_SECRET, IDEMPROXY_KEY_SECRET) that begins or ends
+// with white space stops the start, naming the variable, not the key. A
+// Kubernetes secret made from a file written by echo ends with a line break;
+// set as the variable, it once started and signed with the line break in the
+// key, every request then refused by the provider (and, for KEY_SECRET,
+// every upstream key other than a replica's reading the same secret from its
+// _FILE, whose final line break is dropped). A file's final LF or CRLF is
+// still no part of the value.
+func TestConfigKeyEdges(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}
+	clients := []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef"}
+	for _, tc := range []struct {
+		env  []string
+		name string
+	}{
+		{[]string{"IDEMPROXY_SIGN_SECRET=sign-key-0123\n"}, "IDEMPROXY_SIGN_SECRET"},
+		{[]string{"IDEMPROXY_SIGN_SECRET=sign-key-0123\r\n"}, "IDEMPROXY_SIGN_SECRET"},
+		{[]string{"IDEMPROXY_SIGN_SECRET= sign-key-0123"}, "IDEMPROXY_SIGN_SECRET"},
+		{[]string{"IDEMPROXY_SIGN_SECRET_FILE=" + write("sign-spaced", "sign-key-0123 \n")}, "IDEMPROXY_SIGN_SECRET"},
+		{append([]string{"IDEMPROXY_KEY_SECRET=bind-key-0123456789\n"}, clients...), "IDEMPROXY_KEY_SECRET"},
+		{append([]string{"IDEMPROXY_KEY_SECRET_FILE=" + write("bind-tab", "\tbind-key-0123456789\n")}, clients...), "IDEMPROXY_KEY_SECRET"},
+	} {
+		_, _, err := loadConfig(append(base, tc.env...))
+		if err == nil {
+			t.Errorf("%q accepted, want a refusal", tc.env)
+		} else if msg := err.Error(); !strings.Contains(msg, tc.name) || !strings.Contains(msg, "white space") || strings.Contains(msg, "-key-") {
+			t.Errorf("%q: message %q does not name %s and the white space, or quotes the key", tc.env, msg, tc.name)
+		}
+	}
+	_, set, err := loadConfig(append(base, "IDEMPROXY_SIGN_SECRET_FILE="+write("sign-crlf", "sign-key-0123\r\n"),
+		"IDEMPROXY_KEY_SECRET_FILE="+write("bind-lf", "bind-key-0123456789\n"), clients[0]))
+	if err != nil || string(set.sign.Secret) != "sign-key-0123" || string(set.keySecret) != "bind-key-0123456789" {
+		t.Errorf("files ending in CRLF and LF: %v, keys %q %q", err, set.sign.Secret, set.keySecret)
+	}
+	if _, set, err := loadConfig(append(base, "IDEMPROXY_SIGN_SECRET=inner space key")); err != nil || string(set.sign.Secret) != "inner space key" {
+		t.Errorf("a key with inner spaces: %v, %q", err, set.sign.Secret)
+	}
+}
+
+// A secret file that begins with a byte order mark (Notepad, PowerShell's
+// Out-File) stops the start naming its _FILE variable: the mark was part of
+// the value, a signing key no provider has, an admin token no operator
+// types, a client named "\ufeffapp".
+func TestConfigSecretFileBOM(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}
+	for _, tc := range []struct{ name, content string }{
+		{"IDEMPROXY_SIGN_SECRET_FILE", "sign-key-0123\r\n"},
+		{"IDEMPROXY_ADMIN_TOKEN_FILE", "admin-key-0123\n"},
+		{"IDEMPROXY_CLIENT_TOKENS_FILE", "app=client-key-0123456789\n"},
+		{"IDEMPROXY_STATIC_HEADERS_FILE", "X-Public-Id=pub-key-0123\n"},
+	} {
+		p := filepath.Join(dir, tc.name)
+		if err := os.WriteFile(p, []byte("\uFEFF"+tc.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := loadConfig(append(base, tc.name+"="+p, "IDEMPROXY_KEY_SECRET=0123456789abcdef"))
+		if err == nil {
+			t.Errorf("%s with a BOM accepted, want a refusal", tc.name)
+		} else if msg := err.Error(); !strings.Contains(msg, tc.name) || !strings.Contains(msg, "byte order mark") || strings.Contains(msg, "-key-") {
+			t.Errorf("%s: message %q does not name the variable and the mark, or quotes the value", tc.name, msg)
+		}
+	}
+}
