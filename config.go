@@ -76,7 +76,7 @@ type config struct {
 	RetryBaseDelay   time.Duration `env:"RETRY_BASE_DELAY" envDefault:"500ms" doc:"backoff base"`
 	RetryMaxDelay    time.Duration `env:"RETRY_MAX_DELAY" envDefault:"60s" doc:"cap per wait, Retry-After included"`
 	RetryBudget      time.Duration `env:"RETRY_BUDGET" envDefault:"2m" doc:"total time for one request's attempts (at most 24h)"`
-	AttemptTimeout   time.Duration `env:"ATTEMPT_TIMEOUT" envDefault:"30s" doc:"one upstream attempt (at most 24h)"`
+	AttemptTimeout   time.Duration `env:"ATTEMPT_TIMEOUT" envDefault:"30s" doc:"one upstream attempt (at most 24h); RETRY_BUDGET bounds it too"`
 	RetryStatuses    string        `env:"RETRY_STATUSES" envDefault:"429,500,502,503,504" doc:"retriable HTTP statuses; an item may be a range such as 500-599"`
 	RetryCodes       string        `env:"RETRY_CODES" envDefault:"idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen" doc:"comma list of retriable business codes (letters, digits, . _ - :) at error.code or code in a 4xx JSON body"`
 	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off; with replicas on PostgreSQL, their total"`
@@ -769,6 +769,54 @@ func warnUnknownVariables(environ []string, log *slog.Logger) {
 		} else {
 			log.Warn("unknown variable ignored", "variable", name)
 		}
+	}
+}
+
+// noEffect is a setting that is set but does nothing as the others stand.
+type noEffect struct{ variable, because string }
+
+// ineffective lists the settings of environ that are set but have no
+// effect given the rest of the configuration (cfg, as loaded from it). They
+// are warned of at start, not refused: each has a documented meaning alone
+// (RATE_LIMIT=0 is off, whatever the burst), and turning one feature off
+// should not need its companions unset. But an operator who set one meant
+// something by it: a burst without a rate is no limit at all, an
+// ATTEMPT_TIMEOUT over RETRY_BUDGET is cut at the budget. Names only, never
+// values.
+func ineffective(cfg config, environ []string) []noEffect {
+	vars := env.ToMap(environ)
+	set := func(names ...string) bool {
+		for _, n := range names {
+			if vars[envPrefix+n] != "" {
+				return true
+			}
+		}
+		return false
+	}
+	var out []noEffect
+	if set("RATE_BURST") && cfg.RateLimit == 0 {
+		out = append(out, noEffect{envPrefix + "RATE_BURST", envPrefix + "RATE_LIMIT is 0: no rate limit, so no burst"})
+	}
+	if set("ATTEMPT_TIMEOUT") && cfg.AttemptTimeout > cfg.RetryBudget {
+		out = append(out, noEffect{envPrefix + "ATTEMPT_TIMEOUT", fmt.Sprintf("longer than %sRETRY_BUDGET (%s), which bounds every attempt too: an attempt ends at the budget", envPrefix, cfg.RetryBudget)})
+	}
+	clients := cfg.ClientTokens != "" || cfg.ClientTokensFile != ""
+	if set("KEY_SECRET", "KEY_SECRET_FILE") && !clients {
+		out = append(out, noEffect{envPrefix + "KEY_SECRET", "no " + envPrefix + "CLIENT_TOKENS: keys go upstream as the apps sent or derived them"})
+	}
+	if set("CLIENT_HEADER") && !clients {
+		out = append(out, noEffect{envPrefix + "CLIENT_HEADER", "no " + envPrefix + "CLIENT_TOKENS: no client authentication"})
+	}
+	if set("STORE_LEASE") && cfg.StoreURL == "" && cfg.StoreURLFile == "" {
+		out = append(out, noEffect{envPrefix + "STORE_LEASE", "no " + envPrefix + "STORE_URL: the embedded store has one process, no replica to take over"})
+	}
+	return out
+}
+
+// warnIneffective logs ineffective's settings at WARN.
+func warnIneffective(cfg config, environ []string, log *slog.Logger) {
+	for _, n := range ineffective(cfg, environ) {
+		log.Warn("setting has no effect", "variable", n.variable, "because", n.because)
 	}
 }
 

@@ -334,3 +334,43 @@ func TestConfigSecretFileBOM(t *testing.T) {
 		}
 	}
 }
+
+// A setting that is set but does nothing as the others stand is named in a
+// WARN line at start (the binary's log), never with its value: a burst
+// without a rate once started with no limit and no word, an attempt timeout
+// over the budget was cut at the budget, a key secret without client tokens
+// bound nothing. Settings that work as set draw no such line.
+func TestBinaryWarnsOfSettingsWithoutEffect(t *testing.T) {
+	secret := "bind-" + randomHex(t, 12)
+	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(),
+		"IDEMPROXY_RATE_BURST=20", "IDEMPROXY_RETRY_BUDGET=10s", "IDEMPROXY_ATTEMPT_TIMEOUT=30s",
+		"IDEMPROXY_KEY_SECRET="+secret, "IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s")})
+	for name, because := range map[string]string{
+		"IDEMPROXY_RATE_BURST":      "IDEMPROXY_RATE_LIMIT is 0",
+		"IDEMPROXY_ATTEMPT_TIMEOUT": "IDEMPROXY_RETRY_BUDGET (10s)",
+		"IDEMPROXY_KEY_SECRET":      "IDEMPROXY_CLIENT_TOKENS",
+		"IDEMPROXY_CLIENT_HEADER":   "IDEMPROXY_CLIENT_TOKENS",
+		"IDEMPROXY_STORE_LEASE":     "IDEMPROXY_STORE_URL",
+	} {
+		line := p.waitLine(t, `"variable":"`+name+`"`)
+		if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, "no effect") || !strings.Contains(jsonField(line, "because"), because) {
+			t.Errorf("warning for %s = %s; want WARN, no effect, because naming %s", name, line, because)
+		}
+	}
+	if strings.Contains(p.text(), secret) {
+		t.Errorf("the key secret is in the log:\n%s", p.text())
+	}
+
+	// The same settings where they take effect: no line.
+	cfg, _, err := loadConfig([]string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_RATE_LIMIT=5", "IDEMPROXY_RATE_BURST=20",
+		"IDEMPROXY_RETRY_BUDGET=1m", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef",
+		"IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=X-App-Token",
+		"IDEMPROXY_STORE_URL=postgres://u@127.0.0.1:1/db", "IDEMPROXY_STORE_LEASE=30s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ineffective(cfg, []string{"IDEMPROXY_RATE_BURST=20", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_KEY_SECRET=0123456789abcdef",
+		"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s"}); len(got) != 0 {
+		t.Errorf("settings in effect reported: %v", got)
+	}
+}
