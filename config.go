@@ -755,12 +755,15 @@ func warnUnknownVariables(environ []string, log *slog.Logger) {
 	}
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, envPrefix) || slices.Contains(known, name) {
+		// Names are read as written: idemproxy_admin_token is not
+		// IDEMPROXY_ADMIN_TOKEN, and is warned of as a misspelling of it.
+		upper := strings.ToUpper(name)
+		if !strings.HasPrefix(upper, envPrefix) || slices.Contains(known, name) {
 			continue
 		}
 		closest, best := "", 4 // suggest only a name within 3 edits
 		for _, k := range known {
-			if d := editDistance(name, k); d < best {
+			if d := editDistance(upper, k); d < best {
 				closest, best = k, d
 			}
 		}

@@ -99,8 +99,11 @@ func TestBinaryWarnsOfUnknownVariablesWhenConfigFails(t *testing.T) {
 func TestBinaryWarnsOfUnknownVariables(t *testing.T) {
 	token := "tok_" + randomHex(t, 12)
 	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(),
-		"IDEMPROXY_ADMIN_TOKN="+token, "IDEMPROXY_MAX_BODY_BYTE=5000")})
-	for name, closest := range map[string]string{"IDEMPROXY_ADMIN_TOKN": "IDEMPROXY_ADMIN_TOKEN", "IDEMPROXY_MAX_BODY_BYTE": "IDEMPROXY_MAX_BODY_BYTES"} {
+		"IDEMPROXY_ADMIN_TOKN="+token, "IDEMPROXY_MAX_BODY_BYTE=5000",
+		// Names are case-sensitive: a lower-case one was ignored without a word.
+		"idemproxy_admin_token="+token, "IDEMPROXY_RETRY_MAX_ATTEMPT=3")})
+	for name, closest := range map[string]string{"IDEMPROXY_ADMIN_TOKN": "IDEMPROXY_ADMIN_TOKEN", "IDEMPROXY_MAX_BODY_BYTE": "IDEMPROXY_MAX_BODY_BYTES",
+		"idemproxy_admin_token": "IDEMPROXY_ADMIN_TOKEN", "IDEMPROXY_RETRY_MAX_ATTEMPT": "IDEMPROXY_RETRY_MAX_ATTEMPTS"} {
 		line := p.waitLine(t, `"variable":"`+name+`"`)
 		if !strings.Contains(line, `"level":"WARN"`) || jsonField(line, "did_you_mean") != closest {
 			t.Errorf("warning for %s = %s; want WARN naming %s", name, line, closest)
