@@ -20,7 +20,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/retry"
@@ -80,6 +83,10 @@ type Handler struct {
 	opt   Options
 	token [sha256.Size]byte
 	mux   *http.ServeMux
+	// refusedLog spaces the log lines of calls refused for their token
+	// (one a second at most); refused counts the refusals not yet logged.
+	refusedLog rate.Sometimes
+	refused    atomic.Int64
 }
 
 // New builds a Handler.
@@ -87,7 +94,8 @@ func New(opt Options) *Handler {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{opt: opt, token: sha256.Sum256([]byte(opt.Token)), mux: http.NewServeMux()}
+	h := &Handler{opt: opt, token: sha256.Sum256([]byte(opt.Token)), mux: http.NewServeMux(),
+		refusedLog: rate.Sometimes{Interval: time.Second}}
 	calls := []struct {
 		method, path string
 		serve        http.HandlerFunc
@@ -141,6 +149,7 @@ func methodNotAllowed(allow string) http.HandlerFunc {
 // ServeHTTP checks the bearer token, then serves the call.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.authorized(r) {
+		h.logRefused(r)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
 		writeError(w, http.StatusUnauthorized, codeUnauthorized, "missing or wrong bearer token")
 		return
@@ -153,6 +162,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.mux.ServeHTTP(w, r)
+}
+
+// logRefused writes a WARN line for a call refused for its token, so that
+// the audit trail shows who tries the API without it: the first refusal,
+// then at most one line a second, each counting the refusals since the
+// line before, so that a client guessing tokens cannot flood the log. The
+// token sent is never written.
+func (h *Handler) logRefused(r *http.Request) {
+	h.refused.Add(1)
+	h.refusedLog.Do(func() {
+		h.opt.Logger.Warn("admin: call refused: missing or wrong bearer token",
+			"who", who(r), "what", r.Method+" "+bounded(r.URL.EscapedPath()), "refused", h.refused.Swap(0))
+	})
 }
 
 // cleanPath is p as ServeMux cleans it before matching: no empty, . or ..

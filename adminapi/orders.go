@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
@@ -327,7 +328,24 @@ func (h *Handler) unconfirmed(w http.ResponseWriter, call string, err error, arg
 // (the API has one shared token, so there is no user name).
 func who(r *http.Request) string {
 	if u := r.Header.Get("X-Forwarded-For"); u != "" {
-		return r.RemoteAddr + " (for " + u + ")"
+		return r.RemoteAddr + " (for " + bounded(u) + ")"
 	}
 	return r.RemoteAddr
+}
+
+// maxLogged bounds what a caller sent that a log line repeats (a forwarded
+// address list, a path): enough for any real one, and a header of a
+// megabyte does not make a log line of a megabyte.
+const maxLogged = 256
+
+// bounded is s cut to maxLogged bytes at a rune's start, marked when cut.
+func bounded(s string) string {
+	if len(s) <= maxLogged {
+		return s
+	}
+	i := maxLogged
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…(" + strconv.Itoa(len(s)) + " bytes)"
 }
