@@ -277,6 +277,11 @@ type app struct {
 // shutdown); the caller closes the store after.
 //
 // conns bounds the client connections (0: no bound, see connLimiter).
+// adminReadTimeout bounds reading one admin request whole, body included:
+// its bodies are small JSON, and a client that stops sending one does not
+// hold a connection, and a file descriptor the proxy shares, for ever.
+const adminReadTimeout = 15 * time.Second
+
 func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, ready func(listeners)) error {
 	pl, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
@@ -288,7 +293,7 @@ func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, 
 		return fmt.Errorf("%sADMIN_ADDR: %w", envPrefix, err)
 	}
 	ps, pl, cl := proxyServer(pl, a.proxy, conns, writeStall, log)
-	as := &http.Server{Handler: a.admin, ReadHeaderTimeout: 5 * time.Second}
+	as := &http.Server{Handler: a.admin, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: adminReadTimeout, IdleTimeout: time.Minute}
 	if cl != nil && a.connMetrics != nil {
 		a.connMetrics(conns, cl.Open, cl.ClosedIdle)
 	}
