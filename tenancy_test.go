@@ -477,8 +477,10 @@ func TestBinaryClientNamesThatLookAlikeRefused(t *testing.T) {
 	for _, c := range []struct{ name, setting, says string }{
 		{"rotation in another case", "IDEMPROXY_CLIENT_TOKENS=app-a=" + tokenA + ",App-A=" + tokenA2 + ",app-b=" + tokenB,
 			`the client name \"App-A\" differs from \"app-a\" only in letter case`},
+		// Refused as the file is read (config's secret), before the
+		// names are: any secret file's leading mark is.
 		{"file with a byte order mark", "IDEMPROXY_CLIENT_TOKENS_FILE=" + file,
-			`the client name \"\\ufeffapp-a\" holds U+FEFF`},
+			`the value begins with a byte order mark (U+FEFF)`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := startProc(t, launchSpec{env: baseEnv(up.URL, dir, c.setting, "IDEMPROXY_KEY_SECRET="+keySecret)})
