@@ -1116,11 +1116,14 @@ func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time
 // key, $3 owner; parkArgs gives the rest). An unknown record never expires
 // (store.Unknown): forgotten, its operation would be sent again as a new one.
 const park = `UPDATE idemproxy_records SET state = 3, lease_until = NULL,
-	first_sent_at = CASE WHEN first_sent_at IS NULL THEN $4::timestamptz ELSE least(first_sent_at, $4::timestamptz) END,
+	first_sent_at = CASE WHEN first_sent_at IS NULL OR $8::boolean AND $4::timestamptz IS NOT NULL THEN $4::timestamptz
+		ELSE least(first_sent_at, $4::timestamptz) END,
 	attempts = attempts + $5, last_error = $6, last_body = coalesce($7, last_body),
 	expires_at = NULL WHERE ` + owned
 
-// parkArgs are park's $4 on for o.
+// parkArgs are park's $4 on for o: the first send, attempts, last error,
+// last body, and whether the first send replaces the kept one
+// (store.Outcome.SentAnew).
 func parkArgs(o store.Outcome) []any {
 	var sent *time.Time
 	if !o.FirstSentAt.IsZero() {
@@ -1130,7 +1133,7 @@ func parkArgs(o store.Outcome) []any {
 	if len(o.LastBody) > 0 {
 		lastBody = o.LastBody
 	}
-	return []any{sent, o.Attempts, o.LastError, lastBody}
+	return []any{sent, o.Attempts, o.LastError, lastBody, o.SentAnew}
 }
 
 // Park implements store.Store.Park. One that fails for any reason but

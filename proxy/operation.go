@@ -291,6 +291,7 @@ func (h *Handler) unstored(ctx context.Context, r *http.Request, id store.ID, ow
 		LastError: "status " + strconv.Itoa(res.resp.Status) +
 			" from upstream, but the answer could not be stored: " + err.Error(),
 		LastBody: lastBody(res.resp.Body),
+		SentAnew: res.report.SentAnew,
 	}
 	if res.resp.Header.Get(retry.ReconciledHeader) != "" {
 		// The status probe's answer: the record keeps the earlier ambiguous
@@ -309,7 +310,7 @@ func unknownOutcome(res result) (store.Outcome, bool) {
 	if rep.Disposition != retry.Unknown {
 		return store.Outcome{}, false
 	}
-	o := store.Outcome{FirstSentAt: rep.FirstSentAt, Attempts: rep.Attempts, LastBody: lastBody(rep.LastBody)}
+	o := store.Outcome{FirstSentAt: rep.FirstSentAt, Attempts: rep.Attempts, LastBody: lastBody(rep.LastBody), SentAnew: rep.SentAnew}
 	if res.err != nil {
 		o.LastError = res.err.Error()
 	} else {

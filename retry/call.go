@@ -73,6 +73,12 @@ type Report struct {
 	// LastBody is the body of the last ambiguous answer (an Unknown one), for
 	// the status probe of a later sequence; nil if none.
 	LastBody []byte
+	// SentAnew is true when the status probe said the operation resumed had
+	// not happened (404) and it was sent again: FirstSentAt is then that
+	// send's, not the resumed sequence's, and replaces the first send the
+	// record keeps (store.Outcome.SentAnew). The provider can have kept the
+	// key only from a send it saw, so the key retention counts from it.
+	SentAnew bool
 }
 
 // Exchange runs one request's Call through a Transport as an

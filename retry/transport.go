@@ -174,6 +174,7 @@ type sequence struct {
 	last       outcome
 	// What is known of the operation upstream (protected requests only).
 	firstSent time.Time // when an attempt first reached the provider, by the Transport's clock; zero if none did
+	sentAnew  bool      // the status probe said the operation had not happened (404): firstSent is of a send after it
 	unknown   bool      // the provider may have acted on an attempt whose answer was lost
 	lastBody  []byte    // the body of the last ambiguous answer, for the probe
 	// The record store's clock (Call.Store), and the Transport's time when
@@ -538,7 +539,8 @@ func (s *sequence) verdict(o outcome) Verdict {
 
 // reportAs is the sequence's Report, ending with disposition d.
 func (s *sequence) reportAs(d Disposition) Report {
-	return Report{Attempts: s.attempts, Disposition: d, FirstSentAt: s.reportedSend(), LastBody: s.lastBody}
+	return Report{Attempts: s.attempts, Disposition: d, FirstSentAt: s.reportedSend(), LastBody: s.lastBody,
+		SentAnew: s.sentAnew && !s.firstSent.IsZero()}
 }
 
 // reportedSend is the first send as the sequence reports it: by the store's

@@ -102,7 +102,9 @@ func (s *sequence) resolve() (*http.Response, error) {
 		case ProbeFound:
 			return resp, nil
 		case ProbeNotFound:
-			s.unknown = false // it did not happen: a resend is a first send
+			// It did not happen: a resend is a first send, and the key
+			// retention counts from it, the first send the provider saw.
+			s.unknown, s.firstSent, s.sentAnew = false, time.Time{}, true
 			return nil, nil
 		}
 	}

@@ -139,9 +139,17 @@ func TestProbeBeforeResend(t *testing.T) {
 				if !errors.As(err, &ex) {
 					t.Fatalf("Do = %v, %v; want an *ExhaustedError", resp, err)
 				}
-				if ex.Unknown != c.want.unknown || !ex.FirstSentAt.Equal(sent) {
-					t.Errorf("ExhaustedError: Unknown %v, FirstSentAt %v; want %v, %v (the resumed operation's)",
-						ex.Unknown, ex.FirstSentAt, c.want.unknown, sent)
+				// After a 404 the operation did not happen: its first send is
+				// the re-send (the fake clock stands still), and the Report
+				// says so; else the resumed operation's.
+				anew := slices.Contains(c.want.results, ProbeNotFound)
+				wantSent := sent
+				if anew {
+					wantSent = h.clock.Now()
+				}
+				if ex.Unknown != c.want.unknown || !ex.FirstSentAt.Equal(wantSent) || !rep.FirstSentAt.Equal(wantSent) || rep.SentAnew != anew {
+					t.Errorf("ExhaustedError: Unknown %v, FirstSentAt %v; Report: FirstSentAt %v, SentAnew %v; want %v, %v, %v, %v",
+						ex.Unknown, ex.FirstSentAt, rep.FirstSentAt, rep.SentAnew, c.want.unknown, wantSent, wantSent, anew)
 				}
 			}
 			if got := requestLines(p); !slices.Equal(got, c.want.lines) {
@@ -184,6 +192,12 @@ func TestKeyRetentionGuard(t *testing.T) {
 			[]step{respond(200, found)}, false, []string{probeGET}},
 		{"expired, probe says it did not happen: re-sent", 49 * time.Hour, true,
 			[]step{respond(404, ``), process}, false, []string{probeGET, resendPOST}},
+		// The re-send after the 404 is the first the provider saw, so the
+		// retention counts from it: lost too, the operation is re-sent
+		// again when the next probe fails, not refused.
+		{"expired, probe says it did not happen, its re-send lost: re-sent again", 49 * time.Hour, true,
+			[]step{respond(404, ``), respond(504, `{"id":"op-7"}`), respond(500, ``), process}, false,
+			[]string{probeGET, resendPOST, probeGET, resendPOST}},
 		{"within retention, no probe: re-sent", 47 * time.Hour, false,
 			[]step{process}, false, []string{resendPOST}},
 	}

@@ -209,6 +209,13 @@ type Outcome struct {
 	// payment id the answer carried, also when the app's next request
 	// comes to another replica.
 	LastBody []byte
+	// SentAnew says that the provider said the operation had not happened
+	// (a status probe's 404) before this sequence sent it again, at
+	// FirstSentAt: Park then keeps that FirstSentAt instead of the earlier
+	// one, as a resolve not_executed starts the count afresh, since the
+	// provider can have kept the key only from a send it saw. A store does
+	// not keep SentAnew itself; it is false in every Record.
+	SentAnew bool
 }
 
 // IsZero reports whether o says nothing: no attempt sequence ended unknown.
@@ -217,11 +224,11 @@ func (o Outcome) IsZero() bool {
 }
 
 // Merge returns o with next folded in as Park does: the earliest non-zero
-// FirstSentAt, the sum of Attempts, next's LastError, and next's LastBody
-// unless it has none (a timeout gives no answer, so the last answer is still
-// the earlier one).
+// FirstSentAt (next's when it was sent anew, Outcome.SentAnew), the sum of
+// Attempts, next's LastError, and next's LastBody unless it has none (a
+// timeout gives no answer, so the last answer is still the earlier one).
 func (o Outcome) Merge(next Outcome) Outcome {
-	if o.FirstSentAt.IsZero() || !next.FirstSentAt.IsZero() && next.FirstSentAt.Before(o.FirstSentAt) {
+	if o.FirstSentAt.IsZero() || !next.FirstSentAt.IsZero() && (next.SentAnew || next.FirstSentAt.Before(o.FirstSentAt)) {
 		o.FirstSentAt = next.FirstSentAt
 	}
 	o.Attempts += next.Attempts
@@ -376,8 +383,8 @@ type Store interface {
 	Renew(ctx context.Context, id ID, owner string, lease time.Duration) error
 	// Park turns owner's in-flight record into an Unknown one: the lease ends,
 	// it no longer expires, the fingerprint and CreatedAt stay, and o is
-	// merged into Record.Outcome as Outcome.Merge does (earliest FirstSentAt,
-	// Attempts added, LastError replaced, LastBody replaced if o has one).
+	// merged into Record.Outcome as Outcome.Merge does (earliest FirstSentAt
+	// unless o.SentAnew, Attempts added, LastError replaced, LastBody replaced if o has one).
 	// The next Begin with the same fingerprint resumes it at once.
 	// ErrNotOwner if owner does not hold the record. A store may do a Park
 	// that failed otherwise again later, once it can be written, and only

@@ -57,6 +57,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ExpiredLeaseStillOwnedUntilTakenOver", testExpiredLeaseStillOwned},
 		{"Renew", testRenew},
 		{"ParkUnknownAndResume", testPark},
+		{"ParkSentAnew", testParkSentAnew},
 		{"ConcurrentBegin", testConcurrentBegin},
 		{"ConcurrentTakeover", testConcurrentTakeover},
 		{"TooLarge", testTooLarge},
@@ -403,6 +404,46 @@ func testPark(t *testing.T, s store.Store, advance func(time.Duration)) {
 	}
 	if rec := get(t, s, id2); !rec.Outcome.FirstSentAt.IsZero() {
 		t.Fatalf("FirstSentAt = %v, want zero", rec.Outcome.FirstSentAt)
+	}
+}
+
+// testParkSentAnew: a Park whose sequence sent the operation anew (the
+// status probe said it had not happened) replaces the first send the record
+// keeps, later or not, where any other Park keeps the earliest; one that
+// gives no first send keeps the kept one.
+func testParkSentAnew(t *testing.T, s store.Store, _ func(time.Duration)) {
+	ctx := context.Background()
+	id := newID("anew")
+	sent := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	mustBegin(t, s, id, fpA, "owner-1", Long)
+	if err := s.Park(ctx, id, "owner-1", store.Outcome{FirstSentAt: sent, Attempts: 1, LastError: "504 from upstream"}); err != nil {
+		t.Fatal(err)
+	}
+	later := sent.Add(49 * time.Hour)
+	mustBegin(t, s, id, fpA, "owner-2", Long)
+	if err := s.Park(ctx, id, "owner-2", store.Outcome{FirstSentAt: later, Attempts: 1, LastError: "timeout after send", SentAnew: true}); err != nil {
+		t.Fatal(err)
+	}
+	want := store.Outcome{FirstSentAt: later, Attempts: 2, LastError: "timeout after send"}
+	if rec := get(t, s, id); rec.State != store.Unknown || !sameOutcome(rec.Outcome, want) || rec.Outcome.SentAnew {
+		t.Fatalf("after a Park sent anew: %+v, want unknown, outcome %+v", rec, want)
+	}
+	// A later Park that did not send anew keeps the earliest, now the new one.
+	mustBegin(t, s, id, fpA, "owner-3", Long)
+	if err := s.Park(ctx, id, "owner-3", store.Outcome{FirstSentAt: later.Add(time.Hour), Attempts: 1, LastError: "504 from upstream"}); err != nil {
+		t.Fatal(err)
+	}
+	want = store.Outcome{FirstSentAt: later, Attempts: 3, LastError: "504 from upstream"}
+	if rec := get(t, s, id); !sameOutcome(rec.Outcome, want) {
+		t.Fatalf("after a later Park: outcome %+v, want %+v", rec.Outcome, want)
+	}
+	// Sent anew with no first send given: the kept one stays.
+	mustBegin(t, s, id, fpA, "owner-4", Long)
+	if err := s.Park(ctx, id, "owner-4", store.Outcome{Attempts: 1, LastError: "x", SentAnew: true}); err != nil {
+		t.Fatal(err)
+	}
+	if rec := get(t, s, id); !rec.Outcome.FirstSentAt.Equal(later) {
+		t.Fatalf("after a Park sent anew with no first send: FirstSentAt %v, want %v kept", rec.Outcome.FirstSentAt, later)
 	}
 }
 

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
+	"github.com/idemproxy/idemproxy/sandbox"
+)
+
+// TestProbeNotFoundRestartsKeyRetention: a payment whose first send got a
+// 504 from the provider's gateway, never having reached the provider, is
+// kept unknown. The app retries past IDEMPROXY_PROVIDER_KEY_RETENTION: the
+// probe says 404 (it did not happen), the payment is sent again with the
+// same key, and that send's answer is lost too. The provider can have kept
+// the key only from that send, so the retention counts from it: the record's
+// first_sent_at is the re-send's, and the app's next retry, with the probe
+// failing (500), is re-sent with the same key and executed once. Before, the
+// record kept the first send that never reached the provider: the retry was
+// refused 409 idempotency_key_expired seconds after the provider got the key,
+// and the order waited for a person. (A 404 followed by a 503 released the
+// key, a fresh first send; a 404 followed by a 504 did not.)
+func TestProbeNotFoundRestartsKeyRetention(t *testing.T) {
+	const retention = 2 * time.Second
+	env := []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_RETRY_BASE_DELAY=10ms", "IDEMPROXY_RETRY_MAX_DELAY=50ms",
+		"IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}",
+		"IDEMPROXY_PROVIDER_KEY_RETENTION=" + retention.String()}
+	cases := []struct {
+		name   string
+		launch func(t *testing.T, upstream string) (a, b *opsProc)
+	}{
+		{"one replica, Badger", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
+			p := launch(t, launchSpec{env: baseEnv(upstream, t.TempDir(), env...)})
+			return p, p
+		}},
+		{"two replicas, PostgreSQL", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
+			e := sharedEnv(upstream, pgtest.Database(t), env...)
+			return launch(t, launchSpec{env: e}), launch(t, launchSpec{env: e})
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention})
+			var probeFails atomic.Bool
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodGet && probeFails.Load() {
+					http.Error(w, `{"error":"internal"}`, http.StatusInternalServerError)
+					return
+				}
+				gw.ServeHTTP(w, r)
+			}))
+			defer up.Close()
+			a, b := c.launch(t, up.URL)
+
+			gw.set(1, false, "pay_never_made") // the gateway's 504; the provider never saw it
+			first := send(t, "POST", "http://"+a.proxy+"/payments", paymentBody)
+			sent := time.Now()
+			if first.status != http.StatusGatewayTimeout && first.status != http.StatusBadGateway {
+				t.Fatalf("first POST = %d %s, want 502/504", first.status, first.body)
+			}
+			key := first.header.Get("Idempotency-Key")
+
+			// Past the retention: the probe says 404, the re-send's answer is lost.
+			time.Sleep(time.Until(sent.Add(retention + 200*time.Millisecond)))
+			gw.set(1, false, "pay_never_made")
+			resent := time.Now()
+			if second := send(t, "POST", "http://"+b.proxy+"/payments", paymentBody); second.status != http.StatusGatewayTimeout &&
+				second.status != http.StatusBadGateway {
+				t.Fatalf("retry past the retention = %d %s, want 502/504 (probe 404, re-sent, answer lost)", second.status, second.body)
+			}
+			r := send(t, "GET", "http://"+a.admin+"/admin/v1/records/"+key, "")
+			var rec struct {
+				State       string    `json:"state"`
+				FirstSentAt time.Time `json:"first_sent_at"`
+			}
+			if err := json.Unmarshal([]byte(r.body), &rec); err != nil || rec.State != "unknown" ||
+				rec.FirstSentAt.Before(resent.Add(-time.Second)) {
+				t.Errorf("record after the re-send = %d %s; want unknown, first sent at the re-send (%s), not at the first send (%s)",
+					r.status, r.body, resent.UTC().Format(time.RFC3339Nano), sent.UTC().Format(time.RFC3339Nano))
+			}
+
+			// Within the retention of the re-send, the probe failing: re-sent.
+			probeFails.Store(true)
+			third := send(t, "POST", "http://"+a.proxy+"/payments", paymentBody)
+			posts, _ := gw.postCounts()
+			if k, n := onlyKey(t, posts); third.status != http.StatusCreated || k != key || n != 3 || gw.sb.Ledger().Executions != 1 {
+				t.Fatalf("retry %v after the re-send = %d %s; provider saw %v, executed %d; want 201, 3 POSTs with key %s, 1 execution",
+					time.Since(resent).Round(time.Millisecond), third.status, third.body, posts, gw.sb.Ledger().Executions, key)
+			}
+		})
+	}
+}
