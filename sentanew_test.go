@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,6 +91,80 @@ func TestProbeNotFoundRestartsKeyRetention(t *testing.T) {
 			if k, n := onlyKey(t, posts); third.status != http.StatusCreated || k != key || n != 3 || gw.sb.Ledger().Executions != 1 {
 				t.Fatalf("retry %v after the re-send = %d %s; provider saw %v, executed %d; want 201, 3 POSTs with key %s, 1 execution",
 					time.Since(resent).Round(time.Millisecond), third.status, third.body, posts, gw.sb.Ledger().Executions, key)
+			}
+		})
+	}
+}
+
+// TestProbeNotFoundDropsTheAnswerItReadFrom: the first send's 504 names a
+// payment the provider never made; the app's retry probes by that id, is
+// told 404, and re-sends with the same key: the provider executes it, and
+// the connection drops before the answer. The id that filled the probe
+// names nothing the provider has, so the record no longer keeps it: the
+// app's next retry, past the provider's key retention, has no answer to
+// fill the probe from and is refused 409 idempotency_key_expired, nothing
+// sent. Before, the record kept the stale 504: that probe was told 404
+// again, however long after, and the payment was re-sent past the
+// retention to a provider that had forgotten the key: executed twice.
+func TestProbeNotFoundDropsTheAnswerItReadFrom(t *testing.T) {
+	const retention = 2 * time.Second
+	env := []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_RETRY_BASE_DELAY=10ms", "IDEMPROXY_RETRY_MAX_DELAY=50ms",
+		"IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}",
+		"IDEMPROXY_PROVIDER_KEY_RETENTION=" + retention.String()}
+	cases := []struct {
+		name   string
+		launch func(t *testing.T, upstream string) (a, b *opsProc)
+	}{
+		{"one replica, Badger", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
+			p := launch(t, launchSpec{env: baseEnv(upstream, t.TempDir(), env...)})
+			return p, p
+		}},
+		{"two replicas, PostgreSQL", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
+			e := sharedEnv(upstream, pgtest.Database(t), env...)
+			return launch(t, launchSpec{env: e}), launch(t, launchSpec{env: e})
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention})
+			var dropNext atomic.Bool // the next POST is executed, its answer dropped
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != http.MethodPost || !dropNext.CompareAndSwap(true, false) {
+					gw.ServeHTTP(w, r)
+					return
+				}
+				gw.ServeHTTP(httptest.NewRecorder(), r)
+				conn, _, err := w.(http.Hijacker).Hijack()
+				if err == nil {
+					conn.Close()
+				}
+			}))
+			defer up.Close()
+			a, b := c.launch(t, up.URL)
+
+			gw.set(1, false, "pay_never_made") // the gateway's 504 names a payment never made
+			first := send(t, "POST", "http://"+a.proxy+"/payments", paymentBody)
+			if first.status != http.StatusGatewayTimeout && first.status != http.StatusBadGateway {
+				t.Fatalf("first POST = %d %s, want 502/504", first.status, first.body)
+			}
+			key := first.header.Get("Idempotency-Key")
+
+			dropNext.Store(true) // probe 404, re-sent, executed, answer lost
+			second := send(t, "POST", "http://"+b.proxy+"/payments", paymentBody)
+			resent := time.Now()
+			if second.status != http.StatusGatewayTimeout && second.status != http.StatusBadGateway || gw.sb.Ledger().Executions != 1 {
+				t.Fatalf("retry = %d %s with %d executions, want 502/504 after the re-send executed once",
+					second.status, second.body, gw.sb.Ledger().Executions)
+			}
+
+			// Past the retention of the re-send: the provider forgot the key.
+			time.Sleep(time.Until(resent.Add(retention + 200*time.Millisecond)))
+			third := send(t, "POST", "http://"+a.proxy+"/payments", paymentBody)
+			posts, gets := gw.postCounts()
+			if k, n := onlyKey(t, posts); third.status != http.StatusConflict || !strings.Contains(third.body, `"idempotency_key_expired"`) ||
+				k != key || n != 2 || gw.sb.Ledger().Executions != 1 {
+				t.Fatalf("retry past the retention = %d %s; provider saw %v and %d probes, executed %d; want 409 idempotency_key_expired, 2 POSTs, 1 execution",
+					third.status, third.body, posts, gets, gw.sb.Ledger().Executions)
 			}
 		})
 	}

@@ -1118,12 +1118,13 @@ func (s *Store) Renew(ctx context.Context, id store.ID, owner string, lease time
 const park = `UPDATE idemproxy_records SET state = 3, lease_until = NULL,
 	first_sent_at = CASE WHEN first_sent_at IS NULL OR $8::boolean AND $4::timestamptz IS NOT NULL THEN $4::timestamptz
 		ELSE least(first_sent_at, $4::timestamptz) END,
-	attempts = attempts + $5, last_error = $6, last_body = coalesce($7, last_body),
+	attempts = attempts + $5, last_error = $6,
+	last_body = CASE WHEN $8::boolean THEN $7::bytea ELSE coalesce($7::bytea, last_body) END,
 	expires_at = NULL WHERE ` + owned
 
 // parkArgs are park's $4 on for o: the first send, attempts, last error,
-// last body, and whether the first send replaces the kept one
-// (store.Outcome.SentAnew).
+// last body, and whether the first send and the last body replace the kept
+// ones (store.Outcome.SentAnew).
 func parkArgs(o store.Outcome) []any {
 	var sent *time.Time
 	if !o.FirstSentAt.IsZero() {

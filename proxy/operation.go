@@ -296,7 +296,7 @@ func (h *Handler) unstored(ctx context.Context, r *http.Request, id store.ID, ow
 	if res.resp.Header.Get(retry.ReconciledHeader) != "" {
 		// The status probe's answer: the record keeps the earlier ambiguous
 		// answer the probe was filled from.
-		o.LastBody = nil
+		o.LastBody = lastBody(res.report.LastBody)
 	}
 	h.park(ctx, r, id, owner, o)
 	return out

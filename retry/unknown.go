@@ -104,7 +104,11 @@ func (s *sequence) resolve() (*http.Response, error) {
 		case ProbeNotFound:
 			// It did not happen: a resend is a first send, and the key
 			// retention counts from it, the first send the provider saw.
-			s.unknown, s.firstSent, s.sentAnew = false, time.Time{}, true
+			// The answer the probe was filled from names nothing the
+			// provider has: a later probe filled from it would be told 404
+			// again whatever the re-send did, and re-send past the
+			// retention; only a newer answer may fill one.
+			s.unknown, s.firstSent, s.lastBody, s.sentAnew = false, time.Time{}, nil, true
 			return nil, nil
 		}
 	}

@@ -147,6 +147,11 @@ func TestProbeBeforeResend(t *testing.T) {
 				if anew {
 					wantSent = h.clock.Now()
 				}
+				// After a 404 the answer the probe was filled from is not
+				// reported: it names nothing the provider has.
+				if anew && (rep.LastBody != nil || ex.LastBody != nil) {
+					t.Errorf("last body %q (error's %q) after a 404, want none", rep.LastBody, ex.LastBody)
+				}
 				if ex.Unknown != c.want.unknown || !ex.FirstSentAt.Equal(wantSent) || !rep.FirstSentAt.Equal(wantSent) || rep.SentAnew != anew {
 					t.Errorf("ExhaustedError: Unknown %v, FirstSentAt %v; Report: FirstSentAt %v, SentAnew %v; want %v, %v, %v, %v",
 						ex.Unknown, ex.FirstSentAt, rep.FirstSentAt, rep.SentAnew, c.want.unknown, wantSent, wantSent, anew)

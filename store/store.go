@@ -213,8 +213,12 @@ type Outcome struct {
 	// (a status probe's 404) before this sequence sent it again, at
 	// FirstSentAt: Park then keeps that FirstSentAt instead of the earlier
 	// one, as a resolve not_executed starts the count afresh, since the
-	// provider can have kept the key only from a send it saw. A store does
-	// not keep SentAnew itself; it is false in every Record.
+	// provider can have kept the key only from a send it saw; and LastBody,
+	// none included, instead of the earlier answer's body, which filled a
+	// probe the provider answered 404 (it names nothing the provider has,
+	// and a later probe filled from it would be told 404 again whatever the
+	// re-send did). A store does not keep SentAnew itself; it is false in
+	// every Record.
 	SentAnew bool
 }
 
@@ -224,16 +228,17 @@ func (o Outcome) IsZero() bool {
 }
 
 // Merge returns o with next folded in as Park does: the earliest non-zero
-// FirstSentAt (next's when it was sent anew, Outcome.SentAnew), the sum of
-// Attempts, next's LastError, and next's LastBody unless it has none (a
-// timeout gives no answer, so the last answer is still the earlier one).
+// FirstSentAt, the sum of Attempts, next's LastError, and next's LastBody
+// unless it has none (a timeout gives no answer, so the last answer is still
+// the earlier one). When next was sent anew (Outcome.SentAnew), its
+// FirstSentAt, if any, and its LastBody, even none, replace o's.
 func (o Outcome) Merge(next Outcome) Outcome {
 	if o.FirstSentAt.IsZero() || !next.FirstSentAt.IsZero() && (next.SentAnew || next.FirstSentAt.Before(o.FirstSentAt)) {
 		o.FirstSentAt = next.FirstSentAt
 	}
 	o.Attempts += next.Attempts
 	o.LastError = next.LastError
-	if len(next.LastBody) > 0 {
+	if len(next.LastBody) > 0 || next.SentAnew {
 		o.LastBody = next.LastBody
 	}
 	return o
@@ -384,7 +389,8 @@ type Store interface {
 	// Park turns owner's in-flight record into an Unknown one: the lease ends,
 	// it no longer expires, the fingerprint and CreatedAt stay, and o is
 	// merged into Record.Outcome as Outcome.Merge does (earliest FirstSentAt
-	// unless o.SentAnew, Attempts added, LastError replaced, LastBody replaced if o has one).
+	// unless o.SentAnew, Attempts added, LastError replaced, LastBody replaced if o has one
+	// or o.SentAnew).
 	// The next Begin with the same fingerprint resumes it at once.
 	// ErrNotOwner if owner does not hold the record. A store may do a Park
 	// that failed otherwise again later, once it can be written, and only

@@ -416,7 +416,8 @@ func testParkSentAnew(t *testing.T, s store.Store, _ func(time.Duration)) {
 	id := newID("anew")
 	sent := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	mustBegin(t, s, id, fpA, "owner-1", Long)
-	if err := s.Park(ctx, id, "owner-1", store.Outcome{FirstSentAt: sent, Attempts: 1, LastError: "504 from upstream"}); err != nil {
+	if err := s.Park(ctx, id, "owner-1", store.Outcome{FirstSentAt: sent, Attempts: 1, LastError: "504 from upstream",
+		LastBody: []byte(`{"payment_id":"pay_1"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	later := sent.Add(49 * time.Hour)
@@ -424,9 +425,12 @@ func testParkSentAnew(t *testing.T, s store.Store, _ func(time.Duration)) {
 	if err := s.Park(ctx, id, "owner-2", store.Outcome{FirstSentAt: later, Attempts: 1, LastError: "timeout after send", SentAnew: true}); err != nil {
 		t.Fatal(err)
 	}
+	// The answer that filled the probe told 404 is not kept (a timeout gave
+	// no newer one).
 	want := store.Outcome{FirstSentAt: later, Attempts: 2, LastError: "timeout after send"}
-	if rec := get(t, s, id); rec.State != store.Unknown || !sameOutcome(rec.Outcome, want) || rec.Outcome.SentAnew {
-		t.Fatalf("after a Park sent anew: %+v, want unknown, outcome %+v", rec, want)
+	if rec := get(t, s, id); rec.State != store.Unknown || !sameOutcome(rec.Outcome, want) || rec.Outcome.SentAnew ||
+		rec.Outcome.LastBody != nil {
+		t.Fatalf("after a Park sent anew: %+v, want unknown, outcome %+v, no last body", rec, want)
 	}
 	// A later Park that did not send anew keeps the earliest, now the new one.
 	mustBegin(t, s, id, fpA, "owner-3", Long)
@@ -437,13 +441,16 @@ func testParkSentAnew(t *testing.T, s store.Store, _ func(time.Duration)) {
 	if rec := get(t, s, id); !sameOutcome(rec.Outcome, want) {
 		t.Fatalf("after a later Park: outcome %+v, want %+v", rec.Outcome, want)
 	}
-	// Sent anew with no first send given: the kept one stays.
+	// Sent anew with no first send given: the kept one stays; its answer's
+	// body replaces the kept one.
 	mustBegin(t, s, id, fpA, "owner-4", Long)
-	if err := s.Park(ctx, id, "owner-4", store.Outcome{Attempts: 1, LastError: "x", SentAnew: true}); err != nil {
+	if err := s.Park(ctx, id, "owner-4", store.Outcome{Attempts: 1, LastError: "x", SentAnew: true,
+		LastBody: []byte(`{"payment_id":"pay_2"}`)}); err != nil {
 		t.Fatal(err)
 	}
-	if rec := get(t, s, id); !rec.Outcome.FirstSentAt.Equal(later) {
-		t.Fatalf("after a Park sent anew with no first send: FirstSentAt %v, want %v kept", rec.Outcome.FirstSentAt, later)
+	if rec := get(t, s, id); !rec.Outcome.FirstSentAt.Equal(later) || string(rec.Outcome.LastBody) != `{"payment_id":"pay_2"}` {
+		t.Fatalf("after a Park sent anew with no first send: FirstSentAt %v, last body %s; want %v kept, pay_2's",
+			rec.Outcome.FirstSentAt, rec.Outcome.LastBody, later)
 	}
 }
 
