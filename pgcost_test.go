@@ -33,7 +33,7 @@ func TestPostgresNewKeyStatements(t *testing.T) {
 	for i := 1; i <= n; i++ {
 		post(i)
 	}
-	records, listens, others := 0, 0, []string{}
+	records, listens, sessions, others := 0, 0, 0, []string{}
 	for _, entry := range strings.Split(c.Log()[from:], "\n@@ ") {
 		if !strings.Contains(entry, "LOG:  execute ") && !strings.Contains(entry, "LOG:  statement: ") {
 			continue
@@ -48,12 +48,19 @@ func TestPostgresNewKeyStatements(t *testing.T) {
 			// pause), on its own connection: late on a loaded machine, but
 			// once per connection, not per request.
 			listens++
+		case strings.Contains(entry, "DEALLOCATE ALL; SET "):
+			// A new connection's session settings (synchronous_commit
+			// and the timeouts), once per connection, not per request.
+			sessions++
 		default:
 			others = append(others, entry)
 		}
 	}
 	if listens > 2 {
 		t.Errorf("%d new keys: %d pause listener statements, want at most one start (2)", n, listens)
+	}
+	if sessions > 4 {
+		t.Errorf("%d new keys: %d new sessions' settings, want at most one per connection a replica uses at once (4)", n, sessions)
 	}
 	t.Logf("%d new keys: %d statements on records, %d others", n, records, len(others))
 	if records != 2*n || len(others) > 0 {

@@ -167,7 +167,7 @@ func TestPoolURLParameters(t *testing.T) {
 			if err := CheckURL(base + c.query); err != nil {
 				t.Fatalf("CheckURL: %v", err)
 			}
-			cfg, err := poolConfig(withDefaults(Options{URL: base + c.query}))
+			cfg, set, err := poolConfig(withDefaults(Options{URL: base + c.query}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -178,15 +178,15 @@ func TestPoolURLParameters(t *testing.T) {
 					cfg.MaxConns, cfg.MinConns, cfg.ConnConfig.ConnectTimeout, rp["application_name"], cfg.MaxConnLifetime,
 					c.maxConns, c.minConns, c.connTimeout, c.appName, c.lifetime)
 			}
-			if rp["synchronous_commit"] != "on" || rp["plan_cache_mode"] != "force_generic_plan" {
-				t.Errorf("runtime params %v, want synchronous_commit on and plan_cache_mode force_generic_plan", rp)
+			if set["synchronous_commit"] != "on" || set["plan_cache_mode"] != "force_generic_plan" {
+				t.Errorf("session settings %v, want synchronous_commit on and plan_cache_mode force_generic_plan", set)
 			}
 		})
 	}
 	// The URL cannot lower durability: synchronous_commit stays on.
-	cfg, err := poolConfig(withDefaults(Options{URL: base + "?synchronous_commit=off"}))
-	if err != nil || cfg.ConnConfig.RuntimeParams["synchronous_commit"] != "on" {
-		t.Errorf("synchronous_commit=off in the URL: %v, %v; want on", cfg.ConnConfig.RuntimeParams, err)
+	cfg, set, err := poolConfig(withDefaults(Options{URL: base + "?synchronous_commit=off"}))
+	if _, sent := cfg.ConnConfig.RuntimeParams["synchronous_commit"]; err != nil || set["synchronous_commit"] != "on" || sent {
+		t.Errorf("synchronous_commit=off in the URL: session %v, startup %v, %v; want on, set after connecting", set, cfg.ConnConfig.RuntimeParams, err)
 	}
 
 	refused := []struct{ query, want string }{

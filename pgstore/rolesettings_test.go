@@ -72,7 +72,7 @@ func TestRoleTimeoutsDoNotFailWrites(t *testing.T) {
 }
 
 // TestURLTimeoutsKept: a lock_timeout or statement_timeout the URL gives is
-// sent as given; without one, idemproxy sends 0 (the call timeout bounds
+// the session's as given; without one, idemproxy sets 0 (the call timeout bounds
 // every statement).
 func TestURLTimeoutsKept(t *testing.T) {
 	base := "postgres://u@127.0.0.1:5432/db"
@@ -81,11 +81,10 @@ func TestURLTimeoutsKept(t *testing.T) {
 		"?lock_timeout=2s": {"2s", "0"},
 		"?statement_timeout=3000&lock_timeout=1s": {"1s", "3000"},
 	} {
-		cfg, err := poolConfig(withDefaults(Options{URL: base + query}))
+		_, rp, err := poolConfig(withDefaults(Options{URL: base + query}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		rp := cfg.ConnConfig.RuntimeParams
 		if rp["lock_timeout"] != want[0] || rp["statement_timeout"] != want[1] {
 			t.Errorf("URL %q: lock_timeout %q statement_timeout %q, want %q %q", query, rp["lock_timeout"], rp["statement_timeout"], want[0], want[1])
 		}

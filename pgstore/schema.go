@@ -2,6 +2,8 @@ package pgstore
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -85,6 +87,12 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, unlockWithin time.Duration
 		return err
 	}
 	defer conn.Release()
+	// Before the lock, which is the session's: taken and released through
+	// a pooler in transaction mode, each could run on another server
+	// connection, and the lock be left held on one for ever.
+	if err := checkSessionKept(ctx, pool, conn); err != nil {
+		return err
+	}
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(schemaLock)); err != nil {
 		return err
 	}
@@ -214,3 +222,70 @@ func checkGrants(ctx context.Context, conn *pgxpool.Conn) error {
 
 // errMissingGrants is checkGrants' refusal.
 var errMissingGrants = errors.New("missing privileges")
+
+// errSessionNotKept is Open's refusal when the connections do not keep their
+// sessions between transactions: a pooler in transaction or statement mode
+// (PgBouncer's pool_mode = transaction) between idemproxy and PostgreSQL.
+// The store needs its sessions: synchronous_commit on and the timeouts are
+// session settings, which would be lost, or leak to the pooler's other
+// clients; pgx's prepared statements, the schema's advisory lock and the
+// throttle's LISTEN are the session's too.
+var errSessionNotKept = errors.New("the database connection does not keep its session between transactions: " +
+	"a pooler in transaction or statement mode (PgBouncer pool_mode = transaction or statement) is in front of PostgreSQL, " +
+	"and idemproxy's records would lose synchronous_commit = on and its timeouts; " +
+	"use pool_mode = session for idemproxy's database, or connect to PostgreSQL directly")
+
+// sessionMark is the custom setting checkSessionKept writes and reads.
+const sessionMark = "idemproxy.session_check"
+
+// checkSessionKept fails with errSessionNotKept when held, a connection of
+// pool, does not keep its session between transactions. It sets a mark on
+// held's session, then reads it on another connection of the pool and on
+// held again, each its own transaction: PostgreSQL, or a pooler in session
+// mode, gives each client connection its own session for as long as it is
+// open, so the other never sees the mark and held always does. A pooler in
+// transaction mode runs each transaction on whichever server connection is
+// free: the other sees the mark when it gets held's last one (PgBouncer
+// hands out the last freed first), or held does not when it gets another.
+// Simple protocol: no prepared statement, which such a pooler would lose.
+func checkSessionKept(ctx context.Context, pool *pgxpool.Pool, held *pgxpool.Conn) error {
+	var b [16]byte
+	crand.Read(b[:])
+	mark := hex.EncodeToString(b[:])
+	if _, err := simpleQuery(ctx, held, `SELECT set_config('`+sessionMark+`', '`+mark+`', false)`); err != nil {
+		return err
+	}
+	other, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer other.Release()
+	const read = `SELECT coalesce(current_setting('` + sessionMark + `', true), '')`
+	seen, err := simpleQuery(ctx, other, read)
+	if err != nil {
+		return err
+	}
+	kept, err := simpleQuery(ctx, held, read)
+	if err != nil {
+		return err
+	}
+	if seen == mark || kept != mark {
+		return errSessionNotKept
+	}
+	return nil
+}
+
+// simpleQuery runs sql, a query of one row and one column, with the simple
+// protocol and returns its value as text. (pgx's own simple protocol mode
+// refuses a database whose encoding is not UTF-8; the values here are
+// ASCII.)
+func simpleQuery(ctx context.Context, conn *pgxpool.Conn, sql string) (string, error) {
+	res, err := conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return "", err
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return "", fmt.Errorf("%s: not one value", sql)
+	}
+	return string(res[0].Rows[0][0]), nil
+}

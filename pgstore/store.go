@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -126,13 +127,19 @@ var _ store.Store = (*Store)(nil)
 // missing privileges, a newer schema) fails Open.
 func Open(ctx context.Context, opt Options) (*Store, error) {
 	opt = withDefaults(opt)
-	cfg, err := poolConfig(opt)
+	cfg, _, err := poolConfig(opt)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: connection URL: %w", redact(err))
 	}
 	conns := &connSet{open: map[*trackedConn]struct{}{}}
 	cfg.ConnConfig.DialFunc = conns.dial(cfg.ConnConfig.DialFunc)
-	cfg.AfterConnect = stampRetire(cfg.MaxConnLifetime, cfg.MaxConnLifetimeJitter)
+	settle, stamp := cfg.AfterConnect, stampRetire(cfg.MaxConnLifetime, cfg.MaxConnLifetimeJitter)
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if err := settle(ctx, c); err != nil {
+			return err
+		}
+		return stamp(ctx, c)
+	}
 	cfg.ShouldPing = shouldPing
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -182,32 +189,33 @@ const minConns = 1 + batchInFlight + 1 + 1
 // (Open sets none of them), application_name (else "idemproxy", so that a
 // DBA sees the sessions), and a connect_timeout shorter than the call
 // timeout (a longer one could not act: every call, a connect included, ends
-// at the call timeout). Two settings are idemproxy's whatever the URL says
-// (see below). A pool smaller than minConns is refused, and so are settings
+// at the call timeout). The session's settings (sessionSettings, returned
+// by name) are made by the pool's AfterConnect; two are idemproxy's whatever
+// the URL says. A pool smaller than minConns is refused, and so are settings
 // pgxpool cannot run with (checkPool).
-func poolConfig(opt Options) (*pgxpool.Config, error) {
+func poolConfig(opt Options) (*pgxpool.Config, map[string]string, error) {
 	// Whether the URL gives pool_max_conns is read from the connection's
 	// parse: pgxpool's takes it out, and puts its own default in its place.
 	conn, err := pgconn.ParseConfig(opt.URL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	size := opt.MaxConns
 	if v, given := conn.RuntimeParams["pool_max_conns"]; given {
 		n, err := strconv.ParseInt(v, 10, 32)
 		if err != nil {
-			return nil, errors.New("pool_max_conns is not a whole number")
+			return nil, nil, errors.New("pool_max_conns is not a whole number")
 		}
 		size = int32(n)
 	}
 	if size < minConns { // before pgxpool, whose error for 0 names nothing
-		return nil, fmt.Errorf("pool_max_conns=%d is below %d, the connections a replica uses at once "+
+		return nil, nil, fmt.Errorf("pool_max_conns=%d is below %d, the connections a replica uses at once "+
 			"(one listening for provider pauses, one for the batched writes, one for reads, one for the heartbeat and the sweep)",
 			size, minConns)
 	}
 	cfg, err := pgxpool.ParseConfig(opt.URL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg.MaxConns = size
 	if t := cfg.ConnConfig.ConnectTimeout; t <= 0 || t > opt.CallTimeout {
@@ -217,10 +225,29 @@ func poolConfig(opt Options) (*pgxpool.Config, error) {
 	if params["application_name"] == "" {
 		params["application_name"] = "idemproxy"
 	}
+	settings := sessionSettings(opt, params)
+	// The settings are made with SET once a connection is open, not sent
+	// in its startup packet: PgBouncer refuses a connection whose packet
+	// has any of them (unsupported startup parameter), or drops them
+	// unseen when told to ignore them, which left records written with
+	// the server's synchronous_commit and the role's timeouts
+	// (TestPgBouncerSessionSettings). One round trip per new connection.
+	for name := range settings {
+		delete(params, name)
+	}
+	cfg.AfterConnect = applySettings(settings)
+	return cfg, settings, checkPool(cfg)
+}
+
+// sessionSettings are the settings every session of the store runs with,
+// by name: the URL's value where the URL may give one (taken out of
+// params, the startup parameters), else idemproxy's.
+func sessionSettings(opt Options, params map[string]string) map[string]string {
+	set := map[string]string{}
 	// Records are durable before a call returns, whatever the server's
 	// default or the URL (an answer lost in a database crash means the
 	// app's retry pays twice).
-	params["synchronous_commit"] = "on"
+	set["synchronous_commit"] = "on"
 	// A statement is planned once per connection and again after each
 	// ANALYZE of its tables, not on every run: under the default, a
 	// statement of a few keys looks cheaper planned for its own arguments
@@ -229,7 +256,7 @@ func poolConfig(opt Options) (*pgxpool.Config, error) {
 	// the table was small is replaced once it has grown (analyzeIfGrown),
 	// and the statements are written so that the plan that fits any
 	// arguments is the one wanted (inFlight, listBatch).
-	params["plan_cache_mode"] = "force_generic_plan"
+	set["plan_cache_mode"] = "force_generic_plan"
 	// Every call is bounded by the call timeout (its statement cancelled
 	// there), so a write waits for a row another session holds within it.
 	// A lock_timeout or statement_timeout a DBA set on the role or the
@@ -237,8 +264,9 @@ func poolConfig(opt Options) (*pgxpool.Config, error) {
 	// answer's write fail after the provider had acted, and the app got 503
 	// for an operation that ran. The URL may still give them.
 	for _, name := range []string{"lock_timeout", "statement_timeout"} {
-		if _, given := params[name]; !given {
-			params[name] = "0"
+		set[name] = "0"
+		if v, given := params[name]; given {
+			set[name] = v
 		}
 	}
 	// A session whose client the network lost mid-transaction (packets
@@ -250,10 +278,38 @@ func poolConfig(opt Options) (*pgxpool.Config, error) {
 	// row: every claim of that key from any replica, a replay included,
 	// waited out its call timeout and failed, with every other claim and
 	// final answer batched in its statement (TestVanishedTransactionFreesItsRow).
-	if _, given := params["idle_in_transaction_session_timeout"]; !given {
-		params["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(opt.CallTimeout.Milliseconds(), 1), 10)
+	set["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(opt.CallTimeout.Milliseconds(), 1), 10)
+	if v, given := params["idle_in_transaction_session_timeout"]; given {
+		set["idle_in_transaction_session_timeout"] = v
 	}
-	return cfg, checkPool(cfg)
+	return set
+}
+
+// applySettings is the pool's AfterConnect: it makes settings the new
+// session's, in one round trip (one simple-protocol query). It first drops
+// any prepared statement the session holds: behind PgBouncer in session
+// mode with server_reset_query empty, a server connection comes with those
+// of its last client, whose names pgx's statement cache would use again.
+func applySettings(settings map[string]string) func(context.Context, *pgx.Conn) error {
+	names := slices.Sorted(maps.Keys(settings))
+	var sql strings.Builder
+	sql.WriteString("DEALLOCATE ALL;")
+	for _, name := range names {
+		fmt.Fprintf(&sql, " SET %s = %s;", name, quoteLiteral(settings[name]))
+	}
+	query := sql.String()
+	return func(ctx context.Context, c *pgx.Conn) error {
+		if _, err := c.PgConn().Exec(ctx, query).ReadAll(); err != nil {
+			return fmt.Errorf("session settings: %w", err)
+		}
+		return nil
+	}
+}
+
+// quoteLiteral quotes v as an SQL string literal (standard_conforming_strings
+// on, PostgreSQL's default since 9.1).
+func quoteLiteral(v string) string {
+	return "'" + strings.ReplaceAll(v, "'", "''") + "'"
 }
 
 // checkPool refuses the pool settings idemproxy cannot work with. Its
@@ -276,7 +332,7 @@ func checkPool(cfg *pgxpool.Config) error {
 // the pool they make (checkPool). It connects to nothing. The error never
 // holds the URL's password.
 func CheckURL(raw string) error {
-	_, err := poolConfig(withDefaults(Options{URL: raw}))
+	_, _, err := poolConfig(withDefaults(Options{URL: raw}))
 	if err == nil {
 		return nil
 	}
@@ -369,12 +425,17 @@ func (s *Store) migrateLoop() {
 // refused says whether err is the database's answer rather than a failure to
 // reach it: retrying will not help.
 func refused(err error) bool {
-	if tlsRefused(err) {
+	if tlsRefused(err) || errors.Is(err, errSessionNotKept) {
 		return true
 	}
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
 		return !errors.Is(err, context.DeadlineExceeded) && !pgconn.SafeToRetry(err) && !isNetwork(err)
+	}
+	if pe.Code == "08P01" && strings.HasPrefix(pe.Message, "unsupported startup parameter") {
+		// PgBouncer's refusal of a parameter the URL gives (it forwards
+		// only a few, unless told to ignore the others).
+		return true
 	}
 	switch pe.Code[:2] {
 	case "08", "57", "53", "58": // connection, shutdown, resources, system

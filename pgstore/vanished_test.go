@@ -69,15 +69,15 @@ func TestVanishedTransactionFreesItsRow(t *testing.T) {
 }
 
 // TestURLIdleInTransactionKept: an idle_in_transaction_session_timeout the
-// URL gives is sent as given; without one, the call timeout is.
+// URL gives is the session's as given; without one, the call timeout is.
 func TestURLIdleInTransactionKept(t *testing.T) {
 	base := "postgres://u@127.0.0.1:5432/db"
 	for query, want := range map[string]string{"": "5000", "?idle_in_transaction_session_timeout=60s": "60s"} {
-		cfg, err := poolConfig(withDefaults(Options{URL: base + query}))
+		_, set, err := poolConfig(withDefaults(Options{URL: base + query}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; got != want {
+		if got := set["idle_in_transaction_session_timeout"]; got != want {
 			t.Errorf("URL %q: idle_in_transaction_session_timeout %q, want %q", query, got, want)
 		}
 	}
