@@ -14,7 +14,6 @@ import (
 
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/store"
-	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
 // startupSettings are the settings idemproxy sent in the startup packet
@@ -126,16 +125,6 @@ func TestPgBouncerTransactionModeRefused(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestPgBouncerConformance runs the store contract's suite through
-// PgBouncer in session mode.
-func TestPgBouncerConformance(t *testing.T) {
-	dbURL := pgtest.Database(t)
-	b := pgtest.StartPgBouncer(t, pgtest.Shared(t), pgtest.PgBouncerOptions{PoolMode: "session"})
-	storetest.Run(t, func(t *testing.T, ttl time.Duration) (store.Store, func(time.Duration)) {
-		return open(t, b.Via(dbURL), ttl), time.Sleep
-	})
 }
 
 // TestPgBouncerTwoReplicas: two stores (two replicas) through one PgBouncer
