@@ -37,14 +37,27 @@ type admin struct {
 	api      http.Handler
 	store    pinger
 	draining atomic.Bool // set first thing on shutdown
+	// log gets a line when the store check's outcome changes (storeState): a
+	// health check turning a container unhealthy says only what /readyz
+	// answers, and with no traffic nothing else was logged.
+	log        *slog.Logger
+	storeState atomic.Int32 // storeUnchecked, storeOK or storeFailing
 }
 
 // openPaths are the admin listener's paths outside the admin API: GET (and
 // HEAD) only, no token.
 var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
 
-func newAdmin(store pinger, metricsHandler http.Handler) *admin {
-	a := &admin{mux: http.NewServeMux(), store: store}
+// The store check's last outcome, for logging its changes only: /readyz is
+// asked every few seconds by health checks and probes.
+const (
+	storeUnchecked = iota
+	storeOK
+	storeFailing
+)
+
+func newAdmin(store pinger, metricsHandler http.Handler, log *slog.Logger) *admin {
+	a := &admin{mux: http.NewServeMux(), store: store, log: log}
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
@@ -85,8 +98,18 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), readyzBound)
 	defer cancel()
 	if err := a.store.Ping(ctx); err != nil {
-		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+		if r.Context().Err() == nil { // not a check its caller gave up on
+			if prev := a.storeState.Swap(storeFailing); prev != storeFailing {
+				a.log.Warn("not ready: the store check failed", "err", err.Error())
+			}
+		}
+		// The cause, for docker inspect's health log and whoever GETs /readyz
+		// (the admin port is the operator's); the log line above has it too.
+		http.Error(w, "store unavailable: "+err.Error(), http.StatusServiceUnavailable)
 		return
+	}
+	if prev := a.storeState.Swap(storeOK); prev == storeFailing {
+		a.log.Info("ready again: the store check passed")
 	}
 	fmt.Fprintln(w, "ready")
 }
@@ -293,7 +316,7 @@ func healthcheck(environ []string, stderr io.Writer) int {
 	defer resp.Body.Close()
 	// The reason /readyz gives ("store unavailable", "shutting down") is
 	// what docker inspect shows of a failed check: say it.
-	why, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	why, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 	if resp.StatusCode != http.StatusOK {
 		fmt.Fprintf(stderr, "idemproxy healthcheck: %s: %s: %s\n", url, resp.Status, strings.Join(strings.Fields(string(why)), " "))
 		return 1

@@ -12,8 +12,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/cache"
@@ -44,7 +46,7 @@ func TestReadiness(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			a := newAdmin(c.store, metrics.New("test").Handler())
+			a := newAdmin(c.store, metrics.New("test").Handler(), slog.New(slog.DiscardHandler))
 			a.draining.Store(c.draining)
 			rec := httptest.NewRecorder()
 			a.ServeHTTP(rec, httptest.NewRequest("GET", c.path, nil))
@@ -52,6 +54,62 @@ func TestReadiness(t *testing.T) {
 				t.Errorf("GET %s = %d %s, want %d", c.path, rec.Code, rec.Body, c.want)
 			}
 		})
+	}
+}
+
+// A container turned unhealthy by its health check (docker inspect showed
+// "store unavailable") with nothing in its log when no request came: the
+// store check's failure is logged, with its cause, once when /readyz turns
+// 503 and once when it turns 200 again, not at every check; the cause is in
+// the answer too, which the health check prints.
+func TestReadinessLogsItsChanges(t *testing.T) {
+	var failing atomic.Bool
+	store := pingFunc(func(context.Context) error {
+		if failing.Load() {
+			return errors.New("the data directory /data is not writable (permission denied)")
+		}
+		return nil
+	})
+	var logBuf bytes.Buffer
+	a := newAdmin(store, metrics.New("test").Handler(), slog.New(slog.NewJSONHandler(&logBuf, nil)))
+	check := func(want int) string {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		a.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+		if rec.Code != want {
+			t.Fatalf("GET /readyz = %d %s, want %d", rec.Code, rec.Body, want)
+		}
+		return rec.Body.String()
+	}
+	type line struct{ Level, Msg, Err string }
+	lines := func() []line {
+		var ls []line
+		for _, s := range strings.Split(strings.TrimSpace(logBuf.String()), "\n") {
+			var l line
+			if s != "" && json.Unmarshal([]byte(s), &l) == nil {
+				ls = append(ls, l)
+			}
+		}
+		return ls
+	}
+	check(200)
+	check(200)
+	if got := lines(); len(got) != 0 {
+		t.Errorf("ready checks logged %v, want nothing", got)
+	}
+	failing.Store(true)
+	for range 3 {
+		if body := check(503); !strings.Contains(body, "store unavailable") || !strings.Contains(body, "not writable (permission denied)") {
+			t.Errorf("/readyz 503 says %q, want the cause after \"store unavailable\"", body)
+		}
+	}
+	failing.Store(false)
+	check(200)
+	check(200)
+	want := []line{{"WARN", "not ready: the store check failed", "the data directory /data is not writable (permission denied)"},
+		{"INFO", "ready again: the store check passed", ""}}
+	if got := lines(); !slices.Equal(got, want) {
+		t.Errorf("log after ready, 3 failing checks, 2 passing:\n%s\nwant %v", logBuf.String(), want)
 	}
 }
 

@@ -242,7 +242,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	if err != nil {
 		return err
 	}
-	adm := newAdmin(instrumented, m.Handler())
+	adm := newAdmin(instrumented, m.Handler(), log)
 	adm.api = adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, Clients: set.clients.Names(), OrderKeys: handler.OrderKeys, Logger: auditLogger(log)})
 	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, settle: settle, stopWaits: gate.Close, cutReads: handler.CutBodyReads,

@@ -547,3 +547,63 @@ func TestImageStopDrainsKillResumes(t *testing.T) {
 		checkLogLines(t, c)
 	})
 }
+
+// The HEALTHCHECK through a store that stops taking writes and takes them
+// again, with no traffic: the data directory (a bind mount of the user the
+// container runs as, the capabilities dropped) made read-only on the host,
+// then writable again. The container turns unhealthy with the cause in
+// docker inspect's health log and in docker logs (before, only "store
+// unavailable" and nothing logged), then healthy again with no restart, and
+// takes a payment.
+func TestImageHealthFollowsTheStore(t *testing.T) {
+	t.Parallel()
+	img := need(t)
+	net := network(t, false)
+	p := startProvider(t, img, net, false)
+	dataDir := t.TempDir()
+	user := strconv.Itoa(os.Getuid()) + ":" + strconv.Itoa(os.Getgid())
+	c := container(t, "idemproxy", append(proxyArgs(t, p), "--network", net, "--user", user, "-v", dataDir+":/data",
+		"--health-interval", "1s", "--health-retries", "2", "-p", "127.0.0.1::8080", "-p", "127.0.0.1::9090", img.proxy)...)
+	health := func(want string) {
+		t.Helper()
+		waitFor(t, "health status "+want, func() bool { return inspect(t, c, "{{.State.Health.Status}}") == want })
+	}
+	health("healthy")
+	if out := logs(c); strings.Contains(out, "not ready") {
+		t.Errorf("a container that was ready logged not ready:\n%s", out)
+	}
+
+	if err := os.Chmod(dataDir, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Chmod(dataDir, 0o700) }) // for t.TempDir's removal
+	health("unhealthy")
+	var checks []struct {
+		ExitCode int
+		Output   string
+	}
+	if err := json.Unmarshal([]byte(inspect(t, c, "{{json .State.Health.Log}}")), &checks); err != nil || len(checks) == 0 {
+		t.Fatalf("health log: %v %v", checks, err)
+	}
+	const cause = "not writable (permission denied)"
+	if last := checks[len(checks)-1]; last.ExitCode != 1 || !strings.Contains(last.Output, "store unavailable") || !strings.Contains(last.Output, cause) {
+		t.Errorf("the failed health check: exit %d, %q; want 1 and the cause (%q)", last.ExitCode, last.Output, cause)
+	}
+	notReady := regexp.MustCompile(`"level":"WARN","msg":"not ready: the store check failed","err":"[^"]*/data[^"]*` + regexp.QuoteMeta(cause))
+	if n := len(notReady.FindAllString(logs(c), -1)); n != 1 {
+		t.Errorf("%d WARN lines \"not ready\" with the cause, want 1 (one per change, not per check):\n%s", n, logs(c))
+	}
+
+	if err := os.Chmod(dataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	health("healthy")
+	if n := strings.Count(logs(c), `"msg":"ready again: the store check passed"`); n != 1 {
+		t.Errorf("%d lines \"ready again\", want 1:\n%s", n, logs(c))
+	}
+	base := "http://" + published(t, c, "8080")
+	if r := post(t, base+"/payments", `{"order_id":"health-1","amount":"10.00","currency":"EUR"}`); r.status != http.StatusCreated {
+		t.Errorf("POST /payments once healthy again = %d %s, want 201", r.status, r.body)
+	}
+	checkLogLines(t, c)
+}
