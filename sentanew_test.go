@@ -27,23 +27,7 @@ import (
 // key, a fresh first send; a 404 followed by a 504 did not.)
 func TestProbeNotFoundRestartsKeyRetention(t *testing.T) {
 	const retention = 2 * time.Second
-	env := []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_RETRY_BASE_DELAY=10ms", "IDEMPROXY_RETRY_MAX_DELAY=50ms",
-		"IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}",
-		"IDEMPROXY_PROVIDER_KEY_RETENTION=" + retention.String()}
-	cases := []struct {
-		name   string
-		launch func(t *testing.T, upstream string) (a, b *opsProc)
-	}{
-		{"one replica, Badger", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
-			p := launch(t, launchSpec{env: baseEnv(upstream, t.TempDir(), env...)})
-			return p, p
-		}},
-		{"two replicas, PostgreSQL", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
-			e := sharedEnv(upstream, pgtest.Database(t), env...)
-			return launch(t, launchSpec{env: e}), launch(t, launchSpec{env: e})
-		}},
-	}
-	for _, c := range cases {
+	for _, c := range retentionCases(retention) {
 		t.Run(c.name, func(t *testing.T) {
 			gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention})
 			var probeFails atomic.Bool
@@ -108,23 +92,7 @@ func TestProbeNotFoundRestartsKeyRetention(t *testing.T) {
 // retention to a provider that had forgotten the key: executed twice.
 func TestProbeNotFoundDropsTheAnswerItReadFrom(t *testing.T) {
 	const retention = 2 * time.Second
-	env := []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_RETRY_BASE_DELAY=10ms", "IDEMPROXY_RETRY_MAX_DELAY=50ms",
-		"IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}",
-		"IDEMPROXY_PROVIDER_KEY_RETENTION=" + retention.String()}
-	cases := []struct {
-		name   string
-		launch func(t *testing.T, upstream string) (a, b *opsProc)
-	}{
-		{"one replica, Badger", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
-			p := launch(t, launchSpec{env: baseEnv(upstream, t.TempDir(), env...)})
-			return p, p
-		}},
-		{"two replicas, PostgreSQL", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
-			e := sharedEnv(upstream, pgtest.Database(t), env...)
-			return launch(t, launchSpec{env: e}), launch(t, launchSpec{env: e})
-		}},
-	}
-	for _, c := range cases {
+	for _, c := range retentionCases(retention) {
 		t.Run(c.name, func(t *testing.T) {
 			gw := newGatewayProvider(t, sandbox.Config{KeyRetention: retention})
 			var dropNext atomic.Bool // the next POST is executed, its answer dropped
@@ -167,5 +135,31 @@ func TestProbeNotFoundDropsTheAnswerItReadFrom(t *testing.T) {
 					third.status, third.body, posts, gets, gw.sb.Ledger().Executions)
 			}
 		})
+	}
+}
+
+// retentionCase runs a key-retention test on one store layout: a and b
+// are the replicas the app's tries reach (one process twice on Badger).
+type retentionCase struct {
+	name   string
+	launch func(t *testing.T, upstream string) (a, b *opsProc)
+}
+
+// retentionCases are one Badger process and two PostgreSQL replicas, each
+// with one attempt per request, the payments probe and the given provider
+// key retention.
+func retentionCases(retention time.Duration) []retentionCase {
+	env := []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_RETRY_BASE_DELAY=10ms", "IDEMPROXY_RETRY_MAX_DELAY=50ms",
+		"IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}",
+		"IDEMPROXY_PROVIDER_KEY_RETENTION=" + retention.String()}
+	return []retentionCase{
+		{"one replica, Badger", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
+			p := launch(t, launchSpec{env: baseEnv(upstream, t.TempDir(), env...)})
+			return p, p
+		}},
+		{"two replicas, PostgreSQL", func(t *testing.T, upstream string) (*opsProc, *opsProc) {
+			e := sharedEnv(upstream, pgtest.Database(t), env...)
+			return launch(t, launchSpec{env: e}), launch(t, launchSpec{env: e})
+		}},
 	}
 }
