@@ -34,6 +34,19 @@ type resourceLimits struct {
 	nofile           uint64
 }
 
+// bodyMemoryShare: a request body up to a container's memory limit over
+// this fits beside the rest. A body is held once, and its key and
+// fingerprint are read from it with up to two more copies of it at once;
+// measured in a 128 MiB container, one 40 MiB body passed and one of 50 MiB
+// got the process killed for lack of memory.
+const bodyMemoryShare = 4
+
+// bodyTooLargeForContainer says whether one request body of maxBody bytes
+// may not fit the container's memory limit (0: none found).
+func bodyTooLargeForContainer(maxBody, container int64) bool {
+	return container > 0 && maxBody > container/bodyMemoryShare
+}
+
 // deriveLimits fills the bounds cfg leaves at 0. nofile is RLIMIT_NOFILE (0:
 // unknown), storeFiles the files the store holds open at start, goLimit the
 // Go runtime's soft memory limit (math.MaxInt64: none), container the

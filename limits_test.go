@@ -41,3 +41,26 @@ func TestDeriveLimits(t *testing.T) {
 		})
 	}
 }
+
+// TestBodyTooLargeForContainer: a body cap whose bodies may not fit the
+// container's memory limit is told at start (measured in a 128 MiB
+// container: one 50 MiB body got the process killed, 40 MiB passed); with
+// no container limit found, nothing is said.
+func TestBodyTooLargeForContainer(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct {
+		body, container int64
+		want            bool
+	}{
+		{1 * mib, 128 * mib, false}, // the default cap
+		{32 * mib, 128 * mib, false},
+		{50 * mib, 128 * mib, true},
+		{60 * mib, 128 * mib, true},
+		{60 * mib, 256 * mib, false},
+		{1 << 40, 0, false}, // no container limit
+	} {
+		if got := bodyTooLargeForContainer(c.body, c.container); got != c.want {
+			t.Errorf("bodyTooLargeForContainer(%d MiB, %d MiB) = %v, want %v", c.body/mib, c.container/mib, got, c.want)
+		}
+	}
+}

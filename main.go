@@ -186,6 +186,12 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	log.Info("limits", "max_inflight", lim.maxInflight, "max_inflight_bytes", lim.maxInflightBytes,
 		"max_body_bytes", cfg.MaxBodyBytes, "open_files_limit", lim.nofile,
 		"client_connections", lim.clientConns, "upstream_connections", lim.upstreamConns)
+	if container, _ := cgroupMemoryLimit(cgroupLimitFiles); bodyTooLargeForContainer(cfg.MaxBodyBytes, container) {
+		log.Warn("setting may not fit the container's memory", "variable", envPrefix+"MAX_BODY_BYTES",
+			"max_body_bytes", cfg.MaxBodyBytes, "container_memory_limit", container,
+			"why", "a body near the cap is held with up to two more copies while its key and fingerprint are read: "+
+				"one such request may get the process killed for lack of memory; lower the cap or raise the limit")
+	}
 	log.Info("protection", "preset", cfg.Preset, "routes", set.routes.String(), "key_settings", keySettings(set),
 		"inprogress_status", cfg.InProgressStatus, "inprogress_code", cfg.InProgressCode)
 	obs := &observer{log: log, m: m}
