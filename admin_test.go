@@ -14,11 +14,11 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/cache"
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
 	"github.com/idemproxy/idemproxy/metrics"
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -301,7 +301,7 @@ func TestStreamedRequestThroughObserver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	var logBuf syncBuffer
+	var logBuf syncbuf.Buffer
 	obs := &observer{log: slog.New(slog.NewJSONHandler(&logBuf, nil)), m: metrics.New("test")}
 	u, _ := url.Parse(up.URL)
 	h, err := proxy.New(proxy.Options{Upstream: u, Store: store, OnDone: obs.done})
@@ -337,24 +337,6 @@ func TestStreamedRequestThroughObserver(t *testing.T) {
 	if line.Status != http.StatusAccepted || line.Outcome != "forwarded" || line.Attempts != 1 {
 		t.Errorf("request line = %+v, want status 202 outcome forwarded, 1 attempt", line)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger writing from handler goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]byte(nil), b.buf.Bytes()...)
 }
 
 // TestRequestLineIsLoggersLine: observer.done hands its record to the handler

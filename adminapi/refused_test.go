@@ -1,35 +1,21 @@
 package adminapi_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/adminapi"
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
 )
 
-// lockedBuffer is a log sink the handler's goroutines may share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
+// logLines parses the JSON lines written to buf.
+func logLines(t *testing.T, buf *syncbuf.Buffer) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		if line == "" {
 			continue
 		}
@@ -47,7 +33,7 @@ func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
 // is one line, not one each, so that guessing tokens cannot flood the log;
 // and a forwarded address list of any length is cut in the line.
 func TestRefusedCallsAreLogged(t *testing.T) {
-	var buf lockedBuffer
+	var buf syncbuf.Buffer
 	h := adminapi.New(adminapi.Options{Store: openStore(t), Token: "s3cret-admin-token", DefaultTenant: "default",
 		Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
 
@@ -64,7 +50,7 @@ func TestRefusedCallsAreLogged(t *testing.T) {
 			t.Fatalf("refused call %d = %d %s, want 401", i, w.Code, w.Body)
 		}
 	}
-	lines := buf.lines(t)
+	lines := logLines(t, &buf)
 	if len(lines) != 1 {
 		t.Fatalf("50 refused calls within a second wrote %d log lines, want 1: %v", len(lines), lines)
 	}

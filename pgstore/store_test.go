@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -21,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/storetest"
@@ -384,7 +384,7 @@ func TestOpenWhileDownThenRefused(t *testing.T) {
 	if err := c.Stop(false); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	s, err := Open(ctx, Options{URL: url, CallTimeout: time.Second, SweepInterval: -1, AnalyzeInterval: -1,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err != nil {
@@ -410,24 +410,6 @@ func TestOpenWhileDownThenRefused(t *testing.T) {
 	if s.Migrated() {
 		t.Fatal("the store took a schema newer than its own")
 	}
-}
-
-// syncBuffer collects a logger's lines; safe for its writes and a test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // TestLostClaimIsUndone: a claim whose statement got no answer within the
