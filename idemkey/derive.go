@@ -67,12 +67,27 @@ var namespace = uuid.MustParse("37a209bb-1b51-5f69-bf68-a0460f24db7b")
 //   - Query: the value of the query parameter.
 //     A form field, query parameter or header given twice with different
 //     values has no value, as a repeated JSON member.
+//
+// A source that is in r without one value (Unreadable) ends the search at
+// the next source of another kind: a query parameter or header does not
+// stand in for a repeated JSON member or form field (nor the other way
+// round), since the provider may read the order from the earlier one, and
+// each later value would make that order another key. A later source of
+// the same kind (json:order_id, then json:payment.order_id) still does, as
+// it did in earlier versions, whose keys stay what they were.
 func Derive(sources []Source, r Request) (key string, src Source, ok bool) {
 	st := getState()
 	defer putState(st)
-	for _, s := range sources {
+	var unread Kind // the kind of the first source in r without one value
+	for i, s := range sources {
+		if unread != 0 && s.Kind != unread {
+			break
+		}
 		if val, ok := st.value(s, r); ok {
 			return st.key(r, s, val), s, true
+		}
+		if unread == 0 && i < len(sources)-1 && st.mentions(s, r) != ReasonNone {
+			unread = s.Kind // see Derive: no source of another kind stands in
 		}
 	}
 	return "", Source{}, false
@@ -92,33 +107,65 @@ func Derive(sources []Source, r Request) (key string, src Source, ok bool) {
 // read an order id from it (encoding/json matches member names without
 // regard to case, a streaming decoder stops after the first object), so
 // a random key or none for the request would have each of the app's blind
-// retries executed again.
+// retries executed again. [UnreadableReason] says why.
 func Unreadable(sources []Source, r Request) bool {
+	return UnreadableReason(sources, r) != ReasonNone
+}
+
+// Reason is why a key source that is in a request gives no one value
+// ([UnreadableReason]), for the refusal to name it.
+type Reason uint8
+
+// The reasons [UnreadableReason] gives.
+const (
+	// ReasonNone: no source is in the request without a value.
+	ReasonNone Reason = iota
+	// ReasonOther: any cause below does not apply (a value given twice,
+	// another letter case, JSON that does not parse whole, UTF-16...).
+	ReasonOther
+	// ReasonLoneSurrogate: the JSON member is a string with a \u escape of
+	// a lone surrogate ("s\ud800"), read as U+FFFD by Go and as the
+	// surrogate by JavaScript, Python and Java.
+	ReasonLoneSurrogate
+	// ReasonFormSemicolon: a field of the form body has a ';' and names the
+	// field in one of its ';'-separated parts ("order_id=A;amount=5").
+	ReasonFormSemicolon
+	// ReasonQuerySemicolon: the same in the query ("?order_id=A;x=1").
+	ReasonQuerySemicolon
+)
+
+// UnreadableReason is [Unreadable] saying why: ReasonNone when no source is
+// in r without a value, else the reason of the first such source.
+func UnreadableReason(sources []Source, r Request) Reason {
 	st := getState()
 	defer putState(st)
 	for _, s := range sources {
-		if st.mentions(s, r) {
-			return true
+		if why := st.mentions(s, r); why != ReasonNone {
+			return why
 		}
 	}
-	return false
+	return ReasonNone
 }
 
 // mentions reports whether source s has, in some spelling, a value that is
-// not empty in r (see Unreadable).
-func (st *state) mentions(s Source, r Request) bool {
+// not empty in r (see Unreadable), and why it gives none (ReasonNone when
+// it is not there).
+func (st *state) mentions(s Source, r Request) Reason {
 	switch s.Kind {
 	case JSON:
 		body := bytes.TrimPrefix(r.Body, utf8BOM)
 		if wideObject(body) {
-			return true // not read at all (see wideObject)
+			return ReasonOther // not read at all (see wideObject)
 		}
 		if firstNonSpace(body) != '{' {
-			return false
+			return ReasonNone
 		}
 		st.json.lookup(body, s.Name)
+		if st.json.loneSeen {
+			return ReasonLoneSurrogate
+		}
 		if st.json.seen {
-			return true
+			return ReasonOther
 		}
 		// A body that is not valid JSON before the member (single
 		// quotes, a name without quotes, a comment, a leading zero) is
@@ -126,28 +173,42 @@ func (st *state) mentions(s Source, r Request) bool {
 		// finds the order id in it: one that names the member's key
 		// anywhere mentions it.
 		st.json.reset(body, false)
-		return st.json.document() != nil && containsFold(body, lastSegment(s.Name))
+		return reasonIf(st.json.document() != nil && containsFold(body, lastSegment(s.Name)), ReasonOther)
 	case Form:
 		if boundary, ok := formDataBoundary(r.ContentType); ok {
-			return formDataMentions(r.Body, boundary, s.Name)
+			return reasonIf(formDataMentions(r.Body, boundary, s.Name), ReasonOther)
 		}
 		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(bytes.TrimPrefix(r.Body, utf8BOM)) == '{') {
-			return false
+			return ReasonNone
 		}
 		if wideText(r.Body) {
-			return true // not read at all, as a JSON object in UTF-16 (wideObject)
+			return ReasonOther // not read at all, as a JSON object in UTF-16 (wideObject)
 		}
-		return formMentions(st.val[:0], r.Body, s.Name, true)
+		if formSemicolon(st.val[:0], r.Body, s.Name) {
+			return ReasonFormSemicolon
+		}
+		return reasonIf(formMentions(st.val[:0], r.Body, s.Name, true), ReasonOther)
 	case Header:
 		for k, vs := range r.Header {
 			if sameCGIName(k, s.Name) && slices.ContainsFunc(vs, func(v string) bool { return v != "" }) {
-				return true
+				return ReasonOther
 			}
 		}
 	case Query:
-		return formMentions(st.val[:0], r.RawQuery, s.Name, false)
+		if formSemicolon(st.val[:0], r.RawQuery, s.Name) {
+			return ReasonQuerySemicolon
+		}
+		return reasonIf(formMentions(st.val[:0], r.RawQuery, s.Name, false), ReasonOther)
 	}
-	return false
+	return ReasonNone
+}
+
+// reasonIf is why when mentioned, else ReasonNone.
+func reasonIf(mentioned bool, why Reason) Reason {
+	if mentioned {
+		return why
+	}
+	return ReasonNone
 }
 
 // lastSegment is the last key of a dotted path.

@@ -90,7 +90,11 @@ func (p *Parsed) Derive(r Request) (key string, src Source, ok bool) {
 	st := getState()
 	defer putState(st)
 	j := 0
-	for _, s := range p.sources {
+	var unread Kind // as in Derive
+	for i, s := range p.sources {
+		if unread != 0 && s.Kind != unread {
+			break
+		}
 		var (
 			val   []byte
 			found bool
@@ -105,6 +109,9 @@ func (p *Parsed) Derive(r Request) (key string, src Source, ok bool) {
 		}
 		if found {
 			return st.key(r, s, val), s, true
+		}
+		if unread == 0 && i < len(p.sources)-1 && st.mentions(s, r) != ReasonNone {
+			unread = s.Kind // see Derive: no source of another kind stands in
 		}
 	}
 	return "", Source{}, false

@@ -24,16 +24,18 @@ type text interface{ ~string | ~[]byte }
 // for a provider that reads the other. A field whose name differs only in
 // letter case is the same field to ASP.NET, and one PHP registers under the
 // name (formNameIs) the same to PHP, so either is such a repeat too; a field
-// present only in another spelling counts as absent. With asSent, a field
-// with a ';' that names the field in one of its ';'-separated parts
-// (semicolonNames) gives no value either.
+// present only in another spelling counts as absent. A field with a ';'
+// that names the field in one of its ';'-separated parts (semicolonNames)
+// gives no value either: a body goes as it came, and a query's such
+// parameter, which the forwarded query drops (url.ParseQuery), is still
+// read at ';' by servers that split there.
 func formValue[T text](buf []byte, s T, name string, asSent bool) ([]byte, bool) {
 	n := -1 // the length of the first value, kept at buf[:n]; -1 before one
 	exact := false
 	for len(s) > 0 {
 		var pair T
 		pair, s = cutByte(s, '&')
-		if asSent && semicolonNames(buf[:max(n, 0)], pair, name) {
+		if semicolonNames(buf[:max(n, 0)], pair, name) {
 			return buf[:0], false
 		}
 		k, v := cutByte(pair, '=')
@@ -67,13 +69,14 @@ func formValue[T text](buf []byte, s T, name string, asSent bool) ([]byte, bool)
 }
 
 // formMentions reports whether the form text s has a field called name, in
-// any spelling (formNameIs), whose value is not empty (Unreadable), and, with asSent
-// (see formValue), whose value does not decode; buf is scratch.
+// any spelling (formNameIs), whose value is not empty (Unreadable), or,
+// with asSent (see formValue), whose value does not decode, or one named in
+// a field with a ';' (semicolonNames); buf is scratch.
 func formMentions[T text](buf []byte, s T, name string, asSent bool) bool {
 	for len(s) > 0 {
 		var pair T
 		pair, s = cutByte(s, '&')
-		if asSent && semicolonNames(buf[:0], pair, name) {
+		if semicolonNames(buf[:0], pair, name) {
 			return true
 		}
 		k, v := cutByte(pair, '=')
@@ -88,11 +91,24 @@ func formMentions[T text](buf []byte, s T, name string, asSent bool) bool {
 	return false
 }
 
+// formSemicolon reports whether a field of the form text s has a ';' and
+// names the field name in one of its ';'-separated parts (semicolonNames);
+// buf is scratch.
+func formSemicolon[T text](buf []byte, s T, name string) bool {
+	for len(s) > 0 {
+		var pair T
+		pair, s = cutByte(s, '&')
+		if semicolonNames(buf, pair, name) {
+			return true
+		}
+	}
+	return false
+}
+
 // semicolonNames reports whether pair, one '&'-separated field of a form
-// body, has a ';' and names the field name (formNameIs) in one of its
-// ';'-separated parts: "order_id=A;x=1", "x=1;order_id=A", "x;order_id=A".
-// The body is forwarded as it came, and parsers read such a field three
-// ways: PHP, Java's servlets, Rack and Node.js split a form at '&' only
+// body or a query, has a ';' and names the field name (formNameIs) in one
+// of its ';'-separated parts: "order_id=A;x=1", "x=1;order_id=A",
+// "x;order_id=A". Parsers read such a field three ways: PHP, Java's servlets, Rack and Node.js split a form at '&' only
 // ("order_id=A;x=1" is order "A;x=1"; "x=1;order_id=A" names no order);
 // Perl's CGI.pm, Go before 1.17, Python's parse_qs before 3.9.2 and Django
 // before 3.2 split at ';' too (order "A"); Go since 1.17 drops the field.

@@ -71,6 +71,11 @@ type jsonParser struct {
 	// the surrogate itself.
 	lone bool
 
+	// loneSeen is set by lookup when a member at the path gave no value
+	// because of a lone surrogate escape (lone), so that Unreadable can say
+	// why (ReasonLoneSurrogate).
+	loneSeen bool
+
 	// frames are the looks (Parse) into the objects open on their
 	// paths: while the canonical form is emitted, the document's key
 	// sources are looked up in the same pass (lookMember). The first
@@ -730,7 +735,7 @@ func appendRune(dst []byte, r rune, canon bool) []byte {
 // it would be wrong for one of them. val is valid until the parser is reused.
 func (p *jsonParser) lookup(data []byte, path string) (val []byte, ok bool) {
 	p.reset(data, false)
-	p.seen = false
+	p.seen, p.loneSeen = false, false
 	p.skipWS()
 	if p.peek() != '{' {
 		return nil, false
@@ -819,7 +824,7 @@ func (p *jsonParser) lookupMember(rest string, nested bool, depth int) (bool, er
 		if p.lone && err == nil {
 			// No one value: see lookup. It is a value all the same
 			// (Unreadable).
-			p.seen = true
+			p.seen, p.loneSeen = true, true
 			return false, nil
 		}
 		return len(p.val) > 0, err
@@ -839,6 +844,7 @@ func (p *jsonParser) sameAs(data []byte, found bool, rest string, nested bool, d
 	q := &jsonParser{data: data}
 	qFound, err := q.lookupMember(rest, nested, depth)
 	p.seen = p.seen || q.seen
+	p.loneSeen = p.loneSeen || q.loneSeen
 	return err == nil && qFound == found && (!found || bytes.Equal(q.val, p.val))
 }
 

@@ -44,6 +44,17 @@ const (
 // The errors of docs/contract.md's table, plus the request-shape errors the table leaves open.
 var (
 	ErrKeyMissing = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, "protected request has no Idempotency-Key, and none of the configured key sources (IDEMPROXY_KEY_SOURCES, e.g. order_id in the JSON body) gives one value: each is absent, empty, given twice with different values (also in another letter case, or in a form or query under a name PHP reads as it, such as order.id), present only in such a spelling, in a form body with a '%' that is not an escape, or in a JSON body that does not parse whole or is not in UTF-8"}
+	// ErrKeyMissingSurrogate is ErrKeyMissing for a JSON key source whose
+	// string has an escaped lone surrogate (idemkey.ReasonLoneSurrogate).
+	ErrKeyMissingSurrogate = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, `protected request has no Idempotency-Key, and its JSON key source (IDEMPROXY_KEY_SOURCES, e.g. order_id) is a string with an escaped lone surrogate, such as "s\ud800" (an id cut inside an emoji): Go reads U+FFFD in its place, JavaScript, Python and Java the surrogate, so idemproxy cannot know which order the provider reads. Send the id whole, or an Idempotency-Key; nothing was sent upstream`}
+	// ErrKeyMissingFormSemicolon is ErrKeyMissing for a form body whose
+	// key source field is joined to another field by ';'
+	// (idemkey.ReasonFormSemicolon).
+	ErrKeyMissingFormSemicolon = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, `protected request has no Idempotency-Key, and its form body has a field with a ';' that names the key source's field (IDEMPROXY_KEY_SOURCES), such as order_id=A;amount=5 or amount=5;order_id=A: some servers split a form at ';' too and read order A, others read A;amount=5 or no order, so idemproxy cannot know which order the provider reads. Separate fields with '&' and send a ';' in a value as %3B, or send an Idempotency-Key; nothing was sent upstream`}
+	// ErrKeyMissingQuerySemicolon is ErrKeyMissing for a query whose key
+	// source parameter is joined to another by ';'
+	// (idemkey.ReasonQuerySemicolon).
+	ErrKeyMissingQuerySemicolon = &Error{http.StatusUnprocessableEntity, CodeKeyMissing, `protected request has no Idempotency-Key, and its query has a parameter with a ';' that names the key source's parameter (IDEMPROXY_KEY_SOURCES), such as ?order_id=1;x=2 or ?x=2;order_id=1: some servers split a query at ';' too and read order 1, others read 1;x=2, and Go's drop the parameter (as the forwarded query would), so idemproxy cannot know which order the provider reads. Separate parameters with '&' and send a ';' in a value as %3B, or send an Idempotency-Key; nothing was sent upstream`}
 	// ErrKeyMissingEncoded is ErrKeyMissing for a body sent with a
 	// Content-Encoding idemproxy does not decode (decodedBody): its key
 	// sources cannot be read, and saying

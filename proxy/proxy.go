@@ -637,12 +637,13 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, parsed *ide
 		// random key, or none, would have each blind retry executed again.
 		return "", ErrKeyMissingEncoded
 	}
-	if h.opt.MissingKey != Reject && idemkey.Unreadable(rule.Sources, r) {
+	if why := idemkey.UnreadableReason(rule.Sources, r); why != idemkey.ReasonNone {
 		// Whatever the policy, for the same reason: a source is there
 		// (repeated with other values, in another letter case, in JSON
 		// that does not parse whole), which the provider may read as the
-		// order's id.
-		return "", ErrKeyMissing
+		// order's id. The answer names the cause when it is one an app
+		// cannot see in the generic message.
+		return "", keyMissingFor(why)
 	}
 	if h.opt.MissingKey != Reject && h.protected[r.Method] && h.keyedAsSpeltOtherwise(r.Method, sentPath) {
 		// Whatever the policy: a key or fingerprint rule is meant for this
@@ -657,6 +658,20 @@ func (h *Handler) resolveKey(ctx context.Context, r idemkey.Request, parsed *ide
 		return "", nil
 	}
 	return "", ErrKeyMissing
+}
+
+// keyMissingFor is the 422 for a request whose key source is there without
+// one value, naming why when the generic message does not.
+func keyMissingFor(why idemkey.Reason) *Error {
+	switch why {
+	case idemkey.ReasonLoneSurrogate:
+		return ErrKeyMissingSurrogate
+	case idemkey.ReasonFormSemicolon:
+		return ErrKeyMissingFormSemicolon
+	case idemkey.ReasonQuerySemicolon:
+		return ErrKeyMissingQuerySemicolon
+	}
+	return ErrKeyMissing
 }
 
 // keyedAsSpeltOtherwise reports whether a key or fingerprint rule of
