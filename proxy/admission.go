@@ -4,7 +4,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 
@@ -31,7 +34,8 @@ const (
 // moment they are ready to be served (once the body has been read; an
 // unprotected request whose body is streamed upstream as it comes, at
 // arrival) to their answer (a detached operation until it ends), and request
-// body bytes held, counted as they arrive. A nil semaphore is no bound.
+// body bytes held, counted as they arrive (byteBudget). A nil bound is no
+// bound.
 //
 // What a client sends slowly into memory is not counted as a request in
 // flight: a client that dribbles such a body, or stalls in it, holds a
@@ -40,7 +44,9 @@ const (
 // sent (readHeld), not one of MaxInflight nor the length it declared, so a
 // few such clients cannot make everyone else's requests overloaded.
 type admission struct {
-	requests, bytes *semaphore.Weighted
+	requests *semaphore.Weighted
+	bytes    *byteBudget
+	arrivals atomic.Uint64 // numbers the tickets in order of arrival
 }
 
 func newAdmission(requests, bytes int64) *admission {
@@ -49,7 +55,7 @@ func newAdmission(requests, bytes int64) *admission {
 		a.requests = semaphore.NewWeighted(requests)
 	}
 	if bytes > 0 {
-		a.bytes = semaphore.NewWeighted(bytes)
+		a.bytes = &byteBudget{max: bytes, readers: map[*ticket]struct{}{}, freed: make(chan struct{})}
 	}
 	return a
 }
@@ -60,16 +66,20 @@ func newAdmission(requests, bytes int64) *admission {
 type ticket struct {
 	a     *admission
 	slot  bool  // holds one of MaxInflight
-	bytes int64 // of MaxInflightBytes held
+	bytes int64 // of MaxInflightBytes held; under a.bytes.mu
 	// reading: the body's first bytes were reserved, so it may have been
 	// read from (and 100 Continue sent, see drainRefused).
 	reading bool
-	refs    atomic.Int32
+	arrival uint64 // its place in arrival order: the older first
+	// yield: a body read of more priority needs this one's bytes; its read
+	// is refused at its next growth, or as it ends. Under a.bytes.mu.
+	yield bool
+	refs  atomic.Int32
 }
 
 // admit returns the ticket of a new request, holding nothing yet.
 func (a *admission) admit() *ticket {
-	t := &ticket{a: a}
+	t := &ticket{a: a, arrival: a.arrivals.Add(1)}
 	t.refs.Store(1)
 	return t
 }
@@ -81,22 +91,25 @@ func (t *ticket) takeSlot() bool {
 	return t.slot
 }
 
-// reserve takes n more body bytes, false past the bound.
+// reserve takes n more body bytes, false past the bound: bytes held after
+// the body was read (its decoded copy), never waited for.
 func (t *ticket) reserve(n int64) bool {
-	if n <= 0 || t.a.bytes == nil {
+	b := t.a.bytes
+	if n <= 0 || b == nil {
 		return true
 	}
-	if !t.a.bytes.TryAcquire(n) {
-		return false
-	}
-	t.bytes += n
-	return true
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.take(t, n)
 }
 
 // reserveBody is reserve for the body's buffers, which heldbody asks for
-// before it reads into them.
+// before it reads into them, between startRead and endRead: past the bound
+// the read of most priority waits for the reads below it to give their
+// bytes back (byteBudget.grow).
 func (t *ticket) reserveBody(n int64) bool {
-	if !t.reserve(n) {
+	b := t.a.bytes
+	if n > 0 && b != nil && !b.grow(t, n) {
 		return false
 	}
 	t.reading = true
@@ -113,9 +126,147 @@ func (t *ticket) release() {
 	if t.slot && t.a.requests != nil {
 		t.a.requests.Release(1)
 	}
-	if t.bytes > 0 {
-		t.a.bytes.Release(t.bytes)
+	if b := t.a.bytes; b != nil {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if t.bytes > 0 {
+			b.used -= t.bytes
+			t.bytes = 0
+			b.wake()
+		}
 	}
+}
+
+// yieldWait bounds how long a body read waits for the reads that yield to
+// it to give their bytes back: each does at its next growth or as its body
+// ends, which a client that stalls may not reach before the read timeout.
+const yieldWait = 5 * time.Second
+
+// byteBudget is MaxInflightBytes, with the bodies being read into memory.
+//
+// Bodies are reserved as their buffers grow (readHeld), so that a client
+// declaring a length it never sends holds only what it sent. A burst of
+// large bodies then shared the bound until none could grow (three bodies of
+// 59 MiB under 60 MiB each held 16 MiB and none could double): whichever
+// asked first was refused, the one furthest along too, and when they asked
+// at the same moment all were. So the reads are ordered: the one holding
+// the most, the oldest among equals, goes first. A read that cannot grow
+// takes the bytes of reads below it, which yield (refused 503 overloaded at
+// their next growth or as their body ends, when they give their bytes
+// back), and waits for them, up to yieldWait; if the free bytes and those
+// of the reads below it are not enough (the bound is held by requests past
+// their read, or by reads above it), it is refused at once, as before. The
+// first read never yields, so a burst ends with one body through, not none.
+type byteBudget struct {
+	max int64
+
+	mu      sync.Mutex
+	used    int64
+	readers map[*ticket]struct{} // between startRead and endRead
+	freed   chan struct{}        // closed, and replaced, when bytes are given back or a read yields
+}
+
+// startRead and endRead bracket t's body read; endRead reports whether the
+// read had to yield: it is then refused, whatever it read.
+func (b *byteBudget) startRead(t *ticket) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.readers[t] = struct{}{}
+}
+
+func (b *byteBudget) endRead(t *ticket) (yielded bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.readers, t)
+	return t.yield
+}
+
+// take takes n bytes for t if they are free; under mu.
+func (b *byteBudget) take(t *ticket, n int64) bool {
+	if b.used+n > b.max {
+		return false
+	}
+	b.used += n
+	t.bytes += n
+	return true
+}
+
+// wake wakes the reads waiting in grow; under mu.
+func (b *byteBudget) wake() {
+	close(b.freed)
+	b.freed = make(chan struct{})
+}
+
+// before reports whether read t goes before read u.
+func before(t, u *ticket) bool {
+	return t.bytes > u.bytes || t.bytes == u.bytes && t.arrival < u.arrival
+}
+
+// grow takes n more bytes for t's read, making the reads below it yield and
+// waiting for them if it must; false when t is refused.
+func (b *byteBudget) grow(t *ticket, n int64) bool {
+	deadline := time.Now().Add(yieldWait)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for {
+		if t.yield {
+			return false
+		}
+		if b.take(t, n) {
+			return true
+		}
+		if !b.yieldBelow(t, n) {
+			return false
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		freed := b.freed
+		b.mu.Unlock()
+		timer := time.NewTimer(left)
+		select {
+		case <-freed:
+		case <-timer.C:
+		}
+		timer.Stop()
+		b.mu.Lock()
+	}
+}
+
+// yieldBelow makes reads below t yield, the last first, until the free
+// bytes and those of the reads yielding make n; false if they cannot. Under
+// mu.
+func (b *byteBudget) yieldBelow(t *ticket, n int64) bool {
+	var below []*ticket
+	coming := b.max - b.used // free now, or once the reads yielding end
+	for u := range b.readers {
+		switch {
+		case u == t || !before(t, u):
+		case u.yield:
+			coming += u.bytes
+		default:
+			below = append(below, u)
+		}
+	}
+	slices.SortFunc(below, func(u, v *ticket) int {
+		if before(v, u) {
+			return -1
+		}
+		return 1
+	})
+	woke := false
+	for _, u := range below {
+		if coming >= n {
+			break
+		}
+		u.yield, woke = true, true
+		coming += u.bytes
+	}
+	if woke {
+		b.wake() // a read yielding may be waiting in grow itself
+	}
+	return coming >= n
 }
 
 // errBodyBytes is readHeld's error when the body bytes bound refused more.
@@ -127,9 +278,16 @@ var errBodyBytes = errors.New("request body bytes in flight at the bound")
 // heldbody.MaxPrealloc is reserved at once and read into one allocation; a
 // longer one, and a chunked body, as the buffer grows with the bytes that
 // came: a client that declares a megabyte and stalls holds what it sent.
-func readHeld(r io.Reader, declared int64, t *ticket) ([]byte, error) {
-	var b []byte
-	var err error
+// A read that had to yield to another is refused (byteBudget).
+func readHeld(r io.Reader, declared int64, t *ticket) (b []byte, err error) {
+	if bb := t.a.bytes; bb != nil {
+		bb.startRead(t)
+		defer func() {
+			if bb.endRead(t) {
+				b, err = nil, errBodyBytes
+			}
+		}()
+	}
 	if declared > 0 {
 		b, err = heldbody.ReadDeclared(r, declared, t.reserveBody) // the server ends the body at the declared length
 	} else {

@@ -111,7 +111,9 @@ type Options struct {
 	// (heldbody.MaxPrealloc) before it is read, a longer one and a chunked
 	// body as the bytes arrive (the buffer doubles, never past the declared
 	// length), held until the operation ends. Past it: 503 overloaded, as
-	// above. It should be at least MaxBodyBytes. Zero: no bound.
+	// above; among bodies being read, the one holding the most goes on and
+	// the others give way (byteBudget). It should be at least MaxBodyBytes.
+	// Zero: no bound.
 	MaxInflightBytes int64
 	// SignsBody says that Transport's signing layer signs over the request
 	// body (resign.Config.SignsBody), so that nothing is sent before a body
