@@ -291,12 +291,12 @@ const adminReadTimeout = 15 * time.Second
 func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, ready func(listeners)) error {
 	pl, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
-		return fmt.Errorf("%sLISTEN_ADDR: %w", envPrefix, err)
+		return listenError("LISTEN_ADDR", cfg.ListenAddr, err)
 	}
 	al, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
 		pl.Close()
-		return fmt.Errorf("%sADMIN_ADDR: %w", envPrefix, err)
+		return listenError("ADMIN_ADDR", cfg.AdminAddr, err)
 	}
 	ps, pl, cl := proxyServer(pl, a.proxy, conns, writeStall, log)
 	as := &http.Server{Handler: a.admin, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: adminReadTimeout, IdleTimeout: time.Minute}
