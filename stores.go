@@ -86,6 +86,9 @@ func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, set settings, log *sl
 	gate.OnSharedError = func(err error) {
 		log.Warn("provider throttle in the database unreachable: this replica paces alone with its share of the rate limit", "err", err)
 	}
+	gate.OnSharedSlow = func(err error) {
+		log.Warn("provider throttle in the database slow to answer: attempts wait for it, not pacing alone", "err", err)
+	}
 	return th
 }
 

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemproxy/idemproxy/internal/fakeclock"
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/ratelimit"
@@ -620,4 +622,84 @@ func TestThrottleOtherProviders(t *testing.T) {
 			t.Fatal("no heartbeat reported the other providers payouts and refunds")
 		}
 	}
+}
+
+// A Take held up past the Gate's call timeout (here the bucket's row locked
+// by another session for 1.3 s: a slow database, as a replica starved of CPU
+// also sees it) does not make that replica pace alone with its share while
+// the other replica takes the whole rate from the database: two replicas at
+// 20 per second, the first with attempts waiting through the lock, the
+// second with attempts from when it goes, together let at most the rate out
+// in the two seconds after (plus the burst, the 100 ms a leased token may be
+// late, and two for round trips). Pacing alone on top of the shared bucket
+// let out about 1.5 times the rate.
+func TestThrottleGateSlowTakeKeepsTotal(t *testing.T) {
+	url := pgtest.Database(t)
+	const rate, window = 20, 2 * time.Second
+	gates := make([]*ratelimit.Gate, 2)
+	for i := range gates {
+		g := ratelimit.New(rate, 1)
+		g.Shared = throttle(t, open(t, url, 0), ThrottleOptions{Name: "p", Heartbeat: time.Hour})
+		g.SetReplicas(2)
+		g.OnSharedError = func(err error) { t.Logf("replica %d paces alone: %v", i, err) }
+		if _, err := g.Wait(context.Background()); err != nil { // the row, and a connection each
+			t.Fatal(err)
+		}
+		gates[i] = g
+	}
+	ctx := context.Background()
+	lock, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close(ctx)
+	tx, err := lock.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM idemproxy_throttle WHERE name = 'p' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		left []time.Time
+		wg   sync.WaitGroup
+	)
+	stop := time.Now().Add(1300*time.Millisecond + window)
+	unlocked := make(chan struct{})
+	for i, g := range gates {
+		wg.Go(func() {
+			if i == 1 {
+				<-unlocked // only the first replica's Take is held up
+			}
+			for time.Now().Before(stop) {
+				if _, err := g.Wait(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				left = append(left, time.Now())
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(1300 * time.Millisecond)
+	released := time.Now()
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(unlocked)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	n := 0
+	for _, at := range left {
+		if !at.Before(released) && at.Before(released.Add(window)) {
+			n++
+		}
+	}
+	if limit := int(rate*(window+100*time.Millisecond)/time.Second) + 1 + 2; n > limit {
+		t.Errorf("%d attempts left in the %v after the lock went, want at most %d at a total rate of %d", n, window, limit, rate)
+	}
+	t.Logf("%d attempts left in the %v after the lock went (%d in all)", n, window, len(left))
 }

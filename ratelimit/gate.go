@@ -54,11 +54,17 @@ type Gate struct {
 	// other replicas sharing a store. While a call to it fails, the Gate
 	// works alone for a few seconds at a time: the pause it knows, and a
 	// local bucket of the rate divided by the replica count last given to
-	// SetReplicas. Nil means this process is the only one.
+	// SetReplicas. A Take that only times out is no failure: the attempt
+	// waits for the store (see lead). Nil means this process is the only
+	// one.
 	Shared Shared
 	// OnSharedError, if set, is called when a call to Shared fails (at most
 	// once per few seconds for the bucket), for logs.
 	OnSharedError func(error)
+	// OnSharedSlow, if set, is called when a Take from Shared did not
+	// answer in time (at most once per few seconds), for logs: the attempts
+	// wait for the store rather than pace alone.
+	OnSharedSlow func(error)
 
 	perSecond float64
 	burst     int
@@ -82,6 +88,7 @@ type Gate struct {
 	leases    int           // Takes so far, to tell a token of the last one
 	giving    chan struct{} // non-nil while a Give runs; closed when it returns
 	downUntil time.Time     // Shared failed: the local share until then
+	slowUntil time.Time     // a slow Take was reported: the next is not until then
 
 	closed    chan struct{} // closed by Close
 	closeOnce sync.Once

@@ -39,8 +39,10 @@ type Giver interface {
 
 const (
 	// sharedTimeout bounds one call to the Shared store made for an
-	// attempt: a hung database delays an attempt by at most this much
-	// before the Gate falls back to its local share of the rate.
+	// attempt. A Take that does not answer within it is not a store that
+	// failed: the Gate takes again (see lead) rather than fall back to its
+	// local share, since the other replicas may still be taking the whole
+	// rate from the store.
 	sharedTimeout = time.Second
 	// sharedRetry is how long the Gate uses its local share after a failed
 	// call before it tries the Shared store again.
@@ -182,6 +184,15 @@ func (g *Gate) sharedTicket(ctx context.Context) (tk ticket, ok bool, err error)
 // lead runs one Take, for the head and the attempts in line behind it, with
 // g.smu held on entry and exit (released during the call: g.qmu is taken
 // before it, never after) and installs the lease, or marks the store down.
+//
+// A Take that timed out (sharedTimeout) leaves the store up: the caller
+// takes again. The store answered slowly (a busy database, or this replica
+// starved of CPU), and the other replicas may be taking from it at the whole
+// rate all along: a local share on top of theirs would exceed the
+// provider's rate limit (two replicas on two loaded cores: a replica that
+// timed out paced alone for 5 s at the rate its last heartbeat allowed,
+// while the other took the whole bucket). The attempt waits for the store
+// instead, until its own deadline or Close.
 func (g *Gate) lead(ctx context.Context) error {
 	for g.giving != nil {
 		done := g.giving
@@ -199,6 +210,15 @@ func (g *Gate) lead(ctx context.Context) error {
 		g.lease = l
 	case errors.Is(err, ErrDeadline), ctx.Err() != nil:
 		return err
+	case g.isClosed():
+		return ErrClosed
+	case errors.Is(err, context.DeadlineExceeded):
+		if now := g.now(); !now.Before(g.slowUntil) {
+			g.slowUntil = now.Add(sharedRetry)
+			if g.OnSharedSlow != nil {
+				g.OnSharedSlow(err)
+			}
+		}
 	default:
 		g.downUntil = g.now().Add(sharedRetry)
 		g.sharedFailed(err)
@@ -213,6 +233,8 @@ func (g *Gate) takeLease(ctx context.Context, n int) (lease, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, sharedTimeout)
 	defer cancel()
+	ctx, stop := g.UntilClosed(ctx) // a Take still waiting at Close is given up
+	defer stop()
 	lead, err := g.Shared.Take(ctx, n, g.perSecond, g.burst, maxWait)
 	if err != nil {
 		return lease{}, fmt.Errorf("ratelimit: shared bucket: %w", err)

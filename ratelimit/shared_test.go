@@ -191,6 +191,41 @@ func TestGateSharedFallback(t *testing.T) {
 	}
 }
 
+// A Take that times out (a slow store, or this replica starved of CPU) is
+// not a store that failed: the other replicas may be taking the whole rate
+// from it meanwhile, so a local share on top would exceed the provider's
+// limit. The Gate takes again and the attempt leaves on the store's token;
+// no local token is spent, and the slowness is reported, not a failure.
+func TestGateSharedSlowTakeWaits(t *testing.T) {
+	g, _ := newTestGate(10, 1)
+	calls := 0
+	f := &fakeShared{take: func(int, time.Duration) (time.Duration, error) {
+		calls++
+		if calls == 1 {
+			return 0, fmt.Errorf("pgstore: take: %w", context.DeadlineExceeded)
+		}
+		return 300 * time.Millisecond, nil
+	}}
+	g.Shared = f
+	var failed, slow []error
+	g.OnSharedError = func(err error) { failed = append(failed, err) }
+	g.OnSharedSlow = func(err error) { slow = append(slow, err) }
+	g.SetReplicas(2)
+	w, err := g.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w != 300*time.Millisecond {
+		t.Errorf("waited %v, want the store's lead of 300ms (not a token of the local share)", w)
+	}
+	if got := f.takeCalls(); len(got) != 2 {
+		t.Errorf("Take called %d times, want twice: again after the one that timed out", len(got))
+	}
+	if len(failed) != 0 || len(slow) != 1 {
+		t.Errorf("reported %d failures and %d slow takes, want 0 and 1: %v %v", len(failed), len(slow), failed, slow)
+	}
+}
+
 // A store that says the first token is beyond the attempt's deadline ends the
 // wait at once with ErrDeadline.
 func TestGateSharedDeadline(t *testing.T) {
