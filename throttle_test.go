@@ -205,10 +205,87 @@ func TestSharedRateLimit(t *testing.T) {
 	}
 	t.Logf("%d requests in %v; at most %d in two seconds", orders, at[len(at)-1].Sub(at[0]).Round(time.Millisecond), most)
 	for _, p := range []*opsProc{a, b} {
+		// With the database up, a replica pacing alone sends its share on
+		// top of the other's whole rate. A Take that only timed out (a
+		// slow round trip on a loaded host) no longer does that.
 		if strings.Contains(p.text(), "provider throttle in the database unreachable") {
-			t.Logf("a replica fell back to its local share for a while (a slow round trip to the database)")
+			t.Errorf("a replica paced alone with the database up, on top of the other's shared bucket:\n%s", p.text())
+		}
+		if strings.Contains(p.text(), "provider throttle in the database slow to answer") {
+			t.Logf("a replica waited for a slow round trip to the database")
 		}
 	}
+}
+
+// Two replicas sharing a rate of 40 per second, the bucket's row locked for
+// 1.3 s (a database slow to answer, as a replica starved of CPU also sees
+// it): replica a's orders arrive during the lock, b's when it goes. a's Take
+// times out; a waits for the database instead of pacing alone at its half
+// of the rate for 5 s while b takes the whole rate from the database. In
+// any two seconds at most as many reach the provider as TestSharedRateLimit
+// allows (pacing alone on top: about 1.5 times the rate).
+func TestSharedRateLimitSlowDatabase(t *testing.T) {
+	url := pgtest.Database(t)
+	const rate, orders = 40, 100
+	var log arrivalLog
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		log.record(r)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	env := sharedEnv(up.URL, url, fmt.Sprintf("IDEMPROXY_RATE_LIMIT=%d", rate), "IDEMPROXY_RATE_BURST=1")
+	a := launch(t, launchSpec{env: env})
+	b := launch(t, launchSpec{env: env})
+	postAll(t, []string{a.proxy, b.proxy}, []string{"first-a", "first-b"}) // the bucket's row, a connection each
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	tx, err := conn.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(t.Context(), `SELECT 1 FROM idemproxy_throttle FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for _, p := range []*opsProc{a, b} {
+		var names []string
+		for i := range orders {
+			names = append(names, fmt.Sprintf("slow-%s-%d", p.proxy, i))
+		}
+		if p == b {
+			time.Sleep(1300 * time.Millisecond)
+			if err := tx.Rollback(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wg.Go(func() { postAll(t, []string{p.proxy}, names) })
+	}
+	wg.Wait()
+	for _, p := range []*opsProc{a, b} {
+		if strings.Contains(p.text(), "provider throttle in the database unreachable") {
+			t.Errorf("a replica paced alone with the database up, on top of the other's shared bucket")
+		}
+	}
+
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	at := slices.Clone(log.at)
+	slices.SortFunc(at, func(x, y time.Time) int { return x.Compare(y) })
+	const window = 2 * time.Second
+	most, j := 0, 0
+	for i := range at {
+		for at[i].Sub(at[j]) >= window {
+			j++
+		}
+		most = max(most, i-j+1)
+	}
+	if limit := 2*rate + 1 + rate/2; most > limit { // TestSharedRateLimit's bound and tolerance
+		t.Errorf("%d requests reached the provider within two seconds, want at most %d (rate %d shared by both replicas)", most, limit, rate)
+	}
+	t.Logf("%d requests in %v; at most %d in two seconds", len(at), at[len(at)-1].Sub(at[0]).Round(time.Millisecond), most)
 }
 
 // SIGTERM with the database hung (every PostgreSQL process stopped with
