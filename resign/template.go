@@ -14,6 +14,9 @@ import (
 // "ts\nMETHOD\npath\nbody", and the documented default (docs/signing.md).
 const DefaultCanonical = `{timestamp}\n{method}\n{path}\n{body}`
 
+// Placeholders are the placeholders a template may hold, as written in it.
+const Placeholders = "{timestamp} {nonce} {method} {path} {query} {body} {body_sha256} {idempotency_key}"
+
 // ErrTemplate is wrapped by every error ParseTemplate returns.
 var ErrTemplate = errors.New("resign: invalid signing template")
 
@@ -184,8 +187,8 @@ func parsePlaceholder(s string, i int) (placeholder, int, error) {
 	end := i + 1 + n
 	ph, ok := lookupPlaceholder(s[i+1 : end])
 	if !ok {
-		return 0, 0, fmt.Errorf("%w: unknown placeholder %q at offset %d (known: {timestamp} {nonce} {method} {path} {query} {body} {body_sha256} {idempotency_key})",
-			ErrTemplate, s[i:end+1], i)
+		return 0, 0, fmt.Errorf("%w: unknown placeholder %q at offset %d (known: %s)",
+			ErrTemplate, s[i:end+1], i, Placeholders)
 	}
 	return ph, end, nil
 }
@@ -236,6 +239,13 @@ func (t *Template) Append(dst []byte, f Fields) []byte {
 func (t *Template) Uses(name string) bool {
 	ph, ok := lookupPlaceholder(strings.TrimSuffix(strings.TrimPrefix(name, "{"), "}"))
 	return ok && t.uses&(1<<ph) != 0
+}
+
+// Constant reports whether the template holds no placeholder: it renders
+// to the same string for every request, so a signature of it would be the
+// same for every request too.
+func (t *Template) Constant() bool {
+	return t.uses == 0
 }
 
 // needsBody reports whether rendering needs the request body.

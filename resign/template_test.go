@@ -97,6 +97,22 @@ func TestTemplateUses(t *testing.T) {
 	}
 }
 
+// A template of literal text only, escaped braces included, is constant:
+// it would sign the same string for every request. Every placeholder of
+// resign.Placeholders makes it vary.
+func TestTemplateConstant(t *testing.T) {
+	for _, tmpl := range []string{"plain text", `\{timestamp\}`, `a\nb`} {
+		if !mustTemplate(t, tmpl).Constant() {
+			t.Errorf("%q: Constant = false, want true", tmpl)
+		}
+	}
+	for _, ph := range strings.Fields(resign.Placeholders) {
+		if mustTemplate(t, "x "+ph).Constant() {
+			t.Errorf("%q: Constant = true, want false", ph)
+		}
+	}
+}
+
 func TestTemplateString(t *testing.T) {
 	tests := []struct{ in, want string }{
 		{resign.DefaultCanonical, resign.DefaultCanonical},
