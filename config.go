@@ -56,7 +56,7 @@ type config struct {
 
 	SignSecret        string `env:"SIGN_SECRET" doc:"HMAC secret; empty = no signing (secret)"`
 	SignSecretFile    string `env:"SIGN_SECRET_FILE,file" doc:"path of a file holding SIGN_SECRET (container secrets)"`
-	SignCanonical     string `env:"SIGN_CANONICAL" envDefault:"{timestamp}\\n{method}\\n{path}\\n{body}" doc:"canonical string template; placeholders {timestamp} {nonce} {method} {path} {query} {body} {body_sha256} {idempotency_key}"`
+	SignCanonical     string `env:"SIGN_CANONICAL" envDefault:"{timestamp}\\n{method}\\n{path}\\n{body}" doc:"canonical string template; placeholders {timestamp} {nonce} {method} {path} {query} {body} {body_sha256} {idempotency_key}, at least one"`
 	SignEncoding      string `env:"SIGN_ENCODING" envDefault:"hex" doc:"hex or base64"`
 	SignatureHeader   string `env:"SIGNATURE_HEADER" envDefault:"X-Signature" doc:"signature header name"`
 	TimestampHeader   string `env:"TIMESTAMP_HEADER" envDefault:"X-Timestamp" doc:"timestamp header name (unix seconds)"`
@@ -79,7 +79,7 @@ type config struct {
 	AttemptTimeout   time.Duration `env:"ATTEMPT_TIMEOUT" envDefault:"30s" doc:"one upstream attempt (at most 24h); RETRY_BUDGET bounds it too"`
 	RetryStatuses    string        `env:"RETRY_STATUSES" envDefault:"429,500,502,503,504" doc:"retriable HTTP statuses; an item may be a range such as 500-599"`
 	RetryCodes       string        `env:"RETRY_CODES" envDefault:"idempotency.in_progress,idempotency_in_progress,payout.funds_maturing,payout.frozen" doc:"comma list of retriable business codes (letters, digits, . _ - :) at error.code or code in a 4xx JSON body"`
-	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off; with replicas on PostgreSQL, their total"`
+	RateLimit        float64       `env:"RATE_LIMIT" envDefault:"0" doc:"outbound requests per second; 0 = off, else at least 0.000278 (one an hour); with replicas on PostgreSQL, their total"`
 	RateBurst        int           `env:"RATE_BURST" envDefault:"1" doc:"outbound burst"`
 
 	StatusProbe          string        `env:"STATUS_PROBE" doc:"provider lookup sent before re-sending an operation whose outcome is unknown: METHOD PATH [BODY] with {idempotency_key}, {req.<dotted.path>}, {resp.<dotted.path>}, e.g. GET /payments/{resp.payment_id}; empty = none"`
@@ -425,6 +425,13 @@ func (c *config) signConfig() (resign.Config, error) {
 	if sc.Template, err = resign.ParseTemplate(c.SignCanonical); err != nil {
 		return sc, bad("SIGN_CANONICAL", err)
 	}
+	// A template of literal text only signs the same string for every
+	// request: one signature, valid for any method, path, body and time,
+	// which anyone who sees one request can reuse.
+	if sc.Template.Constant() {
+		return sc, bad("SIGN_CANONICAL", errors.New("holds no placeholder, so every request would get the same signature; "+
+			"write the provider's scheme with some of "+resign.Placeholders+" (\\n is a newline)"))
+	}
 	if c.SignEncoding != "hex" && c.SignEncoding != "base64" {
 		return sc, bad("SIGN_ENCODING", fmt.Errorf("want hex or base64, got %q", c.SignEncoding))
 	}
@@ -499,6 +506,10 @@ const maxSequence = 24 * time.Hour
 // maxBodyLimit is the largest IDEMPROXY_MAX_BODY_BYTES accepted.
 const maxBodyLimit = 64 << 20
 
+// minRateLimit is the smallest IDEMPROXY_RATE_LIMIT accepted but 0 (off):
+// one request per hour.
+const minRateLimit = 1.0 / 3600
+
 // checkNumbers rejects values that parse but make no sense.
 func (c *config) checkNumbers() error {
 	checks := []struct {
@@ -522,7 +533,12 @@ func (c *config) checkNumbers() error {
 		{"RETRY_MAX_ATTEMPTS", c.RetryMaxAttempts >= 1 && c.RetryMaxAttempts <= retry.MaxAttemptsLimit, fmt.Sprintf("from 1 to %d", retry.MaxAttemptsLimit)},
 		{"RETRY_BASE_DELAY", c.RetryBaseDelay > 0, "a positive duration"},
 		{"RETRY_MAX_DELAY", c.RetryMaxDelay >= c.RetryBaseDelay, "at least RETRY_BASE_DELAY"},
-		{"RATE_LIMIT", c.RateLimit >= 0 && !math.IsInf(c.RateLimit, 1), "0 (off) or a positive, finite rate"},
+		// Below one request an hour the limit is a slip of the unit (it is
+		// per second), and once the burst is spent nearly every request
+		// would end unsent: a wait for a token that would pass
+		// RETRY_BUDGET ends the attempts (ratelimit.ErrDeadline).
+		{"RATE_LIMIT", c.RateLimit == 0 || c.RateLimit >= minRateLimit && !math.IsInf(c.RateLimit, 1),
+			"0 (off) or a finite rate of at least one request per hour (0.000278; the rate is per second)"},
 		{"RATE_BURST", c.RateBurst >= 1, "at least 1"},
 		{"PROVIDER_KEY_RETENTION", c.ProviderKeyRetention >= 0, "0 (forever) or a positive duration"},
 		{"SHUTDOWN_GRACE", c.ShutdownGrace > 0, "a positive duration"},
@@ -594,7 +610,17 @@ func (c *config) storeURL() (string, error) {
 	if err != nil || raw == "" {
 		return raw, err
 	}
-	// The URL may hold a password: name the variable, not the content.
+	// White space around the URL (copied from a file or a web page with
+	// its line break or a space) would be part of it: a trailing space
+	// names another database ("db "), or another parameter value. The URL
+	// may hold a password: name the variable, not the content.
+	if raw != strings.TrimSpace(raw) {
+		from := "STORE_URL"
+		if c.StoreURLFile != "" {
+			from = "STORE_URL_FILE"
+		}
+		return "", bad(from, errors.New("the URL begins or ends with white space (a space or a line break copied with it?), which would be part of it; remove it"))
+	}
 	// The host is in the authority, or, for a Unix socket directory, in
 	// the query (postgres://user:password@/db?host=/run/postgresql).
 	u, err := url.Parse(raw)
@@ -626,11 +652,42 @@ func (c *config) clients(inUse []string) (*proxy.ClientTokens, string, error) {
 	if err := checkClientHeader(c.ClientHeader, inUse); err != nil {
 		return nil, "", bad("CLIENT_HEADER", err)
 	}
+	if err := checkTokenSeparators(list); err != nil {
+		return nil, "", bad("CLIENT_TOKENS", err)
+	}
 	ct, err := proxy.ParseClientTokens(c.ClientHeader, list)
 	if err != nil {
 		return nil, "", bad("CLIENT_TOKENS", err)
 	}
 	return ct, list, nil
+}
+
+// checkTokenSeparators refuses a CLIENT_TOKENS list whose entries are
+// separated by something else than the comma: "a=token1;b=token2" (or with
+// |, white space, one entry a line in a file) was one client, a, whose
+// token was "token1;b=token2", so that neither app's token matched and b
+// was no client at all. It looks for what follows a separator in a token
+// and reads as another client=token; a token that only ends in = (base64
+// padding) is not one. The message names the client, never the token.
+func checkTokenSeparators(list string) error {
+	for i, entry := range strings.Split(list, ",") {
+		name, token, ok := strings.Cut(strings.TrimSpace(entry), "=")
+		if !ok {
+			continue // ParseClientTokens says: want client=token
+		}
+		token = strings.TrimSpace(token) // as ParseClientTokens reads it
+		for _, sep := range []string{";", "|", "\n", "\r", "\t", " "} {
+			parts := strings.Split(token, sep)
+			for _, p := range parts[1:] {
+				n, t, ok := strings.Cut(strings.TrimSpace(p), "=")
+				if ok && strings.TrimSpace(n) != "" && strings.Trim(t, "= \t") != "" {
+					return fmt.Errorf("entry %d (%s): the token holds %q and then another client=token: "+
+						"separate the entries with commas (client=token,client=token)", i+1, strings.TrimSpace(name), sep)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // headersInUse are the request headers idemproxy already means something
@@ -820,6 +877,24 @@ func ineffective(cfg config, environ []string) []noEffect {
 func warnIneffective(cfg config, environ []string, log *slog.Logger) {
 	for _, n := range ineffective(cfg, environ) {
 		log.Warn("setting has no effect", "variable", n.variable, "because", n.because)
+	}
+}
+
+// minAdminToken is the admin token length below which start warns: the
+// length CLIENT_TOKENS' tokens and KEY_SECRET must have.
+const minAdminToken = 16
+
+// warnShortAdminToken logs at WARN an admin token shorter than
+// minAdminToken. The admin API resolves, renews and discards operations,
+// which decides whether an order is sent again; a short token is guessed
+// by trying, and one under minSecretLen is not even taken out of the log
+// lines by the logger's safety net. It does not stop the start: tests and
+// sandboxes use short tokens. Neither the token nor its length is logged.
+func warnShortAdminToken(token string, log *slog.Logger) {
+	if token != "" && len(token) < minAdminToken {
+		log.Warn("admin token is short", "variable", envPrefix+"ADMIN_TOKEN",
+			"why", fmt.Sprintf("shorter than %d characters: anyone who reaches the admin port may guess it, "+
+				"and then resolve, renew or discard operations; use a random token of %d or more", minAdminToken, minAdminToken))
 	}
 }
 

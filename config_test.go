@@ -124,6 +124,11 @@ func TestConfigAccepts(t *testing.T) {
 		{"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_KEY_SOURCES=header:X-Order-Id", "IDEMPROXY_ROUTES=POST /x=key:header:X-Other"},
 		{"IDEMPROXY_LISTEN_ADDR=:http", "IDEMPROXY_ADMIN_ADDR=0.0.0.0:65535"},
 		{"IDEMPROXY_RETRY_CODES= payout.frozen , ERR-42:x,"},
+		{"IDEMPROXY_RATE_LIMIT=0.000278"},
+		{"IDEMPROXY_RATE_LIMIT=0.5", "IDEMPROXY_RATE_BURST=3"},
+		{"IDEMPROXY_SIGN_CANONICAL={timestamp}"},
+		// Base64 tokens end in =; a token may hold = inside.
+		{"IDEMPROXY_CLIENT_TOKENS=app=MDEyMzQ1Njc4OWFiY2RlZg==, b = x=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef"},
 	} {
 		if _, _, err := loadConfig(append(base, env...)); err != nil {
 			t.Errorf("%v refused: %v", env, err)
@@ -372,5 +377,150 @@ func TestBinaryWarnsOfSettingsWithoutEffect(t *testing.T) {
 	if got := ineffective(cfg, []string{"IDEMPROXY_RATE_BURST=20", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_KEY_SECRET=0123456789abcdef",
 		"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s"}); len(got) != 0 {
 		t.Errorf("settings in effect reported: %v", got)
+	}
+}
+
+// A CLIENT_TOKENS list separated by something else than the comma once
+// started as one client whose token was the rest of the line
+// ("token1;b=token2"): no app's token matched and the second client did not
+// exist. It stops the start naming the variable, the client and the comma,
+// never a token. (loadConfig, not command: a list accepted would serve.)
+func TestConfigClientTokenSeparators(t *testing.T) {
+	dir := t.TempDir()
+	lines := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(lines, []byte("app-a=tokenA-0123456789\r\napp-b=tokenB-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_KEY_SECRET=0123456789abcdef"}
+	for _, v := range []string{
+		"IDEMPROXY_CLIENT_TOKENS=app-a=tokenA-0123456789;app-b=tokenB-0123456789",
+		"IDEMPROXY_CLIENT_TOKENS=app-a=tokenA-0123456789 ; app-b=tokenB-0123456789",
+		"IDEMPROXY_CLIENT_TOKENS=app-a=tokenA-0123456789|app-b=tokenB-0123456789",
+		"IDEMPROXY_CLIENT_TOKENS=app-a=tokenA-0123456789 app-b=tokenB-0123456789",
+		"IDEMPROXY_CLIENT_TOKENS=app-c=tokenC-0123456789,app-a=tokenA-0123456789;app-b=tokenB-0123456789",
+		"IDEMPROXY_CLIENT_TOKENS_FILE=" + lines,
+	} {
+		_, _, err := loadConfig(append(base, v))
+		if err == nil {
+			t.Errorf("%q accepted, want a refusal", v)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, "IDEMPROXY_CLIENT_TOKENS") || !strings.Contains(msg, "(app-a)") ||
+			!strings.Contains(msg, "separate the entries with commas") || strings.Contains(msg, "token") && strings.Contains(msg, "-0123456789") {
+			t.Errorf("%q: message %q does not name the variable, the client and the comma, or shows a token", v, msg)
+		}
+	}
+}
+
+// A STORE_URL with white space around it (copied with a space or a line
+// break) once started with the space in the URL: a trailing one named the
+// database "db " or a parameter value with it. It stops the start naming
+// the variable, never the password.
+func TestConfigStoreURLWhiteSpace(t *testing.T) {
+	dir := t.TempDir()
+	spaced := filepath.Join(dir, "store-url")
+	if err := os.WriteFile(spaced, []byte("postgres://u:pw-secret-1@127.0.0.1:5432/db \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}
+	for _, tc := range []struct{ env, name string }{
+		{"IDEMPROXY_STORE_URL=postgres://u:pw-secret-1@127.0.0.1:5432/db ", "IDEMPROXY_STORE_URL"},
+		{"IDEMPROXY_STORE_URL=postgres://u:pw-secret-1@127.0.0.1:5432/db?sslmode=disable ", "IDEMPROXY_STORE_URL"},
+		{"IDEMPROXY_STORE_URL= postgres://u:pw-secret-1@127.0.0.1:5432/db", "IDEMPROXY_STORE_URL"},
+		{"IDEMPROXY_STORE_URL=postgres://u:pw-secret-1@127.0.0.1:5432/db\n", "IDEMPROXY_STORE_URL"},
+		{"IDEMPROXY_STORE_URL_FILE=" + spaced, "IDEMPROXY_STORE_URL_FILE"},
+	} {
+		_, _, err := loadConfig(append(base, tc.env))
+		if err == nil {
+			t.Errorf("%q accepted, want a refusal", tc.env)
+		} else if msg := err.Error(); !strings.Contains(msg, tc.name) || !strings.Contains(msg, "white space") || strings.Contains(msg, "pw-secret") {
+			t.Errorf("%q: message %q does not name %s and the white space, or shows the password", tc.env, msg, tc.name)
+		}
+	}
+	if _, set, err := loadConfig(append(base, "IDEMPROXY_STORE_URL=postgres://u:pw@127.0.0.1:5432/db")); err != nil || set.storeURL == "" {
+		t.Errorf("a URL without white space: %v", err)
+	}
+}
+
+// The real binary stops with exit status 2 on a STORE_URL with a trailing
+// space, and its message names the variable, not the password.
+func TestBinaryStoreURLWhiteSpace(t *testing.T) {
+	out := startStops(t, 2, "PATH="+os.Getenv("PATH"), "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1",
+		"IDEMPROXY_DATA_DIR="+t.TempDir(), "IDEMPROXY_STORE_URL=postgres://u:pw-secret-2@127.0.0.1:5432/db ")
+	if !strings.Contains(out, "IDEMPROXY_STORE_URL") || !strings.Contains(out, "white space") || strings.Contains(out, "pw-secret-2") {
+		t.Errorf("output does not name IDEMPROXY_STORE_URL and the white space, or shows the password:\n%s", out)
+	}
+}
+
+// A SIGN_CANONICAL without a placeholder once started and signed the same
+// string for every request: one signature for any method, path, body and
+// time. It stops the start naming the variable and the placeholders.
+func TestConfigSignCanonicalConstant(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_SIGN_SECRET=sign-key-0123"}
+	for _, tmpl := range []string{"static", `\{timestamp\}\n\{body\}`, "POST /v1/payouts"} {
+		_, _, err := loadConfig(append(base, "IDEMPROXY_SIGN_CANONICAL="+tmpl))
+		if err == nil {
+			t.Errorf("SIGN_CANONICAL=%q accepted, want a refusal", tmpl)
+			continue
+		}
+		for _, want := range []string{"IDEMPROXY_SIGN_CANONICAL", "no placeholder", "{timestamp}", "{body_sha256}", "{idempotency_key}"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("SIGN_CANONICAL=%q: message %q does not say %s", tmpl, err, want)
+			}
+		}
+	}
+}
+
+// An admin token shorter than 16 characters is named in a WARN line at
+// start, never with the token or its length; the start goes on (tests and
+// sandboxes use short tokens). One of 16 or more draws no line.
+func TestConfigShortAdminToken(t *testing.T) {
+	for _, tc := range []struct {
+		token string
+		warn  bool
+	}{{"Zq7xKp1", true}, {"a", true}, {"fifteen-chars-1", true}, {"sixteen-chars-12", false}, {"", false}} {
+		var buf bytes.Buffer
+		warnShortAdminToken(tc.token, newLogger(&buf, "info", nil))
+		got := buf.String()
+		if tc.warn != strings.Contains(got, `"variable":"IDEMPROXY_ADMIN_TOKEN"`) {
+			t.Errorf("token of %d characters: log %q, want a warning %v", len(tc.token), got, tc.warn)
+		}
+		// (A one-letter token is in any English line: not looked for.)
+		if tc.warn && (!strings.Contains(got, `"level":"WARN"`) || len(tc.token) > 1 && strings.Contains(got, tc.token)) {
+			t.Errorf("token of %d characters: %q, want WARN without the token", len(tc.token), got)
+		}
+	}
+}
+
+// The real binary starts with a short admin token and says so at WARN.
+func TestBinaryWarnsOfShortAdminToken(t *testing.T) {
+	const token = "Zq7xKp1"
+	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+token)})
+	line := p.waitLine(t, `"msg":"admin token is short"`)
+	if !strings.Contains(line, `"level":"WARN"`) || jsonField(line, "variable") != "IDEMPROXY_ADMIN_TOKEN" {
+		t.Errorf("warning line %s; want WARN naming IDEMPROXY_ADMIN_TOKEN", line)
+	}
+	if strings.Contains(p.text(), token) {
+		t.Errorf("the admin token is in the log:\n%s", p.text())
+	}
+}
+
+// A RATE_LIMIT below one request an hour (the unit is per second) once
+// started: after the burst, nearly every request would end unsent, as its
+// wait for a token would pass RETRY_BUDGET. It stops the
+// start naming the variable and the unit. (loadConfig, not command: a rate
+// accepted would serve.)
+func TestConfigRateLimitFloor(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}
+	for _, env := range [][]string{
+		{"IDEMPROXY_RATE_LIMIT=0.0001", "IDEMPROXY_RATE_BURST=100"},
+		{"IDEMPROXY_RATE_LIMIT=0.000277"},
+		{"IDEMPROXY_RATE_LIMIT=1e-300"},
+	} {
+		_, _, err := loadConfig(append(base, env...))
+		if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_RATE_LIMIT") || !strings.Contains(err.Error(), "one request per hour") ||
+			!strings.Contains(err.Error(), "per second") {
+			t.Errorf("%v: %v; want refused, naming IDEMPROXY_RATE_LIMIT, the floor and the unit", env, err)
+		}
 	}
 }

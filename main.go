@@ -133,6 +133,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	log := newLogger(stderr, cfg.LogLevel, set.secrets())
 	warnUnknownVariables(environ, log)
 	warnIneffective(cfg, environ, log)
+	warnShortAdminToken(set.adminToken, log)
 	setMemoryLimit(environ, cgroupLimitFiles, log)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
