@@ -250,6 +250,10 @@ func idemproxyOn(b testing.TB, target *url.URL, st store.Store, sign *resign.Con
 		Store:      st,
 		KeySources: sources,
 		Lease:      3 * time.Minute,
+		// main.go always sets both bounds (limits.go): 1024 requests at
+		// most, and 64 MiB of bodies where no memory limit is known.
+		MaxInflight:      1024,
+		MaxInflightBytes: 64 << 20,
 	})
 	if err != nil {
 		b.Fatal(err)
