@@ -164,6 +164,7 @@ type byteBudget struct {
 	used    int64
 	readers map[*ticket]struct{} // between startRead and endRead
 	freed   chan struct{}        // closed, and replaced, when bytes are given back or a read yields
+	waiting int                  // reads waiting in grow for freed
 }
 
 // startRead and endRead bracket t's body read; endRead reports whether the
@@ -191,8 +192,12 @@ func (b *byteBudget) take(t *ticket, n int64) bool {
 	return true
 }
 
-// wake wakes the reads waiting in grow; under mu.
+// wake wakes the reads waiting in grow; under mu. With none waiting, as
+// for nearly every request, it costs nothing.
 func (b *byteBudget) wake() {
+	if b.waiting == 0 {
+		return
+	}
 	close(b.freed)
 	b.freed = make(chan struct{})
 }
@@ -205,7 +210,7 @@ func before(t, u *ticket) bool {
 // grow takes n more bytes for t's read, making the reads below it yield and
 // waiting for them if it must; false when t is refused.
 func (b *byteBudget) grow(t *ticket, n int64) bool {
-	deadline := time.Now().Add(yieldWait)
+	var deadline time.Time // set when it first has to wait
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for {
@@ -218,11 +223,15 @@ func (b *byteBudget) grow(t *ticket, n int64) bool {
 		if !b.yieldBelow(t, n) {
 			return false
 		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(yieldWait)
+		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return false
 		}
 		freed := b.freed
+		b.waiting++
 		b.mu.Unlock()
 		timer := time.NewTimer(left)
 		select {
@@ -231,6 +240,7 @@ func (b *byteBudget) grow(t *ticket, n int64) bool {
 		}
 		timer.Stop()
 		b.mu.Lock()
+		b.waiting--
 	}
 }
 
