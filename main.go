@@ -300,7 +300,11 @@ func serve(ctx context.Context, cfg config, conns int, a app, log *slog.Logger, 
 		return listenError("ADMIN_ADDR", cfg.AdminAddr, err)
 	}
 	ps, pl, cl := proxyServer(pl, a.proxy, conns, writeStall, log)
-	as := &http.Server{Handler: a.admin, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: adminReadTimeout, IdleTimeout: time.Minute}
+	// "OPTIONS *" reaches the admin handler, which answers it as any path it
+	// does not serve (404 not_found, JSON, with its header); net/http
+	// otherwise answers it itself, 200 with neither.
+	as := &http.Server{Handler: a.admin, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: adminReadTimeout, IdleTimeout: time.Minute,
+		DisableGeneralOptionsHandler: true}
 	if cl != nil && a.connMetrics != nil {
 		a.connMetrics(conns, cl.Open, cl.ClosedIdle)
 	}
