@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -54,4 +55,53 @@ func TestAdminOptionsStar(t *testing.T) {
 		t.Fatal(err)
 	}
 	adminAnswer(t, "OPTIONS *", resp.StatusCode, resp.Header, b.String(), http.StatusNotFound, "not_found")
+}
+
+// TestAdminListCursorWhole: a listing's cursor cut short or with something
+// after it is refused 400 bad_request naming cursor. Before, "unknown."
+// (the cursor cut to its listing) and, on PostgreSQL, a cursor cut to its
+// client's part started the listing again from the first page, and a script
+// paging with it looped over the same records for ever.
+func TestAdminListCursorWhole(t *testing.T) { onStores(t, testAdminListCursorWhole) }
+
+func testAdminListCursorWhole(t *testing.T, shared bool) {
+	c := startCards(t, shared)
+	for _, order := range []string{"F-unknown-1", "F-unknown-2", "F-unknown-3"} {
+		if r := c.post(t, order, "10"); r.status != http.StatusBadGateway {
+			t.Fatalf("POST %s = %d %s, want 502", order, r.status, r.body)
+		}
+	}
+	list := func(cursor string) reply {
+		return c.admin(t, "GET", "/admin/v1/records?state=unknown&limit=1&cursor="+url.QueryEscape(cursor), "")
+	}
+	var first struct {
+		NextCursor string `json:"next_cursor"`
+	}
+	if r := list(""); r.status != http.StatusOK || json.Unmarshal([]byte(r.body), &first) != nil || first.NextCursor == "" {
+		t.Fatalf("first page = %d %s, want a next cursor", r.status, r.body)
+	}
+	whole := first.NextCursor
+	if r := list(whole); r.status != http.StatusOK {
+		t.Fatalf("second page with the whole cursor = %d %s", r.status, r.body)
+	}
+	// The store's position is the second part of the cursor; the first
+	// 16 hex digits of a PostgreSQL position are its client ("default").
+	parts := strings.Split(whole, ".")
+	if len(parts) < 2 || len(parts[1]) < 16 {
+		t.Fatalf("cursor %q: want unknown.<position>…", whole)
+	}
+	for _, bad := range []string{
+		whole + ".",
+		whole + "x",
+		whole[:len(whole)-1],
+		"unknown.",
+		"unknown." + parts[1][:16],
+		"unknown." + parts[1][:16] + ".",
+	} {
+		r := list(bad)
+		msg := adminAnswer(t, "listing with cursor "+bad, r.status, r.header, r.body, http.StatusBadRequest, "bad_request")
+		if !strings.Contains(msg, "cursor") {
+			t.Fatalf("listing with cursor %q: message %q does not name cursor", bad, msg)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package adminapi
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"net/http"
@@ -64,13 +65,22 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	}
 	// A cursor names its listing (state and client): the store's is a
 	// position among all records, which the listing of another state or
-	// client would take too and silently start after.
+	// client would take too and silently start after. It ends with a check
+	// of both: a cursor cut short (to "unknown.", or to a shorter position
+	// the store takes too) or with something after it restarted the listing
+	// at or before the position, and a script paging with it looped.
 	cursor := q.Get("cursor")
 	if cursor != "" {
-		from, pos, ok := strings.Cut(cursor, ".")
-		if !ok || from != listing {
+		from, rest, _ := strings.Cut(cursor, ".")
+		pos, check, _ := strings.Cut(rest, ".")
+		if from != listing {
 			writeError(w, http.StatusBadRequest, codeBadRequest, "cursor is not one this API gave for state "+state+
 				" and this client (a cursor is for the listing of the state and client it came from)")
+			return
+		}
+		if pos == "" || check != cursorCheck(listing, pos) {
+			writeError(w, http.StatusBadRequest, codeBadRequest, "cursor is not one this API gave: cut short or with "+
+				"something after it; pass next_cursor whole, as given")
 			return
 		}
 		cursor = pos
@@ -94,12 +104,21 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 		NextCursor string   `json:"next_cursor"`
 	}{Records: []Record{}}
 	if next != "" {
-		out.NextCursor = listing + "." + next
+		out.NextCursor = listing + "." + next + "." + cursorCheck(listing, next)
 	}
 	for _, rec := range recs {
 		out.Records = append(out.Records, view(rec.ID, rec, withBody))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// cursorCheck is the end of a listing's cursor: 8 bytes of the SHA-256 of
+// the listing and the store's position, in hex. Not a secret: the store
+// still checks the position; it tells a cursor given whole from one cut
+// short or added to.
+func cursorCheck(listing, pos string) string {
+	sum := sha256.Sum256([]byte(listing + "." + pos))
+	return hex.EncodeToString(sum[:8])
 }
 
 // Order is an order's current key as GET /admin/v1/orders shows it.
