@@ -7,6 +7,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -28,6 +29,30 @@ func adminAnswer(t *testing.T, what string, status int, header http.Header, body
 		t.Fatalf("%s = %d %v %q, want %d %s in JSON with Idemproxy-Admin: v1", what, status, header, body, wantStatus, wantCode)
 	}
 	return e.Error.Message
+}
+
+// TestAdminBodyOverLimit: a POST call's body over its limit is 413
+// body_too_large naming the limit; it was 400 bad_request ("body must be
+// JSON …: http: request body too large"), which says the body is wrong.
+func TestAdminBodyOverLimit(t *testing.T) {
+	p := launch(t, launchSpec{env: unknownEnv(auditProvider(t), t.TempDir(), "IDEMPROXY_ADMIN_TOKEN="+adminToken)})
+	for _, c := range []struct {
+		call  string
+		limit int
+	}{
+		{"/admin/v1/records/resolve", 1 << 20},
+		{"/admin/v1/orders/renew", 64 << 10},
+	} {
+		body := `{"key":"` + strings.Repeat("k", c.limit) + `"}`
+		r := send(t, "POST", "http://"+p.admin+c.call, body, "Authorization", "Bearer "+adminToken)
+		msg := adminAnswer(t, "POST "+c.call+" with a body over the limit", r.status, r.header, r.body, http.StatusRequestEntityTooLarge, "body_too_large")
+		if !strings.Contains(msg, fmt.Sprint(c.limit)) {
+			t.Fatalf("POST %s over the limit: message %q does not name the limit %d", c.call, msg, c.limit)
+		}
+		// Under the limit the body is read as before.
+		r = send(t, "POST", "http://"+p.admin+c.call, `{"key":"k"`, "Authorization", "Bearer "+adminToken)
+		adminAnswer(t, "POST "+c.call+" with a body cut short", r.status, r.header, r.body, http.StatusBadRequest, "bad_request")
+	}
 }
 
 // TestAdminOptionsStar: "OPTIONS *" on the admin port is answered as any

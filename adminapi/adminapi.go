@@ -399,6 +399,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // proxy's answers (bad_request, store_unavailable, unauthorized) mean the same.
 const (
 	codeBadRequest       = "bad_request"
+	codeBodyTooLarge     = "body_too_large"
 	codeStoreUnavailable = "store_unavailable"
 	codeUnauthorized     = "unauthorized"
 	codeNotFound         = "not_found"

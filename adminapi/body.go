@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -30,6 +31,19 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, in any) err
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	return dec.Decode(in)
+}
+
+// writeBodyError answers a POST call whose body decodeBody refused (err): 413
+// body_too_large, naming the limit, for one over it (the proxy's code for
+// the same refusal; it was 400 bad_request, which says the body is wrong,
+// not too long), else 400 bad_request naming shape, the body's fields.
+func writeBodyError(w http.ResponseWriter, shape string, err error) {
+	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		writeError(w, http.StatusRequestEntityTooLarge, codeBodyTooLarge,
+			"body over this call's limit of "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes")
+		return
+	}
+	writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON "+shape+": "+err.Error())
 }
 
 // oneObject checks that b is one JSON object, alone, whose members are

@@ -259,7 +259,7 @@ func (h *Handler) orderError(w http.ResponseWriter, err error) {
 func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 	var in orderQuery
 	if err := decodeBody(w, r, 64<<10, &in); err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON {method, path, value, client}: "+err.Error())
+		writeBodyError(w, "{method, path, value, client}", err)
 		return
 	}
 	o, ok := h.orderFrom(w, in)

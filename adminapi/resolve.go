@@ -83,7 +83,7 @@ type Resolved struct {
 // its message naming shape, the body's fields.
 func (h *Handler) decodeRecordCall(w http.ResponseWriter, r *http.Request, limit int64, shape string, in any, key, client *string) (id store.ID, ok bool) {
 	if err := decodeBody(w, r, limit, in); err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "body must be JSON "+shape+": "+err.Error())
+		writeBodyError(w, shape, err)
 		return store.ID{}, false
 	}
 	tenant, err := h.client(*client)
