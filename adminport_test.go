@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 )
 
 // adminAnswer checks that r is a JSON error of the admin API's shape, with
@@ -129,4 +131,68 @@ func testAdminListCursorWhole(t *testing.T, shared bool) {
 			t.Fatalf("listing with cursor %q: message %q does not name cursor", bad, msg)
 		}
 	}
+}
+
+// TestAdminRemovedClient: the records of a client whose token was removed
+// from IDEMPROXY_CLIENT_TOKENS can still be read, listed and resolved, by
+// naming it (client); before, every such call was 400 "no client has a client
+// token", so its unknown operations could not be settled. A name with no
+// token and no records is still refused.
+func TestAdminRemovedClient(t *testing.T) { onStores(t, testAdminRemovedClient) }
+
+func testAdminRemovedClient(t *testing.T, shared bool) {
+	up := auditProvider(t) // u-… orders: 504, their outcome unknown
+	dir, db := t.TempDir(), ""
+	if shared {
+		db = pgtest.Database(t)
+	}
+	env := func(tokens string) []string {
+		extra := append(fastRetry(), "IDEMPROXY_ADMIN_TOKEN="+adminToken, "IDEMPROXY_CLIENT_TOKENS="+tokens,
+			"IDEMPROXY_KEY_SECRET="+keySecret)
+		if shared {
+			return sharedEnv(up, db, extra...)
+		}
+		return baseEnv(up, dir, extra...)
+	}
+	p := launch(t, launchSpec{env: env("app-a=" + tokenA + ",app-b=" + tokenB)})
+	r := send(t, "POST", "http://"+p.proxy+"/payments", `{"order_id":"u-1","amount":"10.00"}`, "Idemproxy-Client-Token", tokenB)
+	key := r.header.Get("Idempotency-Key")
+	if r.status != http.StatusBadGateway || key == "" {
+		t.Fatalf("app-b's POST = %d %v %s, want 502 with its key", r.status, r.header, r.body)
+	}
+	if err := p.terminate(t); err != nil {
+		t.Fatalf("first process: %v", err)
+	}
+	// app-b's token is removed; its unknown operation stays.
+	p = launch(t, launchSpec{env: env("app-a=" + tokenA)})
+	admin := func(method, path, body string) reply {
+		t.Helper()
+		return send(t, method, "http://"+p.admin+path, body, "Authorization", "Bearer "+adminToken)
+	}
+	r = admin("GET", "/admin/v1/records/"+key+"?client=app-b", "")
+	if r.status != http.StatusOK || !strings.Contains(r.body, `"state":"unknown"`) || !strings.Contains(r.body, `"client":"app-b"`) {
+		t.Fatalf("GET app-b's record after its token was removed = %d %s, want 200 unknown of client app-b", r.status, r.body)
+	}
+	r = admin("GET", "/admin/v1/records?state=unknown&client=app-b", "")
+	if r.status != http.StatusOK || !strings.Contains(r.body, `"key":"`+key+`"`) {
+		t.Fatalf("listing of app-b's unknown records = %d %s, want its record %s", r.status, r.body, key)
+	}
+	// A name that has neither a token nor records is refused as before.
+	r = admin("GET", "/admin/v1/records/"+key+"?client=app-c", "")
+	adminAnswer(t, "GET a record of a client with no token and no records", r.status, r.header, r.body, http.StatusBadRequest, "bad_request")
+	r = admin("GET", "/admin/v1/records?state=unknown&client=app-c", "")
+	adminAnswer(t, "listing of a client with no token and no records", r.status, r.header, r.body, http.StatusBadRequest, "bad_request")
+	r = admin("POST", "/admin/v1/records/resolve", `{"key":"`+key+`","client":"app-c","outcome":"not_executed"}`)
+	adminAnswer(t, "resolve for a client with no token and no records", r.status, r.header, r.body, http.StatusBadRequest, "bad_request")
+
+	r = admin("POST", "/admin/v1/records/resolve", `{"key":"`+key+`","client":"app-b","outcome":"not_executed"}`)
+	if r.status != http.StatusOK || !strings.Contains(r.body, `"client":"app-b"`) {
+		t.Fatalf("resolve of app-b's record after its token was removed = %d %s, want 200", r.status, r.body)
+	}
+	if line := p.waitLine(t, `resolved by an operator`); !strings.Contains(line, `"client":"app-b"`) {
+		t.Fatalf("the resolve's log line %s does not name client app-b", line)
+	}
+	// Resolved, nothing is left under app-b: the name is refused again.
+	r = admin("GET", "/admin/v1/records/"+key+"?client=app-b", "")
+	adminAnswer(t, "GET app-b's record after its resolve", r.status, r.header, r.body, http.StatusBadRequest, "bad_request")
 }

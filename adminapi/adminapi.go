@@ -57,7 +57,9 @@ type Options struct {
 	// record belongs to one of them, so a call that looks up a record or an
 	// order must name one (?client=, "client"); it is refused (400) without
 	// one, or naming another, instead of looking under a client that has no
-	// records and answering that nothing was sent.
+	// records and answering that nothing was sent. A name without a token
+	// under which records are kept (a client whose token was removed) is
+	// taken by the calls on records: see recordID and listRecords.
 	Clients []string
 	// OrderKeys derives the keys of an order's generation gen (1 first)
 	// from its request's method and path and the value of its key source,
@@ -318,12 +320,11 @@ func optional(t time.Time) *time.Time {
 
 // getRecord is GET /admin/v1/records/{key}[?client=][&body=1].
 func (h *Handler) getRecord(w http.ResponseWriter, r *http.Request) {
-	client, err := h.client(r.URL.Query().Get("client"))
+	id, err := h.recordID(r.Context(), r.URL.Query().Get("client"), r.PathValue("key"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
 		return
 	}
-	id := h.spelling(r.Context(), store.ID{Tenant: client, Key: r.PathValue("key")})
 	if rec, ok := h.lookup(w, r, id); ok {
 		writeJSON(w, http.StatusOK, view(id, rec, r.URL.Query().Get("body") == "1"))
 	}
@@ -369,7 +370,9 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id store.ID) (s
 
 // client is the client a call names (?client=, "client"), or the default
 // tenant when it names none; with client tokens on (Options.Clients) it must
-// name one of theirs.
+// name one of theirs. A name that has no token is returned with an error
+// wrapping errNoToken: the caller may still take it for a client whose
+// token was removed when it finds records kept under it (recordID).
 func (h *Handler) client(name string) (string, error) {
 	switch {
 	case len(h.opt.Clients) == 0 && name == "":
@@ -379,7 +382,33 @@ func (h *Handler) client(name string) (string, error) {
 	case name == "":
 		return "", fmt.Errorf("client is required with client tokens on: one of %s", strings.Join(h.opt.Clients, ", "))
 	}
-	return "", fmt.Errorf("no client %q has a client token: one of %s", name, strings.Join(h.opt.Clients, ", "))
+	return name, noTokenError(fmt.Sprintf("no client %q has a client token: one of %s", name, strings.Join(h.opt.Clients, ", ")))
+}
+
+// noTokenError is client's error for a name that has no client token.
+type noTokenError string
+
+func (e noTokenError) Error() string { return string(e) }
+
+// recordID is the ID of the record a call on one record names: its key, as
+// spelt in the store (spelling), under the client named (client). A client
+// whose token was removed from IDEMPROXY_CLIENT_TOKENS still has its records:
+// a name without a token is taken when a record is kept under it for this
+// key, so that an operator can still read and settle them; otherwise it is
+// refused as before (a mistyped name must not answer "nothing was sent").
+func (h *Handler) recordID(ctx context.Context, client, key string) (store.ID, error) {
+	tenant, err := h.client(client)
+	var noToken noTokenError
+	if err != nil && !errors.As(err, &noToken) {
+		return store.ID{}, err
+	}
+	id := h.spelling(ctx, store.ID{Tenant: tenant, Key: key})
+	if err != nil {
+		if _, gerr := h.opt.Store.Get(ctx, id); errors.Is(gerr, store.ErrNotFound) {
+			return store.ID{}, fmt.Errorf("%w, and no record of this key is kept under it (a removed client's records are found under its name)", err)
+		}
+	}
+	return id, nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

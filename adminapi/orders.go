@@ -51,8 +51,14 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	// ?client= lists that client's records only (with client tokens on, one
 	// of theirs); without it, every client's.
 	listing := state
+	var noToken error // the client named has no token (noTokenError)
 	if q.Has("client") {
 		client, err := h.client(q.Get("client"))
+		if errors.As(err, new(noTokenError)) {
+			// Perhaps a client whose token was removed: its records are
+			// listed, and a name with none in this listing refused below.
+			noToken, err = err, nil
+		}
 		if err != nil {
 			writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
 			return
@@ -103,6 +109,13 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 		Records    []Record `json:"records"`
 		NextCursor string   `json:"next_cursor"`
 	}{Records: []Record{}}
+	if noToken != nil && cursor == "" && next == "" && len(recs) == 0 {
+		// Nothing listed for a name without a token: most likely a
+		// mistyped one, which must not read as "nothing to settle".
+		writeError(w, http.StatusBadRequest, codeBadRequest, noToken.Error()+
+			", and no "+state+" record is kept under it (a removed client's records are listed under its name)")
+		return
+	}
 	if next != "" {
 		out.NextCursor = listing + "." + next + "." + cursorCheck(listing, next)
 	}

@@ -86,16 +86,16 @@ func (h *Handler) decodeRecordCall(w http.ResponseWriter, r *http.Request, limit
 		writeBodyError(w, shape, err)
 		return store.ID{}, false
 	}
-	tenant, err := h.client(*client)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
-		return store.ID{}, false
-	}
 	if *key == "" {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "key is required")
 		return store.ID{}, false
 	}
-	return h.spelling(r.Context(), store.ID{Tenant: tenant, Key: *key}), true
+	id, err := h.recordID(r.Context(), *client, *key)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
+		return store.ID{}, false
+	}
+	return id, true
 }
 
 // maxResolveBody bounds the body of a resolve call, the answer given in it
