@@ -6,10 +6,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 )
@@ -59,6 +61,27 @@ func (p *lookupProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"order_id":%q,"status":"succeeded","second":true}`, in.OrderID)
+}
+
+// checkSentNotBeforeCreated reads key's record from p's admin API and wants
+// its first_sent_at set and not before its created_at.
+func checkSentNotBeforeCreated(t *testing.T, p *opsProc, key string) {
+	t.Helper()
+	a := send(t, "GET", "http://"+p.admin+"/admin/v1/records/"+url.PathEscape(key), "")
+	var rec struct {
+		CreatedAt   time.Time  `json:"created_at"`
+		FirstSentAt *time.Time `json:"first_sent_at"`
+	}
+	if err := json.Unmarshal([]byte(a.body), &rec); a.status != http.StatusOK || err != nil {
+		t.Fatalf("record %q = %d %s (%v)", key, a.status, a.body, err)
+	}
+	if rec.FirstSentAt == nil || rec.FirstSentAt.Before(rec.CreatedAt) {
+		var off time.Duration
+		if rec.FirstSentAt != nil {
+			off = rec.FirstSentAt.Sub(rec.CreatedAt)
+		}
+		t.Errorf("record = %s: first_sent_at %v after created_at, want set and not before it", a.body, off)
+	}
 }
 
 // An operation in flight when its process dies (SIGKILL, OOM) may have
@@ -115,6 +138,10 @@ func TestKilledMidAttemptIsUnknown(t *testing.T) {
 				t.Fatalf("the app's retry = %d %s (reconciled %q), want the payment the probe found\n%s",
 					r.status, r.body, r.header.Get("Idemproxy-Reconciled"), b.text())
 			}
+			// The record as the operator reads it: never sent before it was
+			// created. On PostgreSQL the takeover's first send (the claim
+			// time, created_at) came back from the replica 6 ms earlier.
+			checkSentNotBeforeCreated(t, b, r.header.Get("Idempotency-Key"))
 			prov.mu.Lock()
 			defer prov.mu.Unlock()
 			if prov.posts != 1 || prov.lookups != 1 {

@@ -45,7 +45,8 @@ type Call struct {
 // is taken to be At-FirstSentAt plus Since before the sequence began: at
 // least as long ago as it was. Both err towards the key retention check
 // refusing, not re-sending, and neither moves by how far the clocks are
-// apart.
+// apart. A resumed first send that no new one replaced is reported as it was
+// given, not carried back (which would move it earlier by Since).
 type StoreClock struct {
 	// At is the store's time during the claim (pgstore: the claim
 	// statement's now(), store.Record.ReadAt).

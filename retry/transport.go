@@ -174,9 +174,17 @@ type sequence struct {
 	last       outcome
 	// What is known of the operation upstream (protected requests only).
 	firstSent time.Time // when an attempt first reached the provider, by the Transport's clock; zero if none did
-	sentAnew  bool      // the status probe said the operation had not happened (404): firstSent is of a send after it
-	unknown   bool      // the provider may have acted on an attempt whose answer was lost
-	lastBody  []byte    // the body of the last ambiguous answer, for the probe
+	// resumedSent is Call.Resume's FirstSentAt, by the store's clock, while
+	// firstSent is the resumed one carried to the Transport's clock (with
+	// Call.Store); zero otherwise. It is reported as given: carried there
+	// and back, it came back earlier by Since (see StoreClock), so that each
+	// resume moved the record's first send earlier by the time its claim
+	// took, and a takeover's (the claim time, created_at) read a few
+	// milliseconds before the record was created.
+	resumedSent time.Time
+	sentAnew    bool   // the status probe said the operation had not happened (404): firstSent is of a send after it
+	unknown     bool   // the provider may have acted on an attempt whose answer was lost
+	lastBody    []byte // the body of the last ambiguous answer, for the probe
 	// The record store's clock (Call.Store), and the Transport's time when
 	// the sequence began, which the store's At is counted from.
 	store  *StoreClock
@@ -233,6 +241,7 @@ func (s *sequence) begin(c Call) error {
 			// Its age by the store's clock at the claim, and the time since
 			// the claim was sent, carried to this clock (see StoreClock).
 			s.firstSent = s.origin.Add(-(s.store.At.Sub(r.FirstSentAt) + s.store.Since))
+			s.resumedSent = r.FirstSentAt
 		}
 	}
 	return nil
@@ -548,6 +557,9 @@ func (s *sequence) reportAs(d Disposition) Report {
 func (s *sequence) reportedSend() time.Time {
 	if s.store == nil || s.firstSent.IsZero() {
 		return s.firstSent
+	}
+	if !s.resumedSent.IsZero() {
+		return s.resumedSent
 	}
 	return s.store.At.Add(s.firstSent.Sub(s.origin))
 }

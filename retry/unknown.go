@@ -108,7 +108,7 @@ func (s *sequence) resolve() (*http.Response, error) {
 			// provider has: a later probe filled from it would be told 404
 			// again whatever the re-send did, and re-send past the
 			// retention; only a newer answer may fill one.
-			s.unknown, s.firstSent, s.lastBody, s.sentAnew = false, time.Time{}, nil, true
+			s.unknown, s.firstSent, s.resumedSent, s.lastBody, s.sentAnew = false, time.Time{}, time.Time{}, nil, true
 			return nil, nil
 		}
 	}
