@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"testing"
 	"time"
@@ -39,4 +41,42 @@ func TestAdminPortEndsSlowBodies(t *testing.T) {
 		}
 	}
 	t.Logf("admin connection ended %v after the headers", time.Since(start).Round(100*time.Millisecond))
+}
+
+// TestAdminPortClosesIdleConnections: a keep-alive connection left idle on
+// the admin port after an answer is closed by the server after a minute
+// (README, Admin API), not before (net/http would otherwise use the 15 s
+// read timeout), and not never.
+func TestAdminPortClosesIdleConnections(t *testing.T) {
+	t.Parallel()
+	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir())})
+	c, err := net.Dial("tcp", p.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n")
+	r := bufio.NewReader(c)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Close {
+		t.Fatalf("GET /healthz = %d, close %v; want 200 on a connection kept alive", resp.StatusCode, resp.Close)
+	}
+	idle := time.Now()
+	c.SetReadDeadline(idle.Add(time.Minute + 30*time.Second))
+	n, err := r.Read(make([]byte, 1))
+	took := time.Since(idle)
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		t.Fatalf("the idle admin connection was still open %v after the answer, want it closed after a minute", took.Round(time.Second))
+	case n > 0 || !errors.Is(err, io.EOF):
+		t.Fatalf("read on the idle connection = %d bytes, %v; want EOF", n, err)
+	case took < time.Minute-2*time.Second || took > time.Minute+15*time.Second:
+		t.Fatalf("the idle admin connection was closed %v after the answer, want a minute", took.Round(100*time.Millisecond))
+	}
+	t.Logf("idle admin connection closed %v after the answer", took.Round(100*time.Millisecond))
 }
