@@ -87,6 +87,10 @@ type Options struct {
 	// TLS turns ssl on with a self-signed certificate for the name
 	// localhost only (no IP address in it); CertFile returns it.
 	TLS bool
+	// HBA are pg_hba.conf lines put before initdb's (which trust every
+	// connection), so that they are matched first: "host all app
+	// 127.0.0.1/32 scram-sha-256" makes role app give its password.
+	HBA []string
 }
 
 // Start creates and starts a cluster. The caller must Stop it and Remove it.
@@ -149,6 +153,16 @@ func (c *Cluster) init(opts Options) error {
 	}
 	for _, line := range opts.Settings {
 		conf += line + "\n"
+	}
+	if len(opts.HBA) > 0 {
+		hba := filepath.Join(data, "pg_hba.conf")
+		old, err := os.ReadFile(hba)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(hba, []byte(strings.Join(opts.HBA, "\n")+"\n"+string(old)), 0o600); err != nil {
+			return err
+		}
 	}
 	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
