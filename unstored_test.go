@@ -152,10 +152,15 @@ func TestUnstoredAnswerOnFullDisk(t *testing.T) {
 	mnt := smallDisk(t)
 	const retention = time.Second
 	gw, up, held, release := heldPayments(t, retention)
-	// A lease of 20 s (budget + attempt timeout + 10 s); the retry waits it out.
+	// The attempt must still be waiting for the provider's answer once the
+	// disk is full and /readyz says so: with 5 s, a run on a loaded host
+	// got 504 (the attempt's timeout, as the contract says) before the
+	// provider answered. A lease of 40 s (budget + attempt timeout + 10 s);
+	// the retry waits it out.
+	const attemptTimeout = 15 * time.Second
 	p := launch(t, launchSpec{env: baseEnv(up.URL, filepath.Join(mnt, "data"), "IDEMPROXY_RETRY_MAX_ATTEMPTS=1",
-		"IDEMPROXY_ATTEMPT_TIMEOUT=5s", "IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_INFLIGHT_WAIT=1m",
-		"IDEMPROXY_PROVIDER_KEY_RETENTION="+retention.String())})
+		"IDEMPROXY_ATTEMPT_TIMEOUT="+attemptTimeout.String(), "IDEMPROXY_RETRY_BUDGET="+attemptTimeout.String(),
+		"IDEMPROXY_INFLIGHT_WAIT=1m", "IDEMPROXY_PROVIDER_KEY_RETENTION="+retention.String())})
 
 	first := make(chan reply, 1)
 	go func() {
@@ -163,9 +168,12 @@ func TestUnstoredAnswerOnFullDisk(t *testing.T) {
 		first <- r
 	}()
 	<-held
+	heldAt := time.Now()
 	filler := filepath.Join(mnt, "filler")
 	fill(t, filler)
 	waitReadyz(t, p.admin, http.StatusServiceUnavailable)
+	t.Logf("the disk was full and /readyz said 503 %v after the payment reached the provider (attempt timeout %v)",
+		time.Since(heldAt), attemptTimeout)
 	release()
 	a := <-first
 	if a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, "may have been executed") {
