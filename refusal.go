@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -53,6 +54,7 @@ func answerRefusalsInJSON(srv *http.Server, l net.Listener) net.Listener {
 	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rc, ok := r.Context().Value(refusalConnKey{}).(*refusalConn); ok {
 			rc.serving.Store(true)
+			rc.late.Store(0)
 			rc.requests++
 			if rc.framing.refuses(rc.requests) {
 				r = proxy.MarkAmbiguousFraming(r)
@@ -104,13 +106,50 @@ type refusalConn struct {
 	// goroutine).
 	framing  framing
 	requests int64
+	// late is when the extra wait of a read that timed out between
+	// requests ends (readLate), in Unix nanoseconds; 0 until one did.
+	// A handler starting clears it.
+	late atomic.Int64
 }
+
+// lateHeaderWait is how much longer a read that timed out while no handler
+// serves (the request line and header, or the wait for the next request)
+// may wait for bytes, once: see readLate.
+const lateHeaderWait = time.Second
 
 // Read reads from the connection and lets framing follow what was read.
 func (c *refusalConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	if n == 0 && err != nil && !c.serving.Load() {
+		n, err = c.readLate(p, err)
+	}
 	c.framing.feed(p[:n])
 	return n, err
+}
+
+// readLate reads again, once, a header read that failed at net/http's
+// deadline (ReadHeaderTimeout, counted from when the connection's goroutine
+// began reading it), with lateHeaderWait more. The deadline is checked
+// before the bytes that came are looked at, so a process too busy to get
+// to a connection for that long (hundreds of clients sending megabyte
+// bodies at once on a loaded host) could take a client whose request was
+// already waiting for one that sent nothing, and closed the connection
+// without an answer: the client saw EOF or a reset instead of its 503
+// overloaded (TestHeaderReadLateIsServed). What came in time is read now;
+// a client that sent nothing is still cut, lateHeaderWait later.
+func (c *refusalConn) readLate(p []byte, err error) (int, error) {
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		return 0, err
+	}
+	now := time.Now()
+	c.late.CompareAndSwap(0, now.Add(lateHeaderWait).UnixNano())
+	late := time.Unix(0, c.late.Load())
+	if !now.Before(late) {
+		return 0, err
+	}
+	c.Conn.SetReadDeadline(late)
+	return c.Conn.Read(p)
 }
 
 func (c *refusalConn) Write(p []byte) (int, error) {
