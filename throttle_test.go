@@ -152,21 +152,45 @@ func waitListeners(t *testing.T, url string, n int) {
 	}
 }
 
+// rateReplicas starts two replicas on the database at url sharing a rate
+// limit of rate a second (burst 1), in front of a provider that records
+// when each request reached it.
+func rateReplicas(t *testing.T, url string, rate int) (log *arrivalLog, a, b *opsProc) {
+	t.Helper()
+	log = &arrivalLog{}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		log.record(r)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(up.Close)
+	env := sharedEnv(up.URL, url, fmt.Sprintf("IDEMPROXY_RATE_LIMIT=%d", rate), "IDEMPROXY_RATE_BURST=1")
+	return log, launch(t, launchSpec{env: env}), launch(t, launchSpec{env: env})
+}
+
+// mostWithin is the most arrivals of at (sorted) within any one window.
+func mostWithin(at []time.Time, window time.Duration) int {
+	most, j := 0, 0
+	for i := range at {
+		for at[i].Sub(at[j]) >= window {
+			j++
+		}
+		most = max(most, i-j+1)
+	}
+	return most
+}
+
+// sharedRateBound is how many requests two replicas sharing rate may send
+// in two seconds: two seconds of tokens, the burst of 1, and half a second
+// of tokens as tolerance (see TestSharedRateLimit).
+func sharedRateBound(rate int) int { return 2*rate + 1 + rate/2 }
+
 // IDEMPROXY_RATE_LIMIT is the provider's total: two replicas with a rate of
 // 40 per second, both busy, together send at most 40 in any one-second
 // window (plus the burst of 1 and a tolerance), not 80.
 func TestSharedRateLimit(t *testing.T) {
 	url := pgtest.Database(t)
 	const rate, orders = 40, 160
-	var log arrivalLog
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log.record(r)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer up.Close()
-	env := sharedEnv(up.URL, url, fmt.Sprintf("IDEMPROXY_RATE_LIMIT=%d", rate), "IDEMPROXY_RATE_BURST=1")
-	a := launch(t, launchSpec{env: env})
-	b := launch(t, launchSpec{env: env})
+	log, a, b := rateReplicas(t, url, rate)
 	var names []string
 	for i := range orders {
 		names = append(names, fmt.Sprintf("rate-%d", i))
@@ -186,15 +210,9 @@ func TestSharedRateLimit(t *testing.T) {
 	// few more. So the check is over two seconds, where that slip is a
 	// smaller share, with half a second of tokens as tolerance: one bucket
 	// per replica would send about twice the rate, 160 in two seconds.
-	const window, tolerance = 2 * time.Second, rate / 2
-	most, j := 0, 0
-	for i := range at {
-		for at[i].Sub(at[j]) >= window {
-			j++
-		}
-		most = max(most, i-j+1)
-	}
-	if limit := 2*rate + 1 + tolerance; most > limit {
+	const tolerance = rate / 2
+	most := mostWithin(at, 2*time.Second)
+	if limit := sharedRateBound(rate); most > limit {
 		t.Errorf("%d requests reached the provider within two seconds, want at most %d (rate %d shared by both replicas)", most, limit, rate)
 	}
 	// Over the whole run the slips do not add up: the orders after the
@@ -227,15 +245,7 @@ func TestSharedRateLimit(t *testing.T) {
 func TestSharedRateLimitSlowDatabase(t *testing.T) {
 	url := pgtest.Database(t)
 	const rate, orders = 40, 100
-	var log arrivalLog
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log.record(r)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer up.Close()
-	env := sharedEnv(up.URL, url, fmt.Sprintf("IDEMPROXY_RATE_LIMIT=%d", rate), "IDEMPROXY_RATE_BURST=1")
-	a := launch(t, launchSpec{env: env})
-	b := launch(t, launchSpec{env: env})
+	log, a, b := rateReplicas(t, url, rate)
 	postAll(t, []string{a.proxy, b.proxy}, []string{"first-a", "first-b"}) // the bucket's row, a connection each
 	conn, err := pgx.Connect(t.Context(), url)
 	if err != nil {
@@ -274,15 +284,8 @@ func TestSharedRateLimitSlowDatabase(t *testing.T) {
 	defer log.mu.Unlock()
 	at := slices.Clone(log.at)
 	slices.SortFunc(at, func(x, y time.Time) int { return x.Compare(y) })
-	const window = 2 * time.Second
-	most, j := 0, 0
-	for i := range at {
-		for at[i].Sub(at[j]) >= window {
-			j++
-		}
-		most = max(most, i-j+1)
-	}
-	if limit := 2*rate + 1 + rate/2; most > limit { // TestSharedRateLimit's bound and tolerance
+	most := mostWithin(at, 2*time.Second)
+	if limit := sharedRateBound(rate); most > limit { // TestSharedRateLimit's bound and tolerance
 		t.Errorf("%d requests reached the provider within two seconds, want at most %d (rate %d shared by both replicas)", most, limit, rate)
 	}
 	t.Logf("%d requests in %v; at most %d in two seconds", len(at), at[len(at)-1].Sub(at[0]).Round(time.Millisecond), most)

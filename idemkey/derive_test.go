@@ -16,6 +16,23 @@ import (
 
 var uuidShape = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
+// wantUnreadable checks that r gives no key, through Derive and through
+// Parse, and is Unreadable (422 under every IDEMPROXY_MISSING_KEY rather
+// than a random key or none).
+func wantUnreadable(t *testing.T, name string, srcs []Source, r Request) {
+	t.Helper()
+	if key, src, ok := Derive(srcs, r); ok {
+		t.Errorf("%s: Derive gave key %s from %v, want none", name, key, src)
+	}
+	p := Parse(srcs, r)
+	if key, src, ok := p.Derive(r); ok {
+		t.Errorf("%s: Parsed.Derive gave key %s from %v, want none", name, key, src)
+	}
+	if !Unreadable(srcs, r) {
+		t.Errorf("%s: not Unreadable: its order id would get a random key or none", name)
+	}
+}
+
 func mustSources(t testing.TB, s string) []Source {
 	t.Helper()
 	srcs, err := ParseSources(s)
@@ -618,17 +635,7 @@ func TestLoneSurrogateGivesNoKey(t *testing.T) {
 		`{"p":{"order_id":"s\ud800"}}`, `{"p":{"order_id":"s\ud800"},"p":{"order_id":"s\ud800"}}`,
 		"\xef\xbb\xbf{\"order_id\":\"s\\ud800\"}",
 	} {
-		r := postJSON(body)
-		if key, src, ok := Derive(srcs, r); ok {
-			t.Errorf("%s: key %s from %v", body, key, src)
-		}
-		p := Parse(srcs, r)
-		if key, src, ok := p.Derive(r); ok {
-			t.Errorf("%s: Parsed.Derive key %s from %v", body, key, src)
-		}
-		if !Unreadable(srcs, r) {
-			t.Errorf("%s: not Unreadable: its order id would get a random key or none", body)
-		}
+		wantUnreadable(t, body, srcs, postJSON(body))
 	}
 	for body, same := range map[string]string{
 		`{"order_id":"s\ud83d\ude00"}`: `{"order_id":"s😀"}`,

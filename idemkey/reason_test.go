@@ -24,16 +24,7 @@ func TestUnreadableSourceEndsTheSearch(t *testing.T) {
 		"multipart field repeated":    q(formData(t, "XX", "order_id", "a", "order_id", "b")),
 		"header repeated":             q(Request{Header: http.Header{"X-Order-Id": {"a", "b"}}}),
 	} {
-		if key, src, ok := Derive(srcs, r); ok {
-			t.Errorf("%s: Derive gave key %s from %v, want none", name, key, src)
-		}
-		p := Parse(srcs, r)
-		if key, src, ok := p.Derive(r); ok {
-			t.Errorf("%s: Parsed.Derive gave key %s from %v, want none", name, key, src)
-		}
-		if !Unreadable(srcs, r) {
-			t.Errorf("%s: not Unreadable", name)
-		}
+		wantUnreadable(t, name, srcs, r)
 	}
 	// A later JSON source still gives the key after an unreadable JSON one,
 	// as in earlier versions, whose keys are kept (the proxy's
