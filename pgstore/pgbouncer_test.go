@@ -83,7 +83,7 @@ func weaken(t *testing.T, dbURL string) {
 		t.Fatal(err)
 	}
 	defer admin.Close(ctx)
-	db := dbURL[strings.LastIndex(dbURL, "/")+1 : strings.Index(dbURL, "?")]
+	db := pgtest.DatabaseName(dbURL)
 	for _, set := range []string{"synchronous_commit = off", "lock_timeout = '20ms'", "statement_timeout = '100ms'",
 		"idle_in_transaction_session_timeout = 0", "plan_cache_mode = auto"} {
 		if _, err := admin.Exec(ctx, "ALTER DATABASE "+db+" SET "+set); err != nil {

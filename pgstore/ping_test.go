@@ -327,7 +327,7 @@ func ownRoleStore(t *testing.T, opt Options) (*Store, *pgx.Conn, string) {
 	dbURL := pgtest.Database(t)
 	ctx := context.Background()
 	admin := session(t, dbURL)
-	db := dbURL[strings.LastIndex(dbURL, "/")+1 : strings.Index(dbURL, "?")]
+	db := pgtest.DatabaseName(dbURL)
 	role := db + "_role"
 	for _, q := range []string{`CREATE ROLE ` + role + ` LOGIN`, `GRANT CREATE ON SCHEMA public TO ` + role} {
 		if _, err := admin.Exec(ctx, q); err != nil {

@@ -28,7 +28,7 @@ func TestPingWhileWritesDenied(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close(ctx)
-	db := dbURL[strings.LastIndex(dbURL, "/")+1 : strings.Index(dbURL, "?")]
+	db := pgtest.DatabaseName(dbURL)
 	role := db + "_role"
 	for _, q := range []string{`CREATE ROLE ` + role + ` LOGIN`, `GRANT CREATE ON SCHEMA public TO ` + role} {
 		if _, err := admin.Exec(ctx, q); err != nil {

@@ -29,7 +29,7 @@ func TestRoleTimeoutsDoNotFailWrites(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer admin.Close(ctx)
-			db := dbURL[strings.LastIndex(dbURL, "/")+1 : strings.Index(dbURL, "?")]
+			db := pgtest.DatabaseName(dbURL)
 			role := db + "_role" // roles are the cluster's: one per database
 			for _, q := range []string{`CREATE ROLE ` + role + ` LOGIN`, `ALTER DATABASE ` + db + ` OWNER TO ` + role,
 				`ALTER ROLE ` + role + ` SET ` + setting} {

@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -143,12 +142,10 @@ ignore_startup_parameters = %s
 
 // runAsPostgres makes cmd run as the postgres user, owner of dir and its files.
 func runAsPostgres(cmd *exec.Cmd, dir string) error {
-	u, err := user.Lookup("postgres")
+	uid, gid, err := userIDs("postgres")
 	if err != nil {
 		return fmt.Errorf("running pgbouncer as root needs the postgres user: %w", err)
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
 	err = filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -164,11 +161,7 @@ func runAsPostgres(cmd *exec.Cmd, dir string) error {
 
 // URL returns the connection URL of database db through pgbouncer, as the
 // postgres user.
-func (b *PgBouncer) URL(db string) string {
-	u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port)),
-		Path: "/" + db, RawQuery: "sslmode=disable"}
-	return u.String()
-}
+func (b *PgBouncer) URL(db string) string { return localURL(b.port, db) }
 
 // Via returns dbURL, a URL of the cluster behind b, with b's address in
 // place of the cluster's.

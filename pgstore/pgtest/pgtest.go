@@ -125,14 +125,8 @@ func Start(opts Options) (*Cluster, error) {
 // init runs initdb and writes the server's settings.
 func (c *Cluster) init(opts Options) error {
 	if c.as != "" {
-		u, err := user.Lookup(c.as)
-		if err != nil {
+		if err := chownTo(c.as, c.dir); err != nil {
 			return fmt.Errorf("running as root needs the %s user: %w", c.as, err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(c.dir, uid, gid); err != nil {
-			return err
 		}
 	}
 	data := filepath.Join(c.dir, "data")
@@ -205,13 +199,7 @@ func (c *Cluster) writeCert(data string) error {
 			return err
 		}
 		if c.as != "" {
-			u, err := user.Lookup(c.as)
-			if err != nil {
-				return err
-			}
-			uid, _ := strconv.Atoi(u.Uid)
-			gid, _ := strconv.Atoi(u.Gid)
-			if err := os.Chown(path, uid, gid); err != nil {
+			if err := chownTo(c.as, path); err != nil {
 				return err
 			}
 		}
@@ -324,10 +312,43 @@ func (c *Cluster) Remove() {
 }
 
 // URL returns the connection URL of database db.
-func (c *Cluster) URL(db string) string {
-	u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)),
+func (c *Cluster) URL(db string) string { return localURL(c.port, db) }
+
+// localURL is the URL of database db on 127.0.0.1:port, as the postgres
+// user.
+func localURL(port int, db string) string {
+	u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 		Path: "/" + db, RawQuery: "sslmode=disable"}
 	return u.String()
+}
+
+// DatabaseName is the database a URL of URL's or NewDatabase's form names.
+func DatabaseName(dbURL string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		panic(err)
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
+
+// userIDs are the user and group ids of the user name.
+func userIDs(name string) (uid, gid int, err error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return 0, 0, err
+	}
+	uid, _ = strconv.Atoi(u.Uid)
+	gid, _ = strconv.Atoi(u.Gid)
+	return uid, gid, nil
+}
+
+// chownTo gives path to the user name (its user and group).
+func chownTo(name, path string) error {
+	uid, gid, err := userIDs(name)
+	if err != nil {
+		return err
+	}
+	return os.Chown(path, uid, gid)
 }
 
 // SocketDir returns the directory holding the server's Unix socket.
