@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -88,6 +89,7 @@ type Gate struct {
 	leases    int           // Takes so far, to tell a token of the last one
 	giving    chan struct{} // non-nil while a Give runs; closed when it returns
 	downUntil time.Time     // Shared failed: the local share until then
+	shareSet  atomic.Bool   // SetReplicas was called: the local share is known
 	slowUntil time.Time     // a slow Take was reported: the next is not until then
 
 	closed    chan struct{} // closed by Close
@@ -108,10 +110,13 @@ func New(perSecond float64, burst int) *Gate {
 // SetReplicas sets how many replicas share the provider, n >= 1: the local
 // bucket used while Shared fails then allows the rate and the burst divided
 // by n (the burst at least 1), so that together they stay near the total.
+// Until it is first called, a Gate whose Shared fails does not pace alone:
+// its attempts wait for the store (see sharedTicket).
 func (g *Gate) SetReplicas(n int) {
 	if g.limiter == nil || n < 1 {
 		return
 	}
+	defer g.shareSet.Store(true)
 	g.bmu.Lock()
 	defer g.bmu.Unlock()
 	now := g.bucketTime(g.now())

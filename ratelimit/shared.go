@@ -164,13 +164,29 @@ func (g *Gate) giveRest() {
 // attempt in line behind it, so that under load one round trip serves many
 // attempts. ok is false while the shared store failed recently: the caller
 // uses the local share then.
+//
+// A replica whose share is not known yet (no SetReplicas: the store failed
+// before its first heartbeat, as when it starts while the database is down)
+// does not pace alone: its share would be the whole rate, on top of the
+// other replicas taking the whole rate from the store. The head waits for
+// the store's next try instead, until its deadline or Close.
 func (g *Gate) sharedTicket(ctx context.Context) (tk ticket, ok bool, err error) {
 	g.smu.Lock()
 	defer g.smu.Unlock()
 	for {
 		now := g.now()
 		if now.Before(g.downUntil) {
-			return ticket{}, false, nil
+			if g.shareSet.Load() {
+				return ticket{}, false, nil
+			}
+			until := g.downUntil
+			g.smu.Unlock()
+			err := g.sleepWithin(ctx, now, until.Sub(now))
+			g.smu.Lock()
+			if err != nil {
+				return ticket{}, true, err
+			}
+			continue
 		}
 		if tk, ok := g.lease.take(now); ok {
 			return tk, true, nil

@@ -191,6 +191,47 @@ func TestGateSharedFallback(t *testing.T) {
 	}
 }
 
+// A replica whose store fails before its first heartbeat does not know its
+// share of the rate: it does not pace alone (its local bucket would be the
+// whole rate, on top of the other replicas taking the whole rate from the
+// store). The attempt waits for the store's next try and leaves on the
+// store's token; one whose deadline comes first ends with ErrDeadline,
+// having used no local token.
+func TestGateSharedFallbackUnknownShare(t *testing.T) {
+	g, c := newTestGate(10, 4)
+	calls := 0
+	f := &fakeShared{take: func(int, time.Duration) (time.Duration, error) {
+		calls++
+		if calls <= 2 {
+			return 0, errors.New("database down")
+		}
+		return 0, nil
+	}}
+	g.Shared = f
+	var reported []error
+	g.OnSharedError = func(err error) { reported = append(reported, err) }
+	ctx, cancel := context.WithDeadline(context.Background(), c.Now().Add(2*time.Second))
+	defer cancel()
+	if w, err := g.Wait(ctx); !errors.Is(err, ErrDeadline) {
+		t.Errorf("Wait with a 2s deadline = %v, %v; want ErrDeadline: no local token before the share is known", w, err)
+	}
+	start := c.Now()
+	if _, err := g.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The store failed once more at its next try, and answered at the one
+	// after: two retries' time.
+	if got := c.Now().Sub(start); got != 2*sharedRetry {
+		t.Errorf("Wait left %v after it began, want %v: at the store's token, after its next two tries", got, 2*sharedRetry)
+	}
+	if got := f.takeCalls(); len(got) != 3 {
+		t.Errorf("Take called %d times, want 3: the attempt left on the store's token", len(got))
+	}
+	if len(reported) != 2 {
+		t.Errorf("%d failures reported, want 2", len(reported))
+	}
+}
+
 // A Take that times out (a slow store, or this replica starved of CPU) is
 // not a store that failed: the other replicas may be taking the whole rate
 // from it meanwhile, so a local share on top would exceed the provider's
