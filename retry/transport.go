@@ -311,7 +311,17 @@ func (s *sequence) passGate() (time.Duration, error) {
 	if s.t.Gate == nil || s.t.Gate.Free() { // no wait: no budget context needed for it
 		return 0, nil
 	}
-	return s.t.Gate.Wait(s.budgetContext())
+	ctx := s.budgetContext()
+	if s.stream && !s.deadline.IsZero() {
+		// A stream's context is not bounded by the budget (it would cut
+		// the answer), but its wait at the Gate is, as a protected one's:
+		// without a deadline it waited out any pause, or a shared rate
+		// limit waiting for the database, however long.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, s.deadline)
+		defer cancel()
+	}
+	return s.t.Gate.Wait(ctx)
 }
 
 // send makes one attempt and reads the whole response body within the

@@ -293,6 +293,41 @@ func TestTransportExhausted(t *testing.T) {
 	}
 }
 
+// An unprotected request's waits are bounded by the budget as a protected
+// one's are (its context is not: that would cut a streamed answer). Its
+// wait at the Gate once had no deadline at all: with the provider paused
+// past the budget, it waited out the whole pause (or, on a replica whose
+// shared rate limit waits for the database, until the database came back),
+// the app's request hanging far past IDEMPROXY_RETRY_BUDGET.
+func TestTransportStreamGateWaitWithinBudget(t *testing.T) {
+	for _, mode := range []Mode{Safe, Once} {
+		t.Run(mode.String(), func(t *testing.T) {
+			p := newProvider(t)
+			h := newHarness(t, testPolicy())
+			h.gate.PauseUntil(h.clock.Now().Add(2 * time.Hour))
+			req, err := http.NewRequest(http.MethodGet, p.srv.URL+"/v1/payout", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := send(t, h.tr, req, mode)
+			if resp != nil {
+				resp.Body.Close()
+				t.Fatalf("got a %d response after waiting %v, want an ExhaustedError within the 1h budget", resp.StatusCode, h.clock.Sleeps())
+			}
+			var ex *ExhaustedError
+			if !errors.As(err, &ex) || ex.Attempts != 0 || !errors.Is(err, ratelimit.ErrDeadline) {
+				t.Errorf("error %v, want an ExhaustedError with no attempt, wrapping ratelimit.ErrDeadline", err)
+			}
+			if n := len(p.Arrivals()); n != 0 {
+				t.Errorf("%d requests reached the provider, want none", n)
+			}
+			if s := h.clock.Sleeps(); len(s) != 0 {
+				t.Errorf("slept %v, want no sleep into a pause that outlasts the budget", s)
+			}
+		})
+	}
+}
+
 // wantExhausted checks that RoundTrip gave up with an ExhaustedError (and no
 // response: a retriable answer must never pass as final) whose text names
 // the method, the path and the attempts but not the query.
