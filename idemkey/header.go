@@ -26,7 +26,7 @@ var ErrInvalidKey = errors.New("invalid idempotency key")
 //
 // When the header is present, err wraps [ErrInvalidKey] if the key is empty,
 // longer than [MaxLen], contains a control, non-ASCII or (unquoted) whitespace
-// character, is a malformed sf-string (bad escape, missing closing quote,
+// character, begins or ends with a space (quoted: no header can carry it), is a malformed sf-string (bad escape, missing closing quote,
 // anything after it, including sf parameters), or if several header lines or
 // comma-separated members carry keys that differ. Identical repeats are
 // accepted: an intermediary may have duplicated or folded the header (RFC 9110
@@ -92,6 +92,13 @@ func parseKey(s string) (string, error) {
 		return "", invalidKey("empty")
 	case len(key) > MaxLen:
 		return "", invalidKey(fmt.Sprintf("longer than %d characters", MaxLen))
+	case key[0] == ' ' || key[len(key)-1] == ' ':
+		// Only an sf-string can get here. An HTTP field value has no
+		// leading or trailing white space (RFC 9110 §5.5): written as the
+		// header sent upstream and answered, such a key loses it, so the
+		// provider and the app would know it as another key's spelling
+		// (" k " and "k" two records here, one key upstream).
+		return "", invalidKey("space at the start or end of a quoted key")
 	}
 	return key, nil
 }

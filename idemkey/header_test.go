@@ -3,6 +3,7 @@ package idemkey
 import (
 	"errors"
 	"net/http"
+	"net/textproto"
 	"strings"
 	"testing"
 )
@@ -63,6 +64,9 @@ func TestFromHeaderInvalid(t *testing.T) {
 		{"unicode", []string{"заказ-1"}, "non-ASCII"},
 		{"unicode in sf-string", []string{`"café"`}, "non-ASCII"},
 		{"inner space unquoted", []string{"a b"}, "whitespace"},
+		{"sf-string starting with a space", []string{`" abc"`}, "space at the start or end"},
+		{"sf-string ending with a space", []string{`"abc "`}, "space at the start or end"},
+		{"sf-string of spaces", []string{`"   "`}, "space at the start or end"},
 		{"quote inside bare", []string{`ab"c`}, "quote"},
 		{"unterminated sf-string", []string{`"abc`}, "no closing quote"},
 		{"trailing backslash", []string{`"abc\`}, "bad escape"},
@@ -108,6 +112,11 @@ func FuzzFromHeader(f *testing.F) {
 			if key[i] < 0x20 || key[i] > 0x7e {
 				t.Fatalf("FromHeader(%q) accepted byte %#x", s, key[i])
 			}
+		}
+		// The key survives as a field value (the header sent upstream and
+		// answered): HTTP trims nothing from it.
+		if textproto.TrimString(key) != key {
+			t.Fatalf("FromHeader(%q) accepted %q, which a header carries as %q", s, key, textproto.TrimString(key))
 		}
 		// The key written back as an sf-string reads back the same.
 		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`

@@ -403,6 +403,7 @@ func TestMissingAndInvalidKeys(t *testing.T) {
 		{"too long", proxy.Reject, strings.Repeat("k", 256), 400, "bad_request", false, 0},
 		{"non-ASCII", proxy.Reject, "ключ", 400, "bad_request", false, 0},
 		{"empty quoted", proxy.Reject, `""`, 400, "bad_request", false, 0},
+		{"quoted with outer spaces", proxy.Reject, `" k-1 "`, 400, "bad_request", false, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
