@@ -54,6 +54,24 @@ func FromHeader(h http.Header) (key string, present bool, err error) {
 	return key, true, nil
 }
 
+// HeaderValue is key written as an Idempotency-Key field value that
+// [FromHeader] reads back as key: key itself when it reads back bare, else
+// key as an RFC 8941 sf-string. Only a key the app sent quoted, with a
+// space, a '"' or a ',' in it (`"pay 7, retry"`), is answered quoted: bare,
+// the value the app keeps from the answer and sends back (docs/keys.md) was
+// two members, or whitespace in an unquoted key, and refused 400.
+func HeaderValue(key string) string {
+	for i := 0; i < len(key); i++ {
+		switch key[i] {
+		case ' ', '"', ',':
+			return `"` + sfEscaper.Replace(key) + `"`
+		}
+	}
+	return key
+}
+
+var sfEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+
 func invalidKey(reason string) error {
 	return fmt.Errorf("%w: %s", ErrInvalidKey, reason)
 }

@@ -90,6 +90,32 @@ func TestFromHeaderInvalid(t *testing.T) {
 	}
 }
 
+// The key an answer carries reads back as the key the app sent: only a
+// quoted key with a space, '"' or ',' is answered quoted.
+func TestHeaderValue(t *testing.T) {
+	for _, tt := range []struct{ sent, answered string }{
+		{"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"},
+		{`"abc"`, "abc"},
+		{`a\b`, `a\b`},
+		{`"pay 7, retry"`, `"pay 7, retry"`},
+		{`"say \"hi\""`, `"say \"hi\""`},
+		{`"a\\b c"`, `"a\\b c"`},
+	} {
+		key, _, err := FromHeader(http.Header{"Idempotency-Key": {tt.sent}})
+		if err != nil {
+			t.Fatalf("FromHeader(%s): %v", tt.sent, err)
+		}
+		got := HeaderValue(key)
+		if got != tt.answered {
+			t.Errorf("HeaderValue(%q) = %s, want %s", key, got, tt.answered)
+		}
+		again, _, err := FromHeader(http.Header{"Idempotency-Key": {got}})
+		if err != nil || again != key {
+			t.Errorf("the answered %s reads back as %q, %v; want %q", got, again, err, key)
+		}
+	}
+}
+
 func FuzzFromHeader(f *testing.F) {
 	for _, s := range []string{"abc", `"a\"b"`, `"abc`, "a, b", `"a,b", "a,b"`, "\x00", `"\\"`} {
 		f.Add(s)
@@ -117,6 +143,10 @@ func FuzzFromHeader(f *testing.F) {
 		// answered): HTTP trims nothing from it.
 		if textproto.TrimString(key) != key {
 			t.Fatalf("FromHeader(%q) accepted %q, which a header carries as %q", s, key, textproto.TrimString(key))
+		}
+		// The key as an answer carries it reads back the same.
+		if again, _, err := FromHeader(http.Header{"Idempotency-Key": {HeaderValue(key)}}); err != nil || again != key {
+			t.Fatalf("answered as %s, %q read back as %q, %v", HeaderValue(key), key, again, err)
 		}
 		// The key written back as an sf-string reads back the same.
 		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemproxy/idemproxy/idemkey"
 	"github.com/idemproxy/idemproxy/internal/heldbody"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
@@ -475,11 +476,12 @@ func writeResult(w http.ResponseWriter, res result, key string, sum *Summary) {
 	for k, v := range res.resp.Header {
 		h[k] = v
 	}
-	// The app sees its own key, also where the provider echoes the upstream one.
-	if len(set) == 1 && set[0] == key {
+	// The app sees its own key, also where the provider echoes the upstream
+	// one, written so that it reads back as the key (idemkey.HeaderValue).
+	if v := idemkey.HeaderValue(key); len(set) == 1 && set[0] == v {
 		h[KeyHeader] = set
 	} else {
-		h.Set(KeyHeader, key)
+		h.Set(KeyHeader, v)
 	}
 	if res.replayed {
 		h[ReplayedHeader] = replayedTrue

@@ -272,5 +272,5 @@ func (h *Handler) unprotectedKey(r *http.Request, tenant string) (outgoingKey, e
 	if err != nil || !present {
 		return outgoingKey{}, err
 	}
-	return outgoingKey{value: h.upstreamKey(tenant, idemkey.Canonical(key)), app: key}, nil
+	return outgoingKey{value: h.upstreamKey(tenant, idemkey.Canonical(key)), app: idemkey.HeaderValue(key)}, nil
 }

@@ -560,7 +560,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		return
 	}
 	sum.Key, sum.UpstreamKey = key, h.upstreamKey(tenant, key)
-	w.Header().Set(KeyHeader, key)
+	w.Header().Set(KeyHeader, idemkey.HeaderValue(key))
 	id := store.ID{Tenant: tenant, Key: key}
 	res, err := h.obtain(r, id, &sum.UpstreamKey, fp[:], body, t)
 	for gen := 2; err != nil && gen <= maxGenerations; gen++ {
@@ -597,7 +597,7 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 // send. A key derived from the body is set once the body is read.
 func echoClientKey(w http.ResponseWriter, r *http.Request) {
 	if key, present, err := idemkey.FromHeader(r.Header); present && err == nil {
-		w.Header().Set(KeyHeader, key)
+		w.Header().Set(KeyHeader, idemkey.HeaderValue(key))
 	}
 }
 

@@ -387,6 +387,29 @@ func TestKeyResolution(t *testing.T) {
 	}
 }
 
+// An app's quoted key with a space, '"' or ',' is answered quoted, so that
+// the key the app keeps from the answer and sends back is the same key:
+// answered bare, it was refused 400 bad_request.
+func TestQuotedKeyAnsweredAsItReadsBack(t *testing.T) {
+	e := newEnv(t)
+	for _, sent := range []string{`"pay 7, retry"`, `"say \"hi\""`} {
+		first := e.do(t, "POST", "/v1/payments", `{"amount":"1"}`, "Idempotency-Key", sent)
+		kept := first.header.Get("Idempotency-Key")
+		if first.status != http.StatusCreated || kept != sent {
+			t.Fatalf("sent %s: %d, answered Idempotency-Key %s; want 201, %s", sent, first.status, kept, sent)
+		}
+		again := e.do(t, "POST", "/v1/payments", `{"amount":"1"}`, "Idempotency-Key", kept)
+		if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" ||
+			again.header.Get("Idempotency-Key") != sent {
+			t.Errorf("key %s sent back as answered: %d %v %s; want the replay", sent, again.status, again.header, again.body)
+		}
+	}
+	total, execs := e.prov.counts()
+	if total != 2 || execs["pay 7, retry"] != 1 || execs[`say "hi"`] != 1 {
+		t.Errorf("upstream saw %d requests %v, want one per key, sent as the key", total, execs)
+	}
+}
+
 func TestMissingAndInvalidKeys(t *testing.T) {
 	cases := []struct {
 		name     string
