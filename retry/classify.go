@@ -47,7 +47,9 @@ var refusedCodes = map[string]bool{"nonce_reused": true, "signature_reused": tru
 // in between failed) — refused, unreachable, no file descriptor (EMFILE) —
 // and a TLS handshake the client gave up: the server's certificate did not
 // verify, or the server did not answer in TLS at all. The request is written
-// only after the handshake succeeded.
+// only after the handshake succeeded. So is an attempt the wire reports
+// ended before it had a connection (ErrNoConnection): a dial, or a wait for
+// a pooled connection, that its deadline cut.
 func neverSent(err error) bool {
 	var (
 		op  *net.OpError
@@ -62,7 +64,7 @@ func neverSent(err error) bool {
 	case errors.As(err, &rhe) && rhe.Conn != nil: // only "first record does not look like a TLS handshake"
 		return true
 	}
-	return errors.Is(err, syscall.ECONNREFUSED)
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, ErrNoConnection)
 }
 
 func isTimeout(err error) bool {

@@ -17,6 +17,13 @@ var ErrResponseTooLarge = errors.New("retry: response body too large")
 // (the client was slow or went away): no attempt was made.
 var ErrRequestBody = errors.New("retry: read request body")
 
+// ErrNoConnection is wrapped, by the RoundTripper that writes to the network
+// (upstream's wire), in the error of an attempt that ended before it had a
+// connection to the upstream: the dial, or the wait for a pooled connection,
+// cut short by the attempt's deadline. Nothing of the request was written,
+// so the attempt counts as never sent, as a refused dial does.
+var ErrNoConnection = errors.New("no connection to the upstream")
+
 // ExhaustedError reports an attempt sequence that ended without a final
 // answer: every attempt failed in a retriable way and the attempts, the
 // budget or the time left for the next wait ran out. The outcome upstream

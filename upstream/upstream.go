@@ -14,6 +14,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemproxy/idemproxy/ratelimit"
@@ -60,7 +63,7 @@ func New(c Config) (*retry.Transport, error) {
 	if wire == nil {
 		w := NewWire()
 		w.MaxConnsPerHost = c.MaxConns
-		wire = w
+		wire = connWatch{next: w}
 	}
 	signer, err := resign.New(c.Sign, retry.OneShot{Next: wire})
 	if err != nil {
@@ -95,4 +98,53 @@ func NewWire() *http.Transport {
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
+}
+
+// connWatch is the wire New builds: it tells an attempt that ended before it
+// had a connection to the provider from one that may have been sent.
+// *http.Transport returns the attempt's context error in both cases when its
+// deadline passes: while it dials (a provider that does not answer the SYN)
+// or waits for a connection of the pool (MaxConns all busy), nothing was
+// written, yet the error reads as a timeout after sending, and the operation
+// was kept as unknown, answered 504 "outcome may be unknown". GotConn, which
+// the transport calls before it writes anything (HTTP/2 too), tells them
+// apart; such an error wraps retry.ErrNoConnection.
+type connWatch struct{ next *http.Transport }
+
+// gotConn is set by its trace's GotConn. It is pooled with its trace: the
+// transport calls GotConn only within RoundTrip, and nothing writes the trace
+// after New, so a watched attempt costs only its context and request copy.
+type gotConn struct {
+	trace httptrace.ClientTrace
+	got   atomic.Bool
+}
+
+var gotConns = sync.Pool{New: func() any {
+	g := &gotConn{}
+	g.trace.GotConn = func(httptrace.GotConnInfo) { g.got.Store(true) }
+	return g
+}}
+
+// RoundTrip watches a request that carries no trace of its own, as every
+// protected attempt is. One that does is an unprotected request passed on
+// by httputil.ReverseProxy (its trace reports 1xx answers), retried on any
+// network error (safe methods) or never: it goes unwatched, since
+// WithClientTrace would compose its trace into the pooled one.
+func (c connWatch) RoundTrip(req *http.Request) (*http.Response, error) {
+	if httptrace.ContextClientTrace(req.Context()) != nil {
+		return c.next.RoundTrip(req)
+	}
+	g := gotConns.Get().(*gotConn)
+	g.got.Store(false)
+	resp, err := c.next.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), &g.trace)))
+	connected := g.got.Load()
+	gotConns.Put(g)
+	if err != nil {
+		if !connected {
+			err = fmt.Errorf("%w (%w)", err, retry.ErrNoConnection)
+		}
+		return nil, err
+	}
+	resp.Request = req
+	return resp, nil
 }

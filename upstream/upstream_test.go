@@ -130,3 +130,62 @@ func TestNewRefusesBadSigning(t *testing.T) {
 		t.Fatalf("{nonce} without a nonce header: %v, want resign.ErrConfig", err)
 	}
 }
+
+// An attempt that never had a connection to the provider was never sent:
+// with the provider's only connection busy (MaxConns 1, a statement still
+// streaming), an order waits for a connection until its attempt times out.
+// That wait is not a timeout after sending: the sequence ends NotSent (the
+// key can be released, the app told nothing was sent), not Unknown, and the
+// provider never saw the order. Before, *http.Transport's bare "context
+// deadline exceeded" read as a send that timed out, and the order was parked
+// unknown, answered 504 "the outcome may be unknown".
+func TestChainNoConnectionIsNotSent(t *testing.T) {
+	var got arrivals
+	release := make(chan struct{})
+	prov := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		got.add(r)
+		if r.Method == http.MethodGet { // a statement that streams until the end of the test
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			<-release
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer prov.Close()
+	defer close(release)
+	rt, err := upstream.New(upstream.Config{MaxConns: 1,
+		Policy: retry.Policy{MaxAttempts: 2, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond,
+			AttemptTimeout: 300 * time.Millisecond, Budget: 5 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get, err := http.NewRequestWithContext(t.Context(), "GET", prov.URL+"/statement", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stmt, _, err := rt.Do(get, retry.Call{Mode: retry.Safe})
+	if err != nil {
+		t.Fatalf("statement: %v", err)
+	}
+	defer stmt.Body.Close() // holds the one connection until then
+
+	_, rep, err := rt.Do(protected(t, prov.URL+"/payments", `{"order_id":"o-1"}`), retry.Call{Mode: retry.Protected})
+	var ex *retry.ExhaustedError
+	if !errors.As(err, &ex) {
+		t.Fatalf("no connection to be had: %v, want an ExhaustedError", err)
+	}
+	if !ex.NotSent || ex.Unknown || !ex.FirstSentAt.IsZero() || rep.Disposition != retry.NotSent {
+		t.Errorf("no connection to be had: NotSent %v, Unknown %v, FirstSentAt %v, disposition %v (%v); want not sent, not unknown",
+			ex.NotSent, ex.Unknown, ex.FirstSentAt, rep.Disposition, err)
+	}
+	if ex.Attempts != 2 {
+		t.Errorf("attempts %d, want 2 (waiting for a connection is retried)", ex.Attempts)
+	}
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	if len(got.keys) != 1 || got.keys[0] != "" {
+		t.Errorf("the provider saw keys %q, want only the statement's (none)", got.keys)
+	}
+}
