@@ -59,7 +59,8 @@ type Options struct {
 	// one, or naming another, instead of looking under a client that has no
 	// records and answering that nothing was sent. A name without a token
 	// under which records are kept (a client whose token was removed) is
-	// taken by the calls on records: see recordID and listRecords.
+	// taken by the calls on records and orders: see recordID, listRecords
+	// and orderCurrent.
 	Clients []string
 	// OrderKeys derives the keys of an order's generation gen (1 first)
 	// from its request's method and path and the value of its key source,

@@ -214,34 +214,57 @@ func (h *Handler) current(r *http.Request, o orderQuery) (id store.ID, gen, src 
 var errStore = errors.New("store unavailable")
 
 // orderFrom checks the order a call names, and writes the error when it
-// cannot be looked up.
-func (h *Handler) orderFrom(w http.ResponseWriter, o orderQuery) (orderQuery, bool) {
+// cannot be looked up. noToken is set when its client has no client token:
+// the call takes it for a client whose token was removed only when the order
+// has records kept under it (orderCurrent), as the calls on records do.
+func (h *Handler) orderFrom(w http.ResponseWriter, o orderQuery) (_ orderQuery, noToken error, ok bool) {
 	// A person types "post": methods are upper case in every request the
 	// proxy takes, so no order has a lower-case one.
 	o.Method = strings.ToUpper(o.Method)
 	if o.Method == "" || o.Path == "" || o.Value == "" {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "method, path and value are required")
-		return o, false
+		return o, nil, false
 	}
 	client, err := h.client(o.Client)
+	if errors.As(err, new(noTokenError)) {
+		noToken, err = err, nil
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, codeBadRequest, err.Error())
-		return o, false
+		return o, nil, false
 	}
 	o.Client = client
-	return o, true
+	return o, noToken, true
+}
+
+// orderCurrent is current for the order an orders call names (orderFrom),
+// writing the error when it fails. A client with no token (noToken) is
+// refused unless the order has a record kept under it: generation 1 has
+// none only when nothing was ever sent for the order under that name, most
+// likely a mistyped one, which must not read as "nothing sent".
+func (h *Handler) orderCurrent(w http.ResponseWriter, r *http.Request, o orderQuery, noToken error) (id store.ID, gen, src int, rec *store.Record, ok bool) {
+	id, gen, src, rec, err := h.current(r, o)
+	if err != nil {
+		h.orderError(w, err)
+		return id, gen, src, rec, false
+	}
+	if noToken != nil && rec == nil && gen == 1 {
+		writeError(w, http.StatusBadRequest, codeBadRequest, noToken.Error()+
+			", and no record of this order is kept under it (a removed client's orders are found under its name)")
+		return id, gen, src, rec, false
+	}
+	return id, gen, src, rec, true
 }
 
 // getOrder is GET /admin/v1/orders?method=POST&path=/cards&value=F-1[&client=].
 func (h *Handler) getOrder(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	o, ok := h.orderFrom(w, orderQuery{Method: q.Get("method"), Path: q.Get("path"), Value: q.Get("value"), Client: q.Get("client")})
+	o, noToken, ok := h.orderFrom(w, orderQuery{Method: q.Get("method"), Path: q.Get("path"), Value: q.Get("value"), Client: q.Get("client")})
 	if !ok {
 		return
 	}
-	id, gen, _, rec, err := h.current(r, o)
-	if err != nil {
-		h.orderError(w, err)
+	id, gen, _, rec, ok := h.orderCurrent(w, r, o, noToken)
+	if !ok {
 		return
 	}
 	out := Order{Key: id.Key, Generation: gen}
@@ -275,13 +298,12 @@ func (h *Handler) renewOrder(w http.ResponseWriter, r *http.Request) {
 		writeBodyError(w, "{method, path, value, client}", err)
 		return
 	}
-	o, ok := h.orderFrom(w, in)
+	o, noToken, ok := h.orderFrom(w, in)
 	if !ok {
 		return
 	}
-	id, gen, src, rec, err := h.current(r, o)
-	if err != nil {
-		h.orderError(w, err)
+	id, gen, src, rec, ok := h.orderCurrent(w, r, o, noToken)
+	if !ok {
 		return
 	}
 	if reason := refusal(rec); reason != "" {
