@@ -105,6 +105,14 @@ func Parse(s string) (*Template, error) {
 		if t.body, err = parseParts(body); err != nil {
 			return nil, err
 		}
+		// The body is sent as application/json: one that is not JSON
+		// whatever its values (a brace or quote missing) would be refused
+		// by the provider before every re-send, and no unknown operation
+		// ever reconciled.
+		filled, _ := fill(t.body, func(part) (value, error) { return value{text: "0", num: true}, nil }, jsonEscape)
+		if !json.Valid([]byte(filled)) {
+			return nil, fmt.Errorf("%w: the body must be JSON once its placeholders are filled (it is sent as application/json), e.g. {\"order_id\":\"{req.order_id}\"}", ErrSyntax)
+		}
 	}
 	return t, nil
 }

@@ -157,3 +157,34 @@ func TestBuildBodyValueOutsideQuotes(t *testing.T) {
 		}
 	}
 }
+
+// A body that is not JSON once its placeholders are filled (a brace or a
+// quote missing, or text) stops the start: it is sent as application/json,
+// and a provider refusing it before every re-send left every unknown
+// operation re-sent, never reconciled, and past the key retention refused
+// for good, with nothing said at start. Bodies that are JSON with their
+// values, between quotes or as a value, are taken as before.
+func TestParseBodyNotJSON(t *testing.T) {
+	for _, s := range []string{
+		`POST /info {"order_id":"{req.order_id}"`,
+		`POST /info {"order_id":"{req.order_id}}`,
+		`POST /info {"order_id":{req.order_id}`,
+		`POST /info order_id={req.order_id}`,
+		`POST /info {"order_id":"{req.order_id}",}`,
+	} {
+		if _, err := probe.Parse(s); !errors.Is(err, probe.ErrSyntax) || !strings.Contains(err.Error(), "JSON") {
+			t.Errorf("Parse(%q) = %v, want ErrSyntax saying the body must be JSON", s, err)
+		}
+	}
+	for _, s := range []string{
+		`POST /info {"order_id":"{req.order_id}"}`,
+		`POST /info {"order_id":{req.order_id},"n":[{req.n}],"k":"x-{idempotency_key}-{resp.id}"}`,
+		`POST /info {"a":{"b":1}}`,
+		`POST /info "{idempotency_key}"`,
+		`POST /info {req.order_id}`,
+	} {
+		if _, err := probe.Parse(s); err != nil {
+			t.Errorf("Parse(%q) = %v, want it taken", s, err)
+		}
+	}
+}
