@@ -157,6 +157,12 @@ func (s *sequence) probe() (*http.Response, ProbeResult) {
 		info.Result, info.Err = ProbeOther, err
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		info.Result = ProbeFound
+		if preq.Method == http.MethodHead {
+			// A HEAD answer's Content-Length is that of a body it does not
+			// carry: kept, every answer to the app (the stored one replayed
+			// too) declared that length and ended short of it.
+			resp.Header.Del("Content-Length")
+		}
 		return s.reconciled(resp, body), info.Result
 	case resp.StatusCode == http.StatusNotFound:
 		info.Result = ProbeNotFound

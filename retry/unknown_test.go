@@ -366,3 +366,32 @@ func TestProviderCannotMarkReconciled(t *testing.T) {
 		t.Fatalf("the provider's own answer carries %s: %q, want none", ReconciledHeader, got)
 	}
 }
+
+// TestHeadProbeAnswerLength: a HEAD probe's 2xx answer becomes the result
+// with no body, and says so: its Content-Length, that of the body a GET
+// would get, is not kept. Kept, the proxy wrote it with the empty body, and
+// the app's answer (and every replay of it) ended short of its declared
+// length: curl "transfer closed with outstanding read data remaining", a client waiting
+// for the rest until its timeout.
+func TestHeadProbeAnswerLength(t *testing.T) {
+	p := newProvider(t, respond(200, found))
+	pol := testPolicy()
+	pol.MaxAttempts = 1
+	h := newHarness(t, pol)
+	rec := withProbe(t, h, p, "HEAD /v1/payout/{resp.id}")
+	resume := &Resume{FirstSentAt: h.clock.Now().Add(-time.Minute), LastBody: []byte(`{"error":{"code":"gateway_timeout"},"id":"op-7"}`)}
+	resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected, Resume: resume})
+	body := readFinal(t, resp, err, 200, rep.Attempts)
+	if got := rec.results(); !slices.Equal(got, []ProbeResult{ProbeFound}) {
+		t.Fatalf("probe results %v, want found", got)
+	}
+	if got := requestLines(p); !slices.Equal(got, []string{"HEAD /v1/payout/op-7"}) {
+		t.Fatalf("provider saw %v, want the HEAD probe only", got)
+	}
+	if resp.Header.Get(ReconciledHeader) != "true" || len(body) != 0 {
+		t.Fatalf("answer %v %q, want reconciled with no body", resp.Header, body)
+	}
+	if cl := resp.Header.Get("Content-Length"); cl != "" && cl != "0" {
+		t.Fatalf("answer with no body has Content-Length: %s", cl)
+	}
+}
