@@ -341,6 +341,12 @@ func checkCodes(list string) error {
 }
 
 func parseUpstream(raw string) (*url.URL, error) {
+	// A space after the base path ("https://api.example/v1 ", copied with
+	// the URL) parsed and started: every request then went to /v1%20/…,
+	// which no provider serves.
+	if raw != strings.TrimSpace(raw) {
+		return nil, errors.New("begins or ends with white space (copied with the URL?), which would be part of the base path; remove it")
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, errors.New("not a URL")
@@ -546,7 +552,11 @@ func (c *config) checkNumbers() error {
 		// bad setting (status 2, the variable named), not a failed start.
 		{"LISTEN_ADDR", listenAddrOK(c.ListenAddr), "an address such as :8080 or 127.0.0.1:8080"},
 		{"ADMIN_ADDR", listenAddrOK(c.AdminAddr), "an address such as :9090 or 127.0.0.1:9090"},
-		{"DATA_DIR", c.DataDir != "", "a directory"},
+		// "/data " started and kept the records in a directory named with
+		// the space, beside the volume mounted at /data: gone at the next
+		// container, and with them every stored answer the apps replay.
+		{"DATA_DIR", c.DataDir != "" && c.DataDir == strings.TrimSpace(c.DataDir),
+			"a directory, without white space before or after it (a trailing space would name another directory)"},
 	}
 	for _, ch := range checks {
 		if !ch.ok {

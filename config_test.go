@@ -452,6 +452,47 @@ func TestBinaryStoreURLWhiteSpace(t *testing.T) {
 	}
 }
 
+// An UPSTREAM_URL or DATA_DIR with white space around it once started: the
+// base path "/v1 " sent every request to /v1%20/…, and "/data " kept the
+// records beside the volume, lost with the container. Both stop the start
+// naming the variable and the white space; the same values without it
+// start.
+func TestConfigWhiteSpaceAroundUpstreamAndDataDir(t *testing.T) {
+	for _, tc := range []struct{ env, name string }{
+		{"IDEMPROXY_UPSTREAM_URL=https://api.example/v1 ", "IDEMPROXY_UPSTREAM_URL"},
+		{"IDEMPROXY_UPSTREAM_URL=https://api.example/v1\t", "IDEMPROXY_UPSTREAM_URL"},
+		{"IDEMPROXY_UPSTREAM_URL= https://api.example", "IDEMPROXY_UPSTREAM_URL"},
+		{"IDEMPROXY_DATA_DIR=/data ", "IDEMPROXY_DATA_DIR"},
+		{"IDEMPROXY_DATA_DIR= ./data", "IDEMPROXY_DATA_DIR"},
+	} {
+		env := []string{"IDEMPROXY_UPSTREAM_URL=https://api.example/v1", tc.env}
+		_, _, err := loadConfig(env)
+		if err == nil {
+			t.Errorf("%q accepted, want a refusal", tc.env)
+		} else if msg := err.Error(); !strings.Contains(msg, tc.name) || !strings.Contains(msg, "white space") {
+			t.Errorf("%q: message %q does not name %s and the white space", tc.env, msg, tc.name)
+		}
+	}
+	cfg, set, err := loadConfig([]string{"IDEMPROXY_UPSTREAM_URL=https://api.example/v1", "IDEMPROXY_DATA_DIR=/data"})
+	if err != nil || set.upstream.Path != "/v1" || cfg.DataDir != "/data" {
+		t.Errorf("without white space: path %q, dir %q, %v", set.upstream.Path, cfg.DataDir, err)
+	}
+}
+
+// The real binary stops with exit status 2 on a DATA_DIR with a trailing
+// space, naming the variable, and creates no directory of that name.
+func TestBinaryDataDirWhiteSpace(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	out := startStops(t, 2, "PATH="+os.Getenv("PATH"), "IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1",
+		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0", "IDEMPROXY_DATA_DIR="+dir+" ")
+	if !strings.Contains(out, "IDEMPROXY_DATA_DIR") || !strings.Contains(out, "white space") {
+		t.Errorf("output does not name IDEMPROXY_DATA_DIR and the white space:\n%s", out)
+	}
+	if _, err := os.Stat(dir + " "); !os.IsNotExist(err) {
+		t.Errorf("the directory %q was made (%v)", dir+" ", err)
+	}
+}
+
 // A SIGN_CANONICAL without a placeholder once started and signed the same
 // string for every request: one signature for any method, path, body and
 // time. It stops the start naming the variable and the placeholders.
