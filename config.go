@@ -908,6 +908,48 @@ func warnShortAdminToken(token string, log *slog.Logger) {
 	}
 }
 
+// requestPlaceholders are the placeholders that take something of the
+// request into a signature ({timestamp} and {nonce} take only the moment).
+var requestPlaceholders = []string{"method", "path", "query", "body", "body_sha256", "idempotency_key"}
+
+// warnUnboundSignature logs at WARN a signing template that takes nothing
+// of the request, only {timestamp} and {nonce} (and literal text): its
+// signature is good for any method, path and body sent within the
+// provider's time window, by whoever sees one request. It does not stop the
+// start: a provider may sign only the time. The template is not logged.
+func warnUnboundSignature(sc resign.Config, log *slog.Logger) {
+	if len(sc.Secret) == 0 || sc.Template == nil {
+		return
+	}
+	for _, ph := range requestPlaceholders {
+		if sc.Template.Uses(ph) {
+			return
+		}
+	}
+	log.Warn("signing template signs nothing of the request", "variable", envPrefix+"SIGN_CANONICAL",
+		"why", "it holds no {method} {path} {query} {body} {body_sha256} or {idempotency_key}: a signature seen once "+
+			"is good for any request within the provider's time window; write the provider's scheme")
+}
+
+// warnSlowRate logs at WARN a RATE_LIMIT that gives a token less often
+// than once per RETRY_BUDGET: once the burst is spent, a request that finds
+// no token cannot get one within its budget and ends at once unsent (502
+// upstream_unavailable) instead of waiting. It does not stop the start:
+// traffic slower than the rate never waits. Names only.
+func warnSlowRate(cfg config, log *slog.Logger) {
+	if cfg.RateLimit <= 0 {
+		return
+	}
+	every := time.Duration(float64(time.Second) / cfg.RateLimit)
+	if every <= cfg.RetryBudget {
+		return
+	}
+	log.Warn("rate limit is slower than one request per retry budget", "variable", envPrefix+"RATE_LIMIT",
+		"why", fmt.Sprintf("one token every %s, longer than %sRETRY_BUDGET (%s): once the burst of %d is spent, "+
+			"a request that finds no token ends unsent with 502 upstream_unavailable; raise the rate (it is per second) or the budget",
+			every.Round(time.Second), envPrefix, cfg.RetryBudget, cfg.RateBurst))
+}
+
 // editDistance is the Levenshtein distance between a and b.
 func editDistance(a, b string) int {
 	prev := make([]int, len(b)+1)

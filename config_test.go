@@ -546,6 +546,93 @@ func TestBinaryWarnsOfShortAdminToken(t *testing.T) {
 	}
 }
 
+// A SIGN_CANONICAL of only {timestamp} (or {nonce}, and literal text)
+// started without a word, though its signature takes nothing of the request
+// and is good for any request in the provider's time window. It is named in
+// a WARN line at start (a provider may sign only the time, so it starts);
+// a template with any part of the request, or no signing, draws no line.
+func TestConfigWarnsOfUnboundSignature(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_NONCE_HEADER=X-Nonce"}
+	for _, tc := range []struct {
+		env  []string
+		warn bool
+	}{
+		{[]string{"IDEMPROXY_SIGN_SECRET=sign-key-0123", "IDEMPROXY_SIGN_CANONICAL={timestamp}"}, true},
+		{[]string{"IDEMPROXY_SIGN_SECRET=sign-key-0123", `IDEMPROXY_SIGN_CANONICAL={timestamp}\n{nonce}\nPOST /v1/payouts`}, true},
+		{[]string{"IDEMPROXY_SIGN_SECRET=sign-key-0123"}, false},
+		{[]string{"IDEMPROXY_SIGN_SECRET=sign-key-0123", `IDEMPROXY_SIGN_CANONICAL={timestamp}\n{idempotency_key}`}, false},
+		{[]string{"IDEMPROXY_SIGN_SECRET=sign-key-0123", `IDEMPROXY_SIGN_CANONICAL={timestamp}{query}`}, false},
+		{[]string{"IDEMPROXY_SIGN_CANONICAL={timestamp}"}, false}, // no signing
+	} {
+		_, set, err := loadConfig(append(base, tc.env...))
+		if err != nil {
+			t.Fatalf("%v: %v", tc.env, err)
+		}
+		var buf bytes.Buffer
+		warnUnboundSignature(set.sign, newLogger(&buf, "info", nil))
+		got := buf.String()
+		if tc.warn != strings.Contains(got, `"variable":"IDEMPROXY_SIGN_CANONICAL"`) {
+			t.Errorf("%v: log %q, want a warning %v", tc.env, got, tc.warn)
+		}
+		if tc.warn && (!strings.Contains(got, `"level":"WARN"`) || !strings.Contains(got, "nothing of the request") || strings.Contains(got, "sign-key-0123")) {
+			t.Errorf("%v: %q, want WARN saying it signs nothing of the request, without the secret", tc.env, got)
+		}
+	}
+}
+
+// A RATE_LIMIT that gives a token less often than once per RETRY_BUDGET
+// (0.005 = one every 200s, budget 2m) started without a word, and once the
+// burst was spent a request that found no token ended unsent. It is named
+// in a WARN line at start with the interval and the budget; a rate whose
+// interval fits the budget draws no line.
+func TestConfigWarnsOfSlowRate(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}
+	for _, tc := range []struct {
+		env  []string
+		warn bool
+	}{
+		{[]string{"IDEMPROXY_RATE_LIMIT=0.005"}, true},
+		{[]string{"IDEMPROXY_RATE_LIMIT=0.000278", "IDEMPROXY_RATE_BURST=10"}, true},
+		{[]string{"IDEMPROXY_RATE_LIMIT=0.1", "IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_ATTEMPT_TIMEOUT=2s"}, true},
+		{[]string{"IDEMPROXY_RATE_LIMIT=0.005", "IDEMPROXY_RETRY_BUDGET=5m"}, false},
+		{[]string{"IDEMPROXY_RATE_LIMIT=0.5"}, false},
+		{[]string{"IDEMPROXY_RATE_LIMIT=0"}, false},
+		{nil, false},
+	} {
+		cfg, _, err := loadConfig(append(base, tc.env...))
+		if err != nil {
+			t.Fatalf("%v: %v", tc.env, err)
+		}
+		var buf bytes.Buffer
+		warnSlowRate(cfg, newLogger(&buf, "info", nil))
+		got := buf.String()
+		if tc.warn != strings.Contains(got, `"variable":"IDEMPROXY_RATE_LIMIT"`) {
+			t.Errorf("%v: log %q, want a warning %v", tc.env, got, tc.warn)
+		}
+		if tc.warn && (!strings.Contains(got, `"level":"WARN"`) || !strings.Contains(got, "IDEMPROXY_RETRY_BUDGET") || !strings.Contains(got, "unsent")) {
+			t.Errorf("%v: %q, want WARN naming RETRY_BUDGET and saying requests end unsent", tc.env, got)
+		}
+	}
+}
+
+// The real binary starts with both and says so at WARN.
+func TestBinaryWarnsOfUnboundSignatureAndSlowRate(t *testing.T) {
+	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(), "IDEMPROXY_SIGN_SECRET=sign-key-0123",
+		"IDEMPROXY_SIGN_CANONICAL={timestamp}", "IDEMPROXY_RATE_LIMIT=0.005")})
+	for msg, name := range map[string]string{
+		"signing template signs nothing of the request":          "IDEMPROXY_SIGN_CANONICAL",
+		"rate limit is slower than one request per retry budget": "IDEMPROXY_RATE_LIMIT",
+	} {
+		line := p.waitLine(t, `"msg":"`+msg+`"`)
+		if !strings.Contains(line, `"level":"WARN"`) || jsonField(line, "variable") != name {
+			t.Errorf("warning line %s; want WARN naming %s", line, name)
+		}
+	}
+	if strings.Contains(p.text(), "sign-key-0123") {
+		t.Errorf("the signing secret is in the log:\n%s", p.text())
+	}
+}
+
 // A RATE_LIMIT below one request an hour (the unit is per second) once
 // started: after the burst, nearly every request would end unsent, as its
 // wait for a token would pass RETRY_BUDGET. It stops the

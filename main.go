@@ -134,6 +134,8 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	warnUnknownVariables(environ, log)
 	warnIneffective(cfg, environ, log)
 	warnShortAdminToken(set.adminToken, log)
+	warnUnboundSignature(set.sign, log)
+	warnSlowRate(cfg, log)
 	setMemoryLimit(environ, cgroupLimitFiles, log)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
