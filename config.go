@@ -877,6 +877,16 @@ func ineffective(cfg config, environ []string) []noEffect {
 	if set("CLIENT_HEADER") && !clients {
 		out = append(out, noEffect{envPrefix + "CLIENT_HEADER", "no " + envPrefix + "CLIENT_TOKENS: no client authentication"})
 	}
+	// Without a secret nothing is signed: a template or an encoding set
+	// with no secret (one not mounted, a secretKeyRef left out) sent every
+	// request unsigned, and the provider's 401 is a final answer, stored.
+	if cfg.SignSecret == "" && cfg.SignSecretFile == "" {
+		for _, n := range []string{"SIGN_CANONICAL", "SIGN_ENCODING"} {
+			if set(n) {
+				out = append(out, noEffect{envPrefix + n, "no " + envPrefix + "SIGN_SECRET: requests go upstream unsigned"})
+			}
+		}
+	}
 	if set("STORE_LEASE") && cfg.StoreURL == "" && cfg.StoreURLFile == "" {
 		out = append(out, noEffect{envPrefix + "STORE_LEASE", "no " + envPrefix + "STORE_URL: the embedded store has one process, no replica to take over"})
 	}

@@ -380,6 +380,42 @@ func TestBinaryWarnsOfSettingsWithoutEffect(t *testing.T) {
 	}
 }
 
+// A SIGN_CANONICAL or SIGN_ENCODING set without SIGN_SECRET (a secret not
+// mounted) started without a word and sent every request unsigned, the
+// provider's 401 then stored as final. Each is named in a "no effect"
+// warning; with the secret, in a variable or its file, they draw none.
+func TestConfigSignSettingsWithoutSecret(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sign")
+	if err := os.WriteFile(file, []byte("sign-key-0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	set := []string{`IDEMPROXY_SIGN_CANONICAL={timestamp}\n{method}\n{path}\n{body_sha256}`, "IDEMPROXY_SIGN_ENCODING=base64"}
+	environ := append([]string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}, set...)
+	cfg, _, err := loadConfig(environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, n := range ineffective(cfg, environ) {
+		got[n.variable] = n.because
+	}
+	for _, name := range []string{"IDEMPROXY_SIGN_CANONICAL", "IDEMPROXY_SIGN_ENCODING"} {
+		if !strings.Contains(got[name], "IDEMPROXY_SIGN_SECRET") || !strings.Contains(got[name], "unsigned") {
+			t.Errorf("%s without a secret: because %q, want it to name IDEMPROXY_SIGN_SECRET and unsigned requests", name, got[name])
+		}
+	}
+	for _, secret := range []string{"IDEMPROXY_SIGN_SECRET=sign-key-0123", "IDEMPROXY_SIGN_SECRET_FILE=" + file} {
+		environ := append(environ, secret)
+		cfg, _, err := loadConfig(environ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ineffective(cfg, environ); len(got) != 0 {
+			t.Errorf("with %s: %v, want no warning", secret, got)
+		}
+	}
+}
+
 // A CLIENT_TOKENS list separated by something else than the comma once
 // started as one client whose token was the rest of the line
 // ("token1;b=token2"): no app's token matched and the second client did not
