@@ -134,9 +134,10 @@ func testAdminListCursorWhole(t *testing.T, shared bool) {
 }
 
 // TestAdminRemovedClient: the records of a client whose token was removed
-// from IDEMPROXY_CLIENT_TOKENS can still be read, listed and resolved, by
-// naming it (client); before, every such call was 400 "no client has a client
-// token", so its unknown operations could not be settled. A name with no
+// from IDEMPROXY_CLIENT_TOKENS can still be read, listed and resolved, and
+// its orders looked up and renewed, by naming it (client); before, every such
+// call was 400 "no client has a client token", so its unknown operations could
+// not be settled (and, until later, its failed orders not renewed). A name with no
 // token and no records is still refused.
 func TestAdminRemovedClient(t *testing.T) { onStores(t, testAdminRemovedClient) }
 
@@ -160,6 +161,10 @@ func testAdminRemovedClient(t *testing.T, shared bool) {
 	if r.status != http.StatusBadGateway || key == "" {
 		t.Fatalf("app-b's POST = %d %v %s, want 502 with its key", r.status, r.header, r.body)
 	}
+	// And a failed one (400 "failed"), final: its order may be renewed.
+	if r := send(t, "POST", "http://"+p.proxy+"/payments", `{"order_id":"f-1","amount":"10.00"}`, "Idemproxy-Client-Token", tokenB); r.status != http.StatusBadRequest {
+		t.Fatalf("app-b's failed POST = %d %s, want 400", r.status, r.body)
+	}
 	if err := p.terminate(t); err != nil {
 		t.Fatalf("first process: %v", err)
 	}
@@ -177,6 +182,25 @@ func testAdminRemovedClient(t *testing.T, shared bool) {
 	if r.status != http.StatusOK || !strings.Contains(r.body, `"key":"`+key+`"`) {
 		t.Fatalf("listing of app-b's unknown records = %d %s, want its record %s", r.status, r.body, key)
 	}
+	// Its orders too: looked up, and the failed one renewed to its next key.
+	r = admin("GET", "/admin/v1/orders?method=POST&path=/payments&value=f-1&client=app-b", "")
+	if r.status != http.StatusOK || !strings.Contains(r.body, `"generation":1`) || !strings.Contains(r.body, `"status":400`) {
+		t.Fatalf("GET app-b's failed order after its token was removed = %d %s, want 200 generation 1 with its record", r.status, r.body)
+	}
+	r = admin("POST", "/admin/v1/orders/renew", `{"method":"POST","path":"/payments","value":"f-1","client":"app-b"}`)
+	if r.status != http.StatusOK || !strings.Contains(r.body, `"generation":2`) {
+		t.Fatalf("renew of app-b's failed order after its token was removed = %d %s, want 200 generation 2", r.status, r.body)
+	}
+	if line := p.waitLine(t, `order renewed`); !strings.Contains(line, `"client":"app-b"`) {
+		t.Fatalf("the renew's log line %s does not name client app-b", line)
+	}
+	r = admin("POST", "/admin/v1/orders/renew", `{"method":"POST","path":"/payments","value":"u-1","client":"app-b"}`)
+	adminAnswer(t, "renew of app-b's unknown order", r.status, r.header, r.body, http.StatusConflict, "renew_refused")
+	r = admin("GET", "/admin/v1/orders?method=POST&path=/payments&value=f-1&client=app-c", "")
+	adminAnswer(t, "GET an order of a client with no token and no records", r.status, r.header, r.body, http.StatusBadRequest, "bad_request")
+	r = admin("POST", "/admin/v1/orders/renew", `{"method":"POST","path":"/payments","value":"f-1","client":"app-c"}`)
+	adminAnswer(t, "renew for a client with no token and no records", r.status, r.header, r.body, http.StatusBadRequest, "bad_request")
+
 	// A name that has neither a token nor records is refused as before.
 	r = admin("GET", "/admin/v1/records/"+key+"?client=app-c", "")
 	adminAnswer(t, "GET a record of a client with no token and no records", r.status, r.header, r.body, http.StatusBadRequest, "bad_request")
