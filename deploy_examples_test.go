@@ -634,3 +634,63 @@ func TestComposeVariables(t *testing.T) {
 		}
 	}
 }
+
+// Every sh block of the README that brings a compose file up makes, before
+// that line, each secret file the compose file reads (./secrets/<name>):
+// copied as it stands on a fresh clone, a block without them stops at once
+// (bind source path does not exist). imagetest runs the Deploy block; the
+// Development blocks are checked only here.
+func TestReadmeComposeUpMakesItsSecrets(t *testing.T) {
+	raw, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	secretsOf := map[string][]string{}
+	for _, file := range []string{"compose.yaml", "compose.replicas.yaml"} {
+		y, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`(?m)^\s*file:\s*\$\{[A-Za-z0-9_]*:-\./secrets/([A-Za-z0-9_.-]+)\}`).FindAllStringSubmatch(string(y), -1) {
+			secretsOf[file] = append(secretsOf[file], m[1])
+		}
+		if len(secretsOf[file]) == 0 {
+			t.Fatalf("%s reads no secret file from ./secrets/", file)
+		}
+	}
+	up := regexp.MustCompile(`\bcompose\b(.*)\sup(\s|$)`)
+	ups := 0
+	for _, block := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
+		made := map[string]bool{}
+		for _, line := range strings.Split(strings.ReplaceAll(block[1], "\\\n", " "), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "#") {
+				continue
+			}
+			for _, m := range regexp.MustCompile(`>\s*secrets/([A-Za-z0-9_.-]+)`).FindAllStringSubmatch(line, -1) {
+				made[m[1]] = true
+			}
+			m := up.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			ups++
+			file := "compose.yaml"
+			if f := regexp.MustCompile(`-f\s+(\S+)`).FindStringSubmatch(m[1]); f != nil {
+				file = f[1]
+			}
+			want, ok := secretsOf[file]
+			if !ok {
+				t.Errorf("README: %q brings up %s, which is not one of the compose files", strings.TrimSpace(line), file)
+				continue
+			}
+			for _, s := range want {
+				if !made[s] {
+					t.Errorf("README: the sh block with %q does not make secrets/%s before it, which %s reads", strings.Join(strings.Fields(line), " "), s, file)
+				}
+			}
+		}
+	}
+	if ups < 2 {
+		t.Errorf("README: %d sh lines bring a compose file up, want at least the two examples", ups)
+	}
+}
