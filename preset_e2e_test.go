@@ -87,6 +87,37 @@ func TestPresetPayoutsLookupsAreFresh(t *testing.T) {
 	}
 }
 
+// TestRouteWrittenWithTrailingSlash: an operator who writes the lookup's
+// rule with a trailing slash (copied from a URL) means the endpoint
+// POST /v1/payout/info, which the app calls without one. Before, the rule
+// matched only "/v1/payout/info/": the lookup was keyed by its order_id, its
+// 404 stored and replayed after the payout was made, and a reject rule
+// written so let its endpoint through to the provider.
+func TestRouteWrittenWithTrailingSlash(t *testing.T) {
+	sb, url := startSandbox(t, sandbox.Config{Provider: sandbox.ProviderPayouts, PublicID: "pub-e2e"})
+	p := launch(t, launchSpec{env: presetEnv(t, "payouts", url, "IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-e2e",
+		"IDEMPROXY_ROUTES=POST /v1/payout/info/=unprotected; POST /v1/payment/=reject;")})
+	base := "http://" + p.proxy
+	info := `{"order_id":"po-slash"}`
+	if a := send(t, "POST", base+"/v1/payout/info", info); a.status != http.StatusNotFound || a.header.Get("Idempotency-Key") != "" {
+		t.Fatalf("lookup before the payout: %d key=%q %s, want a 404 not keyed", a.status, a.header.Get("Idempotency-Key"), a.body)
+	}
+	created := send(t, "POST", base+"/v1/payout", `{"amount":"25","currency":"USDT","network":"tron","address":"TXY1","order_id":"po-slash"}`)
+	if created.status != http.StatusOK {
+		t.Fatalf("payout: %d %s", created.status, created.body)
+	}
+	if a := send(t, "POST", base+"/v1/payout/info", info); a.status != http.StatusOK || a.header.Get("Idempotent-Replayed") != "" ||
+		field(t, a.body, "id") != field(t, created.body, "id") {
+		t.Errorf("lookup after the payout: %d replayed=%q %s, want the payout, fresh", a.status, a.header.Get("Idempotent-Replayed"), a.body)
+	}
+	if a := send(t, "POST", base+"/v1/payment", `{"amount":"70","currency":"USDT","order_id":"inv-slash"}`); a.status != http.StatusMethodNotAllowed {
+		t.Errorf("rejected endpoint: %d %s, want 405", a.status, a.body)
+	}
+	if l := sb.Ledger(); l.Executions != 1 || l.ByOrder["inv-slash"] != 0 {
+		t.Errorf("ledger: %d executions %v, want the payout only", l.Executions, l.ByOrder)
+	}
+}
+
 func TestPresetPayoutsInProgressDialect(t *testing.T) {
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	_, url := startSandbox(t, sandbox.Config{Provider: sandbox.ProviderPayouts, PublicID: "pub-e2e",

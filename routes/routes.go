@@ -12,7 +12,8 @@
 // percent-decoding of each (so /cards/a%2Fb/topup has three segments and
 // /v1/payout/%69nfo is /v1/payout/info). The first rule that matches wins;
 // rules also match the spellings of their path that servers commonly route
-// the same (see [Table.Match]).
+// the same, whichever of them the rule itself is written in (see
+// [Table.Match]).
 // POLICY is one of:
 //
 //	unprotected            streamed through, never stored
@@ -27,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -75,6 +77,10 @@ type Rule struct {
 	Window time.Duration
 
 	segs []string // decoded pattern segments; "*" is a wildcard
+	// loose are the segments of the pattern read leniently, as a request
+	// path is (looseSegments: "/v1/payout/info/" is v1, payout, info), when
+	// they differ from segs; nil otherwise, as for nearly every rule.
+	loose []string
 }
 
 // String returns the rule in IDEMPROXY_ROUTES syntax; [Parse] of it gives the
@@ -158,6 +164,9 @@ func parseRule(e string) (Rule, error) {
 	r.Path = strings.TrimSpace(path)
 	if r.segs, err = parsePattern(r.Path); err != nil {
 		return Rule{}, err
+	}
+	if loose, ok := looseSegments(r.Path); ok && !slices.Equal(loose, r.segs) {
+		r.loose = loose
 	}
 	if err := r.parsePolicy(strings.TrimSpace(policy)); err != nil {
 		return Rule{}, err
@@ -268,7 +277,9 @@ func (r Rule) covers(later Rule) bool {
 // "/v1/payout/info/", "/v1/payout%2Finfo", "/V1/Payout/Info" are
 // /v1/payout/info to nginx, servlet containers, Express or ASP.NET). A rule
 // is meant for the endpoint, however it is spelled, so Match reads the path
-// both ways, takes the first rule each reading matches, and decides:
+// both ways, takes the first rule each reading matches (the lenient reading
+// against the rule's path read leniently too: a rule written
+// "/v1/payout/info/" is for /v1/payout/info), and decides:
 //
 //   - a Reject rule on the lenient reading refuses the request: no spelling
 //     of a rejected path reaches the provider;
@@ -348,18 +359,35 @@ func (t Table) firstSpelled(method, escapedPath string) (exact, lenient int) {
 // firstPlain is firstSpelled for a path that plainPath accepts, p without its
 // leading '/', without allocating. Nothing in such a path is escaped and
 // looseSegments leaves its segments as they are, so the two readings differ
-// only in letter case: one walk of a rule's segments answers both, and the
-// rule matching p as written is also the first matching it leniently, or
-// comes after that one.
+// only in letter case: one walk of a rule's segments answers both (of its
+// lenient segments, for a rule written in another spelling, which can never
+// match such a path as written), and the rule matching p as written is also
+// the first matching it leniently, or comes after that one.
 func (t Table) firstPlain(method, p string) (exact, lenient int) {
 	n := strings.Count(p, "/") + 1
 	lenient = -1
 	for i := range t.rules {
 		r := &t.rules[i]
-		if (r.Method != "*" && r.Method != method) || len(r.segs) != n {
+		if r.Method != "*" && r.Method != method {
 			continue
 		}
-		same, fold := r.matchesPlain(p)
+		if r.loose != nil { // read leniently, the rule has other segments
+			if lenient < 0 && len(r.loose) == n {
+				if _, fold := matchPlain(r.loose, p); fold {
+					lenient = i
+				}
+			}
+			if len(r.segs) == n {
+				if same, _ := matchPlain(r.segs, p); same {
+					return i, lenient
+				}
+			}
+			continue
+		}
+		if len(r.segs) != n {
+			continue
+		}
+		same, fold := matchPlain(r.segs, p)
 		if fold && lenient < 0 {
 			lenient = i
 		}
@@ -370,12 +398,13 @@ func (t Table) firstPlain(method, p string) (exact, lenient int) {
 	return -1, lenient
 }
 
-// matchesPlain reports whether r's segments match those of p (a path with
-// its leading '/' cut that plainPath accepts, with as many segments as r) as
-// written (same) and ignoring letter case (fold). Method is the caller's.
-func (r *Rule) matchesPlain(p string) (same, fold bool) {
+// matchPlain reports whether the pattern segments segs match those of p (a
+// path with its leading '/' cut that plainPath accepts, with as many segments
+// as segs) as written (same) and ignoring letter case (fold). Method is the
+// caller's.
+func matchPlain(segs []string, p string) (same, fold bool) {
 	same = true
-	for _, want := range r.segs {
+	for _, want := range segs {
 		got, rest, _ := strings.Cut(p, "/")
 		p = rest
 		switch {
@@ -437,12 +466,17 @@ func looseSegments(escapedPath string) (segs []string, ok bool) {
 }
 
 // matchesDecoded is matches for segments already decoded, ignoring letter
-// case (the lenient reading: see Match).
+// case, against the rule's own lenient segments (the lenient reading: see
+// Match).
 func (r *Rule) matchesDecoded(method string, segs []string) bool {
-	if (r.Method != "*" && r.Method != method) || len(segs) != len(r.segs) {
+	pattern := r.segs
+	if r.loose != nil {
+		pattern = r.loose
+	}
+	if (r.Method != "*" && r.Method != method) || len(segs) != len(pattern) {
 		return false
 	}
-	for i, want := range r.segs {
+	for i, want := range pattern {
 		switch {
 		case want == "*" && segs[i] == "":
 			return false

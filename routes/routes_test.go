@@ -208,6 +208,55 @@ func TestMatchSpellings(t *testing.T) {
 	}
 }
 
+// TestMatchRuleSpelledLoosely: a rule written in a lenient spelling of its
+// path (a trailing or repeated slash, an encoded slash) is for the endpoint
+// as the plain spelling is: "POST /v1/payout/info/=unprotected" keeps the
+// lookup POST /v1/payout/info fresh, and a reject rule written so refuses the
+// endpoint. Before, such a rule matched only requests spelled as it is, so
+// the lookup was stored and replayed and the rejected endpoint was sent.
+func TestMatchRuleSpelledLoosely(t *testing.T) {
+	tab := mustParse(t, "POST /v1/payout/info/=unprotected; POST //internal/*/=reject; PUT /cards/*/close/=key:json:id; "+
+		"POST /v1/payment%2Finfo=unprotected")
+	cases := []struct {
+		method, path string
+		protected    bool   // the defaults protect method
+		want         string // rule as written, "" for the defaults
+	}{
+		{"POST", "/v1/payout/info", true, "POST /v1/payout/info/=unprotected"},
+		{"POST", "/v1/payout/info/", true, "POST /v1/payout/info/=unprotected"},
+		{"POST", "//v1/payout/info", true, "POST /v1/payout/info/=unprotected"},
+		{"POST", "/V1/Payout/Info", true, "POST /v1/payout/info/=unprotected"},
+		{"POST", "/v1/payout", true, ""},
+		{"POST", "/internal/x", true, "POST //internal/*/=reject"},
+		{"POST", "/internal/x/", true, "POST //internal/*/=reject"},
+		{"POST", "/Internal/x", true, "POST //internal/*/=reject"},
+		{"POST", "/internal", true, ""},
+		// A key rule: another spelling of a method the defaults protect
+		// keeps the defaults, as for a rule written plainly.
+		{"PUT", "/cards/c1/close", false, "PUT /cards/*/close/=key:json:id"},
+		{"PUT", "/cards/c1/close/", false, "PUT /cards/*/close/=key:json:id"},
+		{"PUT", "/cards/c1/close", true, ""},
+		{"PUT", "/cards/c1/close/", true, "PUT /cards/*/close/=key:json:id"},
+		{"POST", "/v1/payment/info", true, "POST /v1/payment%2Finfo=unprotected"},
+		{"POST", "/v1/payment%2Finfo", true, "POST /v1/payment%2Finfo=unprotected"},
+	}
+	for _, c := range cases {
+		r, ok := tab.Match(c.method, c.path, c.protected)
+		got := ""
+		if ok {
+			got = r.String()
+		}
+		if got != c.want {
+			t.Errorf("Match(%s %s, protected %v) = %q, want %q", c.method, c.path, c.protected, got, c.want)
+		}
+	}
+	for _, path := range []string{"/v1/payout/info", "/internal/x", "/v1/payout"} {
+		if n := testing.AllocsPerRun(100, func() { tab.Match("POST", path, true) }); n != 0 {
+			t.Errorf("Match(POST %s): %v allocations, want 0", path, n)
+		}
+	}
+}
+
 func TestMatchFirstWins(t *testing.T) {
 	tab := mustParse(t, "POST /cards/c1/topup=unprotected; POST /cards/*/topup=reject")
 	if r, _ := tab.Match("POST", "/cards/c1/topup", true); r.Policy != Unprotected {
