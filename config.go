@@ -83,6 +83,7 @@ type config struct {
 	RateBurst        int           `env:"RATE_BURST" envDefault:"1" doc:"outbound burst"`
 
 	StatusProbe          string        `env:"STATUS_PROBE" doc:"provider lookup sent before re-sending an operation whose outcome is unknown: METHOD PATH [BODY] with {idempotency_key}, {req.<dotted.path>}, {resp.<dotted.path>}, e.g. GET /payments/{resp.payment_id}; empty = none"`
+	StatusProbeRoutes    string        `env:"STATUS_PROBE_ROUTES" doc:"the operations STATUS_PROBE looks up: METHOD PATH rules separated by ; (* is one path segment, as in ROUTES), e.g. POST /payments; others are re-sent with the same key; empty = every operation"`
 	ProviderKeyRetention time.Duration `env:"PROVIDER_KEY_RETENTION" envDefault:"0" doc:"how long the provider keeps idempotency keys (payments: 48h); an unknown operation first sent longer ago is never re-sent blindly; 0 = forever"`
 
 	LogLevel      string        `env:"LOG_LEVEL" envDefault:"info" doc:"debug, info, warn or error"`
@@ -102,6 +103,7 @@ type settings struct {
 	sign         resign.Config
 	policy       retry.Policy
 	probe        *probe.Template // nil: no status probe
+	probeFor     routes.Table    // the operations the probe is for; no rules: all
 	adminToken   string          // empty: admin API open
 	storeURL     string          // empty: Badger
 }
@@ -286,10 +288,29 @@ func (c *config) settings() (settings, error) {
 			return s, bad("STATUS_PROBE", err)
 		}
 	}
+	if s.probeFor, err = probeRoutes(c.StatusProbeRoutes); err != nil {
+		return s, bad("STATUS_PROBE_ROUTES", err)
+	}
 	if s.storeURL, err = c.storeURL(); err != nil {
 		return s, err
 	}
 	return s, c.checkNumbers()
+}
+
+// probeRoutes parses STATUS_PROBE_ROUTES: ROUTES rules without a policy.
+func probeRoutes(s string) (routes.Table, error) {
+	var rules []string
+	for entry := range strings.SplitSeq(s, ";") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		if strings.Contains(entry, "=") {
+			return routes.Table{}, fmt.Errorf("%q: want METHOD PATH, with no =POLICY, e.g. POST /payments", entry)
+		}
+		rules = append(rules, entry+"=unprotected")
+	}
+	return routes.Parse(strings.Join(rules, ";"))
 }
 
 // routes parses ROUTES. A fingerprint window must fit in RECORD_TTL: the

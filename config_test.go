@@ -38,6 +38,8 @@ func TestConfigBounds(t *testing.T) {
 		{"rate not a number", []string{"IDEMPROXY_RATE_LIMIT=NaN"}, []string{"IDEMPROXY_RATE_LIMIT"}},
 		// An unknown placeholder once went to the provider as literal braces.
 		{"probe placeholder unknown", []string{"IDEMPROXY_STATUS_PROBE=GET /payments/{payment_id}"}, []string{"IDEMPROXY_STATUS_PROBE", "{payment_id}"}},
+		{"probe routes with a policy", []string{"IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments=unprotected"}, []string{"IDEMPROXY_STATUS_PROBE_ROUTES", "no =POLICY"}},
+		{"probe routes without a path", []string{"IDEMPROXY_STATUS_PROBE_ROUTES=POST payments"}, []string{"IDEMPROXY_STATUS_PROBE_ROUTES", "must start with /"}},
 		{"same listen and admin address", []string{"IDEMPROXY_LISTEN_ADDR=:8080", "IDEMPROXY_ADMIN_ADDR=:8080"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
 		// These once started, opened the store, and stopped with status 1
 		// and "listen bogus: ...", naming no variable.

@@ -42,6 +42,7 @@ func TestBinaryHelpListsVariablesAndDefaults(t *testing.T) {
 		"STORE_URL":              "default empty",
 		"STORE_URL_FILE":         "default empty",
 		"STATUS_PROBE":           "default empty",
+		"STATUS_PROBE_ROUTES":    "default empty",
 		"PROVIDER_KEY_RETENTION": "default 0",
 		"ROUTES":                 "default empty",
 		"PRESET":                 "default empty",

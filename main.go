@@ -220,7 +220,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		MaxConns:         lim.upstreamConns,
 	}
 	if set.probe != nil {
-		chain.Prober = &probe.Lookup{Template: set.probe, Base: set.upstream}
+		chain.Prober = &probe.Lookup{Template: set.probe, Base: set.upstream, For: set.probeFor}
 	}
 	attempts, err := upstream.New(chain)
 	if err != nil {

@@ -424,6 +424,61 @@ func TestPresetPaymentsLooksUpAfter504(t *testing.T) {
 	}
 }
 
+// refunds504 is a payments provider with a refund endpoint: the first refund
+// is answered with a gateway's 504 naming the payment, and nothing is done;
+// the next one is made. The payment itself exists all along.
+type refunds504 struct {
+	mu             sync.Mutex
+	refunds, gets  int
+	refundAttempts int
+}
+
+func (h *refunds504) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/payments/pay-r1":
+		h.gets++
+		fmt.Fprint(w, `{"payment_id":"pay-r1","status":"succeeded","amount":"12"}`)
+	case r.Method == http.MethodPost && r.URL.Path == "/payments/pay-r1/refunds":
+		h.refundAttempts++
+		if h.refundAttempts == 1 {
+			w.WriteHeader(http.StatusGatewayTimeout)
+			fmt.Fprint(w, `{"error":{"code":"gateway_timeout","message":"look it up"},"payment_id":"pay-r1"}`)
+			return
+		}
+		h.refunds++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"refund_id":"rf-1","payment_id":"pay-r1","status":"succeeded"}`)
+	default:
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprint(w, `{"error":{"code":"not_found"}}`)
+	}
+}
+
+// The payments preset's lookup after a 504 (GET /payments/{payment_id}) says
+// whether a payment exists; it is sent for the creation of a payment only. A
+// refund whose 504 names its payment was "reconciled" by it before: the
+// payment's 200 was stored and replayed as the refund's answer, and the
+// refund, never made, was never sent again. Now the refund is re-sent with
+// its key, and the app gets the refund.
+func TestPresetPaymentsLookupIsForPaymentsOnly(t *testing.T) {
+	up := &refunds504{}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	p := launch(t, launchSpec{env: presetEnv(t, "payments", srv.URL, "IDEMPROXY_RETRY_BASE_DELAY=10ms")})
+	a := send(t, "POST", "http://"+p.proxy+"/payments/pay-r1/refunds", `{"order_id":"ref-1","amount":"12"}`)
+	if a.status != http.StatusCreated || a.header.Get("Idemproxy-Reconciled") != "" || field(t, a.body, "refund_id") != "rf-1" {
+		t.Errorf("refund after a 504: %d %s reconciled=%q, want the refund made (201 rf-1)", a.status, a.body, a.header.Get("Idemproxy-Reconciled"))
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if up.refunds != 1 || up.gets != 0 {
+		t.Errorf("%d refunds made and %d payment lookups, want 1 and 0", up.refunds, up.gets)
+	}
+}
+
 // The cards provider wants every retry signed anew ("a new signature, new
 // time") and refuses a signature it has seen (its replay protection). The
 // timestamp is in whole seconds and the cards scheme has no nonce, so a retry

@@ -52,6 +52,9 @@ var presets = map[string]map[string]string{
 		// "at least 48 hours".
 		"STATUS_PROBE":           "GET /payments/{resp.payment_id}",
 		"PROVIDER_KEY_RETENTION": "48h",
+		// The lookup says whether a payment exists, so it resolves only
+		// the creation of one: a refund's 504 may name its payment too.
+		"STATUS_PROBE_ROUTES": "POST /payments",
 	},
 	// Cards: a new signature ("new time") per retry; timeouts, any 5xx, 503
 	// maintenance and 429 are retried with the same key, 4xx business codes

@@ -25,6 +25,7 @@ import (
 	"strings"
 
 	"github.com/idemproxy/idemproxy/idemkey"
+	"github.com/idemproxy/idemproxy/routes"
 )
 
 // ErrSyntax is wrapped by every error Parse returns.
@@ -394,6 +395,34 @@ type Lookup struct {
 	// KeyHeader names the request header holding the key for
 	// {idempotency_key}; empty means Idempotency-Key.
 	KeyHeader string
+	// For, when it has rules, names the operations the lookup is for
+	// (IDEMPROXY_STATUS_PROBE_ROUTES, "POST /payments"): the payments
+	// provider's GET /payments/{payment_id} says whether a payment exists,
+	// and its 2xx must not become the result of a refund whose 504 named the
+	// payment. The zero Table: every operation.
+	For routes.Table
+}
+
+// Covers reports whether the lookup is for the operation req, whose URL is
+// the upstream one: For has no rules, or one matches req's method and its
+// path below Base's. An operation it does not cover is re-sent with the
+// same key, as without a probe.
+func (l *Lookup) Covers(req *http.Request) bool {
+	if len(l.For.Rules()) == 0 {
+		return true
+	}
+	p := req.URL.EscapedPath()
+	if l.Base != nil {
+		if base := strings.TrimSuffix(l.Base.EscapedPath(), "/"); base != "" {
+			rest, ok := strings.CutPrefix(p, base)
+			if !ok {
+				return false
+			}
+			p = rest
+		}
+	}
+	_, ok := l.For.Match(req.Method, p, true)
+	return ok
 }
 
 // Lookup builds the probe request for the operation req (body is its body,

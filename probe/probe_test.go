@@ -3,11 +3,13 @@ package probe_test
 import (
 	"encoding/json"
 	"errors"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/probe"
+	"github.com/idemproxy/idemproxy/routes"
 )
 
 func TestBuild(t *testing.T) {
@@ -185,6 +187,42 @@ func TestParseBodyNotJSON(t *testing.T) {
 	} {
 		if _, err := probe.Parse(s); err != nil {
 			t.Errorf("Parse(%q) = %v, want it taken", s, err)
+		}
+	}
+}
+
+// TestLookupCovers: with For, the lookup is for the operations it names,
+// read below the upstream's base path; without, for every operation.
+func TestLookupCovers(t *testing.T) {
+	tmpl, err := probe.Parse("GET /payments/{resp.payment_id}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	only, err := routes.Parse("POST /payments=unprotected")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		base, method, url string
+		all, want         bool
+	}{
+		{"http://p.example", "POST", "http://p.example/payments", false, true},
+		{"http://p.example", "POST", "http://p.example/payments/", false, true},
+		{"http://p.example", "POST", "http://p.example/payments/pay-1/refunds", false, false},
+		{"http://p.example", "PUT", "http://p.example/payments", false, false},
+		{"http://p.example/api/", "POST", "http://p.example/api/payments", false, true},
+		{"http://p.example/api", "POST", "http://p.example/api/payments/pay-1/refunds", false, false},
+		{"http://p.example/api", "POST", "http://p.example/payments", false, false},
+		{"http://p.example", "POST", "http://p.example/payments/pay-1/refunds", true, true},
+	} {
+		base, _ := url.Parse(c.base)
+		l := &probe.Lookup{Template: tmpl, Base: base, For: only}
+		if c.all {
+			l.For = routes.Table{}
+		}
+		req := httptest.NewRequest(c.method, c.url, nil)
+		if got := l.Covers(req); got != c.want {
+			t.Errorf("base %s, all %v: Covers(%s %s) = %v, want %v", c.base, c.all, c.method, c.url, got, c.want)
 		}
 	}
 }

@@ -25,8 +25,19 @@ var ErrKeyExpired = errors.New("retry: the provider may have forgotten the key o
 // req is the operation's request, body its body and last the body of the
 // last ambiguous answer (nil if none). An error means the lookup cannot be
 // built for this operation, and the operation is re-sent as it is.
+//
+// A Prober whose lookup is only for some operations also has
+// Covers(req *http.Request) bool (IDEMPROXY_STATUS_PROBE_ROUTES); an
+// operation it does not cover is handled as with no Prober: not looked up,
+// not reported to OnProbe.
 type Prober interface {
 	Lookup(ctx context.Context, req *http.Request, body, last []byte) (*http.Request, error)
+}
+
+// covers reports whether p's lookup is for the operation req.
+func covers(p Prober, req *http.Request) bool {
+	c, ok := p.(interface{ Covers(*http.Request) bool })
+	return !ok || c.Covers(req)
 }
 
 // Resume describes an earlier attempt sequence of the same operation that
@@ -96,7 +107,7 @@ func (s *sequence) noteSent(o outcome, v Verdict) {
 // nil to go on and send; an error when the provider may have forgotten the
 // key and nothing resolved the outcome.
 func (s *sequence) resolve() (*http.Response, error) {
-	if s.t.Prober != nil {
+	if s.t.Prober != nil && covers(s.t.Prober, s.req) {
 		resp, result := s.probe()
 		switch result {
 		case ProbeFound:
