@@ -137,6 +137,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	warnUnboundSignature(set.sign, log)
 	warnSlowRate(cfg, log)
 	setMemoryLimit(environ, cgroupLimitFiles, log)
+	setGCPercent(environ, set.storeURL != "", log)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	sigs := make(chan os.Signal, 2)

@@ -2,10 +2,14 @@ package main
 
 import (
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime/debug"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 )
 
 func TestCgroupMemoryLimit(t *testing.T) {
@@ -62,5 +66,51 @@ func TestSetMemoryLimit(t *testing.T) {
 	setMemoryLimit(nil, []string{filepath.Join(t.TempDir(), "none")}, log)
 	if got := debug.SetMemoryLimit(-1); got != defaultGoMemoryLimit {
 		t.Fatalf("outside a container: limit %d, want the default %d", got, defaultGoMemoryLimit)
+	}
+}
+
+func TestSetGCPercent(t *testing.T) {
+	before := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(before) })
+	log := slog.New(slog.DiscardHandler)
+
+	setGCPercent(nil, false, log)
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Fatalf("embedded store: GOGC %d, want Go's default 100 kept", got)
+	}
+	setGCPercent([]string{"GOGC=150"}, true, log)
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Fatalf("shared store with GOGC set: GOGC changed to %d", got)
+	}
+	setGCPercent([]string{"GOMEMLIMIT=64MiB"}, true, log)
+	if got := debug.SetGCPercent(100); got != sharedStoreGCPercent {
+		t.Fatalf("shared store without GOGC: GOGC %d, want %d", got, sharedStoreGCPercent)
+	}
+}
+
+// TestGCPercentByStore runs the binary: on PostgreSQL its collector runs at
+// GOGC=400 unless GOGC is set; on the embedded store at Go's default. Read
+// from the binary's own metrics (go_gc_gogc_percent).
+func TestGCPercentByStore(t *testing.T) {
+	up := httptest.NewServer(http.NotFoundHandler())
+	defer up.Close()
+	gogc := func(env ...string) float64 {
+		t.Helper()
+		p := startBinary(t, append([]string{"IDEMPROXY_UPSTREAM_URL=" + up.URL}, env...)...)
+		v, ok := scrape(t, "http://"+p.admin+"/metrics")["go_gc_gogc_percent"]
+		if !ok {
+			t.Fatal("no go_gc_gogc_percent in /metrics")
+		}
+		return v
+	}
+	if got := gogc("IDEMPROXY_DATA_DIR=" + t.TempDir()); got != 100 {
+		t.Errorf("embedded store: GOGC %v, want 100", got)
+	}
+	db := pgtest.Database(t)
+	if got := gogc("IDEMPROXY_STORE_URL=" + db); got != sharedStoreGCPercent {
+		t.Errorf("PostgreSQL: GOGC %v, want %d", got, sharedStoreGCPercent)
+	}
+	if got := gogc("IDEMPROXY_STORE_URL="+db, "GOGC=150"); got != 150 {
+		t.Errorf("PostgreSQL with GOGC=150: GOGC %v, want 150", got)
 	}
 }
