@@ -86,8 +86,8 @@ func cgroupMemoryLimit(files []string) (int64, string) {
 // in each of the replicas. At 400 it runs a fifth as often; the soft memory
 // limit (setMemoryLimit) still bounds the heap, and the collector runs
 // earlier when the heap nears it. Measured with 3 replicas and the database
-// on two cores (BENCHMARKS.md): about 10 % less CPU per new key, peak RSS
-// 107 MiB per replica against 72. The embedded Badger store keeps Go's
+// on two cores (BENCHMARKS.md): 2-12 % less CPU per new key in alternated
+// runs, peak RSS 107 MiB per replica against 72. The embedded Badger store keeps Go's
 // default: its live heap is the store's, up to about 80 MiB under writes.
 const sharedStoreGCPercent = 400
 
