@@ -151,11 +151,7 @@ func TestMatch(t *testing.T) {
 func TestMatchSpellings(t *testing.T) {
 	tab := mustParse(t, "POST /v1/payout/info=unprotected; PUT /cards/*/topup=key:json:id; POST /cards/*/topup=fingerprint:10m; "+
 		"POST /wide/*=unprotected; POST /wide/*/pay=key:json:id; POST /narrow/*/pay=key:json:id; POST /narrow/*=unprotected")
-	cases := []struct {
-		method, path string
-		protected    bool   // the defaults protect method
-		want         string // rule as written, "" for the defaults
-	}{
+	cases := []spellingCase{
 		// An unprotected rule: every spelling is streamed, never stored.
 		{"POST", "/v1/payout/info", true, "POST /v1/payout/info=unprotected"},
 		{"POST", "//v1/payout/info", true, "POST /v1/payout/info=unprotected"},
@@ -196,6 +192,20 @@ func TestMatchSpellings(t *testing.T) {
 		// to no rule: the rule as written, as before.
 		{"POST", "/wide/a%2Fb%2Fc", true, "POST /wide/*=unprotected"},
 	}
+	checkSpellings(t, tab, cases)
+}
+
+// spellingCase is a request and the rule it must match, as written ("" for
+// the defaults).
+type spellingCase struct {
+	method, path string
+	protected    bool // the defaults protect method
+	want         string
+}
+
+// checkSpellings matches each case's request against tab.
+func checkSpellings(t *testing.T, tab Table, cases []spellingCase) {
+	t.Helper()
 	for _, c := range cases {
 		r, ok := tab.Match(c.method, c.path, c.protected)
 		got := ""
@@ -217,11 +227,7 @@ func TestMatchSpellings(t *testing.T) {
 func TestMatchRuleSpelledLoosely(t *testing.T) {
 	tab := mustParse(t, "POST /v1/payout/info/=unprotected; POST //internal/*/=reject; PUT /cards/*/close/=key:json:id; "+
 		"POST /v1/payment%2Finfo=unprotected")
-	cases := []struct {
-		method, path string
-		protected    bool   // the defaults protect method
-		want         string // rule as written, "" for the defaults
-	}{
+	cases := []spellingCase{
 		{"POST", "/v1/payout/info", true, "POST /v1/payout/info/=unprotected"},
 		{"POST", "/v1/payout/info/", true, "POST /v1/payout/info/=unprotected"},
 		{"POST", "//v1/payout/info", true, "POST /v1/payout/info/=unprotected"},
@@ -240,16 +246,7 @@ func TestMatchRuleSpelledLoosely(t *testing.T) {
 		{"POST", "/v1/payment/info", true, "POST /v1/payment%2Finfo=unprotected"},
 		{"POST", "/v1/payment%2Finfo", true, "POST /v1/payment%2Finfo=unprotected"},
 	}
-	for _, c := range cases {
-		r, ok := tab.Match(c.method, c.path, c.protected)
-		got := ""
-		if ok {
-			got = r.String()
-		}
-		if got != c.want {
-			t.Errorf("Match(%s %s, protected %v) = %q, want %q", c.method, c.path, c.protected, got, c.want)
-		}
-	}
+	checkSpellings(t, tab, cases)
 	for _, path := range []string{"/v1/payout/info", "/internal/x", "/v1/payout"} {
 		if n := testing.AllocsPerRun(100, func() { tab.Match("POST", path, true) }); n != 0 {
 			t.Errorf("Match(POST %s): %v allocations, want 0", path, n)
