@@ -41,6 +41,19 @@ const (
 // same request can still be refused, and a new attempt is signed anew.
 var refusedCodes = map[string]bool{"nonce_reused": true, "signature_reused": true}
 
+// conflictCodes are business codes by which a provider says it already has
+// an operation under the key, sent with another body. idemproxy sends a key
+// with one request only (same fingerprint), so the operation is this order's:
+// its first attempt, whose outcome idemproxy did not learn, and the answer is
+// to a resend whose bytes differ from the first (JSON members in another
+// order, another multipart boundary, gzip bytes of another time), which the
+// payments provider ("one unchanged request body") refuses. It says nothing
+// of how the operation ended, so it is never stored as its result: the
+// answer is passed on and the operation stays unknown, to be resolved by the
+// next retry (the status probe, or the first bytes again) or an operator,
+// never renewed to a new key as a failure would be.
+var conflictCodes = map[string]bool{"idempotency_conflict": true}
+
 // neverSent reports a failure before any request byte left, so a resend
 // cannot duplicate anything: a failure to connect, which *http.Transport
 // returns as a *net.OpError with Op "dial" (or "proxyconnect" when the proxy

@@ -71,7 +71,11 @@ func TestDispose(t *testing.T) {
 		{"409 in_progress: retried, may be executing", Protected, 409, `{"error":{"code":"idempotency.in_progress"}}`, nil, Verdict{Unknown, ReasonCode}},
 		{"409 frozen at top-level code", Protected, 409, `{"code":"payout.frozen"}`, nil, code},
 		{"409 insufficient_funds final", Protected, 409, `{"error":{"code":"payout.insufficient_funds"}}`, nil, final},
-		{"409 idempotency_conflict final", Protected, 409, `{"error":{"code":"idempotency_conflict"}}`, nil, final},
+		// The provider has an operation under the key, sent with other bytes
+		// (a resend of an unknown one): not its result, not retried.
+		{"409 idempotency_conflict: unknown, passed on", Protected, 409, `{"error":{"code":"idempotency_conflict"}}`, nil, unknown},
+		{"idempotency_conflict at top-level code", Protected, 422, `{"code":"idempotency_conflict"}`, nil, unknown},
+		{"once: idempotency_conflict passed on", Once, 409, `{"error":{"code":"idempotency_conflict"}}`, nil, passOn},
 		{"409 nonce_reused: refused before acting, resent", Protected, 409, `{"error":{"code":"nonce_reused"}}`, nil, Verdict{Retry, ReasonRefused}},
 		{"nonce_reused at top-level code", Protected, 409, `{"code":"nonce_reused"}`, nil, Verdict{Retry, ReasonRefused}},
 		{"401 signature_reused: refused before acting, resent", Protected, 401, `{"error":{"code":"signature_reused"}}`, nil, Verdict{Retry, ReasonRefused}},

@@ -171,7 +171,8 @@ func storable(status int) bool {
 //   - protected requests: a body whose operation status is "needs_review"
 //     or "failed" is final (a needs_review is resolved by an event, and a
 //     failed operation needs a new key, which is the app's decision); a 4xx
-//     refused-attempt code (nonce_reused) is retried freshly signed; a status
+//     refused-attempt code (nonce_reused) is retried freshly signed; a 4xx
+//     idempotency_conflict (conflictCodes) is unknown, not retried; a status
 //     in Policy.Statuses is retried, and so is a 4xx whose business code is
 //     in Policy.Codes, as Unknown when the code says another request with
 //     the key is in progress (it may be executing it); anything else is
@@ -198,6 +199,8 @@ func (p Policy) DefaultClassify(a Answer) Verdict {
 		return Verdict{Final, ReasonNone}
 	case a.Status < 500 && refusedCodes[facts.code]:
 		return Verdict{Retry, ReasonRefused}
+	case a.Status < 500 && conflictCodes[facts.code]:
+		return Verdict{Unknown, ReasonNone} // not retried: a resend gets the same answer
 	case p.Statuses[a.Status]:
 		return Verdict{Retry, ReasonStatus}
 	case a.Status < 500 && facts.code != "" && p.Codes[facts.code] && strings.Contains(facts.code, "in_progress"):
