@@ -54,6 +54,11 @@ var refusedCodes = map[string]bool{"nonce_reused": true, "signature_reused": tru
 // never renewed to a new key as a failure would be.
 var conflictCodes = map[string]bool{"idempotency_conflict": true}
 
+// conflictAnswer reports a 4xx whose business code is one of conflictCodes.
+func conflictAnswer(status int, body []byte) bool {
+	return status >= 400 && status < 500 && conflictCodes[parseBody(body).code]
+}
+
 // neverSent reports a failure before any request byte left, so a resend
 // cannot duplicate anything: a failure to connect, which *http.Transport
 // returns as a *net.OpError with Op "dial" (or "proxyconnect" when the proxy

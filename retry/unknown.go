@@ -95,8 +95,9 @@ func (s *sequence) noteSent(o outcome, v Verdict) {
 	if v.Disposition == Unknown {
 		s.unknown = true
 		// A timeout or a drop is no answer: the last answer is still the
-		// one before, and may name the operation for the probe.
-		if o.resp != nil && len(o.body) > 0 {
+		// one before, and may name the operation for the probe. Nor does
+		// a conflict name it: it says only that the key has one.
+		if o.resp != nil && len(o.body) > 0 && !conflictAnswer(o.resp.StatusCode, o.body) {
 			s.lastBody = o.body
 		}
 	}

@@ -395,3 +395,29 @@ func TestHeadProbeAnswerLength(t *testing.T) {
 		t.Fatalf("answer with no body has Content-Length: %s", cl)
 	}
 }
+
+// TestConflictKeepsTheNamedAnswer: the provider's idempotency_conflict to a
+// resend (after a status probe that settled nothing) names nothing of the
+// operation, so the sequence reports the earlier answer that did (a 504
+// with the operation's id), for the record to keep: the next request's
+// probe is filled from it. Before, the conflict's body replaced it, and
+// every later probe could not be built ({resp.id} missing) and fell back
+// to re-sending.
+func TestConflictKeepsTheNamedAnswer(t *testing.T) {
+	named := `{"error":{"code":"gateway_timeout"},"id":"op-7"}`
+	p := newProvider(t, respond(503, ``), respond(409, `{"error":{"code":"idempotency_conflict"}}`))
+	h := newHarness(t, testPolicy())
+	rec := withProbe(t, h, p, "GET /v1/payout/{resp.id}")
+	resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected,
+		Resume: &Resume{FirstSentAt: h.clock.Now().Add(-time.Minute), LastBody: []byte(named)}})
+	readFinal(t, resp, err, 409, 1)
+	if rep.Disposition != Unknown || string(rep.LastBody) != named {
+		t.Errorf("disposition %v, last body %s; want unknown, %s", rep.Disposition, rep.LastBody, named)
+	}
+	if got, want := requestLines(p), []string{probeGET, resendPOST}; !slices.Equal(got, want) {
+		t.Errorf("provider saw %q, want %q", got, want)
+	}
+	if got := rec.results(); !slices.Equal(got, []ProbeResult{ProbeOther}) {
+		t.Errorf("probe results %v, want [other]", got)
+	}
+}
