@@ -80,8 +80,8 @@ var (
 	// ErrStoreAfterSend is store_unavailable after the upstream answered: the
 	// operation may have been executed, so the app must retry with the same key.
 	ErrStoreAfterSend = &Error{http.StatusServiceUnavailable, CodeStoreUnavailable, "the upstream answered but the answer could not be stored; the operation may have been executed: retry with the same Idempotency-Key"}
-	ErrBadRequest     = &Error{http.StatusBadRequest, CodeBadRequest, "request cannot be proxied"}
-	ErrMethod         = &Error{http.StatusMethodNotAllowed, CodeMethodNotAllowed, "CONNECT, TRACE and TRACK are not proxied"}
+	ErrBadRequest     = &Error{http.StatusBadRequest, CodeBadRequest, "the request target is not a path: an absolute URI (http://host/path) or an authority, as an app sends to a forward proxy (HTTP_PROXY, http.proxyHost), or '*'. idemproxy is not a forward proxy: make it the app's base URL and send the path. Nothing was sent upstream"}
+	ErrMethod         = &Error{http.StatusMethodNotAllowed, CodeMethodNotAllowed, "CONNECT, TRACE and TRACK are not proxied; a CONNECT comes from an app that uses idemproxy as a forward proxy (HTTPS_PROXY, https.proxyHost): idemproxy is not a forward proxy, make it the app's base URL instead. Nothing was sent upstream"}
 	ErrMethodCase     = &Error{http.StatusBadRequest, CodeBadRequest, "the method must be in upper case (POST, not post)"}
 	ErrMethodOverride = &Error{http.StatusBadRequest, CodeBadRequest, "method override headers (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override) are not forwarded; send the method itself"}
 	ErrTrailers       = &Error{http.StatusBadRequest, CodeBadRequest, "request trailers are not forwarded; send every header before the body"}
