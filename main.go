@@ -269,7 +269,8 @@ type app struct {
 	// that they are done before the store closes.
 	settle func(context.Context) error
 	// stopWaits refuses the attempts still queued at the outbound gate (behind
-	// a provider's pause): they were never sent and get a 503 at once.
+	// a provider's pause), and those past it still waiting for a connection
+	// to the provider: they were never sent and get a 503 at once.
 	stopWaits func()
 	// cutReads ends the reads of request bodies still arriving: those
 	// requests get a 503 at once, instead of holding the drain for the

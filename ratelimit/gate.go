@@ -94,6 +94,9 @@ type Gate struct {
 
 	closed    chan struct{} // closed by Close
 	closeOnce sync.Once
+	cmu       sync.Mutex
+	onClose   []func() // AfterClose's; nil once Close ran them
+	didClose  bool
 }
 
 // New returns a Gate allowing perSecond attempts per second with the given
@@ -414,8 +417,35 @@ func (g *Gate) spread(held time.Duration) time.Duration {
 // the grace runs out. Calling it again does nothing.
 func (g *Gate) Close() {
 	if g.closed != nil { // a Gate not made by New cannot be closed
-		g.closeOnce.Do(func() { close(g.closed) })
+		g.closeOnce.Do(func() {
+			close(g.closed)
+			g.cmu.Lock()
+			fs := g.onClose
+			g.onClose, g.didClose = nil, true
+			g.cmu.Unlock()
+			for _, f := range fs {
+				f()
+			}
+		})
 	}
+}
+
+// AfterClose arranges for f to run once Close is called (at once, if it
+// was): for what holds attempts past the Gate, such as a wait for a pooled
+// connection, that must not leave after the shutdown either. A Gate not
+// made by New never closes, and never runs f.
+func (g *Gate) AfterClose(f func()) {
+	if g.closed == nil {
+		return
+	}
+	g.cmu.Lock()
+	if !g.didClose {
+		g.onClose = append(g.onClose, f)
+		g.cmu.Unlock()
+		return
+	}
+	g.cmu.Unlock()
+	f()
 }
 
 // Free says whether Wait would return at once without waiting: the Gate is

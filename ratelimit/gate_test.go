@@ -504,3 +504,23 @@ func TestGateLineKeepsRateThroughLateWakeUps(t *testing.T) {
 		t.Errorf("%d attempts in line took %v, want at least %v: faster than the rate", n, took, least)
 	}
 }
+
+// AfterClose runs its functions once, at Close, or at once after it; a Gate
+// not made by New never closes and never runs them.
+func TestGateAfterClose(t *testing.T) {
+	g := New(0, 1)
+	var ran []string
+	g.AfterClose(func() { ran = append(ran, "before") })
+	if len(ran) != 0 {
+		t.Fatalf("ran %q before Close", ran)
+	}
+	g.Close()
+	g.Close()
+	g.AfterClose(func() { ran = append(ran, "after") })
+	if !slices.Equal(ran, []string{"before", "after"}) {
+		t.Errorf("ran %q, want before (at Close, once) and after (at once)", ran)
+	}
+	var zero Gate
+	zero.AfterClose(func() { t.Error("a Gate not made by New ran an AfterClose function") })
+	zero.Close()
+}

@@ -11,6 +11,7 @@
 package upstream
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -59,19 +60,21 @@ type Config struct {
 // New builds the chain. Its error, from a signing configuration that cannot
 // work, wraps resign.ErrConfig.
 func New(c Config) (*retry.Transport, error) {
+	gate := c.Gate
+	if gate == nil {
+		gate = ratelimit.New(0, 1)
+	}
 	wire := c.Wire
 	if wire == nil {
 		w := NewWire()
 		w.MaxConnsPerHost = c.MaxConns
-		wire = connWatch{next: w}
+		waits := &connWaits{waiting: map[*gotConn]struct{}{}}
+		gate.AfterClose(waits.close)
+		wire = connWatch{next: w, waits: waits}
 	}
 	signer, err := resign.New(c.Sign, retry.OneShot{Next: wire})
 	if err != nil {
 		return nil, fmt.Errorf("upstream: %w", err)
-	}
-	gate := c.Gate
-	if gate == nil {
-		gate = ratelimit.New(0, 1)
 	}
 	return &retry.Transport{
 		Next:             signer,
@@ -109,19 +112,78 @@ func NewWire() *http.Transport {
 // was kept as unknown, answered 504 "outcome may be unknown". GotConn, which
 // the transport calls before it writes anything (HTTP/2 too), tells them
 // apart; such an error wraps retry.ErrNoConnection.
-type connWatch struct{ next *http.Transport }
+//
+// At shutdown (the Gate's Close) it also cuts the attempts that have no
+// connection yet, and refuses those that come after: they passed the Gate
+// before it closed, but were not sent, and nothing may leave once the
+// shutdown began. Left waiting for a pooled connection (MaxConns all busy
+// with operations the drain waits for), such an attempt took the first one
+// freed and was sent during the drain. Cut, it ends with ratelimit.ErrClosed
+// as well as retry.ErrNoConnection: the app gets the shutdown's 503, nothing
+// sent, its key released.
+type connWatch struct {
+	next  *http.Transport
+	waits *connWaits
+}
+
+// connWaits are the watched attempts that have no connection yet.
+type connWaits struct {
+	mu      sync.Mutex
+	closed  bool
+	waiting map[*gotConn]struct{}
+}
+
+// add registers g's attempt, false once closed: it must not be sent.
+func (w *connWaits) add(g *gotConn) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return false
+	}
+	w.waiting[g] = struct{}{}
+	return true
+}
+
+// remove ends g's registration (it got its connection, or its RoundTrip
+// returned): close no longer cuts it.
+func (w *connWaits) remove(g *gotConn) {
+	w.mu.Lock()
+	delete(w.waiting, g)
+	w.mu.Unlock()
+}
+
+// close cuts every attempt still waiting for a connection, and refuses the
+// ones to come.
+func (w *connWaits) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	for g := range w.waiting {
+		g.cancel(ratelimit.ErrClosed)
+		delete(w.waiting, g)
+	}
+}
 
 // gotConn is set by its trace's GotConn. It is pooled with its trace: the
 // transport calls GotConn only within RoundTrip, and nothing writes the trace
-// after New, so a watched attempt costs only its context and request copy.
+// after New, so a watched attempt costs only its contexts and request copy.
+// waits and cancel are its attempt's, while it runs.
 type gotConn struct {
-	trace httptrace.ClientTrace
-	got   atomic.Bool
+	trace  httptrace.ClientTrace
+	got    atomic.Bool
+	waits  *connWaits
+	cancel context.CancelCauseFunc
 }
 
 var gotConns = sync.Pool{New: func() any {
 	g := &gotConn{}
-	g.trace.GotConn = func(httptrace.GotConnInfo) { g.got.Store(true) }
+	g.trace.GotConn = func(httptrace.GotConnInfo) {
+		// Under waits' lock: either close cut the attempt before this (its
+		// error then counts as maybe sent, which errs towards unknown), or
+		// it no longer can.
+		g.got.Store(true)
+		g.waits.remove(g)
+	}
 	return g
 }}
 
@@ -130,14 +192,31 @@ var gotConns = sync.Pool{New: func() any {
 // by httputil.ReverseProxy (its trace reports 1xx answers), retried on any
 // network error (safe methods) or never: it goes unwatched, since
 // WithClientTrace would compose its trace into the pooled one.
+//
+// The attempt's context gets a child that only close cancels. It is not
+// cancelled when RoundTrip returns (that would cut the answer's body): it
+// ends with the attempt's own context, which the caller cancels.
 func (c connWatch) RoundTrip(req *http.Request) (*http.Response, error) {
 	if httptrace.ContextClientTrace(req.Context()) != nil {
 		return c.next.RoundTrip(req)
 	}
 	g := gotConns.Get().(*gotConn)
 	g.got.Store(false)
-	resp, err := c.next.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), &g.trace)))
+	ctx, cancel := context.WithCancelCause(req.Context())
+	g.waits, g.cancel = c.waits, cancel
+	var (
+		resp *http.Response
+		err  error
+	)
+	if c.waits.add(g) {
+		resp, err = c.next.RoundTrip(req.WithContext(httptrace.WithClientTrace(ctx, &g.trace)))
+		c.waits.remove(g)
+	} else {
+		cancel(ratelimit.ErrClosed)
+		err = ratelimit.ErrClosed
+	}
 	connected := g.got.Load()
+	g.waits, g.cancel = nil, nil
 	gotConns.Put(g)
 	if err != nil {
 		if !connected {
