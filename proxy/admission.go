@@ -85,10 +85,24 @@ func (a *admission) admit() *ticket {
 }
 
 // takeSlot takes a request slot if one is free and reports whether the
-// ticket holds one. It is called once, before the ticket is shared (hold).
+// ticket holds one. It is called before the ticket is shared (hold): once,
+// and again by a request that gave its slot back while it waited (giveSlot).
 func (t *ticket) takeSlot() bool {
 	t.slot = t.a.requests == nil || t.a.requests.TryAcquire(1)
 	return t.slot
+}
+
+// giveSlot gives the request slot back while the request waits for its key
+// in flight for another request: waiting sends nothing, and a slot held by
+// each repeat of one slow order let an app repeating it use up MaxInflight,
+// every other order refused overloaded. The body bytes stay reserved: they
+// are held. Called before the ticket is shared (hold), as takeSlot is; the
+// request takes a slot again before it claims the key (obtain).
+func (t *ticket) giveSlot() {
+	if t.slot && t.a.requests != nil {
+		t.a.requests.Release(1)
+	}
+	t.slot = false
 }
 
 // reserve takes n more body bytes, false past the bound: bytes held after

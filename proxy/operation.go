@@ -45,6 +45,9 @@ func (superseded) Error() string { return "the order was renewed to its next key
 //
 // Without a request slot (t, past MaxInflight) only a stored final answer is
 // replayed; anything else is refused overloaded before the key is claimed.
+// A request that waits for its key in flight gives its slot back while it
+// waits (it sends nothing), and takes one again before it claims the key;
+// if none is free then, it is answered as one past MaxInflight.
 func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey *string, fp, body []byte, t *ticket) (result, error) {
 	ctx := r.Context()
 	if !t.slot {
@@ -55,10 +58,14 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey *string, fp, 
 	req := store.Request{Fingerprint: fp, Method: r.Method, Path: r.URL.EscapedPath(), UpstreamKey: *upstreamKey}
 	held := false // the key was seen in flight for another request
 	for {
+		if !t.slot && !t.takeSlot() { // given back while it waited
+			return h.replayOnly(ctx, id, fp)
+		}
 		if h.flights.wait(id) != nil {
 			// This process runs the key: whatever the clocks say about its
 			// lease (a VM resume, an NTP step), never take it over.
 			held = true
+			t.giveSlot()
 			if err := h.awaitOwn(ctx, id, fp, deadline); err != nil {
 				return result{}, err
 			}
@@ -99,6 +106,7 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey *string, fp, 
 			return result{resp: rec.Response, replayed: true}, nil
 		}
 		held = true
+		t.giveSlot()
 		if err := h.awaitOther(ctx, id, deadline); err != nil {
 			return result{}, err
 		}

@@ -104,7 +104,9 @@ type Options struct {
 	// operation whose client left, until it ends). Past it a request is
 	// answered 503 overloaded with Retry-After, nothing sent and no record
 	// written; a repeat of a stored order is still replayed. A client still
-	// sending its body does not count. Zero: no bound.
+	// sending its body does not count, nor a repeat while it waits for its
+	// key in flight (it takes a slot again before it claims the key). Zero:
+	// no bound.
 	MaxInflight int64
 	// MaxInflightBytes bounds the request body bytes held at once, reserved
 	// as the body is read into memory: a declared length up to 64 KiB
