@@ -256,7 +256,8 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	adm.api = adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, Clients: set.clients.Names(), OrderKeys: handler.OrderKeys, Logger: auditLogger(log)})
 	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, settle: settle, stopWaits: gate.Close, cutReads: handler.CutBodyReads,
-		admin: adm, connMetrics: m.ClientConnections}, log, ready)
+		answerRunning: handler.AnswerRunning,
+		admin:         adm, connMetrics: m.ClientConnections}, log, ready)
 }
 
 // app is what serve runs: the proxy handler (wrapped for logs and metrics), the
@@ -278,7 +279,10 @@ type app struct {
 	// (unprotected) are cut once they stop arriving for a moment, or at
 	// streamEnd at the latest.
 	cutReads func(streamEnd time.Time)
-	admin    *admin
+	// answerRunning answers the requests still waiting for an operation in
+	// flight, shortly before the grace ends (the operations go on).
+	answerRunning func()
+	admin         *admin
 	// connMetrics, if set, exports the client connection bound (limit,
 	// open, closed idle).
 	connMetrics func(limit int, open, closedIdle func() int64)
@@ -379,6 +383,12 @@ func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger)
 	}
 	if a.cutReads != nil {
 		a.cutReads(time.Now().Add(grace - streamMargin(grace)))
+	}
+	if a.answerRunning != nil {
+		// Answered before the grace ends, while their connections are
+		// still open: cut when the process exits, they had no answer.
+		t := time.AfterFunc(grace-streamMargin(grace), a.answerRunning)
+		defer t.Stop()
 	}
 	err := ps.Shutdown(ctx)
 	if derr := a.drain(ctx); derr != nil {

@@ -99,6 +99,14 @@ var (
 	// request streamed upstream as it arrived (Handler.CutBodyReads); the
 	// request upstream was aborted before its body ended.
 	ErrDrainingStreamed = &Error{http.StatusServiceUnavailable, CodeUpstreamUnavailable, "idemproxy is shutting down and the request body had not arrived in full; the request streamed upstream was broken off before its body ended, so the upstream cannot act on it: retry"}
+	// ErrShutdownRunning: the shutdown grace is running out and the
+	// request's operation is still running upstream (Handler.AnswerRunning):
+	// its outcome is unknown, and its record stays in flight for the app's
+	// retry, with the same key.
+	ErrShutdownRunning = &Error{http.StatusGatewayTimeout, CodeUpstreamUnavailable, "idemproxy is shutting down and the operation has not ended (still at the provider, or its answer not yet stored); its outcome is unknown"}
+	// ErrShutdownNotSent: the shutdown grace is running out and the request
+	// had not claimed its key yet (Handler.AnswerRunning): nothing was sent.
+	ErrShutdownNotSent = &Error{http.StatusServiceUnavailable, CodeUpstreamUnavailable, "idemproxy is shutting down; nothing was sent"}
 	// ErrRouteRejected answers a request an IDEMPROXY_ROUTES reject rule matches.
 	ErrRouteRejected = &Error{http.StatusMethodNotAllowed, CodeMethodNotAllowed, "this method and path are refused by the proxy's route table; nothing was sent"}
 	ErrUpgrade       = &Error{http.StatusBadRequest, CodeUpgradeNotSupported, "protocol upgrades are not proxied"}
@@ -286,6 +294,8 @@ func classifyOwn(e *Error) apiError {
 		return answer(e, OutcomeStoreError)
 	case ErrClientGone:
 		return answer(e, OutcomeClientGone)
+	case ErrShutdownRunning, ErrShutdownNotSent:
+		return answer(e, OutcomeUnavailable)
 	case ErrOverloaded:
 		a := answer(e, OutcomeOverloaded)
 		a.Limit = LimitRequests

@@ -71,6 +71,9 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey *string, fp, 
 			}
 			continue
 		}
+		if h.graceIsOver() { // the process exits at the end of the grace: nothing more is started
+			return result{}, ErrShutdownNotSent
+		}
 		claimed := time.Now() // the lease ends no sooner than a lease after this
 		rec, created, err := h.opt.Store.Begin(ctx, id, req, owner, h.opt.Lease)
 		if err != nil {
@@ -172,6 +175,9 @@ func (h *Handler) awaitOther(ctx context.Context, id store.ID, deadline time.Tim
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
+		case <-h.graceOver: // the process exits at the end of the grace
+			t.Stop()
+			return h.inProgress
 		}
 		rec, err := h.opt.Store.Get(ctx, id)
 		// Any doubt (an error, a lease that may have run out by the store's
@@ -210,6 +216,13 @@ func (h *Handler) start(r *http.Request, id store.ID, owner string, claimed time
 		return f.res
 	case <-r.Context().Done():
 		return result{err: r.Context().Err()}
+	case <-h.graceOver:
+		select {
+		case <-f.done: // ended meanwhile: its own answer
+			return f.res
+		default:
+			return result{err: ErrShutdownRunning}
+		}
 	}
 }
 

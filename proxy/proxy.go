@@ -170,6 +170,10 @@ type Handler struct {
 	adm        *admission
 	reads      bodyReads
 	streams    streamReads
+	// graceOver is closed by AnswerRunning: requests still waiting for an
+	// operation in flight are answered at once.
+	graceOver chan struct{}
+	graceOnce sync.Once
 	// underscored holds the dashed canonical names of the headers
 	// idemproxy owns (Options.OwnedHeaders, the key's, the client
 	// token's): a client header that reads as one of them once its
@@ -223,6 +227,7 @@ func New(opts Options) (*Handler, error) {
 	}
 	h.flights.m = map[store.ID]*flight{}
 	h.adm = newAdmission(opts.MaxInflight, opts.MaxInflightBytes)
+	h.graceOver = make(chan struct{})
 	h.rp = &httputil.ReverseProxy{
 		// Rewrite, not Director: hop-by-hop headers are removed after Director
 		// runs, which could strip headers set there (Go issue 50580). The
@@ -249,6 +254,30 @@ func (h *Handler) Drain(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("drain: %w", ctx.Err())
+	}
+}
+
+// AnswerRunning answers at once the requests still waiting for an
+// operation in flight, called shortly before the shutdown grace runs out:
+// the client of an operation still running gets 504 upstream_unavailable
+// with its key (its outcome is unknown: the app's retry resumes it with the
+// same key), a repeat waiting for it 409 idempotency_in_progress (or the
+// configured in-progress answer), and a request about to claim its key 503
+// upstream_unavailable, nothing sent. Their connections were otherwise cut
+// without an answer when the process exited at the end of the grace. The
+// operations themselves go on until the grace ends (Drain); what is still
+// running then stays in flight in the store. Calling it again does nothing.
+func (h *Handler) AnswerRunning() {
+	h.graceOnce.Do(func() { close(h.graceOver) })
+}
+
+// graceIsOver reports whether AnswerRunning was called.
+func (h *Handler) graceIsOver() bool {
+	select {
+	case <-h.graceOver:
+		return true
+	default:
+		return false
 	}
 }
 
