@@ -114,6 +114,25 @@ func TestConfigRetryCodesRefused(t *testing.T) {
 	}
 }
 
+// A KEY_SOURCES list (or a route's key: sources) written with ; or |
+// between its sources once started as one source, a field of that whole
+// name that no request has: with MISSING_KEY=generate the real binary gave
+// each of two identical POSTs of one order its own random key, and the
+// provider executed the order twice. (loadConfig: a list accepted would serve.)
+func TestConfigKeySourcesSeparatorRefused(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_MISSING_KEY=generate"}
+	for _, tt := range []struct{ env, name string }{
+		{"IDEMPROXY_KEY_SOURCES=json:order_id;header:X-Order-Id", "IDEMPROXY_KEY_SOURCES"},
+		{"IDEMPROXY_KEY_SOURCES=json:order_id|query:order_id", "IDEMPROXY_KEY_SOURCES"},
+		{"IDEMPROXY_ROUTES=POST /payouts=key:json:payout.id|header:X-Payout-Id", "IDEMPROXY_ROUTES"},
+	} {
+		_, _, err := loadConfig(append(base, tt.env))
+		if err == nil || !strings.Contains(err.Error(), tt.name) || !strings.Contains(err.Error(), "separate sources with commas") {
+			t.Errorf("%s: %v, want a refusal naming %s", tt.env, err, tt.name)
+		}
+	}
+}
+
 func TestConfigAccepts(t *testing.T) {
 	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}
 	for _, env := range [][]string{

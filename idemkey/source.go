@@ -57,8 +57,10 @@ func (s Source) String() string {
 // Spaces around entries and around the name are ignored and kinds are
 // case-insensitive. An empty string, an empty entry, an unknown kind, an empty
 // name, a name with whitespace or control characters, a dotted path with an
-// empty segment ("a..b", ".a", "a.") and a header name that is not an RFC 9110
-// token are errors that name the bad entry and wrap [ErrInvalidSource].
+// empty segment ("a..b", ".a", "a."), a header name that is not an RFC 9110
+// token and a name holding another source after ; or | ("json:a;header:B",
+// a list written with another separator) are errors that name the bad entry
+// and wrap [ErrInvalidSource].
 func ParseSources(s string) ([]Source, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, fmt.Errorf("%w: no sources", ErrInvalidSource)
@@ -90,6 +92,9 @@ func parseSource(e string) (Source, error) {
 		return Source{}, err
 	}
 	name = strings.TrimSpace(name)
+	if err := checkSeparators(name); err != nil {
+		return Source{}, err
+	}
 	if err := checkName(kind, name); err != nil {
 		return Source{}, err
 	}
@@ -99,6 +104,24 @@ func parseSource(e string) (Source, error) {
 		name = textproto.CanonicalMIMEHeaderKey(name)
 	}
 	return Source{Kind: kind, Name: name}, nil
+}
+
+// checkSeparators refuses a name that holds another source after a
+// separator other than the comma ("json:order_id;header:X-Order-Id",
+// "json:order_id|query:id"): it would be one source, a field of that whole
+// name that no request has, so that no request gets a key from either, and
+// with MISSING_KEY=generate every retry of an order would get a new key.
+func checkSeparators(name string) error {
+	for _, sep := range []string{";", "|"} {
+		parts := strings.Split(name, sep)
+		for _, p := range parts[1:] {
+			kindText, rest, ok := strings.Cut(strings.TrimSpace(p), ":")
+			if _, err := parseKind(strings.TrimSpace(kindText)); ok && err == nil && strings.TrimSpace(rest) != "" {
+				return fmt.Errorf("name holds %q and then another source (%s): separate sources with commas", sep, strings.TrimSpace(p))
+			}
+		}
+	}
+	return nil
 }
 
 func parseKind(s string) (Kind, error) {

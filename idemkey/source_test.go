@@ -65,6 +65,14 @@ func TestParseSourcesErrors(t *testing.T) {
 		{"header:X/Order", "not a token"},
 		{"header:Заказ", "not a token"},
 		{"json:ok,header:a:b", `entry 2 "header:a:b"`},
+		// Another separator than the comma: one source that no request
+		// has, where the operator meant two (with MISSING_KEY=generate,
+		// every retry of an order a new key).
+		{"json:order_id;header:X-Order-Id", `entry 1 "json:order_id;header:X-Order-Id": name holds ";" and then another source`},
+		{"json:order_id; header:X-Order-Id", `";" and then another source`},
+		{"json:order_id|query:id", `"|" and then another source`},
+		{"header:X-Id|json:order_id", `"|" and then another source`},
+		{"form:order_id;FORM:id", `";" and then another source`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
