@@ -48,6 +48,9 @@ func newAdminClient(addr string, environ []string) (*adminClient, error) {
 	// one of them silently preferred.
 	var fromFile string
 	if file := envValue(environ, envPrefix+"ADMIN_TOKEN_FILE"); file != "" {
+		if err := checkSecretFile(file); err != nil {
+			return nil, fmt.Errorf("%sADMIN_TOKEN_FILE: %w", envPrefix, err)
+		}
 		b, err := os.ReadFile(file)
 		if err != nil {
 			return nil, fmt.Errorf("%sADMIN_TOKEN_FILE: %w", envPrefix, err)

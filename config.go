@@ -3,11 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -121,6 +123,9 @@ func loadConfig(environ []string) (config, settings, error) {
 	if err := applyPreset(vars); err != nil {
 		return config{}, settings{}, err
 	}
+	if err := secretFilePaths(vars); err != nil {
+		return config{}, settings{}, err
+	}
 	opts := env.Options{Prefix: envPrefix, Environment: vars}
 	cfg, err := env.ParseAsWithOptions[config](opts)
 	if err != nil {
@@ -177,6 +182,56 @@ func blankValues(vars map[string]string) error {
 	}
 	return fmt.Errorf("%s: the value holds only white space: unset it for the default, or set a value",
 		strings.Join(blank, ", "))
+}
+
+// maxSecretFile bounds the file a <NAME>_FILE names: more than any secret
+// or list of client tokens holds (a variable's value is at most 128 KiB on
+// Linux), far less than memory.
+const maxSecretFile = 1 << 20
+
+// secretFilePaths checks every <NAME>_FILE of vars with checkSecretFile,
+// before the files are read.
+func secretFilePaths(vars map[string]string) error {
+	for _, v := range configVars() {
+		if !slices.Contains(strings.Split(v.opts, ","), "file") || vars[v.name] == "" {
+			continue
+		}
+		if err := checkSecretFile(vars[v.name]); err != nil {
+			return fmt.Errorf("%s: %w", v.name, err)
+		}
+	}
+	return nil
+}
+
+// checkSecretFile refuses a secret file path that names no regular file, or
+// one larger than maxSecretFile. Read as it was, /dev/zero (or any device)
+// took memory until the process was killed, a FIFO no one writes to held
+// the start for ever, and a file of megabytes (a log, a dump, the wrong
+// mount) was taken whole as the secret. A path that cannot be looked at is
+// left to the read, whose error says why (not found, permission denied).
+func checkSecretFile(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil
+	}
+	if !fi.Mode().IsRegular() {
+		what := "not a regular file"
+		switch {
+		case fi.IsDir():
+			what += " but a directory"
+		case fi.Mode()&fs.ModeNamedPipe != 0:
+			what += " but a named pipe"
+		case fi.Mode()&fs.ModeDevice != 0:
+			what += " but a device"
+		case fi.Mode()&fs.ModeSocket != 0:
+			what += " but a socket"
+		}
+		return fmt.Errorf("%s is %s: want the path of a file that holds the secret", path, what)
+	}
+	if fi.Size() > maxSecretFile {
+		return fmt.Errorf("%s holds %d bytes, more than the %d a secret file may: is it the right file?", path, fi.Size(), maxSecretFile)
+	}
+	return nil
 }
 
 // configVar is one of config's variables, read from its struct tags.

@@ -240,6 +240,56 @@ func TestConfigEmptySecretFiles(t *testing.T) {
 	}
 }
 
+// A <NAME>_FILE that is no regular file, or far larger than any secret,
+// stops the start with a message naming the variable, before anything reads
+// it. The real binary read IDEMPROXY_SIGN_SECRET_FILE=/dev/zero until it ran
+// out of memory, waited for ever on a FIFO that no one writes to, and took a
+// file of megabytes as the secret. The operator commands read
+// IDEMPROXY_ADMIN_TOKEN_FILE the same way.
+func TestConfigSecretFileNotASecret(t *testing.T) {
+	dir := t.TempDir()
+	huge := filepath.Join(dir, "huge")
+	f, err := os.Create(huge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2 MiB that would pass every other check: a wrong file (a log, a dump).
+	if _, err := f.WriteString(strings.Repeat("x", 2<<20)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	fifo := filepath.Join(dir, "fifo")
+	if err := mkfifo(fifo); err != nil {
+		t.Skipf("no FIFO here: %v", err)
+	}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}
+	for _, tt := range []struct{ name, path, want string }{
+		{"IDEMPROXY_SIGN_SECRET_FILE", "/dev/null", "not a regular file"},
+		{"IDEMPROXY_ADMIN_TOKEN_FILE", fifo, "not a regular file"},
+		{"IDEMPROXY_STORE_URL_FILE", dir, "not a regular file"},
+		{"IDEMPROXY_CLIENT_TOKENS_FILE", huge, "more than"},
+		{"IDEMPROXY_KEY_SECRET_FILE", huge, "more than"},
+	} {
+		_, _, err := loadConfig(append(base, tt.name+"="+tt.path))
+		if err == nil || !strings.Contains(err.Error(), tt.name) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s=%s: %v; want a refusal naming the variable that says %q", tt.name, tt.path, err, tt.want)
+		}
+		if tt.name != "IDEMPROXY_ADMIN_TOKEN_FILE" {
+			continue
+		}
+		var stderr bytes.Buffer
+		code := command([]string{"records", "get", "k-1", "--admin", "127.0.0.1:1"}, []string{tt.name + "=" + tt.path}, io.Discard, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), tt.want) {
+			t.Errorf("records get with %s=%s: exit %d, %q; want 2 and %q", tt.name, tt.path, code, stderr.String(), tt.want)
+		}
+	}
+	var stderr bytes.Buffer
+	code := command([]string{"records", "get", "k-1", "--admin", "127.0.0.1:1"}, []string{"IDEMPROXY_ADMIN_TOKEN_FILE=" + huge}, io.Discard, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "more than") {
+		t.Errorf("records get with a huge IDEMPROXY_ADMIN_TOKEN_FILE: exit %d, %q; want 2 and a refusal", code, stderr.String())
+	}
+}
+
 // An admin token that no Authorization header can carry as it is (HTTP
 // drops the white space around a header value) would lock every operator
 // out: it stops the start, naming the variable but not the token.
