@@ -1017,6 +1017,43 @@ func warnUnboundSignature(sc resign.Config, log *slog.Logger) {
 			"is good for any request within the provider's time window; write the provider's scheme")
 }
 
+// presetCredentials are the credentials each preset's provider wants on
+// every call and that no preset holds: the signing secret for all three, and
+// the payouts provider's X-Public-Id, a static header.
+var presetCredentials = map[string]struct {
+	secret  bool
+	headers []string
+}{
+	"payouts":  {secret: true, headers: []string{"X-Public-Id"}},
+	"payments": {secret: true},
+	"cards":    {secret: true},
+}
+
+// warnPresetCredentials logs at WARN a preset whose provider's credentials
+// are not set: with the preset's signing scheme but no IDEMPROXY_SIGN_SECRET
+// (a secret not mounted, a secretKeyRef left out), every request goes
+// upstream unsigned and the provider refuses it. It does not stop the
+// start: "no secret, no signing" is the variable's documented meaning, and a
+// sandbox provider may check no signature. Names only, never values.
+func warnPresetCredentials(cfg config, set settings, log *slog.Logger) {
+	want, ok := presetCredentials[cfg.Preset]
+	if !ok {
+		return
+	}
+	if want.secret && len(set.sign.Secret) == 0 {
+		log.Warn("preset's provider needs credentials that are not set", "variable", envPrefix+"SIGN_SECRET", "preset", cfg.Preset,
+			"why", "no "+envPrefix+"SIGN_SECRET (or _FILE): requests go upstream unsigned, and the "+cfg.Preset+
+				" provider refuses unsigned requests; the preset sets how to sign, never the secret")
+	}
+	for _, h := range want.headers {
+		if _, ok := set.sign.StaticHeaders[http.CanonicalHeaderKey(h)]; !ok {
+			log.Warn("preset's provider needs credentials that are not set", "variable", envPrefix+"STATIC_HEADERS", "preset", cfg.Preset,
+				"why", fmt.Sprintf("no %s in %sSTATIC_HEADERS (or _FILE): the %s provider refuses a call without it; add %s=<the value it gave you>",
+					h, envPrefix, cfg.Preset, h))
+		}
+	}
+}
+
 // warnSlowRate logs at WARN a RATE_LIMIT that gives a token less often
 // than once per RETRY_BUDGET: once the burst is spent, a request that finds
 // no token cannot get one within its budget and ends at once unsent (502

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -737,6 +738,68 @@ func TestBinaryWarnsOfUnboundSignatureAndSlowRate(t *testing.T) {
 	}
 	if strings.Contains(p.text(), "sign-key-0123") {
 		t.Errorf("the signing secret is in the log:\n%s", p.text())
+	}
+}
+
+// A preset without IDEMPROXY_SIGN_SECRET (a secret not mounted, a
+// secretKeyRef left out) started without a word and sent every request of a
+// provider that wants signatures unsigned, each refused. So did the payouts
+// preset without the X-Public-Id the provider wants on every call. Each is
+// named in a WARN line at start, never with a secret; with the credentials,
+// in a variable or a file, and without a preset, there is none.
+func TestConfigWarnsOfPresetWithoutCredentials(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sign")
+	if err := os.WriteFile(file, []byte("sign-key-0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name := range presets {
+		if _, ok := presetCredentials[name]; !ok {
+			t.Errorf("preset %s: no presetCredentials entry", name)
+		}
+	}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}
+	for _, tc := range []struct {
+		env  []string
+		want []string // the variables warned of
+	}{
+		{[]string{"IDEMPROXY_PRESET=payments"}, []string{"IDEMPROXY_SIGN_SECRET"}},
+		{[]string{"IDEMPROXY_PRESET=cards"}, []string{"IDEMPROXY_SIGN_SECRET"}},
+		{[]string{"IDEMPROXY_PRESET=payouts"}, []string{"IDEMPROXY_SIGN_SECRET", "IDEMPROXY_STATIC_HEADERS"}},
+		{[]string{"IDEMPROXY_PRESET=payouts", "IDEMPROXY_SIGN_SECRET=sign-key-0123"}, []string{"IDEMPROXY_STATIC_HEADERS"}},
+		{[]string{"IDEMPROXY_PRESET=payouts", "IDEMPROXY_SIGN_SECRET=sign-key-0123", "IDEMPROXY_STATIC_HEADERS=X-Other=1"}, []string{"IDEMPROXY_STATIC_HEADERS"}},
+		{[]string{"IDEMPROXY_PRESET=payouts", "IDEMPROXY_SIGN_SECRET_FILE=" + file, "IDEMPROXY_STATIC_HEADERS=x-public-id=pub-1"}, nil},
+		{[]string{"IDEMPROXY_PRESET=payments", "IDEMPROXY_SIGN_SECRET=sign-key-0123"}, nil},
+		{[]string{"IDEMPROXY_PRESET=cards", "IDEMPROXY_SIGN_SECRET_FILE=" + file}, nil},
+		{nil, nil}, // no preset: no signing is a choice
+	} {
+		cfg, set, err := loadConfig(append(base, tc.env...))
+		if err != nil {
+			t.Fatalf("%v: %v", tc.env, err)
+		}
+		var buf bytes.Buffer
+		warnPresetCredentials(cfg, set, newLogger(&buf, "info", nil))
+		got := buf.String()
+		for _, name := range []string{"IDEMPROXY_SIGN_SECRET", "IDEMPROXY_STATIC_HEADERS"} {
+			want := slices.Contains(tc.want, name)
+			if want != strings.Contains(got, `"variable":"`+name+`"`) {
+				t.Errorf("%v: log %q, want a warning naming %s: %v", tc.env, got, name, want)
+			}
+		}
+		if len(tc.want) > 0 && (!strings.Contains(got, `"level":"WARN"`) || !strings.Contains(got, "refuse")) {
+			t.Errorf("%v: %q, want WARN saying the provider refuses such requests", tc.env, got)
+		}
+		if strings.Contains(got, "sign-key-0123") {
+			t.Errorf("%v: the secret is in the log: %q", tc.env, got)
+		}
+	}
+}
+
+// The real binary starts with a preset and no secret, and says so at WARN.
+func TestBinaryWarnsOfPresetWithoutSecret(t *testing.T) {
+	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(), "IDEMPROXY_PRESET=payments")})
+	line := p.waitLine(t, `"variable":"IDEMPROXY_SIGN_SECRET"`)
+	if !strings.Contains(line, `"level":"WARN"`) || jsonField(line, "preset") != "payments" {
+		t.Errorf("warning line %s; want WARN naming IDEMPROXY_SIGN_SECRET and the preset", line)
 	}
 }
 

@@ -135,6 +135,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	warnIneffective(cfg, environ, log)
 	warnShortAdminToken(set.adminToken, log)
 	warnUnboundSignature(set.sign, log)
+	warnPresetCredentials(cfg, set, log)
 	warnSlowRate(cfg, log)
 	setMemoryLimit(environ, cgroupLimitFiles, log)
 	setGCPercent(environ, set.storeURL != "", log)
