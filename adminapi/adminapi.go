@@ -374,11 +374,19 @@ func (h *Handler) lookup(w http.ResponseWriter, r *http.Request, id store.ID) (s
 // name one of theirs. A name that has no token is returned with an error
 // wrapping errNoToken: the caller may still take it for a client whose
 // token was removed when it finds records kept under it (recordID).
+//
+// With client tokens off every app's records are kept under the default
+// tenant: another name is returned with a noTokenError too, taken only for
+// a client of an earlier configuration with tokens on whose records are
+// kept; a name never configured answered as if nothing was sent for it.
 func (h *Handler) client(name string) (string, error) {
 	switch {
-	case len(h.opt.Clients) == 0 && name == "":
+	case len(h.opt.Clients) == 0 && (name == "" || name == h.opt.DefaultTenant):
 		return h.opt.DefaultTenant, nil
-	case len(h.opt.Clients) == 0, slices.Contains(h.opt.Clients, name):
+	case len(h.opt.Clients) == 0:
+		return name, noTokenError(fmt.Sprintf("client tokens are off: every app's records are kept under the default client "+
+			"(name no client, or %q); no client %q has a client token", h.opt.DefaultTenant, name))
+	case slices.Contains(h.opt.Clients, name):
 		return name, nil
 	case name == "":
 		return "", fmt.Errorf("client is required with client tokens on: one of %s", strings.Join(h.opt.Clients, ", "))
