@@ -161,7 +161,9 @@ func (h *Handler) resolveRecord(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, codeResolveRefused, "the record changed (a request resumed it); look it up again")
 		return
 	case errors.Is(err, store.ErrNotFound):
-		writeError(w, http.StatusNotFound, codeNotFound, "no record for this key and client")
+		// It was unknown when read: another call removed it since (a
+		// resolve not_executed, a discard). 404 read as a wrong key.
+		writeError(w, http.StatusConflict, codeResolveRefused, "the record changed (another call resolved it as not_executed meanwhile); look it up again")
 		return
 	case errors.Is(err, store.ErrTooLarge):
 		writeError(w, http.StatusBadRequest, codeBadRequest, "the answer is too large for a record")
