@@ -226,3 +226,29 @@ func TestLookupCovers(t *testing.T) {
 		}
 	}
 }
+
+// A GET or HEAD probe with a body stops the start: such a body has no
+// defined meaning (RFC 9110, sections 9.3.1 and 9.3.2), and many providers
+// and gateways drop it or refuse the request, so the lookup before every
+// re-send found nothing or failed. It was taken, and sent. Without a body,
+// or as POST, the same probe is taken.
+func TestParseBodyOnlyWithPost(t *testing.T) {
+	for _, s := range []string{
+		`GET /payments/find {"order_id":"{req.order_id}"}`,
+		`HEAD /payments/find {"order_id":"{req.order_id}"}`,
+		`GET /payments/{resp.payment_id} {}`,
+	} {
+		if _, err := probe.Parse(s); !errors.Is(err, probe.ErrSyntax) || !strings.Contains(err.Error(), "no body") {
+			t.Errorf("Parse(%q) = %v, want ErrSyntax saying the probe has no body", s, err)
+		}
+	}
+	for _, s := range []string{
+		`GET /payments/{resp.payment_id}`,
+		`GET /payments/{resp.payment_id}   `,
+		`POST /payments/find {"order_id":"{req.order_id}"}`,
+	} {
+		if _, err := probe.Parse(s); err != nil {
+			t.Errorf("Parse(%q) = %v, want it taken", s, err)
+		}
+	}
+}
