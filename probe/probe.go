@@ -108,8 +108,8 @@ func Parse(s string) (*Template, error) {
 			// sections 9.3.1 and 9.3.2): many providers and their gateways
 			// drop it or refuse the request, so the lookup would find
 			// nothing, or fail, before every re-send.
-			return nil, fmt.Errorf("%w: a %s probe has no body (many providers drop or refuse one): put the values in its path or query, "+
-				"e.g. GET /payments?order_id={req.order_id}, or use POST", ErrSyntax, method)
+			return nil, fmt.Errorf("%w: a %s probe has no body (many providers drop or refuse one): put the values in its path, "+
+				"e.g. GET /payments/by-order/{req.order_id}, or use POST", ErrSyntax, method)
 		}
 		if t.body, err = parseParts(body); err != nil {
 			return nil, err
