@@ -66,7 +66,8 @@ func TestClassify(t *testing.T) {
 // Only a request never sent at all, in this sequence or an earlier one, gets
 // the shutdown's 503; "nothing was sent" is said only of such requests, and
 // "may be unknown" only when the record is kept unknown (or, without a
-// shutdown, of any sent sequence: unprotected ones never say Unknown).
+// shutdown, of any sent sequence but one whose every answer said the
+// provider did not act: unprotected ones never say Unknown).
 func TestClassifyExhausted(t *testing.T) {
 	closed := fmt.Errorf("%w; last error: %w", ratelimit.ErrClosed, errors.New("i/o timeout"))
 	for _, c := range []struct {
@@ -78,6 +79,13 @@ func TestClassifyExhausted(t *testing.T) {
 	}{
 		{"budget spent on 429s", retry.ExhaustedError{Attempts: 3, LastStatus: 429},
 			http.StatusBadGateway, []string{"did not give a final answer"}, []string{"nothing was sent", "shutting down"}},
+		// Every attempt refused before the provider acted (409
+		// nonce_reused, 429, a retried 503): the key is released, and the
+		// message says so rather than that the outcome may be unknown.
+		{"budget spent on refusals", retry.ExhaustedError{Attempts: 3, LastStatus: 409, NotActed: true},
+			http.StatusBadGateway, []string{"acted on no attempt", "status 409", "not executed"}, []string{"unknown", "nothing was sent"}},
+		{"shutdown after refusals", retry.ExhaustedError{Attempts: 1, LastStatus: 409, NotActed: true, Err: ratelimit.ErrClosed},
+			http.StatusBadGateway, []string{"shutting down", "did not act"}, []string{"unknown", "nothing was sent"}},
 		{"budget spent, last a timeout", retry.ExhaustedError{Attempts: 2, Timeout: true, Unknown: true},
 			http.StatusGatewayTimeout, []string{"may be unknown"}, []string{"nothing was sent"}},
 		{"unreachable", retry.ExhaustedError{Attempts: 2, NotSent: true},

@@ -260,9 +260,10 @@ func exhausted(ex *retry.ExhaustedError, closing bool) apiError {
 // earlier one (a resumed operation is unknown whatever its re-send did).
 // At shutdown the message follows the record: unknown (kept as such), else
 // released since no attempt was acted on (429, 503, a retriable business
-// code). Without a shutdown a sent sequence keeps "may be unknown": an
-// unprotected request's ExhaustedError never says Unknown, though its
-// single attempt may have acted.
+// code). Without a shutdown a sent sequence keeps "may be unknown" unless
+// every answer said the provider did not act on it (NotActed: the key is
+// released as at shutdown): an unprotected request's ExhaustedError never
+// says Unknown, though its single attempt may have acted.
 func exhaustedMessage(ex *retry.ExhaustedError, closing bool) string {
 	why := "upstream did not give a final answer"
 	switch {
@@ -270,6 +271,11 @@ func exhaustedMessage(ex *retry.ExhaustedError, closing bool) string {
 		why = "idemproxy is shutting down before the next attempt"
 	case ex.NotSent:
 		why = "upstream could not be reached"
+	case ex.NotActed:
+		why = "upstream did not give a final answer and acted on no attempt"
+		if ex.LastStatus != 0 {
+			why += " (last status " + strconv.Itoa(ex.LastStatus) + ")"
+		}
 	}
 	switch {
 	case ex.Unknown:
@@ -278,6 +284,8 @@ func exhaustedMessage(ex *retry.ExhaustedError, closing bool) string {
 		return why + "; nothing was sent"
 	case closing:
 		return why + "; the upstream did not act on it"
+	case ex.NotActed:
+		return why + "; the operation was not executed"
 	}
 	return why + "; the outcome may be unknown"
 }

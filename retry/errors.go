@@ -55,6 +55,14 @@ type ExhaustedError struct {
 	// the sequence resumed such an operation). False means no attempt can
 	// have executed it (dial errors, 429, 503, business refusals).
 	Unknown bool
+	// NotActed is true for a protected request some attempt of which
+	// reached the provider, when every answer said the provider did not act
+	// on the operation (429, a retried 503, a refused attempt such as 409
+	// nonce_reused, a retriable business code) and no earlier sequence left
+	// its outcome unknown: the operation was not executed, and its key is
+	// released. False for an unprotected request, whose attempts are not
+	// judged so.
+	NotActed bool
 	// FirstSentAt is when the operation first reached the provider (in this
 	// sequence or the one it resumed); zero if it never did. By the store's
 	// clock with [Call.Store], as Report.FirstSentAt.

@@ -664,6 +664,7 @@ func (s *sequence) exhausted(cause error) *ExhaustedError {
 		FirstSentAt: s.reportedSend(),
 		LastBody:    s.lastBody,
 		NotSent:     !s.sent,
+		NotActed:    s.mode == Protected && s.sent && !s.unknown,
 	}
 	if o.resp != nil {
 		e.LastStatus = o.resp.StatusCode
