@@ -84,7 +84,17 @@ func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, set settings, log *sl
 	})
 	gate.Shared = th
 	gate.OnSharedError = func(err error) {
-		log.Warn("provider throttle in the database unreachable: this replica paces alone with its share of the rate limit", "err", err)
+		switch {
+		case gate.PacesAlone():
+			log.Warn("provider throttle in the database unreachable: this replica paces alone with its share of the rate limit", "err", err)
+		case gate.RateLimited():
+			// No heartbeat yet: the share is not known, and the attempts
+			// wait (ratelimit.Gate.SetReplicas).
+			log.Warn("provider throttle in the database unreachable: this replica has had no heartbeat, so it does not know its share of the rate limit; "+
+				"its attempts wait for the database, until their retry budget ends", "err", err)
+		default:
+			log.Warn("provider throttle in the database unreachable: a pause cannot reach the other replicas", "err", err)
+		}
 	}
 	gate.OnSharedSlow = func(err error) {
 		log.Warn("provider throttle in the database slow to answer: attempts wait for it, not pacing alone", "err", err)

@@ -127,6 +127,17 @@ func (g *Gate) SetReplicas(n int) {
 	g.limiter.SetBurstAt(now, max(g.burst/n, 1))
 }
 
+// PacesAlone says what the Gate does with its attempts while Shared fails:
+// true when it paces them alone with its local share of the rate (a rate
+// limit is set and SetReplicas was called), false when they wait for the
+// store (no share known yet) or when no rate limit paces them at all.
+func (g *Gate) PacesAlone() bool {
+	return g.limiter != nil && g.shareSet.Load()
+}
+
+// RateLimited says whether a rate limit paces the attempts.
+func (g *Gate) RateLimited() bool { return g.limiter != nil }
+
 // bucketTime returns t, or the latest time given to limiter if that is later,
 // and records it as the latest, with bmu held. The bucket counts the tokens
 // of the time between two calls: a call given a time before the last one's
