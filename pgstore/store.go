@@ -803,6 +803,16 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 		for range 10 {
 			r, claimed, err := claim(ctx, id, in, 0)
 			if err != nil {
+				if writesRefused(err) {
+					// Nothing was claimed, but the records still read: one
+					// that no claim would take is returned as when the
+					// database takes writes, so that a stored answer is
+					// replayed and a conflict or a wait is one.
+					if r, gerr := s.get(ctx, id); gerr == nil && !claimable(r, req.Fingerprint) {
+						rec = r
+						return nil
+					}
+				}
 				return err
 			}
 			if claimed {
@@ -821,6 +831,33 @@ func (s *Store) Begin(ctx context.Context, id store.ID, req store.Request, owner
 		return errors.New("the record kept changing under ten claims")
 	})
 	return rec, created, err
+}
+
+// writesRefused says whether err is the database refusing a write it was
+// sent, having written nothing, while it still answers reads: a read-only
+// session (a standby, or default_transaction_read_only), a full disk, or a
+// grant revoked.
+func writesRefused(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code {
+	case "25006", "53100", "42501": // read_only_sql_transaction, disk_full, insufficient_privilege
+		return true
+	}
+	return false
+}
+
+// claimable says whether Begin's claim for a request of fingerprint fp
+// would take r, as read (the claims statement's condition): the same
+// request's record whose outcome is unknown or whose lease has run out by
+// the database's clock. An expired record reads as missing.
+func claimable(r store.Record, fp []byte) bool {
+	if !bytes.Equal(r.Fingerprint, fp) {
+		return false
+	}
+	return r.State == store.Unknown || r.State == store.InFlight && !r.LeaseLive(r.ReadAt)
 }
 
 // writeBatch sends one statement for the jobs of a round, claims and final
