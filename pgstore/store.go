@@ -127,9 +127,17 @@ var _ store.Store = (*Store)(nil)
 // missing privileges, a newer schema) fails Open.
 func Open(ctx context.Context, opt Options) (*Store, error) {
 	opt = withDefaults(opt)
-	cfg, _, err := poolConfig(opt)
+	cfg, settings, err := poolConfig(opt)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: connection URL: %w", redact(err))
+	}
+	for _, name := range []string{"lock_timeout", "statement_timeout"} {
+		if d, ok := pgDuration(settings[name]); ok && d > 0 && d < opt.CallTimeout {
+			opt.Logger.Warn(fmt.Sprintf("the store URL gives %s=%s (%v), shorter than the %v every store call may take: "+
+				"a write it cancels after the provider acted is answered 503 store_unavailable for an operation that ran, "+
+				"and a schema check it cancels at start keeps the replica not ready; leave it out (0: the call timeout bounds every statement)",
+				name, settings[name], d, opt.CallTimeout))
+		}
 	}
 	conns := &connSet{open: map[*trackedConn]struct{}{}}
 	cfg.ConnConfig.DialFunc = conns.dial(cfg.ConnConfig.DialFunc)
@@ -283,6 +291,31 @@ func sessionSettings(opt Options, params map[string]string) map[string]string {
 		set["idle_in_transaction_session_timeout"] = v
 	}
 	return set
+}
+
+// pgDuration reads a PostgreSQL time setting as the server does: a number
+// with a unit (us, ms, s, min, h, d), or without one in milliseconds. ok is
+// false for anything else, which the server refuses itself.
+func pgDuration(v string) (d time.Duration, ok bool) {
+	v = strings.TrimSpace(v)
+	i := strings.IndexFunc(v, func(r rune) bool { return (r < '0' || r > '9') && r != '.' && r != '-' && r != '+' })
+	num, unit := v, "ms"
+	if i >= 0 {
+		num, unit = v[:i], strings.TrimSpace(v[i:])
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, false
+	}
+	scale := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second,
+		"min": time.Minute, "h": time.Hour, "d": 24 * time.Hour}[unit]
+	if scale == 0 {
+		return 0, false
+	}
+	if f*float64(scale) > float64(math.MaxInt64) {
+		return math.MaxInt64, true
+	}
+	return time.Duration(f * float64(scale)), true
 }
 
 // applySettings is the pool's AfterConnect: it makes settings the new
