@@ -1,12 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
@@ -94,23 +96,39 @@ func TestSetGCPercent(t *testing.T) {
 func TestGCPercentByStore(t *testing.T) {
 	up := httptest.NewServer(http.NotFoundHandler())
 	defer up.Close()
-	gogc := func(env ...string) float64 {
+	// gogc returns the collector's GOGC as /metrics reports it, and
+	// whether the start log says that idemproxy set it (the operator's only
+	// sign that the process runs with another GOGC than Go's default).
+	gogc := func(env ...string) (float64, bool) {
 		t.Helper()
 		p := startBinary(t, append([]string{"IDEMPROXY_UPSTREAM_URL=" + up.URL}, env...)...)
 		v, ok := scrape(t, "http://"+p.admin+"/metrics")["go_gc_gogc_percent"]
 		if !ok {
 			t.Fatal("no go_gc_gogc_percent in /metrics")
 		}
-		return v
+		logged := false
+		for _, line := range strings.Split(p.logText(), "\n") {
+			var e struct {
+				Level string
+				GOGC  *int `json:"gogc"`
+			}
+			if json.Unmarshal([]byte(line), &e) == nil && e.GOGC != nil {
+				if e.Level != "INFO" || *e.GOGC != int(v) {
+					t.Errorf("start log line %s: want level INFO and gogc %v", line, v)
+				}
+				logged = true
+			}
+		}
+		return v, logged
 	}
-	if got := gogc("IDEMPROXY_DATA_DIR=" + t.TempDir()); got != 100 {
-		t.Errorf("embedded store: GOGC %v, want 100", got)
+	if got, logged := gogc("IDEMPROXY_DATA_DIR=" + t.TempDir()); got != 100 || logged {
+		t.Errorf("embedded store: GOGC %v (logged as set: %v), want 100, not logged", got, logged)
 	}
 	db := pgtest.Database(t)
-	if got := gogc("IDEMPROXY_STORE_URL=" + db); got != sharedStoreGCPercent {
-		t.Errorf("PostgreSQL: GOGC %v, want %d", got, sharedStoreGCPercent)
+	if got, logged := gogc("IDEMPROXY_STORE_URL=" + db); got != sharedStoreGCPercent || !logged {
+		t.Errorf("PostgreSQL: GOGC %v (logged as set: %v), want %d, logged", got, logged, sharedStoreGCPercent)
 	}
-	if got := gogc("IDEMPROXY_STORE_URL="+db, "GOGC=150"); got != 150 {
-		t.Errorf("PostgreSQL with GOGC=150: GOGC %v, want 150", got)
+	if got, logged := gogc("IDEMPROXY_STORE_URL="+db, "GOGC=150"); got != 150 || logged {
+		t.Errorf("PostgreSQL with GOGC=150: GOGC %v (logged as set: %v), want 150, not logged", got, logged)
 	}
 }
