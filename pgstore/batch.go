@@ -33,6 +33,20 @@ const (
 // running statement holds a pooled connection.
 const batchInFlight = 1
 
+// A round waits a little for more writes while statements run back to back:
+// when the statement before it carried at least holdAfter rows and it holds
+// fewer than holdRows, it waits up to roundHold for them (group.hold). With
+// several replicas on one database, each replica's rounds hold only its own
+// requests, about 8 rows at 64 connections over 3 replicas, and each
+// statement costs a commit, a WAL flush and a round trip whatever its rows
+// (docs/design/postgres-writes.md, "Rounds wait for rows under load"). A lone
+// write, or one after the statements stopped, never waits.
+const (
+	roundHold = 1500 * time.Microsecond
+	holdAfter = 4
+	holdRows  = 16
+)
+
 // leftGrace is how long a statement whose callers have all left may still
 // run before it is cancelled (see group).
 const leftGrace = time.Second
@@ -83,10 +97,16 @@ type group[I, O any] struct {
 	timeout  time.Duration
 	slots    int           // statements run at once; 0 means batchInFlight
 	grace    time.Duration // leftGrace, or another for tests
+	// hold is how long a small round may wait for more rows after a large
+	// one (roundHold; 0: never). grow is signalled when a write joins a
+	// round, while hold is set.
+	hold time.Duration
+	grow chan struct{}
 
 	mu       sync.Mutex
 	queue    []*round[I, O] // rounds waiting to run, oldest first
 	running  int            // goroutines running the queue, each one statement at a time
+	last     int            // rows of the statement sent last while statements run back to back
 	inflight int            // callers in the running statements (tests)
 }
 
@@ -118,6 +138,15 @@ func (g *group[I, O]) do(ctx context.Context, id store.ID, in I, size int) (out 
 	j := &job[I, O]{id: id, in: in, size: size}
 	g.mu.Lock()
 	r := g.join(j)
+	if g.hold > 0 {
+		if g.grow == nil {
+			g.grow = make(chan struct{}, 1)
+		}
+		select {
+		case g.grow <- struct{}{}:
+		default:
+		}
+	}
 	if g.running < g.max() {
 		g.running++
 		go g.loop()
@@ -219,6 +248,7 @@ func (g *group[I, O]) max() int {
 func (g *group[I, O]) loop() {
 	g.mu.Lock()
 	for len(g.queue) > 0 {
+		g.waitForRows()
 		r := g.queue[0]
 		g.queue[0] = nil
 		g.queue = g.queue[1:]
@@ -231,6 +261,7 @@ func (g *group[I, O]) loop() {
 		ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 		r.cancel, r.waiting = cancel, len(jobs)
 		g.inflight += len(jobs)
+		g.last = len(jobs)
 		g.mu.Unlock()
 		if len(jobs) > 0 {
 			g.send(ctx, jobs)
@@ -256,7 +287,33 @@ func (g *group[I, O]) loop() {
 		}
 	}
 	g.running--
+	if g.running == 0 {
+		g.last = 0 // the statements stopped: the next write is sent at once
+	}
 	g.mu.Unlock()
+}
+
+// waitForRows holds the one waiting round, if it is small after a large
+// statement, until it has holdRows rows, another round starts behind it (it
+// is full), or hold has passed (see roundHold). Called with mu held; it
+// releases mu while it waits.
+func (g *group[I, O]) waitForRows() {
+	small := func() bool { return len(g.queue) == 1 && len(g.queue[0].jobs) < holdRows }
+	if g.hold <= 0 || g.last < holdAfter || !small() || g.grow == nil {
+		return
+	}
+	t := time.NewTimer(g.hold)
+	defer t.Stop()
+	for small() {
+		g.mu.Unlock()
+		select {
+		case <-g.grow:
+			g.mu.Lock()
+		case <-t.C:
+			g.mu.Lock()
+			return
+		}
+	}
 }
 
 // send runs the round's statement for jobs and sets each job's error. A

@@ -314,3 +314,168 @@ func TestBadRowFailsOnlyItsCaller(t *testing.T) {
 		}
 	}
 }
+
+// heldGroup is a group whose statements record their rows and each wait for
+// a release, so that a test decides what arrives while one runs.
+type heldGroup struct {
+	g       *group[string, string]
+	started chan int      // the rows of each statement, as it starts
+	release chan struct{} // lets one statement end
+}
+
+func newHeldGroup(hold time.Duration) *heldGroup {
+	h := &heldGroup{started: make(chan int, 100), release: make(chan struct{})}
+	h.g = &group[string, string]{timeout: time.Minute, hold: hold, run: func(_ context.Context, jobs []*job[string, string]) error {
+		h.started <- len(jobs)
+		<-h.release
+		for _, j := range jobs {
+			j.found, j.out = true, j.in
+		}
+		return nil
+	}}
+	return h
+}
+
+// add starts n writes of new keys and returns a channel that gets each one's error.
+func (h *heldGroup) add(ctx context.Context, t *testing.T, prefix string, n int) chan error {
+	errs := make(chan error, n)
+	for i := range n {
+		k := fmt.Sprintf("%s-%d", prefix, i)
+		go func() {
+			_, _, err := h.g.do(ctx, store.ID{Tenant: "t", Key: k}, k, 1)
+			errs <- err
+		}()
+	}
+	return errs
+}
+
+// queued waits until n writes wait in rounds not yet sent.
+func (h *heldGroup) queued(ctx context.Context, t *testing.T, n int) {
+	t.Helper()
+	for {
+		if _, q := h.g.waiting(); q == n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			_, q := h.g.waiting()
+			t.Fatalf("%d writes queued, want %d", q, n)
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+func (h *heldGroup) nextStatement(ctx context.Context, t *testing.T) int {
+	t.Helper()
+	select {
+	case n := <-h.started:
+		return n
+	case <-ctx.Done():
+		t.Fatal("no statement started")
+		return 0
+	}
+}
+
+func waitAll(ctx context.Context, t *testing.T, errs chan error, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatal("a write did not end")
+		}
+	}
+}
+
+// TestRoundWaitsForRowsAfterLargeStatement: while statements run back to
+// back, a small round after a statement of holdAfter rows or more waits for
+// holdRows rows before it is sent, instead of going with the one write that
+// arrived meanwhile (each statement costs a commit whatever its rows). The
+// hold here is longer than the test, so the round is sent by its rows.
+func TestRoundWaitsForRowsAfterLargeStatement(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h := newHeldGroup(time.Hour)
+	first := h.add(ctx, t, "first", 1)
+	if n := h.nextStatement(ctx, t); n != 1 {
+		t.Fatalf("first statement: %d rows, want 1", n)
+	}
+	large := h.add(ctx, t, "large", holdAfter)
+	h.queued(ctx, t, holdAfter)
+	h.release <- struct{}{} // the first ends; the next round goes at once (the first was small)
+	waitAll(ctx, t, first, 1)
+	if n := h.nextStatement(ctx, t); n != holdAfter {
+		t.Fatalf("second statement: %d rows, want %d", n, holdAfter)
+	}
+	one := h.add(ctx, t, "one", 1)
+	h.queued(ctx, t, 1)
+	h.release <- struct{}{} // the large one ends: the round of one write waits for more
+	waitAll(ctx, t, large, holdAfter)
+	rest := h.add(ctx, t, "rest", holdRows-1)
+	if n := h.nextStatement(ctx, t); n != holdRows {
+		t.Fatalf("statement after a large one: %d rows, want %d (the round waited for them)", n, holdRows)
+	}
+	h.release <- struct{}{}
+	waitAll(ctx, t, one, 1)
+	waitAll(ctx, t, rest, holdRows-1)
+}
+
+// TestRoundHoldIsBounded: a small round after a large statement is sent when
+// the hold has passed, with the rows it has; and once the statements have
+// stopped, a lone write is sent at once, not held.
+func TestRoundHoldIsBounded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h := newHeldGroup(10 * time.Millisecond)
+	first := h.add(ctx, t, "first", 1)
+	h.nextStatement(ctx, t)
+	large := h.add(ctx, t, "large", holdAfter)
+	h.queued(ctx, t, holdAfter)
+	h.release <- struct{}{}
+	waitAll(ctx, t, first, 1)
+	h.nextStatement(ctx, t)
+	one := h.add(ctx, t, "one", 1)
+	h.queued(ctx, t, 1)
+	h.release <- struct{}{}
+	waitAll(ctx, t, large, holdAfter)
+	if n := h.nextStatement(ctx, t); n != 1 {
+		t.Fatalf("held round: %d rows, want the 1 it had when the hold passed", n)
+	}
+	after := h.add(ctx, t, "after", holdAfter)
+	h.queued(ctx, t, holdAfter)
+	h.release <- struct{}{}
+	waitAll(ctx, t, one, 1)
+	if n := h.nextStatement(ctx, t); n != holdAfter {
+		t.Fatalf("statement after the held one: %d rows, want %d", n, holdAfter)
+	}
+	h.release <- struct{}{}
+	waitAll(ctx, t, after, holdAfter)
+
+	// The statements have stopped, the last one large: with a hold of an
+	// hour, a lone write is still sent at once.
+	for {
+		h.g.mu.Lock()
+		running := h.g.running
+		if running == 0 {
+			h.g.hold = time.Hour
+		}
+		h.g.mu.Unlock()
+		if running == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the group's loop did not end")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	lone := h.add(ctx, t, "lone", 1)
+	if n := h.nextStatement(ctx, t); n != 1 {
+		t.Fatalf("lone write: %d rows, want 1", n)
+	}
+	h.release <- struct{}{}
+	waitAll(ctx, t, lone, 1)
+}

@@ -155,7 +155,7 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	}
 	s := &Store{pool: pool, opt: opt, stop: make(chan struct{}), lostKick: make(chan struct{}, 1), conns: conns}
 	s.bg, s.stopBg = context.WithCancel(context.Background())
-	s.writes = &group[writeArgs, store.Record]{run: s.writeBatch, orphaned: s.orphaned, timeout: opt.CallTimeout}
+	s.writes = &group[writeArgs, store.Record]{run: s.writeBatch, orphaned: s.orphaned, timeout: opt.CallTimeout, hold: roundHold}
 	err = s.migrate(ctx)
 	switch {
 	case err == nil:
