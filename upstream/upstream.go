@@ -178,9 +178,9 @@ type gotConn struct {
 var gotConns = sync.Pool{New: func() any {
 	g := &gotConn{}
 	g.trace.GotConn = func(httptrace.GotConnInfo) {
-		// Under waits' lock: either close cut the attempt before this (its
-		// error then counts as maybe sent, which errs towards unknown), or
-		// it no longer can.
+		// Once removed, close can no longer cut the attempt. If close cut it
+		// before that, got is already true: its error counts as maybe sent,
+		// which errs towards unknown.
 		g.got.Store(true)
 		g.waits.remove(g)
 	}
@@ -210,7 +210,9 @@ func (c connWatch) RoundTrip(req *http.Request) (*http.Response, error) {
 	)
 	if c.waits.add(g) {
 		resp, err = c.next.RoundTrip(req.WithContext(httptrace.WithClientTrace(ctx, &g.trace)))
-		c.waits.remove(g)
+		if !g.got.Load() { // GotConn removed it otherwise
+			c.waits.remove(g)
+		}
 	} else {
 		cancel(ratelimit.ErrClosed)
 		err = ratelimit.ErrClosed
