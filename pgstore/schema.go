@@ -114,7 +114,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, unlockWithin time.Duration
 	}
 	if !exists {
 		if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS idemproxy_schema (version integer NOT NULL)`); err != nil {
-			return err
+			return privilegeRefused(ctx, conn, 0, err)
 		}
 	}
 	var version int
@@ -140,11 +140,39 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, unlockWithin time.Duration
 			continue
 		}
 		if err != nil {
-			return err
+			return privilegeRefused(ctx, conn, v, err)
 		}
 		v++
 	}
 	return checkGrants(ctx, conn)
+}
+
+// privilegeRefused explains a creation (v = 0) or an upgrade from version v
+// that the database refused for want of a privilege (42501): PostgreSQL's
+// own "permission denied for schema public" or "must be owner of table"
+// names neither the user nor what to grant. Any other error is returned as
+// it is.
+func privilegeRefused(ctx context.Context, conn *pgxpool.Conn, v int, err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42501" {
+		return err
+	}
+	var user, schema, db string
+	q := `SELECT current_user, coalesce(current_schema(), 'public'), current_database()`
+	if qerr := conn.QueryRow(ctx, q).Scan(&user, &schema, &db); qerr != nil {
+		return err
+	}
+	grant := fmt.Sprintf("GRANT CREATE ON SCHEMA %s TO %s", pgx.Identifier{schema}.Sanitize(), pgx.Identifier{user}.Sanitize())
+	if v == 0 {
+		return fmt.Errorf("the database user %q may not create idemproxy's tables in schema %q of database %q: "+
+			"grant it CREATE on that schema for the first start and upgrades (%s), "+
+			"or start idemproxy once as a user that has it and grant %q SELECT, INSERT, UPDATE, DELETE on the idemproxy_ tables: %w",
+			user, schema, db, grant, user, err)
+	}
+	return fmt.Errorf("the database user %q may not upgrade idemproxy's tables from schema version %d to %d in schema %q of database %q: "+
+		"an upgrade needs the tables' owner, with CREATE on the schema (%s); "+
+		"start this version once as the owner of the idemproxy_ tables: %w",
+		user, v, len(migrations), schema, db, grant, err)
 }
 
 // upgradeLockWait bounds how long one schema upgrade waits for a table's
