@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -1050,6 +1051,29 @@ func warnPresetCredentials(cfg config, set settings, log *slog.Logger) {
 			log.Warn("preset's provider needs credentials that are not set", "variable", envPrefix+"STATIC_HEADERS", "preset", cfg.Preset,
 				"why", fmt.Sprintf("no %s in %sSTATIC_HEADERS (or _FILE): the %s provider refuses a call without it; add %s=<the value it gave you>",
 					h, envPrefix, cfg.Preset, h))
+		}
+	}
+}
+
+// warnPresetCleared logs at WARN each variable set empty that removes a
+// value the preset would give it. An empty variable is taken as unset and
+// its default applies, so IDEMPROXY_ROUTES= (a Compose ${ROUTES} with
+// nothing behind it) made the payouts preset's status lookups protected:
+// the lookup's 404 for a payout still being created was stored and replayed
+// for that order. It does not stop the start: emptying a preset's value is
+// the documented way to drop it (IDEMPROXY_STATUS_PROBE= for no probe).
+// Presets hold no secret, so the value removed is shown.
+func warnPresetCleared(cfg config, environ []string, log *slog.Logger) {
+	preset := presets[cfg.Preset]
+	if preset == nil {
+		return
+	}
+	vars := env.ToMap(environ)
+	for _, k := range slices.Sorted(maps.Keys(preset)) {
+		if v, set := vars[envPrefix+k]; set && v == "" {
+			log.Warn("empty variable removes the preset's value", "variable", envPrefix+k, "preset", cfg.Preset,
+				"removed", preset[k], "why", "an empty variable means its default, not the preset's; "+
+					"unset it to keep the preset's value")
 		}
 	}
 }

@@ -822,3 +822,54 @@ func TestConfigRateLimitFloor(t *testing.T) {
 		}
 	}
 }
+
+// An empty variable resets a preset's value to the default: with
+// IDEMPROXY_ROUTES= (a Compose ${ROUTES} with nothing behind it) the payouts
+// status lookups were protected, a lookup's 404 stored and replayed. Start
+// says so at WARN, naming the variable and the value removed; a variable
+// left unset, or set to a value, is no warning.
+func TestWarnsOfPresetValueRemovedByEmptyVariable(t *testing.T) {
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}
+	for _, tc := range []struct {
+		env  []string
+		want []string // the variables warned of
+	}{
+		{[]string{"IDEMPROXY_PRESET=payouts", "IDEMPROXY_ROUTES="}, []string{"IDEMPROXY_ROUTES"}},
+		{[]string{"IDEMPROXY_PRESET=payments", "IDEMPROXY_STATUS_PROBE=", "IDEMPROXY_RETRY_STATUSES="}, []string{"IDEMPROXY_RETRY_STATUSES", "IDEMPROXY_STATUS_PROBE"}},
+		{[]string{"IDEMPROXY_PRESET=payouts", "IDEMPROXY_ROUTES=POST /v1/payout/info=unprotected"}, nil},
+		{[]string{"IDEMPROXY_PRESET=cards"}, nil},
+		{[]string{"IDEMPROXY_ROUTES="}, nil}, // no preset: empty is the default
+		{[]string{"IDEMPROXY_PRESET=cards", "IDEMPROXY_STATUS_PROBE="}, nil}, // not a cards value
+	} {
+		cfg, _, err := loadConfig(append(base, tc.env...))
+		if err != nil {
+			t.Fatalf("%v: %v", tc.env, err)
+		}
+		var buf bytes.Buffer
+		warnPresetCleared(cfg, append(base, tc.env...), newLogger(&buf, "info", nil))
+		var got []string
+		for line := range strings.Lines(buf.String()) {
+			if !strings.Contains(line, `"level":"WARN"`) || jsonField(line, "preset") != cfg.Preset {
+				t.Errorf("%v: %s; want WARN lines naming the preset", tc.env, line)
+			}
+			v := jsonField(line, "variable")
+			if want := presets[cfg.Preset][strings.TrimPrefix(v, "IDEMPROXY_")]; jsonField(line, "removed") != want {
+				t.Errorf("%v: %s; want the removed value %q", tc.env, line, want)
+			}
+			got = append(got, v)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%v: warned of %v, want %v", tc.env, got, tc.want)
+		}
+	}
+}
+
+// The real binary with the payouts preset and IDEMPROXY_ROUTES= says at
+// start that the lookups' routes were removed.
+func TestBinaryWarnsOfPresetRoutesRemoved(t *testing.T) {
+	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(), "IDEMPROXY_PRESET=payouts", "IDEMPROXY_ROUTES=")})
+	line := p.waitLine(t, `"variable":"IDEMPROXY_ROUTES"`)
+	if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(jsonField(line, "removed"), "POST /v1/payout/info=unprotected") {
+		t.Errorf("warning line %s; want WARN naming IDEMPROXY_ROUTES and the payouts lookups removed", line)
+	}
+}

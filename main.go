@@ -136,6 +136,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	warnShortAdminToken(set.adminToken, log)
 	warnUnboundSignature(set.sign, log)
 	warnPresetCredentials(cfg, set, log)
+	warnPresetCleared(cfg, environ, log)
 	warnSlowRate(cfg, log)
 	setMemoryLimit(environ, cgroupLimitFiles, log)
 	setGCPercent(environ, set.storeURL != "", log)
