@@ -838,7 +838,7 @@ func TestWarnsOfPresetValueRemovedByEmptyVariable(t *testing.T) {
 		{[]string{"IDEMPROXY_PRESET=payments", "IDEMPROXY_STATUS_PROBE=", "IDEMPROXY_RETRY_STATUSES="}, []string{"IDEMPROXY_RETRY_STATUSES", "IDEMPROXY_STATUS_PROBE"}},
 		{[]string{"IDEMPROXY_PRESET=payouts", "IDEMPROXY_ROUTES=POST /v1/payout/info=unprotected"}, nil},
 		{[]string{"IDEMPROXY_PRESET=cards"}, nil},
-		{[]string{"IDEMPROXY_ROUTES="}, nil}, // no preset: empty is the default
+		{[]string{"IDEMPROXY_ROUTES="}, nil},                                 // no preset: empty is the default
 		{[]string{"IDEMPROXY_PRESET=cards", "IDEMPROXY_STATUS_PROBE="}, nil}, // not a cards value
 	} {
 		cfg, _, err := loadConfig(append(base, tc.env...))
