@@ -187,7 +187,8 @@ func (h *Handler) resolveRecord(w http.ResponseWriter, r *http.Request) {
 // answer is the final answer an executed resolve stores: the status (2xx
 // or 4xx), the body (a JSON string's text, or any other JSON value as
 // given) and the headers given, with Content-Type application/json unless
-// given, and marked as not the operation's own answer (reconciled).
+// given (text/plain for a text that is not JSON), and marked as not the
+// operation's own answer (reconciled).
 func answer(in resolveQuery) (*store.Response, error) {
 	if in.Status < 200 || in.Status > 299 && in.Status < 400 || in.Status > 499 {
 		return nil, errors.New("status must be the provider's answer, 2xx or 4xx")
@@ -197,6 +198,11 @@ func answer(in resolveQuery) (*store.Response, error) {
 		var text string
 		if json.Unmarshal(in.Body, &text) == nil {
 			resp.Body = []byte(text)
+			// A person's note is text: as application/json the app's
+			// next request got a body no JSON parser reads.
+			if !json.Valid(resp.Body) {
+				resp.Header.Set("Content-Type", "text/plain; charset=utf-8")
+			}
 		} else {
 			resp.Body = bytes.Clone(in.Body)
 		}

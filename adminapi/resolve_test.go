@@ -97,3 +97,38 @@ func callPathIsAlsoAKey(t *testing.T, h http.Handler, call string) {
 		t.Fatalf("GET /admin/v1/records/%s = %d %s, want the record of the key %s (404)", call, w.Code, w.Body, call)
 	}
 }
+
+// A resolve executed whose body is text (`records resolve --body 'paid,
+// see dashboard'` sends it as a JSON string) stores it with Content-Type
+// text/plain unless a type is given: it was stored as application/json, and
+// the app's next request got 201 application/json with a body no JSON parser
+// reads. A JSON body, or a JSON string holding JSON, keeps application/json.
+func TestResolveTextBodyType(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	h := adminapi.New(adminapi.Options{Store: s, DefaultTenant: "default", Logger: slog.New(slog.DiscardHandler)})
+	for i, c := range []struct{ body, wantType string }{
+		{`"paid, see the dashboard"`, "text/plain; charset=utf-8"},
+		{`{"payment_id":"p-1","status":"succeeded"}`, "application/json"},
+		{`"{\"payment_id\":\"p-1\"}"`, "application/json"},
+		{`"ok","headers":{"Content-Type":"text/html"}`, "text/html"},
+	} {
+		id := store.ID{Tenant: "default", Key: "k-" + string(rune('a'+i))}
+		if _, _, err := s.Begin(ctx, id, store.Request{Fingerprint: []byte("fp"), Method: "POST", Path: "/payments"}, "o", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Park(ctx, id, "o", store.Outcome{Attempts: 1, LastError: "504 from upstream"}); err != nil {
+			t.Fatal(err)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("POST", "/admin/v1/records/resolve",
+			strings.NewReader(`{"key":"`+id.Key+`","outcome":"executed","status":201,"body":`+c.body+`}`)))
+		if w.Code != 200 {
+			t.Fatalf("resolve with body %s = %d %s, want 200", c.body, w.Code, w.Body)
+		}
+		rec, err := s.Get(ctx, id)
+		if err != nil || rec.Response.Header.Get("Content-Type") != c.wantType {
+			t.Errorf("body %s stored as %+v, %v; want Content-Type %s", c.body, rec.Response, err, c.wantType)
+		}
+	}
+}
