@@ -160,6 +160,7 @@ func (st *state) mentions(s Source, r Request) Reason {
 		if firstNonSpace(body) != '{' {
 			return ReasonNone
 		}
+		st.json.singleByte = singleByteCharset(r.ContentType)
 		st.json.lookup(body, s.Name)
 		if st.json.loneSeen {
 			return ReasonLoneSurrogate
@@ -287,6 +288,7 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 		if firstNonSpace(body) != '{' {
 			return nil, false
 		}
+		st.json.singleByte = singleByteCharset(r.ContentType)
 		return st.json.lookup(body, s.Name)
 	case Form:
 		if boundary, ok := formDataBoundary(r.ContentType); ok {

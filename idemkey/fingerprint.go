@@ -228,6 +228,7 @@ func (st *state) writeForm(r Request) bool {
 func (st *state) writeBody(r Request, p *Parsed) {
 	if c := firstNonSpace(r.Body); c == '{' || c == '[' || isJSONType(r.ContentType) {
 		st.json.reset(r.Body, true)
+		st.json.singleByte = singleByteCharset(r.ContentType)
 		looks := st.look(r.Body, p)
 		// The canonical form is at most about the body's size: sized once,
 		// a large body is not copied over and over as the buffer grows.
@@ -236,7 +237,9 @@ func (st *state) writeBody(r Request, p *Parsed) {
 		if looks {
 			st.looked(p, err == nil)
 		}
-		if err == nil {
+		// A body with bytes of a single-byte charset is hashed as it came,
+		// as it was before idemproxy read keys in it.
+		if err == nil && !st.json.notUTF8 {
 			st.sha.Write(st.json.out)
 			return
 		}

@@ -3,6 +3,7 @@ package idemkey
 import (
 	"bytes"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -251,6 +252,42 @@ func unhex(c byte) (byte, bool) {
 func mediaType(contentType string) string {
 	mt, _, _ := strings.Cut(contentType, ";")
 	return strings.TrimSpace(mt)
+}
+
+// singleByteCharset reports whether contentType declares a charset of one
+// byte per character whose first 128 are ASCII, as legacy PHP apps send
+// JSON ("application/json; charset=windows-1251"): in such a body a byte
+// from 0x80 up is never a quote or a backslash, so its structure reads the
+// same in that charset, in UTF-8 with each stray byte as U+FFFD, and as
+// bytes. Multi-byte charsets such as Shift_JIS are not: a second byte of
+// 0x5C is a backslash to a parser that reads bytes.
+func singleByteCharset(contentType string) bool {
+	_, params, ok := strings.Cut(contentType, ";")
+	if !ok {
+		return false
+	}
+	for param := range strings.SplitSeq(params, ";") {
+		name, val, _ := strings.Cut(param, "=")
+		if !strings.EqualFold(strings.TrimSpace(name), "charset") {
+			continue
+		}
+		cs := strings.ToLower(strings.Trim(strings.TrimSpace(val), `"`))
+		for _, prefix := range []string{"windows-125", "cp125"} {
+			if n, ok := strings.CutPrefix(cs, prefix); ok {
+				return len(n) == 1 && '0' <= n[0] && n[0] <= '8'
+			}
+		}
+		if n, ok := strings.CutPrefix(cs, "iso-8859-"); ok {
+			i, err := strconv.Atoi(n)
+			return err == nil && 1 <= i && i <= 16 && i != 12 && n[0] != '0'
+		}
+		switch cs {
+		case "koi8-r", "koi8-u", "latin1", "cp866", "ibm866":
+			return true
+		}
+		return false
+	}
+	return false
 }
 
 // isFormType reports whether contentType is application/x-www-form-urlencoded.

@@ -76,6 +76,14 @@ type jsonParser struct {
 	// why (ReasonLoneSurrogate).
 	loneSeen bool
 
+	// singleByte lets strings hold bytes that are not UTF-8, for a body
+	// declared in a single-byte charset such as windows-1251 (see
+	// singleByteCharset): there every byte from 0x80 up is one character
+	// inside a string, so the document's structure reads the same to every
+	// parser. A value with such bytes is no key (see lookup). notUTF8 is
+	// set (and cleared by reset) when the document had such a byte.
+	singleByte, notUTF8 bool
+
 	// frames are the looks (Parse) into the objects open on their
 	// paths: while the canonical form is emitted, the document's key
 	// sources are looked up in the same pass (lookMember). The first
@@ -108,7 +116,7 @@ type member struct{ start, keyStart, keyEnd, end int }
 type move struct{ open, close, first, last int }
 
 func (p *jsonParser) reset(data []byte, emit bool) {
-	p.data, p.pos, p.emit = data, 0, emit
+	p.data, p.pos, p.emit, p.notUTF8 = data, 0, emit, false
 	p.members = p.members[:0]
 	p.moves, p.sorted = p.moves[:0], p.sorted[:0]
 	p.frames = p.frames[:0]
@@ -332,7 +340,7 @@ func (p *jsonParser) lookMember(depth, lo, hi int) error {
 	key := p.data[at+1 : p.pos-1] // the decoded key, unless it has an escape
 	if bytes.IndexByte(key, '\\') >= 0 {
 		p.key = p.key[:0]
-		q := jsonParser{data: p.data[at:p.pos]} // valid: just parsed
+		q := jsonParser{data: p.data[at:p.pos], singleByte: p.singleByte} // valid: just parsed
 		q.str(&p.key, false)
 		key = p.key
 	}
@@ -399,12 +407,12 @@ func (p *jsonParser) lookValue(depth, lo, hi int, nested bool) error {
 		val = p.data[at+1 : p.pos-1]
 		lone := false
 		if bytes.IndexByte(val, '\\') >= 0 {
-			q := jsonParser{data: p.data[at:p.pos]}
+			q := jsonParser{data: p.data[at:p.pos], singleByte: p.singleByte}
 			dec := make([]byte, 0, len(val))
 			q.str(&dec, false)
 			val, lone = dec, q.lone
 		}
-		found = len(val) > 0 && !lone // a lone surrogate: see lookup
+		found = len(val) > 0 && !lone && utf8.Valid(val) // a lone surrogate or a byte of a single-byte charset: see lookup
 	case c == '-' || isDigit(c):
 		at := p.pos
 		if err := p.number(); err != nil {
@@ -594,7 +602,10 @@ func (p *jsonParser) str(dst *[]byte, canon bool) error {
 		default:
 			r, size := utf8.DecodeRune(p.data[p.pos:])
 			if r == utf8.RuneError && size == 1 {
-				return p.fail("invalid UTF-8 in a string")
+				if !p.singleByte {
+					return p.fail("invalid UTF-8 in a string")
+				}
+				p.notUTF8 = true
 			}
 			if dst != nil {
 				*dst = append(*dst, p.data[p.pos:p.pos+size]...)
@@ -732,7 +743,11 @@ func appendRune(dst []byte, r rune, canon bool) []byte {
 // has no UTF-8 form: encoding/json reads U+FFFD in its place, so "A\ud800",
 // "A\udbff" and "A\ufffd" are one order to a Go provider and three to one in
 // JavaScript, Python or Java, which keep the surrogate; any key derived from
-// it would be wrong for one of them. val is valid until the parser is reused.
+// it would be wrong for one of them. In a body in a single-byte charset
+// (singleByte), a string with a byte that is not UTF-8 ("\xc8-1", И-1 in
+// windows-1251) counts as absent too: a provider that ignores the charset
+// reads U+FFFD for each such byte, so two orders would be one to it.
+// val is valid until the parser is reused.
 func (p *jsonParser) lookup(data []byte, path string) (val []byte, ok bool) {
 	p.reset(data, false)
 	p.seen, p.loneSeen = false, false
@@ -827,6 +842,12 @@ func (p *jsonParser) lookupMember(rest string, nested bool, depth int) (bool, er
 			p.seen, p.loneSeen = true, true
 			return false, nil
 		}
+		if err == nil && !utf8.Valid(p.val) {
+			// A byte of a single-byte charset (singleByte): no one value
+			// either, see lookup.
+			p.seen = true
+			return false, nil
+		}
 		return len(p.val) > 0, err
 	case !nested && (c == '-' || isDigit(c)):
 		start := p.pos
@@ -841,7 +862,7 @@ func (p *jsonParser) lookupMember(rest string, nested bool, depth int) (bool, er
 // the member just read gave (found, and p.val when found). It runs only when
 // a key repeats, with a parser of its own so that p's state is left alone.
 func (p *jsonParser) sameAs(data []byte, found bool, rest string, nested bool, depth int) bool {
-	q := &jsonParser{data: data}
+	q := &jsonParser{data: data, singleByte: p.singleByte}
 	qFound, err := q.lookupMember(rest, nested, depth)
 	p.seen = p.seen || q.seen
 	p.loneSeen = p.loneSeen || q.loneSeen

@@ -29,6 +29,7 @@ func getState() *state { return statePool.Get().(*state) }
 
 func putState(st *state) {
 	st.json.data = nil                          // do not keep the request body alive
+	st.json.singleByte = false                  // set per request (singleByteCharset)
 	clear(st.json.frames[:cap(st.json.frames)]) // nor the values looked up in it (Parse)
 	for _, b := range []*[]byte{&st.buf, &st.val, &st.dec, &st.json.out, &st.json.scratch, &st.json.key, &st.json.val} {
 		if cap(*b) > maxPooled {
