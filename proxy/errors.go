@@ -87,6 +87,8 @@ var (
 	ErrTrailers       = &Error{http.StatusBadRequest, CodeBadRequest, "request trailers are not forwarded; send every header before the body"}
 	ErrDotSegment     = &Error{http.StatusBadRequest, CodeBadRequest, "the path has a dot-segment (. or .., plain or percent-encoded); send the resolved path"}
 	ErrFragment       = &Error{http.StatusBadRequest, CodeBadRequest, "the request target has a fragment (#...), which is not sent in HTTP requests; send the path and query alone. Nothing was sent upstream"}
+	// ErrContentTypeTwice: Content-Type on two lines that differ (checkShape).
+	ErrContentTypeTwice = &Error{http.StatusBadRequest, CodeBadRequest, "Content-Type was sent twice with different values: the provider may read the body by either, so idemproxy cannot tell which order it names; send one Content-Type. Nothing was sent upstream"}
 	// ErrFraming answers a request marked by MarkAmbiguousFraming.
 	ErrFraming = &Error{http.StatusBadRequest, CodeBadRequest, "the request's length is ambiguous (Transfer-Encoding with Content-Length, Transfer-Encoding on HTTP/1.0, or Content-Length twice); send one Content-Length or chunked alone. Nothing was sent upstream"}
 	// ErrBodyUnread: the client's body did not arrive in full (too slow, or

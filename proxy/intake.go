@@ -30,7 +30,10 @@ var methodOverrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", 
 //     app never named, whose answer (a 404) would be stored as final;
 //   - a path with a dot-segment, plain or percent-encoded, that could take
 //     the request outside the upstream base path once joined to it;
-//   - a request whose length is ambiguous (MarkAmbiguousFraming).
+//   - a request whose length is ambiguous (MarkAmbiguousFraming);
+//   - Content-Type on two lines with different values: idemproxy reads the
+//     body by the first, a provider may by the last (or both joined), and
+//     a form, a multipart boundary or a charset then names another order.
 func checkShape(r *http.Request) error {
 	switch {
 	case r.Context().Value(ambiguousFramingKey{}) != nil:
@@ -51,6 +54,8 @@ func checkShape(r *http.Request) error {
 		return ErrTrailers
 	case hasDotSegment(r.URL.EscapedPath()):
 		return ErrDotSegment
+	case repeatsOtherwise(r.Header.Values("Content-Type")):
+		return ErrContentTypeTwice
 	}
 	return nil
 }
@@ -69,6 +74,16 @@ type ambiguousFramingKey struct{}
 // main.
 func MarkAmbiguousFraming(r *http.Request) *http.Request {
 	return r.WithContext(context.WithValue(r.Context(), ambiguousFramingKey{}, true))
+}
+
+// repeatsOtherwise reports whether vals holds two values that differ.
+func repeatsOtherwise(vals []string) bool {
+	for _, v := range vals[min(1, len(vals)):] {
+		if v != vals[0] {
+			return true
+		}
+	}
+	return false
 }
 
 func hasAny(h http.Header, names []string) bool {
