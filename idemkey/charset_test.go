@@ -66,16 +66,18 @@ func TestSingleByteCharsetStillRefused(t *testing.T) {
 
 func TestSingleByteCharset(t *testing.T) {
 	for ct, want := range map[string]bool{
-		"application/json; charset=windows-1251":     true,
-		"application/json;charset=\"CP1251\"":        true,
-		"application/json; q=1; Charset=KOI8-R":      true,
-		"application/json; charset=iso-8859-5":       true,
-		"application/json; charset=utf-8":            false,
-		"application/json; charset=shift_jis":        false,
-		"application/json":                           false,
-		"application/json; charset=windows-1251-ish": false,
-		"application/json; charset=iso-8859-12":      false,
-		"application/json; charset=iso-8859-16":      true,
+		"application/json; charset=windows-1251":              true,
+		"application/json;charset=\"CP1251\"":                 true,
+		"application/json; q=1; Charset=KOI8-R":               true,
+		"application/json; charset=iso-8859-5":                true,
+		"application/json; charset=utf-8":                     false,
+		"application/json; charset=shift_jis":                 false,
+		"application/json":                                    false,
+		"application/json; charset=windows-1251-ish":          false,
+		"application/json; charset=iso-8859-12":               false,
+		"application/json; charset=iso-8859-16":               true,
+		"application/json; charset=cp1251; charset=shift_jis": false,
+		"application/json; charset=cp1251; charset=koi8-r":    true,
 	} {
 		if got := singleByteCharset(ct); got != want {
 			t.Errorf("singleByteCharset(%q) = %v, want %v", ct, got, want)

@@ -266,26 +266,37 @@ func singleByteCharset(contentType string) bool {
 	if !ok {
 		return false
 	}
+	// Every charset parameter must be one: a parser that takes the last of
+	// "charset=windows-1251; charset=shift_jis" reads another structure.
+	named := false
 	for param := range strings.SplitSeq(params, ";") {
 		name, val, _ := strings.Cut(param, "=")
 		if !strings.EqualFold(strings.TrimSpace(name), "charset") {
 			continue
 		}
-		cs := strings.ToLower(strings.Trim(strings.TrimSpace(val), `"`))
-		for _, prefix := range []string{"windows-125", "cp125"} {
-			if n, ok := strings.CutPrefix(cs, prefix); ok {
-				return len(n) == 1 && '0' <= n[0] && n[0] <= '8'
-			}
+		if !isSingleByte(strings.ToLower(strings.Trim(strings.TrimSpace(val), `"`))) {
+			return false
 		}
-		if n, ok := strings.CutPrefix(cs, "iso-8859-"); ok {
-			i, err := strconv.Atoi(n)
-			return err == nil && 1 <= i && i <= 16 && i != 12 && n[0] != '0'
+		named = true
+	}
+	return named
+}
+
+// isSingleByte reports whether the lower-case charset name cs is one of
+// singleByteCharset's.
+func isSingleByte(cs string) bool {
+	for _, prefix := range []string{"windows-125", "cp125"} {
+		if n, ok := strings.CutPrefix(cs, prefix); ok {
+			return len(n) == 1 && '0' <= n[0] && n[0] <= '8'
 		}
-		switch cs {
-		case "koi8-r", "koi8-u", "latin1", "cp866", "ibm866":
-			return true
-		}
-		return false
+	}
+	if n, ok := strings.CutPrefix(cs, "iso-8859-"); ok {
+		i, err := strconv.Atoi(n)
+		return err == nil && 1 <= i && i <= 16 && i != 12 && n[0] != '0'
+	}
+	switch cs {
+	case "koi8-r", "koi8-u", "latin1", "cp866", "ibm866":
+		return true
 	}
 	return false
 }
