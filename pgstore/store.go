@@ -323,20 +323,50 @@ func pgDuration(v string) (d time.Duration, ok bool) {
 // any prepared statement the session holds: behind PgBouncer in session
 // mode with server_reset_query empty, a server connection comes with those
 // of its last client, whose names pgx's statement cache would use again.
+//
+// The query runs under the role's own statement_timeout until it changes
+// it, so it turns that off first and sets its own value last: a short one
+// set on the role (ALTER ROLE ... SET statement_timeout = '1ms') otherwise
+// cancelled the query now and then, and the call that opened the
+// connection failed with it, a final answer's write included. What is left
+// of that window (the query's parse and its first SET) is covered by
+// trying again: a cancelled query changed nothing.
 func applySettings(settings map[string]string) func(context.Context, *pgx.Conn) error {
 	names := slices.Sorted(maps.Keys(settings))
 	var sql strings.Builder
-	sql.WriteString("DEALLOCATE ALL;")
+	sql.WriteString("SET statement_timeout = 0; DEALLOCATE ALL;")
 	for _, name := range names {
-		fmt.Fprintf(&sql, " SET %s = %s;", name, quoteLiteral(settings[name]))
+		if name != "statement_timeout" {
+			fmt.Fprintf(&sql, " SET %s = %s;", name, quoteLiteral(settings[name]))
+		}
+	}
+	if v, ok := settings["statement_timeout"]; ok {
+		fmt.Fprintf(&sql, " SET statement_timeout = %s;", quoteLiteral(v))
 	}
 	query := sql.String()
 	return func(ctx context.Context, c *pgx.Conn) error {
-		if _, err := c.PgConn().Exec(ctx, query).ReadAll(); err != nil {
+		var err error
+		for range settingsTries {
+			if _, err = c.PgConn().Exec(ctx, query).ReadAll(); !isCanceled(err) || ctx.Err() != nil {
+				break
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("session settings: %w", err)
 		}
 		return nil
 	}
+}
+
+// settingsTries bounds how often applySettings runs its query when the
+// role's statement_timeout cancels it.
+const settingsTries = 5
+
+// isCanceled says whether err is the server's query_canceled (a statement
+// timeout, or a cancel request).
+func isCanceled(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "57014"
 }
 
 // quoteLiteral quotes v as an SQL string literal (standard_conforming_strings
