@@ -582,7 +582,7 @@ func recordsResolve(args, environ []string, stdout, stderr io.Writer) int {
 	status := fs.Int("status", 0, "executed: the provider's status for the operation, 2xx or 4xx")
 	body := fs.String("body", "", "executed: the provider's answer body; JSON is stored as given, anything else as text")
 	headers := headerFlags{}
-	fs.Var(headers, "header", "executed: a header of the answer, 'Name: value' (repeatable; Content-Type defaults to application/json)")
+	fs.Var(headers, "header", "executed: a header of the answer, 'Name: value' (repeatable; Content-Type defaults to application/json, text/plain for a --body that is not JSON)")
 	client := fs.String("client", "", "client (tenant) of the record; required with client tokens on")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	admin := fs.String("admin", "", "admin address (default IDEMPROXY_ADMIN_ADDR)")

@@ -39,6 +39,10 @@ func TestConfigBounds(t *testing.T) {
 		{"rate not a number", []string{"IDEMPROXY_RATE_LIMIT=NaN"}, []string{"IDEMPROXY_RATE_LIMIT"}},
 		// An unknown placeholder once went to the provider as literal braces.
 		{"probe placeholder unknown", []string{"IDEMPROXY_STATUS_PROBE=GET /payments/{payment_id}"}, []string{"IDEMPROXY_STATUS_PROBE", "{payment_id}"}},
+		// A GET probe's body was sent, and many providers drop or refuse
+		// one: the lookup before every re-send found nothing or failed.
+		// (The data directory cannot be made: taken, it stops with 1.)
+		{"GET probe with a body", []string{`IDEMPROXY_STATUS_PROBE=GET /payments/search {"order_id":"{req.order_id}"}`, "IDEMPROXY_DATA_DIR=/dev/null/x"}, []string{"IDEMPROXY_STATUS_PROBE", "has no body"}},
 		{"probe routes with a policy", []string{"IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments=unprotected"}, []string{"IDEMPROXY_STATUS_PROBE_ROUTES", "no =POLICY"}},
 		{"probe routes without a path", []string{"IDEMPROXY_STATUS_PROBE_ROUTES=POST payments"}, []string{"IDEMPROXY_STATUS_PROBE_ROUTES", "must start with /"}},
 		{"same listen and admin address", []string{"IDEMPROXY_LISTEN_ADDR=:8080", "IDEMPROXY_ADMIN_ADDR=:8080"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},

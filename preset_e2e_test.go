@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -343,6 +344,14 @@ func TestNonceReusedIsResentNeverStored(t *testing.T) {
 	a := send(t, "POST", base+"/payments", body)
 	if a.status != http.StatusBadGateway || errorCodeOf(t, a.body) != "upstream_unavailable" {
 		t.Fatalf("refused twice: %d %s, want 502 upstream_unavailable", a.status, a.body)
+	}
+	// ...and the 502 says so: it said "the outcome may be unknown", which
+	// sent operators to the provider about an operation nothing listed.
+	if !strings.Contains(a.body, "the operation was not executed") || strings.Contains(a.body, "may be unknown") {
+		t.Errorf("refused twice: %s, want it to say the operation was not executed", a.body)
+	}
+	if l := send(t, "GET", "http://"+p.admin+"/admin/v1/records?state=unknown", ""); l.status != 200 || strings.Contains(l.body, `"key"`) {
+		t.Errorf("refused twice: unknown records %d %s, want none", l.status, l.body)
 	}
 	// ...so its retry reaches the provider and the payment is made.
 	b := send(t, "POST", base+"/payments", body)
