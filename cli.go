@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -146,6 +147,12 @@ func (c *adminClient) send(method, path string, query url.Values, body io.Reader
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err // the URL is said below, once
+		}
+		// A change connected but unanswered (the instance died or hung
+		// after the request reached it) may have been made.
+		var op *net.OpError
+		if method != http.MethodGet && !(errors.As(err, &op) && op.Op == "dial") {
+			return nil, nil, fmt.Errorf("no answer from the admin API at %s: %w; the call may have been made: look the record or order up before repeating it", c.base, err)
 		}
 		return nil, nil, fmt.Errorf("cannot reach the admin API at %s: %w; %s", c.base, err, addrHint)
 	}
