@@ -220,6 +220,14 @@ func (g *Gate) pass(ctx context.Context, waited time.Duration, next bool) (time.
 		if err != nil {
 			return waited, err
 		}
+		if paused {
+			// A token held from before the pause is not spent at its end: the
+			// bucket refills to its burst meanwhile, and that token on top of
+			// it would send burst+1 attempts at once, one more than a provider
+			// with the same limit lets through (its 429 pauses everyone again).
+			g.giveBack(tk)
+			tk = ticket{}
+		}
 		now := g.now()
 		if d <= 0 && held > 0 {
 			d, held = g.spread(held), 0 // once, after the pause

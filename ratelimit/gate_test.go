@@ -524,3 +524,41 @@ func TestGateAfterClose(t *testing.T) {
 	zero.AfterClose(func() { t.Error("a Gate not made by New ran an AfterClose function") })
 	zero.Close()
 }
+
+// An attempt that held a token when a pause began takes a new one after the
+// pause: the bucket refilled to its burst meanwhile, so keeping the old token
+// let burst+1 attempts leave at the pause end. With the provider's own limit
+// at the same rate and burst (the sandbox, payments at 20/s burst 2), the
+// extra one was refused with 429 at every pause end, which paused everyone
+// again: the real binary sent 2 successes a second instead of 20.
+func TestGatePauseEndLeavesNoMoreThanBurst(t *testing.T) {
+	g, c := newTestGate(20, 2)
+	for range 2 { // the burst is spent
+		if w, err := g.Wait(context.Background()); err != nil || w != 0 {
+			t.Fatalf("Wait = %v, %v; want the burst at once", w, err)
+		}
+	}
+	end := c.Now().Add(time.Second)
+	c.OnSleep = func(n int) {
+		if n == 1 { // woke for its token; a 429 elsewhere pauses everyone
+			g.PauseUntil(end)
+		}
+	}
+	if _, err := g.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Now().Equal(end) {
+		t.Fatalf("the held attempt left at %v, want the pause end %v", c.Now(), end)
+	}
+	c.OnSleep = nil
+	at := []time.Duration{0}
+	for range 2 {
+		if _, err := g.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		at = append(at, c.Now().Sub(end))
+	}
+	if at[2] < 50*time.Millisecond {
+		t.Errorf("attempts left at %v after the pause end; want at most the burst (2) at once, the third one interval (50ms) later", at)
+	}
+}
