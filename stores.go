@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -43,6 +44,7 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 		return nil, 0, denied(err, "write in it",
 			"give the directory and everything in it to that user, with write permission (a bind mount: chown -R %[1]d:%[2]d on the host, and chmod u+rwx on the directory)")
 	}
+	warnContainerLayer(cfg.DataDir, log)
 	m.StoreSize(s.Size)
 	m.StorePageOuts(s.PageOuts)
 	if err := releaseInFlight(s, m, log); err != nil {
@@ -50,6 +52,24 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 		return nil, 0, err
 	}
 	return s, cfg.lease(), nil
+}
+
+// warnContainerLayer warns of a data directory in a container's own
+// writable layer (DATA_DIR set blank, so ./data in the working directory, or
+// a path no volume is mounted on): the store works there, but every stored
+// answer goes with the container, and the repeats of those orders reach the
+// provider again.
+func warnContainerLayer(dir string, log *slog.Logger) {
+	if !onOverlay(dir) {
+		return
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	log.Warn("the data directory is in the container's own writable layer (the root overlay file system), not on a volume: "+
+		"every stored answer is lost when the container is removed or re-created, and repeats of those orders reach the provider again; "+
+		"mount a volume on it (the image's is /data, the default there)",
+		"variable", envPrefix+"DATA_DIR", "dir", dir)
 }
 
 // shareThrottle makes the gate's pause and rate limit the provider's, held
