@@ -153,7 +153,7 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 		cur.State = store.Final
 		cur.LeaseUntil = time.Time{}
 		cur.Response = *resp
-		cur.Outcome.LastBody = nil
+		cur.Outcome.LastBody, cur.Outcome.Sent = nil, nil
 		return s.put(txn, key, val, cur, now)
 	})
 }

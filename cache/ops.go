@@ -124,7 +124,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, owner string, resp st
 		cur.State = store.Final
 		cur.LeaseUntil = time.Time{}
 		cur.Response = resp
-		cur.Outcome.LastBody = nil
+		cur.Outcome.LastBody, cur.Outcome.Sent = nil, nil
 		if kept := cur.Outcome.FirstSentAt; !sent.IsZero() && (kept.IsZero() || sent.Before(kept)) {
 			cur.Outcome.FirstSentAt = sent
 		}
@@ -157,6 +157,13 @@ func (s *Store) Park(ctx context.Context, id store.ID, owner string, o store.Out
 	return s.ownerUpdate(ctx, "park", id, owner, func(cur store.Record, _ time.Time) (store.Record, bool) {
 		cur.State, cur.LeaseUntil = store.Unknown, time.Time{}
 		cur.Outcome = cur.Outcome.Merge(o)
+		if cur.Outcome.Sent != nil && encodedSize(&cur) >= s.maxValue {
+			// Parked without the request's bytes rather than not at all
+			// (store.Store.Park): the resume sends its own request's.
+			s.log.Warn("cache: the record of an operation whose outcome is unknown is too large to keep its request's bytes; a resume sends those of the request that resumes it",
+				"bytes", len(cur.Outcome.Sent.Body), "limit", s.maxValue)
+			cur.Outcome.Sent = nil
+		}
 		return cur, true
 	})
 }

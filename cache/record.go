@@ -30,13 +30,16 @@ func (corruptError) Is(target error) bool { return target == store.ErrUnreadable
 // recordVersion is the newest layout decodeRecord reads. Bump it when the
 // layout changes and teach decodeRecord the old layouts, so a store written
 // by an older build still opens. Version 1 lacked the fields after the body.
-const recordVersion = 5
+const recordVersion = 6
 
-// rollbackVersion is what appendRecord writes when the newest layout's
+// rollbackVersion is what appendRecord writes when the newest layouts'
 // additions are unused: version 5 only added a flag to version 4's flags
-// byte, so a record without it is written as version 4, and a build from
-// before version 5 (a rollback) still reads every record but an operator's
-// reviewed needs_review answer.
+// byte, so a record without it is written as version 4, and version 6 only
+// the request's bytes as first sent (Outcome.Sent) after version 5's, so a
+// record without them is written as version 5 (or 4). A build from before
+// version 5 (a rollback) still reads every record but an operator's
+// reviewed needs_review answer and an unknown record that keeps its
+// request's bytes, which it lists as unreadable.
 const rollbackVersion = 4
 
 // Key layout: "r/" + first 8 bytes of SHA-256(tenant) + SHA-256(len(tenant),
@@ -90,15 +93,18 @@ func getKey(id store.ID) (key []byte, b *opBuf) {
 	return appendRecordKey(b.key[:0], id), b
 }
 
-// appendRecord appends the version-5 encoding of r to dst, marked version 4
-// (rollbackVersion, the same layout) when r is not Reviewed:
+// appendRecord appends the version-6 encoding of r to dst, cut after
+// lastBody and marked version 5 when r keeps no Outcome.Sent, and marked
+// version 4 (rollbackVersion, the same layout) when it is not Reviewed
+// either:
 //
 //	version u8 | state u8 | fingerprint bytes | owner bytes |
 //	leaseUntil time | createdAt time | status uvarint |
 //	header count uvarint, then per name (sorted): name bytes, value count uvarint, values bytes |
 //	body bytes | fence uvarint | firstSentAt time | attempts uvarint |
 //	lastError bytes | tenant bytes | key bytes | flags u8 |
-//	method bytes | path bytes | upstreamKey bytes | lastBody bytes
+//	method bytes | path bytes | upstreamKey bytes | lastBody bytes |
+//	sentBody bytes | sentContentType bytes | sentContentEncoding bytes
 //
 // flags is flagSuperseded | flagReviewed; up to version 4 it was the
 // superseded flag, 0 or 1, with the same layout. Version 3 ended after
@@ -112,6 +118,10 @@ func appendRecord(dst []byte, r *store.Record) []byte {
 	dst = slices.Grow(dst, encodedSize(r))
 	version := byte(rollbackVersion)
 	if r.Reviewed {
+		version = 5
+	}
+	sent := r.Outcome.Sent
+	if sent != nil {
 		version = recordVersion
 	}
 	dst = append(dst, version, byte(r.State))
@@ -139,7 +149,13 @@ func appendRecord(dst []byte, r *store.Record) []byte {
 	dst = appendString(dst, r.Method)
 	dst = appendString(dst, r.Path)
 	dst = appendString(dst, r.UpstreamKey)
-	return appendBytes(dst, r.Outcome.LastBody)
+	dst = appendBytes(dst, r.Outcome.LastBody)
+	if sent == nil {
+		return dst
+	}
+	dst = appendBytes(dst, sent.Body)
+	dst = appendString(dst, sent.ContentType)
+	return appendString(dst, sent.ContentEncoding)
 }
 
 // encodedSize is an upper bound of appendRecord's output, so that a record
@@ -151,6 +167,9 @@ func encodedSize(r *store.Record) int {
 	n += uv + len(r.Outcome.LastError) + uv + len(r.ID.Tenant) + uv + len(r.ID.Key)
 	n += uv + len(r.Method) + uv + len(r.Path) + uv + len(r.UpstreamKey) + uv + len(r.Outcome.LastBody)
 	n += uv
+	if sent := r.Outcome.Sent; sent != nil {
+		n += 3*uv + len(sent.Body) + len(sent.ContentType) + len(sent.ContentEncoding)
+	}
 	for name, vs := range r.Response.Header {
 		n += 2*uv + len(name)
 		for _, v := range vs {
@@ -242,6 +261,9 @@ func decode(b []byte, bodies bool) (store.Record, error) {
 	}
 	if b[0] >= 4 {
 		d.request(&r)
+	}
+	if b[0] >= 6 {
+		d.sent(&r)
 	}
 	if d.err != nil {
 		return store.Record{}, fmt.Errorf("%w: %w", ErrCorrupt, d.err)
@@ -336,6 +358,18 @@ func (d *decoder) request(r *store.Record) {
 	} else {
 		r.Outcome.LastBody = d.bytes()
 	}
+}
+
+// sent reads the fields version 6 added: the request's bytes as first sent
+// (Outcome.Sent), present in every version-6 record.
+func (d *decoder) sent(r *store.Record) {
+	body := d.field()
+	s := &store.Sent{ContentType: d.string(), ContentEncoding: d.string()}
+	if d.noBodies { // listed without bodies: left out, as the others are
+		return
+	}
+	s.Body = body // the decoder's private copy (decode)
+	r.Outcome.Sent = s
 }
 
 func (d *decoder) fail(err error) {

@@ -77,6 +77,22 @@ func sampleRecords() map[string]store.Record {
 			UpstreamKey: "9b1d0c7e",
 			Outcome:     store.Outcome{Attempts: 2, LastError: "status 504 from upstream", LastBody: []byte(`{"payment_id":"pay_7"}`)},
 		},
+		"unknown with its request as first sent": {
+			ID:          store.ID{Tenant: "shop", Key: "order-8"},
+			State:       store.Unknown,
+			Fingerprint: bytes.Repeat([]byte{9}, 32),
+			Owner:       "o",
+			Fence:       2,
+			Method:      "POST",
+			Path:        "/payments",
+			Outcome: store.Outcome{Attempts: 1, LastError: "timeout after send",
+				Sent: &store.Sent{Body: []byte(`{"order_id":"o-8","amount":100}`), ContentType: "application/json", ContentEncoding: "gzip, identity"}},
+		},
+		"unknown that sent an empty body": {
+			State:    store.Unknown,
+			Reviewed: false,
+			Outcome:  store.Outcome{Attempts: 1, Sent: &store.Sent{}},
+		},
 		"pre-1970 time": {
 			State:     store.InFlight,
 			Owner:     "o",
@@ -98,6 +114,11 @@ func normalize(r store.Record) store.Record {
 	}
 	r.LeaseUntil, r.CreatedAt = r.LeaseUntil.UTC(), r.CreatedAt.UTC()
 	r.Outcome.FirstSentAt = r.Outcome.FirstSentAt.UTC()
+	if r.Outcome.Sent != nil && len(r.Outcome.Sent.Body) == 0 {
+		sent := *r.Outcome.Sent
+		sent.Body = nil
+		r.Outcome.Sent = &sent
+	}
 	return r
 }
 
@@ -185,14 +206,18 @@ func TestRecordRoundTrip(t *testing.T) {
 			if n := encodedSize(&want); len(enc) > n {
 				t.Fatalf("encoding is %d bytes, more than the %d reserved for it", len(enc), n)
 			}
-			// Version 5 only for what version 4 cannot say, so that a
-			// rollback to a build before it reads the rest.
+			// Version 5 only for what version 4 cannot say, and 6 for
+			// what 5 cannot, so that a rollback to a build before them
+			// reads the rest.
 			version := byte(rollbackVersion)
 			if want.Reviewed {
-				version = recordVersion
+				version = 5
+			}
+			if want.Outcome.Sent != nil {
+				version = 6
 			}
 			if enc[0] != version {
-				t.Fatalf("first byte %d, want version %d (reviewed %v)", enc[0], version, want.Reviewed)
+				t.Fatalf("first byte %d, want version %d (reviewed %v, sent %v)", enc[0], version, want.Reviewed, want.Outcome.Sent != nil)
 			}
 			got, err := decodeRecord(enc)
 			if err != nil {
@@ -229,7 +254,7 @@ func TestDecodeRecordRejects(t *testing.T) {
 		want string
 	}{
 		{"empty", nil, "empty value"},
-		{"unknown version", append([]byte{6}, valid[1:]...), "format version 6 unknown"},
+		{"unknown version", append([]byte{7}, valid[1:]...), "format version 7 unknown"},
 		{"version zero", append([]byte{0}, valid[1:]...), "format version 0 unknown"},
 		{"state zero", append([]byte{recordVersion, 0}, valid[2:]...), "unknown state 0"},
 		{"state four", append([]byte{recordVersion, 4}, valid[2:]...), "unknown state 4"},
@@ -445,8 +470,8 @@ func TestDecodeListedWithoutBodies(t *testing.T) {
 			}
 			want := normalize(r)
 			needs := store.NeedsReview(r.Response.Body)
-			want.Response.Body, want.Outcome.LastBody = nil, nil
-			if got.Response.Body != nil || got.Outcome.LastBody != nil || got.Response.NeedsReview() != needs {
+			want.Response.Body, want.Outcome.LastBody, want.Outcome.Sent = nil, nil, nil
+			if got.Response.Body != nil || got.Outcome.LastBody != nil || got.Outcome.Sent != nil || got.Response.NeedsReview() != needs {
 				t.Fatalf("listed without bodies: body %d bytes, last body %d, NeedsReview %v; want none, none, %v",
 					len(got.Response.Body), len(got.Outcome.LastBody), got.Response.NeedsReview(), needs)
 			}

@@ -81,6 +81,7 @@ const filterBatch = 500
 // pointer: the values are not fetched to be measured.
 const rowBytes = `(octet_length(tenant) + octet_length(key) + octet_length(fingerprint) + octet_length(owner)
 	+ coalesce(octet_length(header), 0) + coalesce(octet_length(body), 0) + coalesce(octet_length(last_body), 0)
+	+ coalesce(octet_length(sent_body), 0) + coalesce(octet_length(sent_type), 0) + coalesce(octet_length(sent_encoding), 0)
 	+ coalesce(octet_length(method), 0) + coalesce(octet_length(path), 0) + coalesce(octet_length(upstream_key), 0)
 	+ octet_length(last_error))`
 
@@ -91,15 +92,16 @@ const rowBytes = `(octet_length(tenant) + octet_length(key) + octet_length(finge
 const mayNeedReview = `(position(decode('6e656564735f726576696577', 'hex') IN body) > 0 OR position(decode('5c75', 'hex') IN body) > 0)`
 
 // listedBytes is rowBytes of a row as List fetches it without bodies: no
-// last_body, and the body only where it may need review.
+// last_body nor request as sent, and the body only where it may need review.
 const listedBytes = `(octet_length(tenant) + octet_length(key) + octet_length(fingerprint) + octet_length(owner)
 	+ coalesce(octet_length(header), 0) + CASE WHEN ` + mayNeedReview + ` THEN octet_length(body) ELSE 0 END
 	+ coalesce(octet_length(method), 0) + coalesce(octet_length(path), 0) + coalesce(octet_length(upstream_key), 0)
 	+ octet_length(last_error))`
 
 // listColumns is columns as List fetches them: with bodies, columns;
-// without, last_body NULL and body NULL where it does not need review
-// (mayNeedReview), so that scanRecord reads the same row shape.
+// without, last_body NULL, no request as sent, and body NULL where it does
+// not need review (mayNeedReview), so that scanRecord reads the same row
+// shape.
 func listColumns(bodies bool) string {
 	if bodies {
 		return columns
@@ -110,7 +112,8 @@ func listColumns(bodies bool) string {
 var withoutBodies = func() string {
 	c := strings.Replace(columns, " body,", " CASE WHEN "+mayNeedReview+" THEN body END,", 1)
 	c = strings.Replace(c, " last_body,", " NULL::bytea,", 1)
-	if strings.Count(c, "body") != strings.Count(columns, "body")+1 { // one more in mayNeedReview, last_body gone
+	c = strings.Replace(c, sentColumns, "false, NULL::bytea, NULL::text, NULL::text", 1)
+	if strings.Count(c, "body") != strings.Count(columns, "body")-1 { // two more in mayNeedReview, last_body and sentColumns' two gone
 		panic("pgstore: listColumns: columns changed: " + columns)
 	}
 	return c
@@ -254,6 +257,7 @@ func (s *Store) Resolve(ctx context.Context, id store.ID, resp *store.Response) 
 		// As Complete writes a final answer (see completesFrom).
 		sql = `UPDATE idemproxy_records SET state = 2, lease_until = NULL,
 			status = $3, header = $4, body = $5, last_body = NULL,
+			sent_body = NULL, sent_type = NULL, sent_encoding = NULL,
 			expires_at = CASE WHEN $6::bigint = 0 THEN NULL ELSE now() + $6 * interval '1 microsecond' END
 			WHERE tenant = $1 AND key = $2 AND state = 3 RETURNING ` + columns
 		final := store.Record{State: store.Final, Response: *resp} // what the row becomes

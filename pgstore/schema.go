@@ -77,6 +77,14 @@ var migrations = []string{
 	`ALTER TABLE idemproxy_replicas
 		ADD COLUMN provider text NOT NULL DEFAULT '',
 		ADD COLUMN keying   text NOT NULL DEFAULT '';`,
+	// 7: the request as first sent upstream (store.Outcome.Sent), kept
+	// while the outcome is unknown so that a resume sends the same bytes.
+	// NULL sent_body: none kept (rows written before, or by an older
+	// replica, which leaves the columns alone).
+	`ALTER TABLE idemproxy_records
+		ADD COLUMN sent_body     bytea,
+		ADD COLUMN sent_type     text,
+		ADD COLUMN sent_encoding text;`,
 }
 
 // migrate creates or upgrades the schema under an advisory lock, released

@@ -791,7 +791,10 @@ const (
 	// The last, now(), is the database's clock at the read
 	// (store.Record.ReadAt): the lease clock LeaseUntil is judged by.
 	columns = `state, fingerprint, owner, fence, lease_until, created_at, first_sent_at, attempts, last_error, status, header, body, tenant, key, superseded,
-		method, path, upstream_key, expires_at, last_body, reviewed, now()`
+		method, path, upstream_key, expires_at, last_body, reviewed, ` + sentColumns + `, now()`
+	// sentColumns are the request as first sent (store.Outcome.Sent): a
+	// flag saying whether one is kept, then its body and headers.
+	sentColumns = `sent_body IS NOT NULL AS sent_kept, sent_body, sent_type, sent_encoding`
 )
 
 // claims is Begin's one statement, for a batch of keys (see group): insert,
@@ -821,6 +824,9 @@ ON CONFLICT (tenant, key) DO UPDATE SET
 	method = excluded.method, path = excluded.path,
 	upstream_key  = CASE WHEN ` + expired + ` OR r.upstream_key = '' OR r.method = '' THEN excluded.upstream_key ELSE r.upstream_key END,
 	last_body     = CASE WHEN ` + expired + ` THEN NULL  ELSE r.last_body     END,
+	sent_body     = CASE WHEN ` + expired + ` THEN NULL  ELSE r.sent_body     END,
+	sent_type     = CASE WHEN ` + expired + ` THEN NULL  ELSE r.sent_type     END,
+	sent_encoding = CASE WHEN ` + expired + ` THEN NULL  ELSE r.sent_encoding END,
 	fence         = CASE WHEN ` + expired + ` THEN 1     ELSE r.fence + 1     END,
 	created_at    = CASE WHEN ` + expired + ` THEN now() ELSE r.created_at    END,
 	first_sent_at = CASE WHEN ` + expired + ` THEN NULL  ELSE r.first_sent_at END,
@@ -828,7 +834,8 @@ ON CONFLICT (tenant, key) DO UPDATE SET
 	last_error    = CASE WHEN ` + expired + ` THEN ''    ELSE r.last_error    END
 WHERE ` + expired + `
 	OR r.fingerprint = excluded.fingerprint AND (r.state = 3 OR r.state = 1 AND r.lease_until <= now()) AND ` + openDecodes + `
-RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key, now()`
+RETURNING tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key,
+	` + sentColumns + `, now()`
 
 // writeArgs is one key's part of a round: a claim or a final answer.
 type writeArgs struct {
@@ -978,8 +985,10 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 	var tenant, key []byte
 	var r store.Record
 	var lease, sent, expires *time.Time
+	var rs sentRow
 	dest := []any{&claim, &tenant, &key, &r.Fence, &lease, &r.CreatedAt, &expires, &sent,
-		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody, &r.UpstreamKey, &r.ReadAt}
+		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Outcome.LastBody, &r.UpstreamKey,
+		&rs.kept, &rs.body, &rs.typ, &rs.encoding, &r.ReadAt}
 	switch {
 	case nc == 0:
 		dest = dest[1:3]
@@ -1007,6 +1016,7 @@ func (s *Store) writeBatch(ctx context.Context, jobs []*job[writeArgs, store.Rec
 		r.Fingerprint = bytes.Clone(in.req.Fingerprint)
 		r.Method, r.Path = in.req.Method, in.req.Path
 		settleTimes(&r, lease, sent, expires)
+		r.Outcome.Sent = rs.sent()
 		j.out = r
 	}
 	return rows.Err()
@@ -1179,6 +1189,7 @@ func completesFrom(first int) string {
 	return fmt.Sprintf(`
 UPDATE idemproxy_records AS t SET state = 2, lease_until = NULL,
 	status = v.status, header = v.header, body = v.body, last_body = NULL,
+	sent_body = NULL, sent_type = NULL, sent_encoding = NULL,
 	expires_at = CASE WHEN v.ttl = 0 THEN NULL ELSE now() + v.ttl * interval '1 microsecond' END,
 	first_sent_at = least(t.first_sent_at, v.sent)
 FROM unnest($%[1]d::bytea[], $%[2]d::bytea[], $%[3]d::text[], $%[4]d::integer[], $%[5]d::bytea[], $%[6]d::bytea[], $%[7]d::timestamptz[],
@@ -1204,9 +1215,10 @@ func (s *Store) expiry(rec *store.Record) int64 {
 var (
 	completes = completesFrom(1)
 	both      = `WITH c AS (` + claims + `), f AS (` + completesFrom(9) + `)
-SELECT true, tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key, now() FROM c
+SELECT true, tenant, key, fence, lease_until, created_at, expires_at, first_sent_at, attempts, last_error, last_body, upstream_key,
+	sent_kept, sent_body, sent_type, sent_encoding, now() FROM c
 UNION ALL
-SELECT false, tenant, key, 0, NULL, now(), NULL, NULL, 0, '', NULL, '', now() FROM f`
+SELECT false, tenant, key, 0, NULL, now(), NULL, NULL, 0, '', NULL, '', false, NULL, NULL, NULL, now() FROM f`
 )
 
 // completeArgs is one key's part of a batch of final answers.
@@ -1281,11 +1293,15 @@ const park = `UPDATE idemproxy_records SET state = 3, lease_until = NULL,
 		ELSE least(first_sent_at, $4::timestamptz) END,
 	attempts = attempts + $5, last_error = $6,
 	last_body = CASE WHEN $8::boolean THEN $7::bytea ELSE coalesce($7::bytea, last_body) END,
+	sent_type = CASE WHEN sent_body IS NULL THEN $10::text ELSE sent_type END,
+	sent_encoding = CASE WHEN sent_body IS NULL THEN $11::text ELSE sent_encoding END,
+	sent_body = coalesce(sent_body, $9::bytea),
 	expires_at = NULL WHERE ` + owned
 
 // parkArgs are park's $4 on for o: the first send, attempts, last error,
-// last body, and whether the first send and the last body replace the kept
-// ones (store.Outcome.SentAnew).
+// last body, whether the first send and the last body replace the kept
+// ones (store.Outcome.SentAnew), and the request as sent, kept only if the
+// record keeps none (NULL body: none).
 func parkArgs(o store.Outcome) []any {
 	var sent *time.Time
 	if !o.FirstSentAt.IsZero() {
@@ -1295,7 +1311,37 @@ func parkArgs(o store.Outcome) []any {
 	if len(o.LastBody) > 0 {
 		lastBody = o.LastBody
 	}
-	return []any{sent, o.Attempts, o.LastError, lastBody, o.SentAnew}
+	var sentBody []byte
+	var sentType, sentEncoding string
+	if o.Sent != nil {
+		sentBody, sentType, sentEncoding = nonNil(o.Sent.Body), o.Sent.ContentType, o.Sent.ContentEncoding
+	}
+	return []any{sent, o.Attempts, o.LastError, lastBody, o.SentAnew, sentBody, sentType, sentEncoding}
+}
+
+// sentRow is sentColumns as scanned.
+type sentRow struct {
+	kept          bool
+	body          []byte
+	typ, encoding *string
+}
+
+// sent is the store.Sent the row keeps, nil if none.
+func (r sentRow) sent() *store.Sent {
+	if !r.kept {
+		return nil
+	}
+	s := &store.Sent{Body: r.body}
+	if len(s.Body) == 0 {
+		s.Body = nil
+	}
+	if r.typ != nil {
+		s.ContentType = *r.typ
+	}
+	if r.encoding != nil {
+		s.ContentEncoding = *r.encoding
+	}
+	return s
 }
 
 // Park implements store.Store.Park. One that fails for any reason but
@@ -1466,9 +1512,11 @@ func scanRecord(row pgx.Row) (store.Record, error) {
 	var fence int64
 	var lease, created, sent, expires, read pgtype.Timestamptz
 	var header, tenant, key []byte
+	var rs sentRow
 	err := row.Scan(&state, &r.Fingerprint, &r.Owner, &fence, &lease, &created, &sent,
 		&r.Outcome.Attempts, &r.Outcome.LastError, &r.Response.Status, &header, &r.Response.Body,
-		&tenant, &key, &r.Superseded, &r.Method, &r.Path, &r.UpstreamKey, &expires, &r.Outcome.LastBody, &r.Reviewed, &read)
+		&tenant, &key, &r.Superseded, &r.Method, &r.Path, &r.UpstreamKey, &expires, &r.Outcome.LastBody, &r.Reviewed,
+		&rs.kept, &rs.body, &rs.typ, &rs.encoding, &read)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Record{}, store.ErrNotFound
 	}
@@ -1525,6 +1573,7 @@ func scanRecord(row pgx.Row) (store.Record, error) {
 	if len(r.Outcome.LastBody) == 0 {
 		r.Outcome.LastBody = nil
 	}
+	r.Outcome.Sent = rs.sent()
 	if read.Valid && read.InfinityModifier == pgtype.Finite {
 		r.ReadAt = read.Time.UTC()
 	}

@@ -960,8 +960,8 @@ func TestStoppedReplicasOperationsParkedAsUnknown(t *testing.T) {
 }
 
 // schemaInUse gives a database at the schema version before the last
-// migration (which alters idemproxy_replicas), a pool on it, and a
-// transaction of that pool holding idemproxy_replicas in use, as a replica
+// migration (which alters idemproxy_records), a pool on it, and a
+// transaction of that pool holding idemproxy_records in use, as a replica
 // of the older build does.
 func schemaInUse(t *testing.T) (string, *pgxpool.Pool, pgx.Tx) {
 	t.Helper()
@@ -973,7 +973,7 @@ func schemaInUse(t *testing.T) (string, *pgxpool.Pool, pgx.Tx) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if _, err := pool.Exec(ctx, `ALTER TABLE idemproxy_replicas DROP COLUMN provider, DROP COLUMN keying`); err != nil {
+	if _, err := pool.Exec(ctx, `ALTER TABLE idemproxy_records DROP COLUMN sent_body, DROP COLUMN sent_type, DROP COLUMN sent_encoding`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `UPDATE idemproxy_schema SET version = $1`, len(migrations)-1); err != nil {
@@ -984,7 +984,7 @@ func schemaInUse(t *testing.T) (string, *pgxpool.Pool, pgx.Tx) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { holder.Rollback(ctx) })
-	if _, err := holder.Exec(ctx, `SELECT count(*) FROM idemproxy_replicas`); err != nil {
+	if _, err := holder.Exec(ctx, `SELECT count(*) FROM idemproxy_records`); err != nil {
 		t.Fatal(err)
 	}
 	return url, pool, holder
@@ -1009,7 +1009,7 @@ func TestSchemaUpgradeWaitsForNoLock(t *testing.T) {
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		var waiting bool
 		err := pool.QueryRow(ctx, `SELECT exists (SELECT FROM pg_locks
-			WHERE relation = 'idemproxy_replicas'::regclass AND NOT granted)`).Scan(&waiting)
+			WHERE relation = 'idemproxy_records'::regclass AND NOT granted)`).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1017,14 +1017,14 @@ func TestSchemaUpgradeWaitsForNoLock(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the upgrade never asked for idemproxy_replicas' lock")
+			t.Fatal("the upgrade never asked for idemproxy_records' lock")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	// Another replica's statement on the table still runs.
 	probe, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := pool.Exec(probe, `SELECT count(*) FROM idemproxy_replicas`); err != nil {
+	if _, err := pool.Exec(probe, `SELECT count(*) FROM idemproxy_records`); err != nil {
 		t.Fatalf("a statement on the table while the upgrade waits: %v", err)
 	}
 	select {

@@ -114,7 +114,12 @@ func (s *Store) releaseLater(id store.ID, owner string) {
 
 // parkLater remembers a Park that failed, to be done again.
 func (s *Store) parkLater(id store.ID, owner string, o store.Outcome) {
-	o.LastBody = bytes.Clone(o.LastBody) // the caller's buffer is not the store's
+	o.LastBody = bytes.Clone(o.LastBody) // the caller's buffers are not the store's
+	if o.Sent != nil {
+		sent := *o.Sent
+		sent.Body = bytes.Clone(sent.Body)
+		o.Sent = &sent
+	}
 	s.lostMu.Lock()
 	s.lost = append(s.lost, lostClaim{id: id, owner: owner, since: time.Now(), park: &o})
 	s.lostMu.Unlock()

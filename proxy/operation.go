@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -97,7 +98,9 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey *string, fp, 
 					"method", r.Method, "path", r.URL.Path, "key", id.Key, "upstream_key", rec.UpstreamKey, "this_binding", *upstreamKey)
 				*upstreamKey = rec.UpstreamKey
 			}
-			return h.start(r, id, owner, claimed, *upstreamKey, body, resumed(rec), rec.ReadAt, t), nil
+			before := resumed(rec)
+			before.Sent = h.firstSent(r, id, fp, before.Sent, t)
+			return h.start(r, id, owner, claimed, *upstreamKey, body, before, rec.ReadAt, t), nil
 		}
 		if rec.State == store.Final && rec.Superseded {
 			return result{}, superseded{rec}
@@ -130,6 +133,52 @@ func resumed(rec store.Record) store.Outcome {
 		o.FirstSentAt = rec.CreatedAt
 	}
 	return o
+}
+
+// firstSent returns sent, the request as first sent for a record this
+// request resumes, if it has this request's fingerprint fp: the bytes the
+// resume sends (see store.Outcome.Sent). Else nil, and the resume sends
+// this request's own bytes, as before stores kept them: a record that kept
+// none, or one whose bytes are another request's, which no store writes
+// (a safeguard: sent with this request's key, another request's bytes
+// would be another operation), or bytes that cannot be decoded now.
+func (h *Handler) firstSent(r *http.Request, id store.ID, fp []byte, sent *store.Sent, t *ticket) *store.Sent {
+	if sent == nil {
+		return nil
+	}
+	var coding http.Header
+	if sent.ContentEncoding != "" {
+		coding = http.Header{"Content-Encoding": {sent.ContentEncoding}}
+	}
+	plain, _, err := decodedBody(coding, sent.Body, h.opt.MaxBodyBytes, t)
+	if err == nil {
+		got := idemkey.Fingerprint(idemkey.Request{Method: r.Method, Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery,
+			ContentType: sent.ContentType, Body: plain})
+		if bytes.Equal(got[:], fp) {
+			return sent
+		}
+		err = errors.New("the kept bytes are another request's")
+	}
+	h.opt.Logger.Warn("resuming an operation whose outcome is unknown with this request's bytes, not those first sent",
+		"method", r.Method, "path", r.URL.Path, "key", id.Key, "reason", err.Error())
+	return nil
+}
+
+// sentOf is what a record keeps of the request a sequence sent (body,
+// and resend when it re-sent the bytes first sent), for its resume
+// (store.Outcome.Sent): nil if the sequence sent nothing, or if the body is
+// larger than a record's body may be (store.Store.MaxBodyBytes), so that
+// the record can still be written.
+func (h *Handler) sentOf(r *http.Request, body []byte, resend *store.Sent, attempts int) *store.Sent {
+	if resend != nil {
+		return resend
+	}
+	if attempts == 0 || int64(len(body)) > h.opt.Store.MaxBodyBytes() {
+		return nil
+	}
+	return &store.Sent{Body: bytes.Clone(body),
+		ContentType:     strings.Join(r.Header.Values("Content-Type"), ", "),
+		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ", ")}
 }
 
 // replayOnly answers a request past MaxInflight: the stored final answer
@@ -245,9 +294,15 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 	if !before.IsZero() {
 		call.Resume = &retry.Resume{FirstSentAt: before.FirstSentAt, LastBody: before.LastBody}
 	}
+	// A resume sends the bytes first sent, which the provider may hold
+	// under the key, not this request's (store.Outcome.Sent).
+	resend := before.Sent
+	if resend != nil {
+		body = resend.Body
+	}
 	res, lost := h.leased(ctx, l, id, owner, claimed, func(stop *retry.Stop) result {
 		call.Stop = stop
-		return h.roundTrip(ctx, r, upstreamKey, body, call)
+		return h.roundTrip(ctx, r, upstreamKey, body, resend, call)
 	})
 	if lost { // the new owner answers the app's retry; this one may not write
 		return result{err: h.inProgress}
@@ -263,6 +318,7 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 					"method", r.Method, "path", r.URL.Path, "key", id.Key, "reason", res.err.Error())
 			}
 		}
+		o.Sent = h.sentOf(r, body, resend, res.report.Attempts)
 		h.park(ctx, r, id, owner, o)
 		return res
 	}
@@ -275,7 +331,7 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 			return res
 		}
 		if !errors.Is(err, store.ErrTooLarge) {
-			return h.unstored(ctx, r, id, owner, res, err)
+			return h.unstored(ctx, r, id, owner, res, h.sentOf(r, body, resend, res.report.Attempts), err)
 		}
 		// Refusing it would refuse it on every retry for ever: the app gets
 		// the provider's answer unstored, and its retry reaches the
@@ -296,9 +352,10 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 // retry would be a first send, with no status probe and no key retention
 // check, and a provider that has forgotten the key by then would execute it
 // again. The answer's body is kept for the status probe's {resp.…}
-// placeholders (a payment id). A lost lease (store.ErrNotOwner) writes
-// nothing: the new owner answers the app's retry.
-func (h *Handler) unstored(ctx context.Context, r *http.Request, id store.ID, owner string, res result, err error) result {
+// placeholders (a payment id), and the request as sent (sent) for the
+// resume. A lost lease (store.ErrNotOwner) writes nothing: the new owner
+// answers the app's retry.
+func (h *Handler) unstored(ctx context.Context, r *http.Request, id store.ID, owner string, res result, sent *store.Sent, err error) result {
 	out := result{err: storeAfterSend{res.report.Attempts}}
 	if errors.Is(err, store.ErrNotOwner) {
 		h.opt.Logger.Error("storing the final response failed after the upstream answered: the lease was lost; the new owner resumes the key",
@@ -314,6 +371,7 @@ func (h *Handler) unstored(ctx context.Context, r *http.Request, id store.ID, ow
 			" from upstream, but the answer could not be stored: " + err.Error(),
 		LastBody: lastBody(res.resp.Body),
 		SentAnew: res.report.SentAnew,
+		Sent:     sent,
 	}
 	if res.resp.Header.Get(retry.ReconciledHeader) != "" {
 		// The status probe's answer: the record keeps the earlier ambiguous
@@ -468,9 +526,14 @@ func (l *leaseRenewal) renew() {
 // no recorder: the attempt layer already holds the whole answer in memory,
 // so the outbound request is built here (outbound) and the answer taken as
 // it comes.
-func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte, call retry.Call) result {
+func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, body []byte, resend *store.Sent, call retry.Call) result {
 	call.Body = body // every attempt sends these bytes, not a copy
-	resp, rep, err := h.opt.Transport.Do(h.outbound(ctx, r, body, outgoingKey{value: key}), call)
+	out := h.outbound(ctx, r, body, outgoingKey{value: key})
+	if resend != nil { // the bytes first sent go with the headers that say how to read them
+		setOrDelete(out.Header, "Content-Type", resend.ContentType)
+		setOrDelete(out.Header, "Content-Encoding", resend.ContentEncoding)
+	}
+	resp, rep, err := h.opt.Transport.Do(out, call)
 	if err != nil {
 		return result{err: err, report: rep}
 	}
@@ -484,6 +547,15 @@ func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, bo
 	}
 	return result{resp: store.Response{Status: resp.StatusCode, Header: answerHeader(resp), Body: b},
 		report: rep}
+}
+
+// setOrDelete sets h's name to v, or deletes it when v is empty.
+func setOrDelete(h http.Header, name, v string) {
+	if v == "" {
+		h.Del(name)
+		return
+	}
+	h.Set(name, v)
 }
 
 // replayedTrue is the ReplayedHeader value of every replay, shared: nothing

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -55,25 +56,29 @@ func (p *bytesProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// An operation whose outcome is unknown is resumed with the bytes of the
-// app's retry, which idemproxy takes for the same request when only their
-// member order differs (a Java HashMap serialised after a restart). A
-// provider that compares the bytes answers 409 idempotency_conflict: its
-// operation under the key exists, and this answer does not say how it
-// ended. It is passed on and the record stays unknown, so that the next
-// retry, with the first bytes, gets the payment. Before, it was stored as
-// the order's final answer and replayed for the whole TTL: the payment's
-// answer was lost, and an operator's renew (allowed on a final 4xx) moved
-// the order to a new key, whose next request paid it again.
+// An operation whose outcome is unknown is resumed with the bytes first
+// sent (TestResumeSendsFirstBytes), unless its record could not keep them:
+// a body larger than a record's body may be (here a store of small
+// records) is resumed with the bytes of the app's retry, which idemproxy
+// takes for the same request when only their member order differs (a Java
+// HashMap serialised after a restart). A provider that compares the bytes
+// answers 409 idempotency_conflict: its operation under the key exists,
+// and this answer does not say how it ended. It is passed on and the
+// record stays unknown, so that the next retry, with the first bytes, gets
+// the payment. Before, it was stored as the order's final answer and
+// replayed for the whole TTL: the payment's answer was lost, and an
+// operator's renew (allowed on a final 4xx) moved the order to a new key,
+// whose next request paid it again.
 func TestProviderConflictIsNotFinal(t *testing.T) {
 	prov := &bytesProvider{first: map[string][]byte{}}
 	up := httptest.NewServer(prov)
 	defer up.Close()
-	st, err := cache.Open(cache.Options{Dir: t.TempDir(), SyncWrites: true, TTL: time.Hour, GCInterval: -1})
+	st, err := cache.Open(cache.Options{Dir: t.TempDir(), SyncWrites: true, TTL: time.Hour, GCInterval: -1, MemTableSize: 512 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	pad := strings.Repeat("x", int(st.MaxBodyBytes())) // too large to be kept for the resume
 	u, _ := url.Parse(up.URL)
 	sources, _ := idemkey.ParseSources("json:order_id")
 	tr, err := upstream.New(upstream.Config{Policy: retry.Policy{MaxAttempts: 1, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond,
@@ -90,8 +95,8 @@ func TestProviderConflictIsNotFinal(t *testing.T) {
 	defer h.Drain(context.Background())
 	e := &env{srv: srv}
 
-	first := `{"order_id":"pc-1","amount":100,"currency":"EUR"}`
-	reordered := `{"amount":100,"currency":"EUR","order_id":"pc-1"}`
+	first := `{"order_id":"pc-1","amount":100,"currency":"EUR","note":"` + pad + `"}`
+	reordered := `{"amount":100,"currency":"EUR","order_id":"pc-1","note":"` + pad + `"}`
 	a := e.do(t, "POST", "/payments", first)
 	if a.status != http.StatusBadGateway {
 		t.Fatalf("first try: %d %s, want 502 upstream_unavailable", a.status, a.body)

@@ -47,6 +47,9 @@ type Store interface {
 	Park(ctx context.Context, id store.ID, owner string, o store.Outcome) error
 	Renew(ctx context.Context, id store.ID, owner string, lease time.Duration) error
 	Get(ctx context.Context, id store.ID) (store.Record, error)
+	// MaxBodyBytes bounds the request bytes a parked record keeps for its
+	// resume (store.Outcome.Sent).
+	MaxBodyBytes() int64
 }
 
 var _ Store = store.Store(nil)

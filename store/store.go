@@ -220,19 +220,53 @@ type Outcome struct {
 	// re-send did). A store does not keep SentAnew itself; it is false in
 	// every Record.
 	SentAnew bool
+	// Sent is the request as it was first sent upstream for the key: its
+	// body's bytes and the headers that say how to read them. A resume sends
+	// these bytes again, not those of the request that resumes it: that
+	// request has the same fingerprint but may differ in bytes (JSON members
+	// in another order, other whitespace), and a provider that compares the
+	// body under its key (409 idempotency_conflict) would refuse it, so that
+	// the operation could never complete. nil when none was kept (a record
+	// written before stores kept it, or one too large to hold it: the
+	// resume then sends its own request's bytes). Park keeps the record's
+	// Sent if it has one, else takes o's; Complete and Resolve drop it.
+	Sent *Sent
+}
+
+// Sent is a request body as idemproxy sent it upstream (Outcome.Sent).
+type Sent struct {
+	// Body is the bytes sent; nil for a request without a body.
+	Body []byte
+	// ContentType and ContentEncoding are the request's headers of those
+	// names as sent (a repeated header's values joined with ", "); empty
+	// when it had none.
+	ContentType, ContentEncoding string
+}
+
+// size is what s holds in bytes (Record.Size).
+func (s *Sent) size() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.Body) + len(s.ContentType) + len(s.ContentEncoding)
 }
 
 // IsZero reports whether o says nothing: no attempt sequence ended unknown.
 func (o Outcome) IsZero() bool {
-	return o.FirstSentAt.IsZero() && o.Attempts == 0 && o.LastError == "" && len(o.LastBody) == 0
+	return o.FirstSentAt.IsZero() && o.Attempts == 0 && o.LastError == "" && len(o.LastBody) == 0 && o.Sent == nil
 }
 
 // Merge returns o with next folded in as Park does: the earliest non-zero
 // FirstSentAt, the sum of Attempts, next's LastError, and next's LastBody
 // unless it has none (a timeout gives no answer, so the last answer is still
-// the earlier one). When next was sent anew (Outcome.SentAnew), its
-// FirstSentAt, if any, and its LastBody, even none, replace o's.
+// the earlier one), and o's Sent unless it has none (the bytes first sent
+// are the ones the provider may hold under the key). When next was sent
+// anew (Outcome.SentAnew), its FirstSentAt, if any, and its LastBody, even
+// none, replace o's.
 func (o Outcome) Merge(next Outcome) Outcome {
+	if o.Sent == nil {
+		o.Sent = next.Sent
+	}
 	if o.FirstSentAt.IsZero() || !next.FirstSentAt.IsZero() && (next.SentAnew || next.FirstSentAt.Before(o.FirstSentAt)) {
 		o.FirstSentAt = next.FirstSentAt
 	}
@@ -256,7 +290,7 @@ const MaxListBytes = 4 << 20
 func (r *Record) Size() int {
 	n := len(r.ID.Tenant) + len(r.ID.Key) + len(r.Fingerprint) + len(r.Owner) +
 		len(r.Method) + len(r.Path) + len(r.UpstreamKey) +
-		len(r.Response.Body) + len(r.Outcome.LastBody) + len(r.Outcome.LastError)
+		len(r.Response.Body) + len(r.Outcome.LastBody) + len(r.Outcome.LastError) + r.Outcome.Sent.size()
 	for k, vs := range r.Response.Header {
 		n += len(k)
 		for _, v := range vs {
@@ -279,9 +313,9 @@ type Filter struct {
 	// cannot be read (Record.Unreadable) is listed in its State whatever
 	// Keep would say: nothing in it can be judged.
 	Keep func(*Record) bool
-	// Bodies asks for the records' bodies: the answer's (Response.Body)
-	// and the last ambiguous one (Outcome.LastBody). Without it, List
-	// gives both nil and keeps none of them in memory past judging
+	// Bodies asks for the records' bodies: the answer's (Response.Body),
+	// the last ambiguous one (Outcome.LastBody) and the request's as sent
+	// (Outcome.Sent). Without it, List gives them nil and keeps none of them in memory past judging
 	// (pgstore does not fetch them, but for a final answer's body that may
 	// need review, which it judges and drops); Response.NeedsReview, and so
 	// Record.AwaitsReview, still answers for the stored body
@@ -370,7 +404,8 @@ type Store interface {
 	// one id at most one gets true.
 	Begin(ctx context.Context, id ID, req Request, owner string, lease time.Duration) (Record, bool, error)
 	// Complete turns owner's in-flight record into a Final one holding resp,
-	// keeping Outcome but for its LastBody, which only a resume needs. It
+	// keeping Outcome but for its LastBody and Sent, which only a resume
+	// needs. It
 	// expires TTL from now unless resp needs review (Record.Expires). sent,
 	// when not zero, is when this sequence first sent the request upstream:
 	// Outcome.FirstSentAt becomes the earlier of it and the kept one (as
@@ -390,7 +425,9 @@ type Store interface {
 	// it no longer expires, the fingerprint and CreatedAt stay, and o is
 	// merged into Record.Outcome as Outcome.Merge does (earliest FirstSentAt
 	// unless o.SentAnew, Attempts added, LastError replaced, LastBody replaced if o has one
-	// or o.SentAnew).
+	// or o.SentAnew, Sent kept if the record has one). A record that would
+	// be too large for the store with o.Sent is parked without it, never
+	// refused for it (ErrTooLarge): the resume then sends its own bytes.
 	// The next Begin with the same fingerprint resumes it at once.
 	// ErrNotOwner if owner does not hold the record. A store may do a Park
 	// that failed otherwise again later, once it can be written, and only
@@ -441,7 +478,7 @@ type Store interface {
 	// it afresh, so that request is sent as a first send, under the same
 	// key. With resp (the operation happened and this was its answer) the
 	// record becomes Final holding resp, as Complete would make it (no
-	// lease, Outcome kept but for LastBody, expiring TTL from now unless
+	// lease, Outcome kept but for LastBody and Sent, expiring TTL from now unless
 	// resp needs review, the fingerprint kept), and is returned. ErrNotFound if there is no
 	// record, ErrNotUnknown if it is in flight or final, ErrTooLarge if
 	// resp does not fit; nothing is written then.

@@ -175,3 +175,89 @@ func testExpiresAt(t *testing.T, s store.Store, ttl time.Duration) {
 		t.Fatalf("superseded record: ExpiresAt %v, then %v; want zero (never)", sup.ExpiresAt, get(t, s, id).ExpiresAt)
 	}
 }
+
+// testSent: Park keeps the request as first sent (Outcome.Sent) for the
+// owner that resumes the record; a later Park keeps the first one; a
+// request sent without a body is kept as one (Sent not nil); a record
+// without one reads none; List leaves it out without bodies; Complete and
+// Resolve drop it; and a record that would not fit with it is parked
+// without it rather than refused.
+func testSent(t *testing.T, s store.Store, _ func(time.Duration)) {
+	ctx := context.Background()
+	first := &store.Sent{Body: []byte(`{"order_id":"o-1","amount":100}`), ContentType: "application/json", ContentEncoding: "identity"}
+	id := newID("k")
+	mustBegin(t, s, id, fpA, "o1", Long)
+	if err := s.Park(ctx, id, "o1", store.Outcome{Attempts: 1, LastError: "timeout after send", Sent: first}); err != nil {
+		t.Fatal(err)
+	}
+	wantSent(t, "after Park", get(t, s, id).Outcome.Sent, first)
+	rec := mustBegin(t, s, id, fpA, "o2", Long)
+	wantSent(t, "resume", rec.Outcome.Sent, first)
+	wantSent(t, "read while resumed", get(t, s, id).Outcome.Sent, first)
+	second := &store.Sent{Body: []byte(`{"amount":100,"order_id":"o-1"}`), ContentType: "application/json; charset=utf-8"}
+	if err := s.Park(ctx, id, "o2", store.Outcome{Attempts: 1, LastError: "status 504 from upstream", Sent: second}); err != nil {
+		t.Fatal(err)
+	}
+	wantSent(t, "after a second Park", get(t, s, id).Outcome.Sent, first)
+	page, _, err := s.List(ctx, store.Filter{State: store.Unknown, Bodies: true, Keep: func(r *store.Record) bool { return r.ID == id }}, "", 1000)
+	if err != nil || len(page) != 1 {
+		t.Fatalf("List with bodies = %d records, %v", len(page), err)
+	}
+	wantSent(t, "listed with bodies", page[0].Outcome.Sent, first)
+	page, _, err = s.List(ctx, store.Filter{State: store.Unknown, Keep: func(r *store.Record) bool { return r.ID == id }}, "", 1000)
+	if err != nil || len(page) != 1 || page[0].Outcome.Sent != nil {
+		t.Fatalf("List without bodies = %d records, %v; want one without Sent", len(page), err)
+	}
+	mustBegin(t, s, id, fpA, "o3", Long)
+	if err := s.Complete(ctx, id, "o3", ok, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, s, id).Outcome; got.Sent != nil || got.Attempts != 2 {
+		t.Fatalf("after Complete: Sent %+v, %d attempts; want none, 2", got.Sent, got.Attempts)
+	}
+
+	empty := newID("empty")
+	mustBegin(t, s, empty, fpA, "o1", Long)
+	if err := s.Park(ctx, empty, "o1", store.Outcome{Attempts: 1, Sent: &store.Sent{ContentType: "text/plain"}}); err != nil {
+		t.Fatal(err)
+	}
+	wantSent(t, "an empty body", get(t, s, empty).Outcome.Sent, &store.Sent{ContentType: "text/plain"})
+	if _, err := s.Resolve(ctx, empty, &ok); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, s, empty).Outcome.Sent; got != nil {
+		t.Fatalf("after Resolve: Sent %+v, want none", got)
+	}
+
+	none := newID("none")
+	mustBegin(t, s, none, fpA, "o1", Long)
+	if err := s.Park(ctx, none, "o1", store.Outcome{Attempts: 1, LastError: "timeout after send"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, s, none).Outcome.Sent; got != nil {
+		t.Fatalf("parked without Sent: read %+v, want none", got)
+	}
+	mustBegin(t, s, none, fpA, "o2", Long)
+	if err := s.Park(ctx, none, "o2", store.Outcome{Attempts: 1, Sent: second}); err != nil {
+		t.Fatal(err)
+	}
+	wantSent(t, "a record that kept none takes the next Park's", get(t, s, none).Outcome.Sent, second)
+
+	large := newID("large")
+	mustBegin(t, s, large, fpA, "o1", Long)
+	big := &store.Sent{Body: bytes.Repeat([]byte{'x'}, int(s.MaxBodyBytes())), ContentType: "application/octet-stream"}
+	if err := s.Park(ctx, large, "o1", store.Outcome{Attempts: 1, LastBody: bytes.Repeat([]byte{'y'}, store.MaxLastBody), Sent: big}); err != nil {
+		t.Fatalf("Park of a record too large to keep its request: %v, want it parked", err)
+	}
+	if got := get(t, s, large); got.State != store.Unknown || got.Outcome.Sent != nil && !bytes.Equal(got.Outcome.Sent.Body, big.Body) {
+		t.Fatalf("large record parked %s with a request of %d bytes; want unknown, its request whole or none", got.State, len(got.Outcome.Sent.Body))
+	}
+}
+
+func wantSent(t *testing.T, what string, got, want *store.Sent) {
+	t.Helper()
+	if got == nil || !bytes.Equal(got.Body, want.Body) || len(got.Body) == 0 && got.Body != nil ||
+		got.ContentType != want.ContentType || got.ContentEncoding != want.ContentEncoding {
+		t.Fatalf("%s: Sent %+v, want %+v", what, got, want)
+	}
+}

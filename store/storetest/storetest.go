@@ -70,6 +70,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"RequestFields", testRequestFields},
 		{"TakeoverKeepsUpstreamKey", testTakeoverKeepsUpstreamKey},
 		{"LastBody", testLastBody},
+		{"Sent", testSent},
 		{"Supersede", testSupersede},
 		{"Resolve", testResolve},
 		{"ResolveRacesResume", testResolveRacesResume},
