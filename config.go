@@ -339,6 +339,9 @@ func (c *config) settings() (settings, error) {
 	if err := checkBearer(s.adminToken); err != nil {
 		return s, bad("ADMIN_TOKEN", err)
 	}
+	if err := c.checkTokensApart(s); err != nil {
+		return s, err
+	}
 	if c.StatusProbe != "" {
 		if s.probe, err = probe.Parse(c.StatusProbe); err != nil {
 			return s, bad("STATUS_PROBE", err)
@@ -351,6 +354,40 @@ func (c *config) settings() (settings, error) {
 		return s, err
 	}
 	return s, c.checkNumbers()
+}
+
+// checkTokensApart refuses a client token (s.clientTokens) equal to a
+// server secret: the signing secret, the admin token or the key secret. The
+// app given that token would hold the provider's signing key (and sign any
+// request itself), the admin API (resolve, renew, discard operations), or
+// what binds every client's upstream keys to its client. The message names
+// the variables and the client, never the value.
+func (c *config) checkTokensApart(s settings) error {
+	from := func(name, file string) string {
+		if file != "" {
+			return envPrefix + name + "_FILE"
+		}
+		return envPrefix + name
+	}
+	secrets := []struct{ name, what, val string }{
+		{from("SIGN_SECRET", c.SignSecretFile), "the provider's signing key", string(s.sign.Secret)},
+		{from("ADMIN_TOKEN", c.AdminTokenFile), "the admin API", s.adminToken},
+		{from("KEY_SECRET", c.KeySecretFile), "the secret that binds every client's upstream keys", string(s.keySecret)},
+	}
+	for _, entry := range strings.Split(s.clientTokens, ",") {
+		// The token as ParseClientTokens reads it.
+		name, token, ok := strings.Cut(entry, "=")
+		if token = strings.TrimSpace(token); !ok || token == "" {
+			continue
+		}
+		for _, sec := range secrets {
+			if sec.val != "" && token == sec.val {
+				return fmt.Errorf("%s: the token of client %s is the value of %s: that app would hold %s; give each its own value",
+					from("CLIENT_TOKENS", c.ClientTokensFile), strings.TrimSpace(name), sec.name, sec.what)
+			}
+		}
+	}
+	return nil
 }
 
 // probeRoutes parses STATUS_PROBE_ROUTES: ROUTES rules without a policy.

@@ -32,7 +32,7 @@ func TestConfigBounds(t *testing.T) {
 		// Secrets of white space only once started: signing with a key of
 		// three spaces, or client tokens that parse as none.
 		{"sign secret of spaces", []string{"IDEMPROXY_SIGN_SECRET=   "}, []string{"IDEMPROXY_SIGN_SECRET", "white space"}},
-		{"client tokens of spaces", []string{"IDEMPROXY_CLIENT_TOKENS= ", "IDEMPROXY_KEY_SECRET=0123456789abcdef"}, []string{"IDEMPROXY_CLIENT_TOKENS", "white space"}},
+		{"client tokens of spaces", []string{"IDEMPROXY_CLIENT_TOKENS= ", "IDEMPROXY_KEY_SECRET=key-secret-0123456789"}, []string{"IDEMPROXY_CLIENT_TOKENS", "white space"}},
 		{"key secret of spaces", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=                "}, []string{"IDEMPROXY_KEY_SECRET", "white space"}},
 		// +Inf once started with no limit at all, as if it were 0 (off).
 		{"infinite rate", []string{"IDEMPROXY_RATE_LIMIT=+Inf"}, []string{"IDEMPROXY_RATE_LIMIT"}},
@@ -54,14 +54,14 @@ func TestConfigBounds(t *testing.T) {
 		{"admin port not a number", []string{"IDEMPROXY_ADMIN_ADDR=:nine"}, []string{"IDEMPROXY_ADMIN_ADDR"}},
 		// The token header once could be Idempotency-Key: the token became
 		// the app's key, echoed in answers and logged.
-		{"client header is the key header", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=idempotency-key"}, []string{"IDEMPROXY_CLIENT_HEADER", "Idempotency-Key"}},
-		{"client header is Host", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=Host"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
+		{"client header is the key header", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=key-secret-0123456789", "IDEMPROXY_CLIENT_HEADER=idempotency-key"}, []string{"IDEMPROXY_CLIENT_HEADER", "Idempotency-Key"}},
+		{"client header is Host", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=key-secret-0123456789", "IDEMPROXY_CLIENT_HEADER=Host"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		{"client header is the signature header", []string{"IDEMPROXY_CLIENT_HEADER=X-Signature"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		{"client header is a static header", []string{"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-1", "IDEMPROXY_CLIENT_HEADER=X-Public-Id"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		{"client header not a header name", []string{"IDEMPROXY_CLIENT_HEADER=App Token"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		// A header key source once could be the token header: every order
 		// of one app then had one key, its token.
-		{"client header is a key source", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_KEY_SOURCES=json:order_id,header:X-App-Token"}, []string{"IDEMPROXY_CLIENT_HEADER", "X-App-Token"}},
+		{"client header is a key source", []string{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=key-secret-0123456789", "IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_KEY_SOURCES=json:order_id,header:X-App-Token"}, []string{"IDEMPROXY_CLIENT_HEADER", "X-App-Token"}},
 		{"client header is a key source, other case", []string{"IDEMPROXY_CLIENT_HEADER=x-app-token", "IDEMPROXY_KEY_SOURCES=header:X-APP-TOKEN"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		{"client header is a route's key source", []string{"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_ROUTES=POST /v1/payout/info=unprotected; POST /v1/payouts=key:json:order_id,header:x-app-token"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
 		{"client header is a route's key source, preset set", []string{"IDEMPROXY_PRESET=payouts", "IDEMPROXY_CLIENT_HEADER=X-Order", "IDEMPROXY_ROUTES=POST /v1/payouts=key:header:X-Order"}, []string{"IDEMPROXY_CLIENT_HEADER"}},
@@ -146,7 +146,7 @@ func TestConfigAccepts(t *testing.T) {
 		{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:8080", "IDEMPROXY_ADMIN_ADDR=127.0.0.2:8080"},
 		{"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"},
 		{"IDEMPROXY_LISTEN_ADDR=[::1]:8080", "IDEMPROXY_ADMIN_ADDR=localhost:9090"},
-		{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=X-App-Token"},
+		{"IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef", "IDEMPROXY_KEY_SECRET=key-secret-0123456789", "IDEMPROXY_CLIENT_HEADER=X-App-Token"},
 		{"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_KEY_SOURCES=header:X-Order-Id", "IDEMPROXY_ROUTES=POST /x=key:header:X-Other"},
 		{"IDEMPROXY_LISTEN_ADDR=:http", "IDEMPROXY_ADMIN_ADDR=0.0.0.0:65535"},
 		{"IDEMPROXY_RETRY_CODES= payout.frozen , ERR-42:x,"},
@@ -154,7 +154,7 @@ func TestConfigAccepts(t *testing.T) {
 		{"IDEMPROXY_RATE_LIMIT=0.5", "IDEMPROXY_RATE_BURST=3"},
 		{"IDEMPROXY_SIGN_CANONICAL={timestamp}"},
 		// Base64 tokens end in =; a token may hold = inside.
-		{"IDEMPROXY_CLIENT_TOKENS=app=MDEyMzQ1Njc4OWFiY2RlZg==, b = x=0123456789abcdef", "IDEMPROXY_KEY_SECRET=0123456789abcdef"},
+		{"IDEMPROXY_CLIENT_TOKENS=app=MDEyMzQ1Njc4OWFiY2RlZg==, b = x=0123456789abcdef", "IDEMPROXY_KEY_SECRET=key-secret-0123456789"},
 	} {
 		if _, _, err := loadConfig(append(base, env...)); err != nil {
 			t.Errorf("%v refused: %v", env, err)
@@ -167,7 +167,7 @@ func TestConfigAccepts(t *testing.T) {
 // refused, however the list spaces it, and names that only start with it
 // are not. (loadConfig, not command: a list accepted would serve.)
 func TestConfigClientNamedDefault(t *testing.T) {
-	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_KEY_SECRET=0123456789abcdef"}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_KEY_SECRET=key-secret-0123456789"}
 	for _, list := range []string{"default=0123456789abcdef", "app=0123456789abcdef, default =\tfedcba9876543210"} {
 		_, _, err := loadConfig(append(base, "IDEMPROXY_CLIENT_TOKENS="+list))
 		if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_CLIENT_TOKENS") || !strings.Contains(err.Error(), `client name "default" is reserved`) {
@@ -407,7 +407,7 @@ func TestConfigSecretFileBOM(t *testing.T) {
 		if err := os.WriteFile(p, []byte("\uFEFF"+tc.content), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err := loadConfig(append(base, tc.name+"="+p, "IDEMPROXY_KEY_SECRET=0123456789abcdef"))
+		_, _, err := loadConfig(append(base, tc.name+"="+p, "IDEMPROXY_KEY_SECRET=key-secret-0123456789"))
 		if err == nil {
 			t.Errorf("%s with a BOM accepted, want a refusal", tc.name)
 		} else if msg := err.Error(); !strings.Contains(msg, tc.name) || !strings.Contains(msg, "byte order mark") || strings.Contains(msg, "-key-") {
@@ -445,12 +445,12 @@ func TestBinaryWarnsOfSettingsWithoutEffect(t *testing.T) {
 	// The same settings where they take effect: no line.
 	cfg, _, err := loadConfig([]string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_RATE_LIMIT=5", "IDEMPROXY_RATE_BURST=20",
 		"IDEMPROXY_RETRY_BUDGET=1m", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef",
-		"IDEMPROXY_KEY_SECRET=0123456789abcdef", "IDEMPROXY_CLIENT_HEADER=X-App-Token",
+		"IDEMPROXY_KEY_SECRET=key-secret-0123456789", "IDEMPROXY_CLIENT_HEADER=X-App-Token",
 		"IDEMPROXY_STORE_URL=postgres://u@127.0.0.1:1/db", "IDEMPROXY_STORE_LEASE=30s"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := ineffective(cfg, []string{"IDEMPROXY_RATE_BURST=20", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_KEY_SECRET=0123456789abcdef",
+	if got := ineffective(cfg, []string{"IDEMPROXY_RATE_BURST=20", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_KEY_SECRET=key-secret-0123456789",
 		"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s"}); len(got) != 0 {
 		t.Errorf("settings in effect reported: %v", got)
 	}
@@ -503,7 +503,7 @@ func TestConfigClientTokenSeparators(t *testing.T) {
 	if err := os.WriteFile(lines, []byte("app-a=tokenA-0123456789\r\napp-b=tokenB-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_KEY_SECRET=0123456789abcdef"}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_KEY_SECRET=key-secret-0123456789"}
 	for _, v := range []string{
 		"IDEMPROXY_CLIENT_TOKENS=app-a=tokenA-0123456789;app-b=tokenB-0123456789",
 		"IDEMPROXY_CLIENT_TOKENS=app-a=tokenA-0123456789 ; app-b=tokenB-0123456789",
@@ -875,5 +875,55 @@ func TestBinaryWarnsOfPresetRoutesRemoved(t *testing.T) {
 	line := p.waitLine(t, `"variable":"IDEMPROXY_ROUTES"`)
 	if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(jsonField(line, "removed"), "POST /v1/payout/info=unprotected") {
 		t.Errorf("warning line %s; want WARN naming IDEMPROXY_ROUTES and the payouts lookups removed", line)
+	}
+}
+
+// A client token equal to a server secret (the signing secret, the admin
+// token, the key secret) once started: the app holding that token then held
+// the provider's signing key, the admin API, or what binds every client's
+// upstream keys. The start stops naming both variables, never the value;
+// distinct values start. (loadConfig, not command: a value accepted would
+// serve.)
+func TestConfigClientTokenIsServerSecret(t *testing.T) {
+	const shared = "shared-value-0123456789"
+	file := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(file, []byte("app-a=other-token-0123456,app-b = "+shared+" \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_KEY_SECRET=key-secret-0123456789"}
+	for _, tc := range []struct {
+		env  []string
+		want []string // the variables named; none: accepted
+	}{
+		{[]string{"IDEMPROXY_CLIENT_TOKENS=app=" + shared, "IDEMPROXY_SIGN_SECRET=" + shared},
+			[]string{"IDEMPROXY_CLIENT_TOKENS", "IDEMPROXY_SIGN_SECRET"}},
+		{[]string{"IDEMPROXY_CLIENT_TOKENS=app=token-of-app-0123456, ops = " + shared, "IDEMPROXY_ADMIN_TOKEN=" + shared},
+			[]string{"IDEMPROXY_CLIENT_TOKENS", "IDEMPROXY_ADMIN_TOKEN", "ops"}},
+		{[]string{"IDEMPROXY_CLIENT_TOKENS_FILE=" + file, "IDEMPROXY_SIGN_SECRET=" + shared},
+			[]string{"IDEMPROXY_CLIENT_TOKENS_FILE", "IDEMPROXY_SIGN_SECRET", "app-b"}},
+		{[]string{"IDEMPROXY_CLIENT_TOKENS=app=key-secret-0123456789"},
+			[]string{"IDEMPROXY_CLIENT_TOKENS", "IDEMPROXY_KEY_SECRET"}},
+		{[]string{"IDEMPROXY_CLIENT_TOKENS=app=token-of-app-0123456", "IDEMPROXY_SIGN_SECRET=" + shared, "IDEMPROXY_ADMIN_TOKEN=admin-token-0123456"}, nil},
+	} {
+		_, _, err := loadConfig(append(base, tc.env...))
+		if tc.want == nil {
+			if err != nil {
+				t.Errorf("%v: %v, want accepted", tc.env, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%v: accepted, want refused naming %v", tc.env, tc.want)
+			continue
+		}
+		msg := err.Error()
+		for _, w := range tc.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%v: message %q does not name %s", tc.env, msg, w)
+			}
+		}
+		if strings.Contains(msg, shared) || strings.Contains(msg, "key-secret-0123456789") {
+			t.Errorf("%v: the value is in the message: %q", tc.env, msg)
+		}
 	}
 }
