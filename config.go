@@ -1154,3 +1154,27 @@ func editDistance(a, b string) int {
 	}
 	return prev[len(b)]
 }
+
+// proxyVariables are the variables other HTTP clients take a forward proxy
+// from (Go's http.ProxyFromEnvironment, curl), in both cases.
+var proxyVariables = []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"}
+
+// warnProxyVariables logs at WARN each forward proxy variable set in
+// environ. idemproxy connects to the provider directly, never through them
+// (upstream.NewWire takes no proxy): retries tell an attempt that never
+// reached the provider (no connection to it) from one it may have received,
+// and through a proxy the connection is the proxy's, whose 502 or dropped
+// connection may come after the provider took the request. An operator who
+// set one for the egress would otherwise see only failed dials, or traffic
+// bypassing the proxy, without a word. Names only: a proxy URL may hold
+// credentials.
+func warnProxyVariables(environ []string, log *slog.Logger) {
+	for _, kv := range environ {
+		name, val, _ := strings.Cut(kv, "=")
+		if val != "" && slices.Contains(proxyVariables, name) {
+			log.Warn("forward proxy variable ignored", "variable", name,
+				"why", "idemproxy connects to the provider ("+envPrefix+"UPSTREAM_URL) directly, never through a forward proxy: "+
+					"allow its egress to the provider, or unset the variable")
+		}
+	}
+}

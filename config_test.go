@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/upstream"
 )
 
 // Configuration that parses but cannot work stops the process with exit 2 and
@@ -925,5 +927,44 @@ func TestConfigClientTokenIsServerSecret(t *testing.T) {
 		if strings.Contains(msg, shared) || strings.Contains(msg, "key-secret-0123456789") {
 			t.Errorf("%v: the value is in the message: %q", tc.env, msg)
 		}
+	}
+}
+
+// HTTP_PROXY, HTTPS_PROXY, ALL_PROXY (either case) set in the environment
+// once started without a word, though the provider's connections never go
+// through them: an operator whose egress must pass a proxy saw only failed
+// dials, or traffic that bypassed the proxy. Each set one is named in a
+// WARN line at start, never its value (a proxy URL may hold credentials);
+// none set, or set empty, draws no line.
+func TestWarnsOfProxyVariables(t *testing.T) {
+	if upstream.NewWire().Proxy != nil {
+		t.Fatal("the provider's transport takes a proxy: the warning would be wrong")
+	}
+	const cred = "http://user:proxy-pass-0123@127.0.0.1:3128"
+	var buf bytes.Buffer
+	warnProxyVariables([]string{"HTTPS_PROXY=" + cred, "http_proxy=" + cred, "ALL_PROXY=" + cred, "HTTP_PROXY=",
+		"NO_PROXY=localhost", "PATH=/bin"}, newLogger(&buf, "info", nil))
+	got := buf.String()
+	for _, name := range []string{"HTTPS_PROXY", "http_proxy", "ALL_PROXY"} {
+		if !strings.Contains(got, `"variable":"`+name+`"`) {
+			t.Errorf("no warning naming %s: %q", name, got)
+		}
+	}
+	for _, name := range []string{"HTTP_PROXY", "NO_PROXY", "PATH"} {
+		if strings.Contains(got, `"variable":"`+name+`"`) {
+			t.Errorf("warning naming %s: %q", name, got)
+		}
+	}
+	if !strings.Contains(got, `"level":"WARN"`) || !strings.Contains(got, "directly") || strings.Contains(got, "proxy-pass-0123") {
+		t.Errorf("%q: want WARN saying the provider is reached directly, without the proxy URL", got)
+	}
+}
+
+// The real binary starts with HTTPS_PROXY set and says so at WARN.
+func TestBinaryWarnsOfProxyVariables(t *testing.T) {
+	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(), "HTTPS_PROXY=http://user:proxy-pass-0123@127.0.0.1:3128")})
+	line := p.waitLine(t, `"variable":"HTTPS_PROXY"`)
+	if !strings.Contains(line, `"level":"WARN"`) || strings.Contains(p.text(), "proxy-pass-0123") {
+		t.Errorf("warning line %s; want WARN naming HTTPS_PROXY, without its value", line)
 	}
 }

@@ -138,6 +138,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	warnPresetCredentials(cfg, set, log)
 	warnPresetCleared(cfg, environ, log)
 	warnSlowRate(cfg, log)
+	warnProxyVariables(environ, log)
 	setMemoryLimit(environ, cgroupLimitFiles, log)
 	setGCPercent(environ, set.storeURL != "", log)
 	ctx, stop := context.WithCancel(context.Background())
