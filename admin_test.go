@@ -217,6 +217,11 @@ func TestCommandUsage(t *testing.T) {
 		stderrWant string
 	}{
 		{[]string{"version"}, 0, version + "\n", ""},
+		// What a container binary is usually asked (docker run image
+		// --version) was "unknown command" with exit 2.
+		{[]string{"--version"}, 0, version + "\n", ""},
+		{[]string{"-version"}, 0, version + "\n", ""},
+		{[]string{"-v"}, 0, version + "\n", ""},
 		{[]string{"serve-please"}, 2, "", "unknown command"},
 		// Help is asked for, not a mistake: on stdout, exit 0.
 		{[]string{"--help"}, 0, usage + variablesHelp, ""},

@@ -6,7 +6,7 @@
 //
 //	idemproxy              serve (proxy and admin listeners) until SIGTERM, SIGINT or SIGHUP
 //	idemproxy healthcheck  exit 0 if the idemproxy on IDEMPROXY_ADMIN_ADDR is ready, else 1
-//	idemproxy version      print the version stamped at build time
+//	idemproxy version      print the version stamped at build time (also --version, -v)
 //	idemproxy records get KEY [--client C] [--body] [--json]
 //	idemproxy records list --state in_flight|unknown|needs_review [--limit N] [--cursor C] [--json]
 //	idemproxy records resolve KEY --outcome not_executed|executed [--status N --body B] [--client C] [--json]
@@ -56,7 +56,7 @@ func command(args, environ []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "healthcheck":
 		return healthcheck(environ, stderr)
-	case "version":
+	case "version", "--version", "-version", "-v":
 		fmt.Fprintln(stdout, version)
 		return 0
 	case "records":
@@ -78,7 +78,7 @@ const usage = `usage:
   idemproxy              serve (proxy and admin listeners) until SIGTERM, SIGINT or SIGHUP;
                          configured by IDEMPROXY_* environment variables (see README.md)
   idemproxy healthcheck  exit 0 if the idemproxy on IDEMPROXY_ADMIN_ADDR is ready, else 1
-  idemproxy version      print the version stamped at build time
+  idemproxy version      print the version stamped at build time (also --version, -v)
   ` + recordsGetUsage + `
   ` + recordsListUsage + `
   ` + recordsResolveUsage + `
