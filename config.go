@@ -1001,6 +1001,12 @@ func ineffective(cfg config, environ []string) []noEffect {
 			}
 		}
 	}
+	// cfg.StatusProbe holds a preset's probe too: only a probe turned off
+	// (or never set) leaves the routes without a lookup.
+	if set("STATUS_PROBE_ROUTES") && cfg.StatusProbe == "" {
+		out = append(out, noEffect{envPrefix + "STATUS_PROBE_ROUTES", "no " + envPrefix + "STATUS_PROBE: no lookup is sent; " +
+			"an operation whose outcome is unknown is re-sent with the same key"})
+	}
 	if set("STORE_LEASE") && cfg.StoreURL == "" && cfg.StoreURLFile == "" {
 		out = append(out, noEffect{envPrefix + "STORE_LEASE", "no " + envPrefix + "STORE_URL: the embedded store has one process, no replica to take over"})
 	}

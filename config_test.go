@@ -427,13 +427,16 @@ func TestBinaryWarnsOfSettingsWithoutEffect(t *testing.T) {
 	secret := "bind-" + randomHex(t, 12)
 	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(),
 		"IDEMPROXY_RATE_BURST=20", "IDEMPROXY_RETRY_BUDGET=10s", "IDEMPROXY_ATTEMPT_TIMEOUT=30s",
-		"IDEMPROXY_KEY_SECRET="+secret, "IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s")})
+		"IDEMPROXY_KEY_SECRET="+secret, "IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s",
+		"IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments")})
 	for name, because := range map[string]string{
 		"IDEMPROXY_RATE_BURST":      "IDEMPROXY_RATE_LIMIT is 0",
 		"IDEMPROXY_ATTEMPT_TIMEOUT": "IDEMPROXY_RETRY_BUDGET (10s)",
 		"IDEMPROXY_KEY_SECRET":      "IDEMPROXY_CLIENT_TOKENS",
 		"IDEMPROXY_CLIENT_HEADER":   "IDEMPROXY_CLIENT_TOKENS",
 		"IDEMPROXY_STORE_LEASE":     "IDEMPROXY_STORE_URL",
+		// Once started without a word: no lookup was ever sent.
+		"IDEMPROXY_STATUS_PROBE_ROUTES": "IDEMPROXY_STATUS_PROBE",
 	} {
 		line := p.waitLine(t, `"variable":"`+name+`"`)
 		if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, "no effect") || !strings.Contains(jsonField(line, "because"), because) {
@@ -448,12 +451,13 @@ func TestBinaryWarnsOfSettingsWithoutEffect(t *testing.T) {
 	cfg, _, err := loadConfig([]string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_RATE_LIMIT=5", "IDEMPROXY_RATE_BURST=20",
 		"IDEMPROXY_RETRY_BUDGET=1m", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef",
 		"IDEMPROXY_KEY_SECRET=key-secret-0123456789", "IDEMPROXY_CLIENT_HEADER=X-App-Token",
-		"IDEMPROXY_STORE_URL=postgres://u@127.0.0.1:1/db", "IDEMPROXY_STORE_LEASE=30s"})
+		"IDEMPROXY_STORE_URL=postgres://u@127.0.0.1:1/db", "IDEMPROXY_STORE_LEASE=30s",
+		"IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}", "IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := ineffective(cfg, []string{"IDEMPROXY_RATE_BURST=20", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_KEY_SECRET=key-secret-0123456789",
-		"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s"}); len(got) != 0 {
+		"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s", "IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments"}); len(got) != 0 {
 		t.Errorf("settings in effect reported: %v", got)
 	}
 }
