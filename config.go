@@ -471,6 +471,16 @@ func parseUpstream(raw string) (*url.URL, error) {
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return nil, errors.New("must not carry credentials, a query or a fragment")
 	}
+	// A dot segment went upstream as written, in every request's path and
+	// in the signed {path}: a provider or gateway that resolves it serves
+	// another path than the one signed, or another API. u.Path is decoded,
+	// so %2e%2e is found too.
+	for seg := range strings.SplitSeq(u.Path, "/") {
+		if seg == "." || seg == ".." {
+			return nil, errors.New("the base path holds a . or .. segment, which the provider would resolve to another path " +
+				"than the one sent and signed; write the path it means")
+		}
+	}
 	if p := u.Port(); p != "" {
 		// url.Parse takes any digits: https://api.example:99999 would start
 		// and fail every request at the dial.
@@ -556,9 +566,17 @@ func (c *config) signConfig() (resign.Config, error) {
 		return sc, bad("SIGN_ENCODING", fmt.Errorf("want hex or base64, got %q", c.SignEncoding))
 	}
 	sc.Encoding = c.SignEncoding
+	staticVar := "STATIC_HEADERS"
+	if c.StaticHeadersFile != "" {
+		staticVar = "STATIC_HEADERS_FILE"
+	}
+	if err := checkHeaderSeparators(static); err != nil {
+		return sc, bad(staticVar, err)
+	}
+	// The value may hold credentials: ParseStaticHeaders' errors name the
+	// entry and its header, never a value.
 	if sc.StaticHeaders, err = resign.ParseStaticHeaders(static); err != nil {
-		// The value may hold credentials: name the variable, not the content.
-		return sc, bad("STATIC_HEADERS", errors.New("want a comma list of Name=value"))
+		return sc, bad(staticVar, fmt.Errorf("want a comma list of Name=value: %w", err))
 	}
 	sc.SignatureHeader, sc.TimestampHeader, sc.NonceHeader = c.SignatureHeader, c.TimestampHeader, c.NonceHeader
 	// The signer checks how the settings combine ({nonce} without a nonce
@@ -568,6 +586,41 @@ func (c *config) signConfig() (resign.Config, error) {
 		return sc, bad(signVariable(err), err)
 	}
 	return sc, nil
+}
+
+// checkHeaderSeparators refuses a STATIC_HEADERS list whose entries are
+// separated by something else than the comma: "X-Public-Id=abc;X-Api-Version=2"
+// (or |, white space, one entry a line in the _FILE) was one header,
+// X-Public-Id, whose value ran to the next comma: the provider got a public
+// id it does not know and refused every call, its 401 stored as the final
+// answer of each order. What follows a separator is taken for another entry
+// when it reads as Name=value with a name written as header names are, with
+// a hyphen or a capital (X-Api-Version, Authorization); a parameter such as
+// "; charset=utf-8", or base64 padding, is not one. The message names the
+// header and the separator, never a value.
+func checkHeaderSeparators(list string) error {
+	for i, entry := range strings.Split(list, ",") {
+		name, value, ok := strings.Cut(strings.TrimSpace(entry), "=")
+		if !ok {
+			continue // ParseStaticHeaders says: missing "="
+		}
+		for _, sep := range []string{";", "|", "\n", "\r", "\t", " "} {
+			for _, p := range strings.Split(value, sep)[1:] {
+				n, v, ok := strings.Cut(strings.TrimSpace(p), "=")
+				if ok && strings.Trim(v, "= \t") != "" && headerLike(n) {
+					return fmt.Errorf("entry %d (%s): the value holds %q and then another Name=value, which would be part of the value: "+
+						"separate the entries with commas (Name=value,Name=value)", i+1, http.CanonicalHeaderKey(strings.TrimSpace(name)), sep)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// headerLike reports a header field name written as header names are: with
+// a hyphen or starting with a capital letter.
+func headerLike(name string) bool {
+	return resign.CheckHeaderName(name) == nil && (strings.Contains(name, "-") || name[0] >= 'A' && name[0] <= 'Z')
 }
 
 // signVariable names the variable behind an error of resign.New, whose text
@@ -991,13 +1044,14 @@ func ineffective(cfg config, environ []string) []noEffect {
 	if set("CLIENT_HEADER") && !clients {
 		out = append(out, noEffect{envPrefix + "CLIENT_HEADER", "no " + envPrefix + "CLIENT_TOKENS: no client authentication"})
 	}
-	// Without a secret nothing is signed: a template or an encoding set
-	// with no secret (one not mounted, a secretKeyRef left out) sent every
-	// request unsigned, and the provider's 401 is a final answer, stored.
+	// Without a secret nothing is signed: a template, an encoding or a
+	// header name set with no secret (one not mounted, a secretKeyRef left
+	// out) sent every request unsigned, with no timestamp or nonce either,
+	// and the provider's 401 is a final answer, stored.
 	if cfg.SignSecret == "" && cfg.SignSecretFile == "" {
-		for _, n := range []string{"SIGN_CANONICAL", "SIGN_ENCODING"} {
+		for _, n := range []string{"SIGN_CANONICAL", "SIGN_ENCODING", "NONCE_HEADER", "SIGNATURE_HEADER", "TIMESTAMP_HEADER"} {
 			if set(n) {
-				out = append(out, noEffect{envPrefix + n, "no " + envPrefix + "SIGN_SECRET: requests go upstream unsigned"})
+				out = append(out, noEffect{envPrefix + n, "no " + envPrefix + "SIGN_SECRET: requests go upstream unsigned, without a timestamp or nonce"})
 			}
 		}
 	}

@@ -471,7 +471,8 @@ func TestConfigSignSettingsWithoutSecret(t *testing.T) {
 	if err := os.WriteFile(file, []byte("sign-key-0123\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	set := []string{`IDEMPROXY_SIGN_CANONICAL={timestamp}\n{method}\n{path}\n{body_sha256}`, "IDEMPROXY_SIGN_ENCODING=base64"}
+	set := []string{`IDEMPROXY_SIGN_CANONICAL={timestamp}\n{method}\n{path}\n{body_sha256}`, "IDEMPROXY_SIGN_ENCODING=base64",
+		"IDEMPROXY_NONCE_HEADER=X-Nonce", "IDEMPROXY_SIGNATURE_HEADER=X-Sig", "IDEMPROXY_TIMESTAMP_HEADER=X-Ts"}
 	environ := append([]string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}, set...)
 	cfg, _, err := loadConfig(environ)
 	if err != nil {
@@ -481,7 +482,10 @@ func TestConfigSignSettingsWithoutSecret(t *testing.T) {
 	for _, n := range ineffective(cfg, environ) {
 		got[n.variable] = n.because
 	}
-	for _, name := range []string{"IDEMPROXY_SIGN_CANONICAL", "IDEMPROXY_SIGN_ENCODING"} {
+	// The header names too: no nonce was sent, though IDEMPROXY_NONCE_HEADER
+	// said X-Nonce, without a word.
+	for _, name := range []string{"IDEMPROXY_SIGN_CANONICAL", "IDEMPROXY_SIGN_ENCODING", "IDEMPROXY_NONCE_HEADER",
+		"IDEMPROXY_SIGNATURE_HEADER", "IDEMPROXY_TIMESTAMP_HEADER"} {
 		if !strings.Contains(got[name], "IDEMPROXY_SIGN_SECRET") || !strings.Contains(got[name], "unsigned") {
 			t.Errorf("%s without a secret: because %q, want it to name IDEMPROXY_SIGN_SECRET and unsigned requests", name, got[name])
 		}
@@ -970,5 +974,83 @@ func TestBinaryWarnsOfProxyVariables(t *testing.T) {
 	line := p.waitLine(t, `"variable":"HTTPS_PROXY"`)
 	if !strings.Contains(line, `"level":"WARN"`) || strings.Contains(p.text(), "proxy-pass-0123") {
 		t.Errorf("warning line %s; want WARN naming HTTPS_PROXY, without its value", line)
+	}
+}
+
+// A STATIC_HEADERS list written with ; (or |, white space, one entry a line
+// in the _FILE) between its entries once started as one header whose value
+// ran to the next comma: X-Public-Id=abc;X-Api-Version=2 sent the provider
+// the public id "abc;X-Api-Version=2", and every call was refused, its 401
+// stored as the order's final answer. It stops the start naming the
+// variable and the header, never a value; a parameter such as
+// "; charset=utf-8" and an = inside a value are kept. Other bad lists say
+// which entry and why (they said only "want a comma list of Name=value").
+func TestConfigStaticHeadersSeparators(t *testing.T) {
+	lines := filepath.Join(t.TempDir(), "headers")
+	if err := os.WriteFile(lines, []byte("X-Public-Id=pub-value-1\nX-Api-Version=2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1"}
+	for _, tc := range []struct {
+		v    string
+		want []string // in the message
+	}{
+		{"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-value-1;X-Api-Version=2", []string{"(X-Public-Id)", "commas"}},
+		{"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-value-1 ; x-api-version=2", []string{"(X-Public-Id)", "commas"}},
+		{"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-value-1|X-Api-Version=2", []string{"(X-Public-Id)", "commas"}},
+		{"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-value-1 Authorization=2", []string{"(X-Public-Id)", "commas"}},
+		{"IDEMPROXY_STATIC_HEADERS_FILE=" + lines, []string{"IDEMPROXY_STATIC_HEADERS_FILE", "(X-Public-Id)", "commas"}},
+		{"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-value-1,X-Api-Version=", []string{"entry 2 (X-Api-Version)", "empty value"}},
+		{"IDEMPROXY_STATIC_HEADERS=X-Public-Id=pub-value-1,,X-Api-Version=2", []string{"entry 2", "stray comma"}},
+	} {
+		_, _, err := loadConfig(append(base, tc.v))
+		if err == nil {
+			t.Errorf("%q accepted, want a refusal", tc.v)
+			continue
+		}
+		msg := err.Error()
+		for _, w := range append(tc.want, "IDEMPROXY_STATIC_HEADERS") {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%q: message %q does not say %q", tc.v, msg, w)
+			}
+		}
+		if strings.Contains(msg, "pub-value-1") {
+			t.Errorf("%q: message %q shows a value", tc.v, msg)
+		}
+	}
+	for _, v := range []string{
+		"X-Public-Id=pub-value-1,X-Api-Version=2",
+		"Accept=application/json; charset=utf-8",
+		"X-Api-Key=abc=def",
+		"Authorization=Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==",
+	} {
+		_, set, err := loadConfig(append(base, "IDEMPROXY_STATIC_HEADERS="+v))
+		if err != nil {
+			t.Errorf("%q refused: %v", v, err)
+			continue
+		}
+		name, value, _ := strings.Cut(strings.Split(v, ",")[0], "=")
+		if got := set.sign.StaticHeaders.Get(name); got != value {
+			t.Errorf("%q: %s is %q, want %q", v, name, got, value)
+		}
+	}
+}
+
+// An upstream base path with a . or .. segment (written or %-encoded) once
+// started, and every request went upstream as /v1/../admin/…: signed with
+// that path, resolved by the provider or a gateway to another one. It stops
+// the start naming the variable; a segment that only holds dots is kept.
+func TestConfigUpstreamDotSegments(t *testing.T) {
+	for _, u := range []string{"http://127.0.0.1:1/v1/../admin", "http://127.0.0.1:1/v1/%2e%2E/admin", "http://127.0.0.1:1/./v1",
+		"http://127.0.0.1:1/v1/..", "https://api.example/v1/./"} {
+		_, _, err := loadConfig([]string{"IDEMPROXY_UPSTREAM_URL=" + u})
+		if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_UPSTREAM_URL") || !strings.Contains(err.Error(), ". or ..") {
+			t.Errorf("%s: %v, want a refusal naming IDEMPROXY_UPSTREAM_URL and the dot segment", u, err)
+		}
+	}
+	for _, u := range []string{"http://127.0.0.1:1/v1.2/pay", "http://127.0.0.1:1/..v1/x...", "http://127.0.0.1:1/v1/", "http://127.0.0.1:1"} {
+		if _, _, err := loadConfig([]string{"IDEMPROXY_UPSTREAM_URL=" + u}); err != nil {
+			t.Errorf("%s refused: %v", u, err)
+		}
 	}
 }
