@@ -2,34 +2,76 @@ package main
 
 import (
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
-	"syscall"
 )
 
-// onOverlay reports whether dir is on the root file system and that is an
-// overlay (kernel overlayfs, or fuse-overlayfs where Docker runs rootless or
-// on a file system overlayfs cannot stack on): in a container (Docker,
-// Podman, containerd), the image's writable layer, which goes with the
-// container when it is removed or re-created. A volume or a bind mount is a
-// mount of its own, on another device.
-func onOverlay(dir string) bool {
-	var d, root syscall.Stat_t
-	if syscall.Stat(dir, &d) != nil || syscall.Stat("/", &root) != nil || d.Dev != root.Dev {
-		return false
+// mount is the line of /proc/self/mountinfo (proc(5)) for the mount a
+// directory is on: root is the path of the mounted directory in its own file
+// system (a Docker volume's is /var/lib/docker/volumes/<name>/_data), point
+// where it is mounted.
+type mount struct {
+	root, point, fstype string
+}
+
+// mountOf returns the mount dir is on: of the mounts whose point holds dir's
+// resolved absolute path, the deepest, and of those at one point the last
+// mounted (the one in effect). ok is false where /proc cannot be read.
+func mountOf(dir string) (m mount, ok bool) {
+	path, err := filepath.Abs(dir)
+	if err == nil {
+		path, err = filepath.EvalSymlinks(path)
 	}
-	raw, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
+	raw, rerr := os.ReadFile("/proc/self/mountinfo")
+	if err != nil || rerr != nil {
+		return m, false
 	}
-	fstype := ""
-	// proc(5): "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw";
-	// the last mount on / is the one in effect.
+	// "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw"
 	for _, line := range strings.Split(string(raw), "\n") {
 		fields := strings.Fields(line)
-		_, after, ok := strings.Cut(line, " - ")
-		if ok && len(fields) > 4 && fields[4] == "/" {
-			fstype, _, _ = strings.Cut(after, " ")
+		_, after, sep := strings.Cut(line, " - ")
+		if !sep || len(fields) < 5 {
+			continue
 		}
+		point := unescapeMountinfo(fields[4])
+		if point != "/" && path != point && !strings.HasPrefix(path, point+"/") {
+			continue
+		}
+		if ok && len(point) < len(m.point) {
+			continue
+		}
+		fstype, _, _ := strings.Cut(after, " ")
+		m, ok = mount{root: unescapeMountinfo(fields[3]), point: point, fstype: fstype}, true
 	}
-	return strings.Contains(fstype, "overlay")
+	return m, ok
+}
+
+// unescapeMountinfo undoes the octal escapes mountinfo writes for space,
+// tab, newline and backslash.
+func unescapeMountinfo(s string) string {
+	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
+
+// anonymousVolume matches the root of a volume Docker or Podman made without
+// a name (a VOLUME of the image that `docker run` was given no -v for): a
+// directory named by 64 hex digits.
+var anonymousVolume = regexp.MustCompile(`/volumes/[0-9a-f]{64}/_data$`)
+
+// dataDirPlace says where dir is when that place goes with its container:
+// "layer", the container's own writable layer (the root file system, an
+// overlay: kernel overlayfs, or fuse-overlayfs where Docker runs rootless or
+// on a file system overlayfs cannot stack on); "anonymous", a volume made
+// without a name; "" otherwise (a named volume, a bind mount, a host).
+func dataDirPlace(dir string) string {
+	m, ok := mountOf(dir)
+	switch {
+	case !ok:
+		return ""
+	case m.point == "/" && strings.Contains(m.fstype, "overlay"):
+		return "layer"
+	case anonymousVolume.MatchString(m.root):
+		return "anonymous"
+	}
+	return ""
 }

@@ -2,5 +2,6 @@
 
 package main
 
-// onOverlay is false off Linux: no container layer is told apart there.
-func onOverlay(string) bool { return false }
+// dataDirPlace is "" off Linux: no container's layer or volume is told apart
+// there.
+func dataDirPlace(string) string { return "" }

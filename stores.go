@@ -44,7 +44,7 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 		return nil, 0, denied(err, "write in it",
 			"give the directory and everything in it to that user, with write permission (a bind mount: chown -R %[1]d:%[2]d on the host, and chmod u+rwx on the directory)")
 	}
-	warnContainerLayer(cfg.DataDir, log)
+	warnDataDirPlace(cfg.DataDir, log)
 	m.StoreSize(s.Size)
 	m.StorePageOuts(s.PageOuts)
 	if err := releaseInFlight(s, m, log); err != nil {
@@ -54,21 +54,27 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 	return s, cfg.lease(), nil
 }
 
-// warnContainerLayer warns of a data directory in a container's own
-// writable layer (DATA_DIR set blank, so ./data in the working directory, or
-// a path no volume is mounted on): the store works there, but every stored
-// answer goes with the container, and the repeats of those orders reach the
-// provider again.
-func warnContainerLayer(dir string, log *slog.Logger) {
-	if !onOverlay(dir) {
+// warnDataDirPlace warns of a data directory that goes with its container:
+// in the container's own writable layer (DATA_DIR set blank, so ./data in
+// the working directory, or a path no volume is mounted on), or on an
+// anonymous volume (docker run with no -v for the image's /data). The store
+// works there, but every stored answer is gone once the container is, and
+// the repeats of those orders reach the provider again.
+func warnDataDirPlace(dir string, log *slog.Logger) {
+	var where string
+	switch dataDirPlace(dir) {
+	case "layer":
+		where = "in the container's own writable layer (the root overlay file system), not on a volume: every stored answer is lost when the container is removed or re-created"
+	case "anonymous":
+		where = "on an anonymous volume (docker run with no -v for it): the next container, after an upgrade or any docker rm and docker run, gets a new empty one, and docker run --rm or docker rm -v deletes it; every stored answer is lost with it"
+	default:
 		return
 	}
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
-	log.Warn("the data directory is in the container's own writable layer (the root overlay file system), not on a volume: "+
-		"every stored answer is lost when the container is removed or re-created, and repeats of those orders reach the provider again; "+
-		"mount a volume on it (the image's is /data, the default there)",
+	log.Warn("the data directory is "+where+", and repeats of those orders reach the provider again; "+
+		"mount a named volume on it, e.g. -v idemproxy-data:/data (the image's data directory)",
 		"variable", envPrefix+"DATA_DIR", "dir", dir)
 }
 

@@ -9,11 +9,13 @@ import (
 // TestImageWarnsOfADataDirInTheContainerLayer: IDEMPROXY_DATA_DIR set blank
 // (an env file's `IDEMPROXY_DATA_DIR=` left empty: the default ./data, in the
 // image's working directory) or to a directory no volume is mounted on puts
-// the store in the container's own writable layer. It starts and serves, and
-// every stored answer goes with the container at `docker rm` or when compose
-// re-creates it; repeats of those orders then reach the provider again. The
-// start logs it at WARN, naming the variable and the directory; the image's
-// /data on a volume is not warned of.
+// the store in the container's own writable layer; `docker run` with no -v
+// for /data puts it on an anonymous volume, which the next container (an
+// upgrade: docker rm, docker run) does not get. Either starts and serves,
+// and every stored answer goes with the container; repeats of those orders
+// then reach the provider again. The start logs it at WARN, naming the
+// variable and the directory; the image's /data on a named volume is not
+// warned of.
 func TestImageWarnsOfADataDirInTheContainerLayer(t *testing.T) {
 	t.Parallel()
 	img := need(t)
@@ -21,10 +23,12 @@ func TestImageWarnsOfADataDirInTheContainerLayer(t *testing.T) {
 		name string
 		args []string
 		dir  string // "" = no warning
+		says string // in the message
 	}{
-		{"blank", []string{"-e", "IDEMPROXY_DATA_DIR="}, "/home/nonroot/data"},
-		{"no volume there", []string{"-e", "IDEMPROXY_DATA_DIR=/tmp/idemproxy"}, "/tmp/idemproxy"},
-		{"volume on /data", []string{"--read-only", "-v", volume(t) + ":/data"}, ""},
+		{"blank", []string{"-e", "IDEMPROXY_DATA_DIR="}, "/home/nonroot/data", "writable layer"},
+		{"no volume there", []string{"-e", "IDEMPROXY_DATA_DIR=/tmp/idemproxy"}, "/tmp/idemproxy", "writable layer"},
+		{"anonymous volume", []string{"--read-only"}, "/data", "anonymous volume"},
+		{"named volume on /data", []string{"--read-only", "-v", volume(t) + ":/data"}, "", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -39,7 +43,7 @@ func TestImageWarnsOfADataDirInTheContainerLayer(t *testing.T) {
 			}
 			if c.dir == "" {
 				if len(warned) > 0 {
-					t.Fatalf("a data directory on a volume was warned of: %s", warned)
+					t.Fatalf("a data directory on a named volume was warned of: %s", warned)
 				}
 				return
 			}
@@ -50,8 +54,8 @@ func TestImageWarnsOfADataDirInTheContainerLayer(t *testing.T) {
 				Msg, Variable, Dir string
 			}
 			if err := json.Unmarshal([]byte(warned[0]), &l); err != nil || l.Variable != "IDEMPROXY_DATA_DIR" ||
-				l.Dir != c.dir || !strings.Contains(l.Msg, "volume") || !strings.Contains(l.Msg, "lost") {
-				t.Fatalf("WARN line %s (%v); want variable IDEMPROXY_DATA_DIR, dir %s, and a message saying what is lost and that a volume belongs there", warned[0], err, c.dir)
+				l.Dir != c.dir || !strings.Contains(l.Msg, c.says) || !strings.Contains(l.Msg, "lost") || !strings.Contains(l.Msg, "-v idemproxy-data:/data") {
+				t.Fatalf("WARN line %s (%v); want variable IDEMPROXY_DATA_DIR, dir %s, and a message saying %q, what is lost and what to mount", warned[0], err, c.dir, c.says)
 			}
 		})
 	}
