@@ -356,7 +356,7 @@ func (c *config) settings() (settings, error) {
 	return s, c.checkNumbers()
 }
 
-// checkTokensApart refuses a client token (s.clientTokens) equal to a
+// checkTokensApart refuses a client token (s.clients) equal to a
 // server secret: the signing secret, the admin token or the key secret. The
 // app given that token would hold the provider's signing key (and sign any
 // request itself), the admin API (resolve, renew, discard operations), or
@@ -374,17 +374,10 @@ func (c *config) checkTokensApart(s settings) error {
 		{from("ADMIN_TOKEN", c.AdminTokenFile), "the admin API", s.adminToken},
 		{from("KEY_SECRET", c.KeySecretFile), "the secret that binds every client's upstream keys", string(s.keySecret)},
 	}
-	for _, entry := range strings.Split(s.clientTokens, ",") {
-		// The token as ParseClientTokens reads it.
-		name, token, ok := strings.Cut(entry, "=")
-		if token = strings.TrimSpace(token); !ok || token == "" {
-			continue
-		}
-		for _, sec := range secrets {
-			if sec.val != "" && token == sec.val {
-				return fmt.Errorf("%s: the token of client %s is the value of %s: that app would hold %s; give each its own value",
-					from("CLIENT_TOKENS", c.ClientTokensFile), strings.TrimSpace(name), sec.name, sec.what)
-			}
+	for _, sec := range secrets {
+		if name, ok := s.clients.Holder(sec.val); ok && sec.val != "" {
+			return fmt.Errorf("%s: the token of client %s is the value of %s: that app would hold %s; give each its own value",
+				from("CLIENT_TOKENS", c.ClientTokensFile), name, sec.name, sec.what)
 		}
 	}
 	return nil

@@ -130,9 +130,18 @@ func (c *ClientTokens) Tenant(r *http.Request) (string, error) {
 	if len(vals) != 1 {
 		return "", ErrUnauthorized
 	}
-	name, ok := c.byToken[sha256.Sum256([]byte(vals[0]))]
+	name, ok := c.Holder(vals[0])
 	if !ok {
 		return "", ErrUnauthorized
 	}
 	return name, nil
+}
+
+// Holder returns the client whose token is token, if any (false for nil c).
+func (c *ClientTokens) Holder(token string) (name string, ok bool) {
+	if c == nil {
+		return "", false
+	}
+	name, ok = c.byToken[sha256.Sum256([]byte(token))]
+	return name, ok
 }
