@@ -25,6 +25,7 @@ func TestCLIChangeWithoutAnswer(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	waitStopped(t, p.cmd.Process.Pid)
 	_, port, _ := net.SplitHostPort(p.admin)
 	type result struct {
 		code   int
@@ -72,4 +73,22 @@ func waitQueued(t *testing.T, port string) {
 		}
 	}
 	t.Fatal("the command's connection was not established within 10 s")
+}
+
+// waitStopped waits until the process is stopped (state T in
+// /proc/<pid>/stat): a signal is delivered after kill returns, and a
+// process still running answered the request the test wants unanswered.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// "pid (comm) state ...": the state follows the last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return
+		}
+	}
+	t.Fatalf("process %d not stopped after SIGSTOP", pid)
 }
