@@ -255,20 +255,34 @@ func (h *Handler) upstreamKey(tenant, key string) string {
 	return idemkey.Bind(h.opt.KeySecret, tenant, key)
 }
 
-// unprotectedKey is the outgoing key of an unprotected request: the client's
-// own header as it came without client authentication (idemproxy keeps no
-// record of it), else the client's key bound like a protected one, so that
-// no client can reach another's operation at the provider through it. A
-// UUID key is bound in its canonical spelling (idemkey.Canonical), as a
-// protected request's is: a status lookup with the key upper-cased or in
-// braces, as the app's database gives it back, asks the provider for the
-// operation the order went under, not for one bound over another spelling
-// that the provider never saw.
+// unprotectedKey is the outgoing key of an unprotected request: without
+// client authentication, the key a protected request with the client's
+// header sends (idemproxy keeps no record of it), else the client's key
+// bound like a protected one, so that no client can reach another's
+// operation at the provider through it. A UUID key goes in its canonical
+// spelling (idemkey.Canonical), as a protected request's does: a status
+// lookup with the key upper-cased or in braces, as the app's database gives
+// it back, asks the provider for the operation the order went under, not
+// for one under another spelling that the provider never saw.
+//
+// Without client authentication, a header idemproxy cannot read as one key
+// goes as it came when it is one line; on several lines that differ it is
+// refused, nothing sent. Why: forwarded as they came, repeated lines reached
+// the provider as one comma-joined value ("k1, k1", RFC 9110 §5.3) while the
+// signature ({idempotency_key}) covered the first line only, so the payments
+// provider refused every such lookup; lines that differ leave to chance
+// which key the provider reads.
 func (h *Handler) unprotectedKey(r *http.Request, tenant string) (outgoingKey, error) {
-	if h.opt.Clients == nil {
-		return outgoingKey{keepClient: true}, nil
-	}
 	key, present, err := idemkey.FromHeader(r.Header)
+	if h.opt.Clients == nil {
+		switch {
+		case !present || err != nil && len(r.Header.Values(KeyHeader)) == 1:
+			return outgoingKey{keepClient: true}, nil
+		case err != nil:
+			return outgoingKey{}, err
+		}
+		return outgoingKey{value: idemkey.Canonical(key)}, nil
+	}
 	if err != nil || !present {
 		return outgoingKey{}, err
 	}
