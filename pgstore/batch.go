@@ -354,7 +354,8 @@ func dataError(err error) bool {
 // an error the server sends aborts the statement's transaction, and the
 // next try takes another connection (none, if the server is going down).
 // A commit that may have happened unanswered never comes as the server's
-// error (see mayHaveRun).
+// error (see mayHaveRun). So is one sent on a session the server had just
+// ended for idle_session_timeout (see idleEnded).
 //
 // A panic in the statement's code becomes the error of every caller in it,
 // with its stack: the statement runs on the group's goroutine, outside the
@@ -365,16 +366,21 @@ func (g *group[I, O]) statement(ctx context.Context, jobs []*job[I, O]) (err err
 			err = fmt.Errorf("pgstore: batch statement panicked: %v\n%s", p, debug.Stack())
 		}
 	}()
-	for try := 1; ; try++ {
+	for try, ended := 1, 0; ; {
 		for _, j := range jobs {
 			var none O
 			j.found, j.out = false, none
 		}
 		err := g.run(ctx, jobs)
+		if idleEnded(err) && ended < idleEndedTries {
+			ended++
+			continue
+		}
 		var pe *pgconn.PgError
 		if try == 3 || !errors.As(err, &pe) || pe.Code != "40P01" && pe.Code != "57P01" {
 			return err
 		}
+		try++
 	}
 }
 

@@ -3,10 +3,12 @@ package pgstore
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -38,3 +40,19 @@ func serverSpoke(conn *pgx.Conn) bool {
 	}
 	return peekPending(sc)
 }
+
+// idleEnded says whether err is the server's FATAL 57P05: it ended the
+// session for idle_session_timeout while the statement was on its way,
+// after shouldPing had looked (the FATAL not yet arrived). The session was
+// idle, in no transaction: the statement never ran, and is sent again on
+// another connection (pgx closed this one). Each try takes one such
+// connection out of the pool; idleEndedTries bounds them.
+func idleEnded(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "57P05"
+}
+
+// idleEndedTries is how many times a statement is sent again after
+// idleEnded: more than a pool's connections last used at about the same
+// time are likely to be.
+const idleEndedTries = 10

@@ -1141,17 +1141,21 @@ func read[T any](ctx context.Context, s *Store, fn func(ctx context.Context, con
 	deadline := time.Now().Add(s.opt.CallTimeout)
 	done := make(chan result, 1)
 	go func() {
-		conn, err := s.pool.Acquire(ctx)
-		if err != nil {
-			done <- result{err: err}
-			return
-		}
-		defer conn.Release()
 		sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 		defer cancel()
 		defer context.AfterFunc(s.bg, cancel)() // Close ends it
-		v, err := fn(sctx, conn)
-		done <- result{v, err}
+		var r result
+		for try := 0; try == 0 || idleEnded(r.err) && try <= idleEndedTries; try++ {
+			conn, err := s.pool.Acquire(ctx)
+			if err != nil {
+				r = result{err: err}
+				break
+			}
+			v, err := fn(sctx, conn)
+			conn.Release()
+			r = result{v, err}
+		}
+		done <- r
 	}()
 	select {
 	case r := <-done:
@@ -1368,6 +1372,9 @@ func (s *Store) ownerWrite(ctx context.Context, op string, id store.ID, owner, s
 	args := append([]any{[]byte(id.Tenant), []byte(id.Key), owner}, more...)
 	return s.call(ctx, op, &id, func(ctx context.Context) error {
 		tag, err := s.pool.Exec(ctx, sql, args...)
+		for try := 0; idleEnded(err) && try < idleEndedTries; try++ {
+			tag, err = s.pool.Exec(ctx, sql, args...) // it never ran
+		}
 		if err != nil {
 			return err
 		}
