@@ -153,6 +153,18 @@ type storeErrorWaiting struct{ err error }
 func (e storeErrorWaiting) Error() string { return "record store: " + e.err.Error() }
 func (e storeErrorWaiting) Unwrap() error { return e.err }
 
+// leaseLost is the in-progress answer (busy) of a request whose lease
+// another replica took over while its sequence ran, after attempts
+// attempts: the request log and the metrics count them (the provider may
+// have acted on them); the answer is the in-progress one, as for any
+// request that found its key running elsewhere.
+type leaseLost struct {
+	busy
+	attempts int
+}
+
+func (l leaseLost) Unwrap() error { return l.busy }
+
 // storeAfterSend is ErrStoreAfterSend for a sequence that made attempts
 // attempts: the answer, the request log and the metrics count them, since
 // the operation may have run.
@@ -212,7 +224,12 @@ func classify(err error) apiError {
 	case errors.Is(err, context.Canceled):
 		return answer(ErrClientGone, OutcomeClientGone)
 	case errors.As(err, &b):
-		return answer(b.e, OutcomeInProgress)
+		a := answer(b.e, OutcomeInProgress)
+		var ll leaseLost
+		if errors.As(err, &ll) {
+			a.Attempts = ll.attempts
+		}
+		return a
 	case errors.As(err, &sa):
 		a := answer(ErrStoreAfterSend, OutcomeStoreError)
 		a.Attempts = sa.attempts
@@ -337,7 +354,7 @@ func writeClassified(w http.ResponseWriter, err error, a apiError, key string) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
-	if a.Attempts > 0 {
+	if a.Attempts > 0 && a.Outcome != OutcomeInProgress { // a lost lease's attempts are the log's only
 		h.Set(AttemptsHeader, strconv.Itoa(a.Attempts))
 	}
 	// The in-progress answer says 1 on purpose, whatever is known of the

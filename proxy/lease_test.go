@@ -1,8 +1,13 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,4 +67,74 @@ func TestLostLeaseStopsTheOperation(t *testing.T) {
 	if a.err != nil || a.status != http.StatusConflict || errorCode(t, a.answer) != "idempotency_in_progress" {
 		t.Fatalf("answer after the lease was lost: %d %s %v, want 409 idempotency_in_progress", a.status, a.body, a.err)
 	}
+}
+
+// TestLostLeaseLogsTheAttemptsMade: a replica whose lease was taken over
+// while its attempt ran (it stalled, another replica resumed the key) made
+// that attempt: the provider may have acted on it. Its request log said
+// attempts 0, as for a request that sent nothing, and no line said what had
+// become of the operation. The request's summary (the request log and the
+// metrics) counts the attempt, and a WARN line names the key, the attempts
+// made and that the replica that took the key over resumes it with the
+// same key, this one storing nothing.
+func TestLostLeaseLogsTheAttemptsMade(t *testing.T) {
+	var logs lockedBuffer
+	done := make(chan proxy.Summary, 1)
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) {
+		o.Lease = 300 * time.Millisecond
+		o.OnDone = func(s proxy.Summary) { done <- s }
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	e.prov.hold = make(chan struct{})
+	defer close(e.prov.hold)
+	e.prov.entered = make(chan string, 1)
+	first := e.goSend("POST", "/v1/payments", order)
+	id := store.ID{Tenant: proxy.DefaultTenant, Key: <-e.prov.entered}
+	rec, err := e.store.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Abandon(context.Background(), id, rec.Owner); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-first; a.err != nil || a.status != http.StatusConflict {
+		t.Fatalf("answer after the lease was lost: %d %s %v, want 409", a.status, a.body, a.err)
+	}
+	if s := <-done; s.Attempts != 1 {
+		t.Errorf("summary: outcome %s attempts %d, want the 1 attempt made", s.Outcome, s.Attempts)
+	}
+	var found bool
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var l struct {
+			Level, Msg, Key string
+			Attempts        *int
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Key != id.Key || l.Attempts == nil {
+			continue
+		}
+		if l.Level == "WARN" && *l.Attempts == 1 && strings.Contains(l.Msg, "lease") && strings.Contains(l.Msg, "same key") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no WARN line naming the key, 1 attempt, the lost lease and the resume with the same key:\n%s", logs.String())
+	}
+}
+
+// lockedBuffer is a log destination safe for the handler's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -305,7 +305,11 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 		return h.roundTrip(ctx, r, upstreamKey, body, resend, call)
 	})
 	if lost { // the new owner answers the app's retry; this one may not write
-		return result{err: h.inProgress}
+		h.opt.Logger.Warn("lease lost mid-operation: another replica took the key over and resumes it with the same key; "+
+			"this one stopped its attempts and stored nothing, the app answered in progress",
+			"method", r.Method, "path", r.URL.Path, "key", id.Key, "attempts", res.report.Attempts,
+			"first_sent_at", res.report.FirstSentAt)
+		return result{err: leaseLost{busy: h.inProgress, attempts: res.report.Attempts}}
 	}
 	if o, unknown := unknownOutcome(res); unknown {
 		if res.report.Attempts == 0 && before.LastError != "" {
