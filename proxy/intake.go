@@ -60,6 +60,59 @@ func checkShape(r *http.Request) error {
 	return nil
 }
 
+// keepEscapes returns r with a URL whose escaped path is the app's, the
+// bytes a path may not hold as they are escaped. When the request line's
+// path holds one (raw UTF-8, "|", "{", '"'), url.URL.EscapedPath drops
+// the path as sent and escapes the decoded path anew, so the app's escapes
+// were lost: "/cards/a|b%2Fc/topup" went upstream, keyed and signed, as
+// "/cards/a%7Cb/c/topup", another resource than the app named (README,
+// Paths: the path signed is the path sent). Escapes are written in upper
+// case, as Go writes them; the app's stay as they came. r itself is not
+// modified (a handler may not), and is returned when nothing changes.
+func keepEscapes(r *http.Request) *http.Request {
+	raw := r.URL.RawPath
+	if raw == "" || r.URL.EscapedPath() == raw {
+		return r
+	}
+	u := *r.URL
+	u.RawPath = escapeInvalid(raw)
+	if u.EscapedPath() != u.RawPath { // not a spelling of Path: leave it to Go
+		return r
+	}
+	out := r.WithContext(r.Context())
+	out.URL = &u
+	return out
+}
+
+// escapeInvalid escapes the bytes of a path that RFC 3986 §3.3 does not
+// allow as they are, keeping every %XX escape as it is.
+func escapeInvalid(p string) string {
+	const hexDigits = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '%' && i+2 < len(p) && isHex(p[i+1]) && isHex(p[i+2]), pathChar(c):
+			b.WriteByte(c)
+		default:
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+		}
+	}
+	return b.String()
+}
+
+// pathChar reports a byte a path holds as it is: an unreserved character,
+// a sub-delimiter, ":", "@" or "/" (RFC 3986 §3.3).
+func pathChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("-._~!$&'()*+,;=:@/", c) >= 0
+}
+
 type ambiguousFramingKey struct{}
 
 // MarkAmbiguousFraming returns r marked as a request whose length is
