@@ -51,6 +51,7 @@ func TestClassify(t *testing.T) {
 		{"exhausted by a timeout", timedOut, http.StatusGatewayTimeout, CodeUpstreamUnavailable, OutcomeUnavailable, "", 2},
 		{"never sent", notSent, http.StatusBadGateway, CodeUpstreamUnavailable, OutcomeUnavailable, "", 4},
 		{"shutting down", shutdown, http.StatusServiceUnavailable, CodeUpstreamUnavailable, OutcomeUnavailable, "", 0},
+		{"answer too large for a record", answerTooLarge{fmt.Errorf("attempt 1: %w", retry.ErrResponseTooLarge), 1}, http.StatusBadGateway, CodeUpstreamUnavailable, OutcomeUnavailable, "", 1},
 		{"anything else", errors.New("reset by peer"), http.StatusBadGateway, CodeUpstreamUnavailable, OutcomeUnavailable, "", 0},
 	} {
 		a := classify(c.err)

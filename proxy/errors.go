@@ -173,6 +173,18 @@ type storeAfterSend struct{ attempts int }
 func (e storeAfterSend) Error() string { return ErrStoreAfterSend.Error() }
 func (e storeAfterSend) Unwrap() error { return ErrStoreAfterSend }
 
+// answerTooLarge is a protected sequence that ended on an answer too large
+// for a record (retry.ErrResponseTooLarge) after attempts attempts: the
+// provider answered, and may have acted, so the answer, the request log and
+// the metrics count them, as for any upstream_unavailable.
+type answerTooLarge struct {
+	err      error
+	attempts int
+}
+
+func (e answerTooLarge) Error() string { return e.err.Error() }
+func (e answerTooLarge) Unwrap() error { return e.err }
+
 // errorBody is the contract's error shape; Key and Attempts are filled for
 // upstream_unavailable, and store_unavailable after sending, so the app can
 // retry with the same key.
@@ -219,6 +231,7 @@ func classify(err error) apiError {
 		se  storeError
 		sw  storeErrorWaiting
 		sa  storeAfterSend
+		tl  answerTooLarge
 	)
 	switch {
 	case errors.Is(err, context.Canceled):
@@ -250,6 +263,9 @@ func classify(err error) apiError {
 		return answer(ErrBodyUnread, OutcomeRejected)
 	case errors.As(err, &ex):
 		return exhausted(ex, errors.Is(err, ratelimit.ErrClosed))
+	case errors.As(err, &tl):
+		return upstreamUnavailable(http.StatusBadGateway,
+			"the upstream answered, but its answer is too large for idemproxy to keep; the operation may have run", tl.attempts)
 	default:
 		return upstreamUnavailable(http.StatusBadGateway, "upstream request failed; the outcome may be unknown", 0)
 	}

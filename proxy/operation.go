@@ -538,6 +538,9 @@ func (h *Handler) roundTrip(ctx context.Context, r *http.Request, key string, bo
 		setOrDelete(out.Header, "Content-Encoding", resend.ContentEncoding)
 	}
 	resp, rep, err := h.opt.Transport.Do(out, call)
+	if errors.Is(err, retry.ErrResponseTooLarge) {
+		err = answerTooLarge{err: err, attempts: rep.Attempts}
+	}
 	if err != nil {
 		return result{err: err, report: rep}
 	}
