@@ -131,7 +131,14 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, unlockWithin time.Duration
 		return err
 	}
 	if version > len(migrations) {
-		return fmt.Errorf("schema version %d is newer than this build's %d: run a newer idemproxy", version, len(migrations))
+		// An older build's replica restarted during a rolling update, or
+		// a rollback across the upgrade. Lowering the version by hand
+		// would make the newer build run its upgrade again at its next
+		// start, and stop on it (the columns exist).
+		return fmt.Errorf("schema version %d is newer than this build's %d: a newer idemproxy has upgraded this database, "+
+			"and a build of an older schema cannot run on it (a rollback across a schema upgrade is not possible): "+
+			"run that version or a newer one; do not lower the version in idemproxy_schema by hand, "+
+			"the newer build would then stop at its next start, running its upgrade again", version, len(migrations))
 	}
 	for v := version; v < len(migrations); {
 		err := upgrade(ctx, conn, v)

@@ -1077,3 +1077,33 @@ func TestSchemaUpgradeBusyPastStart(t *testing.T) {
 		t.Fatalf("schema version = %d, %v; want %d", version, err, len(migrations))
 	}
 }
+
+// TestNewerSchemaRefusalSaysWhatToDo: a replica of an older build started
+// on a database a newer build has upgraded (an old pod restarted during a
+// rolling update, or a rollback) stops; the reason must tell the operator
+// that a rollback across the upgrade cannot run, to run the newer version,
+// and not to lower the schema's version by hand: the newer build would run
+// its upgrade again at its next start and stop on it ("column ... already
+// exists"). It said only "run a newer idemproxy".
+func TestNewerSchemaRefusalSaysWhatToDo(t *testing.T) {
+	url := pgtest.Database(t)
+	ctx := context.Background()
+	s := open(t, url, 0)
+	if _, err := s.pool.Exec(ctx, `UPDATE idemproxy_schema SET version = version + 1`); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err := Open(ctx, Options{URL: url, SweepInterval: -1, AnalyzeInterval: -1})
+	if err == nil {
+		s.Close()
+		t.Fatal("Open took a schema newer than its own")
+	}
+	for _, want := range []string{
+		fmt.Sprintf("schema version %d is newer than this build's %d", len(migrations)+1, len(migrations)),
+		"rollback", "by hand", "idemproxy_schema",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
+		}
+	}
+}
