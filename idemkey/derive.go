@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -158,7 +160,10 @@ func (st *state) mentions(s Source, r Request) Reason {
 			return ReasonOther // not read at all (see wideObject)
 		}
 		if firstNonSpace(body) != '{' {
-			return ReasonNone
+			// Json.NET and Gson (lenient) skip comments, white space
+			// JSON does not allow and Gson's ")]}'" prefix before the
+			// object, and find the order id in it (lenientObject).
+			return reasonIf(lenientObject(body) && containsFold(body, lastSegment(s.Name)), ReasonOther)
 		}
 		st.json.singleByte = singleByteCharset(r.ContentType)
 		st.json.lookup(body, s.Name)
@@ -202,6 +207,44 @@ func (st *state) mentions(s Source, r Request) Reason {
 		return reasonIf(formMentions(st.val[:0], r.RawQuery, s.Name, false), ReasonOther)
 	}
 	return ReasonNone
+}
+
+// lenientObject reports whether body, which does not start with '{' after
+// JSON white space, is a JSON object to a lenient parser all the same: its
+// first character after what Json.NET or Gson (lenient, as Gson.fromJson
+// reads) skip before a document is '{'. They skip comments ("/* */" and
+// "//" both, "#" Gson), white space JSON does not allow (Json.NET's is
+// char.IsWhiteSpace: a form feed, a no-break space) and Gson's non-execute
+// prefix ")]}'" followed by a newline. A legacy app that writes a comment
+// or a stray form feed before its JSON has its order read by such a
+// provider, and a random key for it (MISSING_KEY=generate) would have each
+// of its blind retries executed again.
+func lenientObject(body []byte) bool {
+	for b := body; len(b) > 0; {
+		switch {
+		case bytes.HasPrefix(b, []byte("/*")):
+			end := bytes.Index(b[2:], []byte("*/"))
+			if end < 0 {
+				return false
+			}
+			b = b[2+end+2:]
+		case bytes.HasPrefix(b, []byte("//")) || b[0] == '#':
+			end := bytes.IndexAny(b, "\r\n")
+			if end < 0 {
+				return false
+			}
+			b = b[end:]
+		case bytes.HasPrefix(b, []byte(")]}'\n")):
+			b = b[5:]
+		default:
+			r, n := utf8.DecodeRune(b)
+			if !unicode.IsSpace(r) {
+				return b[0] == '{'
+			}
+			b = b[n:]
+		}
+	}
+	return false
 }
 
 // reasonIf is why when mentioned, else ReasonNone.

@@ -204,6 +204,17 @@ func TestDeriveNotPresent(t *testing.T) {
 		{"comment before it", "json:order_id", postJSON(`{"amount": 5, /* x */ "order_id": "A"}`)},
 		{"leading zero before it", "json:order_id", postJSON(`{"amount": 05, "Order_Id": "A"}`)},
 		{"nested, single quotes", "json:payment.order_id", postJSON(`{'payment': {'order_id': 'A'}}`)},
+		// Json.NET and Gson (lenient) also skip what comes before the
+		// object: comments, white space JSON does not allow (Json.NET reads
+		// any char.IsWhiteSpace) and Gson's non-execute prefix.
+		{"comment before the object", "json:order_id", postJSON(`/* v2 */ {"order_id": "A", "amount": 5}`)},
+		{"line comment before the object", "json:order_id", postJSON("// v2\n{\"order_id\": \"A\"}")},
+		{"hash comment before the object", "json:order_id", postJSON("# v2\r\n{\"order_id\": \"A\"}")},
+		{"form feed before the object", "json:order_id", postJSON("\f{\"order_id\": \"A\"}")},
+		{"no-break space before the object", "json:order_id", postJSON("\u00a0\n{\"order_id\": \"A\"}")},
+		{"non-execute prefix before the object", "json:order_id", postJSON(")]}'\n{\"order_id\": \"A\"}")},
+		{"comment before the object not naming it", "json:order_id", postJSON(`/* v2 */ {"id": "A"}`)},
+		{"comment before an array", "json:order_id", postJSON(`/* v2 */ [{"order_id": "A"}]`)},
 		{"form field repeated with another value", "form:order_id", form("order_id=F-1&order_id=second")},
 		// A body is forwarded as it came: PHP and Node.js read a value
 		// that does not decode with its '%' kept, Go and Java not at all.
@@ -269,7 +280,8 @@ func wide(s string, o binary.AppendByteOrder, bom bool) string {
 var absent = map[string]bool{
 	"no body": true, "missing field": true, "nested field missing": true, "path through a non-object": true,
 	"path through an array": true, "empty string": true, "null": true, "bool": true, "object": true, "array": true,
-	"top-level array": true, "UTF-16LE array": true, "invalid JSON not naming it": true, "form field empty": true, "form field without value": true,
+	"top-level array": true, "UTF-16LE array": true, "invalid JSON not naming it": true,
+	"comment before the object not naming it": true, "comment before an array": true, "form field empty": true, "form field without value": true,
 	"form body with JSON content type": true, "form source on a JSON body": true,
 	"form source on a JSON body with a byte order mark": true, "header absent": true, "header empty": true,
 	"nil header": true, "query absent": true, "query empty": true, "no sources": true,
