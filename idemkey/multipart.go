@@ -90,7 +90,9 @@ func appendFormData(b, body []byte, boundary string) ([]byte, bool) {
 // different values, also in another spelling (formNameIs), or present only
 // in another spelling, counts as absent, and so does an empty value. A part
 // with a Content-Transfer-Encoding other than 7bit, 8bit or binary gives no
-// value: parsers differ on whether they decode it.
+// value: parsers differ on whether they decode it. A part that PHP reads as
+// the field and Go's mime package does not, or the other way round
+// (partField), is such another spelling.
 func formDataValue(buf, body []byte, boundary, name string) ([]byte, bool) {
 	parts, ok := formParts(body, boundary)
 	if !ok {
@@ -98,11 +100,8 @@ func formDataValue(buf, body []byte, boundary, name string) ([]byte, bool) {
 	}
 	found, exact := false, false
 	for _, p := range parts {
-		disp, params, err := mime.ParseMediaType(p.header.Get("Content-Disposition"))
-		if err != nil || !strings.EqualFold(disp, "form-data") || !formNameIs([]byte(params["name"]), name) {
-			continue
-		}
-		if _, file := params["filename"]; file {
+		field, asNamed := partField(p.header.Get("Content-Disposition"), name)
+		if !field {
 			continue
 		}
 		switch strings.ToLower(p.header.Get("Content-Transfer-Encoding")) {
@@ -114,7 +113,7 @@ func formDataValue(buf, body []byte, boundary, name string) ([]byte, bool) {
 			return buf[:0], false
 		}
 		buf, found = append(buf[:0], p.data...), true
-		exact = exact || params["name"] == name
+		exact = exact || asNamed
 	}
 	if !found || !exact {
 		return buf[:0], false
@@ -123,18 +122,112 @@ func formDataValue(buf, body []byte, boundary, name string) ([]byte, bool) {
 }
 
 // formDataMentions reports whether a multipart/form-data body has a part
-// called name, in any spelling (formNameIs), without a filename and not empty,
-// whatever its Content-Transfer-Encoding (Unreadable).
+// called name, in any spelling (formNameIs) and to Go or to PHP
+// (partField), without a filename and not empty, whatever its
+// Content-Transfer-Encoding (Unreadable).
 func formDataMentions(body []byte, boundary, name string) bool {
 	parts, _ := formParts(body, boundary)
 	for _, p := range parts {
-		disp, params, err := mime.ParseMediaType(p.header.Get("Content-Disposition"))
-		if err != nil || !strings.EqualFold(disp, "form-data") || !formNameIs([]byte(params["name"]), name) {
-			continue
-		}
-		if _, file := params["filename"]; !file && len(p.data) > 0 {
+		if field, _ := partField(p.header.Get("Content-Disposition"), name); field && len(p.data) > 0 {
 			return true
 		}
 	}
 	return false
+}
+
+// partField reports whether a part with Content-Disposition cd is the
+// field name, in some spelling (formNameIs), to Go's mime package (a
+// form-data disposition whose parameters parse, its name, no filename or
+// filename*) or to PHP (phpDisposition); asNamed, whether it is that field
+// to both, named as written.
+func partField(cd, name string) (field, asNamed bool) {
+	var goName string
+	disp, params, err := mime.ParseMediaType(cd)
+	_, file := params["filename"]
+	goField := err == nil && strings.EqualFold(disp, "form-data") && !file
+	if goField {
+		goName = params["name"]
+		goField = formNameIs([]byte(goName), name)
+	}
+	phpName, phpNamed, phpFile := phpDisposition(cd)
+	phpField := phpNamed && !phpFile && formNameIs([]byte(phpName), name)
+	return goField || phpField, goField && phpField && goName == name && phpName == name
+}
+
+// phpDisposition reads a part's Content-Disposition as PHP's multipart
+// parser does (main/rfc1867.c): parameters separated by ';' outside quotes,
+// the disposition type not looked at, a parameter without '=' skipped, a
+// value in double or single quotes (a backslash escapes the quote or a
+// backslash) or up to white space, the last name and the last filename
+// winning, and no filename*. A part with a filename is a file.
+func phpDisposition(cd string) (name string, named, file bool) {
+	s := strings.TrimLeft(cd, phpSpace)
+	for s != "" {
+		var pair string
+		pair, s = phpWord(s, ';')
+		s = strings.TrimLeft(s, phpSpace)
+		if !strings.Contains(pair, "=") {
+			continue
+		}
+		key, val := phpWord(pair, '=')
+		switch {
+		case strings.EqualFold(key, "name"):
+			name, named = phpConfWord(val), true
+		case strings.EqualFold(key, "filename"):
+			file = true
+		}
+	}
+	return name, named, file
+}
+
+// phpSpace is C's isspace.
+const phpSpace = " \t\n\v\f\r"
+
+// phpWord is PHP's php_ap_getword: s up to the first stop outside quotes,
+// and what follows the run of stops there.
+func phpWord(s string, stop byte) (word, rest string) {
+	i := 0
+	for i < len(s) && s[i] != stop {
+		if q := s[i]; q == '"' || q == '\'' {
+			i++
+			for i < len(s) && s[i] != q {
+				if s[i] == '\\' && i+1 < len(s) && s[i+1] == q {
+					i += 2
+				} else {
+					i++
+				}
+			}
+			if i < len(s) {
+				i++
+			}
+			continue
+		}
+		i++
+	}
+	word, rest = s[:i], s[i:]
+	for rest != "" && rest[0] == stop {
+		rest = rest[1:]
+	}
+	return word, rest
+}
+
+// phpConfWord is PHP's php_ap_getword_conf: s without leading white space,
+// up to its closing quote if it starts with one (a backslash escaping the
+// quote or a backslash), else up to white space.
+func phpConfWord(s string) string {
+	s = strings.TrimLeft(s, phpSpace)
+	var quote byte
+	if s != "" && (s[0] == '"' || s[0] == '\'') {
+		quote, s = s[0], s[1:]
+	} else if i := strings.IndexAny(s, phpSpace); i >= 0 {
+		s = s[:i]
+	}
+	var b strings.Builder
+	for i := 0; i < len(s) && (quote == 0 || s[i] != quote); i++ {
+		if s[i] == '\\' && i+1 < len(s) && (s[i+1] == '\\' || quote != 0 && s[i+1] == quote) {
+			i++
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

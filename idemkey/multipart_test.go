@@ -119,3 +119,68 @@ func TestFormDataOrder(t *testing.T) {
 		t.Error("a part's header fields in another order: two fingerprints")
 	}
 }
+
+// rawFormData is a POST /payouts whose multipart/form-data body has one part
+// per pair of parts: its Content-Disposition as written, and its bytes.
+func rawFormData(parts ...string) Request {
+	var b bytes.Buffer
+	for i := 0; i+1 < len(parts); i += 2 {
+		b.WriteString("--x\r\nContent-Disposition: " + parts[i] + "\r\n\r\n" + parts[i+1] + "\r\n")
+	}
+	b.WriteString("--x--\r\n")
+	return Request{Method: "POST", Path: "/payouts", ContentType: "multipart/form-data; boundary=x", Body: b.Bytes()}
+}
+
+// PHP reads a part's Content-Disposition its own way (rfc1867.c): a value
+// in single quotes, any disposition type or none, a parameter without '=',
+// a name given twice (the last one wins), and no filename* (a part with only
+// filename* is a field to PHP, a file to Go's mime package). Such a part,
+// which PHP's $_POST['order_id'] reads, has the field for a PHP provider;
+// idemproxy, reading it with Go's mime.ParseMediaType, did not: a part with
+// only such a name had no key and was not unreadable (a random key for each
+// blind retry under IDEMPROXY_MISSING_KEY=generate, executed each time by a
+// PHP provider), and one beside a part Go reads gave the key of that part's
+// value, though PHP reads the last one (order MP-2 sent with MP-1 and then
+// with MP-3: two keys, executed twice). Now such a part is a spelling of the
+// field, as order.id is: alone it is unreadable, beside another value the
+// field has none, and the same value keeps the key.
+func TestFormDataAsPHPReadsIt(t *testing.T) {
+	srcs := mustSources(t, "form:order_id")
+	want := wantKey("POST", "/payouts", Source{Form, "order_id"}, "MP-1")
+	good := `form-data; name="order_id"`
+	for _, cd := range []string{
+		`form-data; name='order_id'`,
+		`inline; name="order_id"`,
+		`name="order_id"`,
+		`form-data; name="order_id"; v2`,
+		`form-data; name="x"; name="order_id"`,
+		`form-data; name="order_id"; filename*=UTF-8''id.txt`,
+	} {
+		for name, r := range map[string]Request{
+			"alone":                rawFormData(cd, "MP-2"),
+			"after another value":  rawFormData(good, "MP-1", cd, "MP-2"),
+			"before another value": rawFormData(cd, "MP-2", good, "MP-1"),
+		} {
+			if key, _, ok := Derive(srcs, r); ok {
+				t.Errorf("%s, %s: key %q, want none", cd, name, key)
+			}
+			if !Unreadable(srcs, r) {
+				t.Errorf("%s, %s: not unreadable", cd, name)
+			}
+		}
+		if key, _, ok := Derive(srcs, rawFormData(good, "MP-1", cd, "MP-1")); !ok || key != want {
+			t.Errorf("%s with the same value: key %q (%v), want %q", cd, key, ok, want)
+		}
+	}
+	// Parts that are no order_id to PHP either leave the key alone.
+	for _, cd := range []string{
+		`form-data; name='x'`,
+		`form-data; name="order_id"; filename="id.txt"`,
+		`form-data; name="order_id"; name="x"`,
+		`form-data; filename='id.txt'; name='order_id'`,
+	} {
+		if key, _, ok := Derive(srcs, rawFormData(good, "MP-1", cd, "MP-2")); !ok || key != want {
+			t.Errorf("%s beside the order: key %q (%v), want %q", cd, key, ok, want)
+		}
+	}
+}
