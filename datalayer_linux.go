@@ -27,8 +27,14 @@ func mountOf(dir string) (m mount, ok bool) {
 	if err != nil || rerr != nil {
 		return m, false
 	}
+	return mountIn(string(raw), path)
+}
+
+// mountIn is mountOf on the text of a mountinfo file, for a resolved
+// absolute path.
+func mountIn(mountinfo, path string) (m mount, ok bool) {
 	// "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw"
-	for _, line := range strings.Split(string(raw), "\n") {
+	for _, line := range strings.Split(mountinfo, "\n") {
 		fields := strings.Fields(line)
 		_, after, sep := strings.Cut(line, " - ")
 		if !sep || len(fields) < 5 {
@@ -58,20 +64,38 @@ func unescapeMountinfo(s string) string {
 // directory named by 64 hex digits.
 var anonymousVolume = regexp.MustCompile(`/volumes/[0-9a-f]{64}/_data$`)
 
-// dataDirPlace says where dir is when that place goes with its container:
-// "layer", the container's own writable layer (the root file system, an
-// overlay: kernel overlayfs, or fuse-overlayfs where Docker runs rootless or
-// on a file system overlayfs cannot stack on); "anonymous", a volume made
-// without a name; "" otherwise (a named volume, a bind mount, a host).
+// emptyDir matches the root of a Kubernetes emptyDir volume on the node's
+// disk: the kubelet's directory for it, which goes with the pod.
+var emptyDir = regexp.MustCompile(`/pods/[^/]+/volumes/kubernetes\.io~empty-dir/`)
+
+// dataDirPlace says where dir is when that place does not outlive its
+// process, container or pod: "layer", the container's own writable layer
+// (the root file system, an overlay: kernel overlayfs, or fuse-overlayfs
+// where Docker runs rootless or on a file system overlayfs cannot stack on);
+// "anonymous", a volume made without a name; "memory", a file system in
+// memory (tmpfs or ramfs: docker run --tmpfs, an emptyDir with medium
+// Memory, /dev/shm), gone at the next restart; "emptydir", a Kubernetes
+// emptyDir on the node's disk, gone when the pod is (a rolling update, a
+// node drain); "" otherwise (a named volume, a persistent volume, a bind
+// mount, a host's disk).
 func dataDirPlace(dir string) string {
 	m, ok := mountOf(dir)
-	switch {
-	case !ok:
+	if !ok {
 		return ""
+	}
+	return placeOf(m)
+}
+
+func placeOf(m mount) string {
+	switch {
 	case m.point == "/" && strings.Contains(m.fstype, "overlay"):
 		return "layer"
+	case m.fstype == "tmpfs" || m.fstype == "ramfs":
+		return "memory"
 	case anonymousVolume.MatchString(m.root):
 		return "anonymous"
+	case emptyDir.MatchString(m.root + "/"):
+		return "emptydir"
 	}
 	return ""
 }

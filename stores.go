@@ -57,7 +57,8 @@ func openStore(ctx context.Context, cfg config, set settings, m *metrics.Metrics
 // warnDataDirPlace warns of a data directory that goes with its container:
 // in the container's own writable layer (DATA_DIR set blank, so ./data in
 // the working directory, or a path no volume is mounted on), or on an
-// anonymous volume (docker run with no -v for the image's /data). The store
+// anonymous volume (docker run with no -v for the image's /data), in memory
+// (tmpfs), or on a Kubernetes emptyDir. The store
 // works there, but every stored answer is gone once the container is, and
 // the repeats of those orders reach the provider again.
 func warnDataDirPlace(dir string, log *slog.Logger) {
@@ -67,6 +68,10 @@ func warnDataDirPlace(dir string, log *slog.Logger) {
 		where = "in the container's own writable layer (the root overlay file system), not on a volume: every stored answer is lost when the container is removed or re-created"
 	case "anonymous":
 		where = "on an anonymous volume (docker run with no -v for it): the next container, after an upgrade or any docker rm and docker run, gets a new empty one, and docker run --rm or docker rm -v deletes it; every stored answer is lost with it"
+	case "memory":
+		where = "in memory (tmpfs or ramfs: docker run --tmpfs, a Kubernetes emptyDir with medium Memory, /dev/shm), not on a disk: every stored answer is lost at the next restart of the container or the machine"
+	case "emptydir":
+		where = "on a Kubernetes emptyDir volume, which is deleted with its pod: every stored answer is lost at the next rolling update, eviction or node drain"
 	default:
 		return
 	}
@@ -74,7 +79,7 @@ func warnDataDirPlace(dir string, log *slog.Logger) {
 		dir = abs
 	}
 	log.Warn("the data directory is "+where+", and repeats of those orders reach the provider again; "+
-		"mount a named volume on it, e.g. -v idemproxy-data:/data (the image's data directory)",
+		"mount a named volume on it, e.g. -v idemproxy-data:/data (the image's data directory), or in Kubernetes a PersistentVolumeClaim",
 		"variable", envPrefix+"DATA_DIR", "dir", dir)
 }
 

@@ -28,6 +28,7 @@ func TestImageWarnsOfADataDirInTheContainerLayer(t *testing.T) {
 		{"blank", []string{"-e", "IDEMPROXY_DATA_DIR="}, "/home/nonroot/data", "writable layer"},
 		{"no volume there", []string{"-e", "IDEMPROXY_DATA_DIR=/tmp/idemproxy"}, "/tmp/idemproxy", "writable layer"},
 		{"anonymous volume", []string{"--read-only"}, "/data", "anonymous volume"},
+		{"tmpfs on /data", []string{"--read-only", "--tmpfs", "/data:rw,mode=1777"}, "/data", "in memory"},
 		{"named volume on /data", []string{"--read-only", "-v", volume(t) + ":/data"}, "", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
