@@ -91,6 +91,15 @@ func TestClassifyExhausted(t *testing.T) {
 			http.StatusGatewayTimeout, []string{"may be unknown"}, []string{"nothing was sent"}},
 		{"unreachable", retry.ExhaustedError{Attempts: 2, NotSent: true},
 			http.StatusBadGateway, []string{"could not be reached", "nothing was sent"}, []string{"unknown"}},
+		// Held by the provider's Retry-After pause or the outbound rate
+		// limit past the budget: nothing left, but the upstream was not
+		// unreachable, and saying so sent operators after the network.
+		{"held at the gate, never sent", retry.ExhaustedError{NotSent: true, Timeout: true, Err: fmt.Errorf("ratelimit: paused for 59s: %w", ratelimit.ErrDeadline)},
+			http.StatusBadGateway, []string{"rate limit", "Retry-After", "nothing was sent"}, []string{"could not be reached", "unknown"}},
+		{"unreachable, then held at the gate", retry.ExhaustedError{Attempts: 1, NotSent: true, Err: fmt.Errorf("ratelimit: wait 16m40s: %w", ratelimit.ErrDeadline)},
+			http.StatusBadGateway, []string{"rate limit", "nothing was sent"}, []string{"could not be reached", "unknown"}},
+		{"resumed unknown, held at the gate", retry.ExhaustedError{NotSent: true, Timeout: true, Unknown: true, Err: fmt.Errorf("ratelimit: paused for 59s: %w", ratelimit.ErrDeadline)},
+			http.StatusBadGateway, []string{"rate limit", "may be unknown"}, []string{"could not be reached", "nothing was sent"}},
 		{"resumed unknown, unreachable", retry.ExhaustedError{Attempts: 2, NotSent: true, Unknown: true},
 			http.StatusBadGateway, []string{"could not be reached", "may be unknown"}, []string{"nothing was sent"}},
 		{"shutdown, never sent", retry.ExhaustedError{NotSent: true, Timeout: true, Err: ratelimit.ErrClosed},

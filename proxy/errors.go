@@ -304,6 +304,11 @@ func exhaustedMessage(ex *retry.ExhaustedError, closing bool) string {
 	switch {
 	case closing:
 		why = "idemproxy is shutting down before the next attempt"
+	case ex.NotSent && errors.Is(ex.Err, ratelimit.ErrDeadline):
+		// The last attempt never left: the provider's pause or the
+		// outbound rate limit held it past the budget. The upstream was
+		// not unreachable, and saying so sends operators after the network.
+		why = "the request was held by the provider's Retry-After pause or the outbound rate limit past its retry budget"
 	case ex.NotSent:
 		why = "upstream could not be reached"
 	case ex.NotActed:
