@@ -4,6 +4,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -608,7 +609,12 @@ func (h *Handler) serveProtected(w http.ResponseWriter, r *http.Request, tenant 
 		kr.Generation = gen
 		next, _, derived := parsed.Derive(kr)
 		if _, sent, _ := idemkey.FromHeader(r.Header); sent || rule.Policy != routes.Key || !derived {
+			// The key stays this generation's: its answer is replayed to
+			// the same request only, as for any final record (obtain).
 			res, err = result{resp: sup.rec.Response, replayed: true}, nil
+			if !bytes.Equal(sup.rec.Fingerprint, fp[:]) {
+				err = ErrConflict
+			}
 			break
 		}
 		id.Key, sum.Key, sum.UpstreamKey = next, next, h.upstreamKey(tenant, next)
