@@ -106,18 +106,19 @@ func TestLostLeaseLogsTheAttemptsMade(t *testing.T) {
 	var found bool
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		var l struct {
-			Level, Msg, Key string
-			Attempts        *int
+			Level, Msg, Key, Reason string
+			Attempts                *int
 		}
 		if json.Unmarshal([]byte(line), &l) != nil || l.Key != id.Key || l.Attempts == nil {
 			continue
 		}
-		if l.Level == "WARN" && *l.Attempts == 1 && strings.Contains(l.Msg, "lease") && strings.Contains(l.Msg, "same key") {
+		if l.Level == "WARN" && *l.Attempts == 1 && strings.Contains(l.Msg, "lease") && strings.Contains(l.Msg, "same key") &&
+			strings.Contains(l.Reason, "took the key over") {
 			found = true
 		}
 	}
 	if !found {
-		t.Errorf("no WARN line naming the key, 1 attempt, the lost lease and the resume with the same key:\n%s", logs.String())
+		t.Errorf("no WARN line naming the key, 1 attempt, the lost lease, that another replica took it over and the resume with the same key:\n%s", logs.String())
 	}
 }
 
@@ -137,4 +138,46 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// renewFails is a real store whose lease renewals never reach it.
+type renewFails struct{ proxy.Store }
+
+func (renewFails) Renew(context.Context, store.ID, string, time.Duration) error {
+	return store.ErrUnavailable
+}
+
+// TestLeaseRanOutLogsWhy: no renewal reached the store for a whole lease
+// (the replica cut off from its database) while the provider held the
+// attempt: the attempt is cut and the request answered in progress, as for
+// a lease taken over, but nobody has taken the key over yet. The line
+// saying the lease was lost must say so, not that another replica took it.
+func TestLeaseRanOutLogsWhy(t *testing.T) {
+	var logs lockedBuffer
+	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) {
+		o.Lease = 300 * time.Millisecond
+		o.Store = renewFails{o.Store}
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	e.prov.hold = make(chan struct{})
+	defer close(e.prov.hold)
+	e.prov.entered = make(chan string, 1)
+	first := e.goSend("POST", "/v1/payments", order)
+	key := <-e.prov.entered
+	if a := <-first; a.err != nil || a.status != http.StatusConflict {
+		t.Fatalf("answer after the lease ran out: %d %s %v, want 409", a.status, a.body, a.err)
+	}
+	var found bool
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var l struct{ Msg, Key, Reason string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Key == key && strings.Contains(l.Msg, "lease lost mid-operation") {
+			found = true
+			if !strings.Contains(l.Reason, "ran out") || strings.Contains(l.Reason, "took the key over") {
+				t.Errorf("lost lease logged with reason %q, want that it ran out with no renewal reaching the store", l.Reason)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no 'lease lost mid-operation' line for the key:\n%s", logs.String())
+	}
 }

@@ -305,10 +305,14 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 		return h.roundTrip(ctx, r, upstreamKey, body, resend, call)
 	})
 	if lost { // the new owner answers the app's retry; this one may not write
-		h.opt.Logger.Warn("lease lost mid-operation: another replica took the key over and resumes it with the same key; "+
-			"this one stopped its attempts and stored nothing, the app answered in progress",
+		why := "another replica took the key over" // l.taken is settled: leased has stopped the renewals
+		if !l.taken {
+			why = "the lease ran out with no renewal reaching the store; another replica may take the key over"
+		}
+		h.opt.Logger.Warn("lease lost mid-operation: this replica stopped its attempts and stored nothing, the app answered in progress; "+
+			"the replica that takes the key over resumes it with the same key",
 			"method", r.Method, "path", r.URL.Path, "key", id.Key, "attempts", res.report.Attempts,
-			"first_sent_at", res.report.FirstSentAt)
+			"first_sent_at", res.report.FirstSentAt, "reason", why)
 		return result{err: leaseLost{busy: h.inProgress, attempts: res.report.Attempts}}
 	}
 	if o, unknown := unknownOutcome(res); unknown {
