@@ -60,6 +60,47 @@ func checkShape(r *http.Request) error {
 	return nil
 }
 
+// ignoreH2CUpgrade returns r without an offer to upgrade to HTTP/2 over
+// cleartext (Upgrade: h2c, HTTP2-Settings, and their Connection tokens),
+// which Java's java.net.http.HttpClient sends by default on an http:// URL
+// (curl --http2 too). The offer is optional: a server that does not take it
+// answers over HTTP/1.1 (RFC 9110 §7.8), as net/http does; refused, every
+// request of such an app failed with 400 upgrade_not_supported. It must not
+// reach the provider either, which could switch the connection to a
+// protocol idemproxy does not read. Any other upgrade (a websocket, h2c
+// offered with another protocol) is left for checkShape to refuse. r itself
+// is not modified; it is returned when it offers no h2c upgrade.
+func ignoreH2CUpgrade(r *http.Request) *http.Request {
+	ups := r.Header.Values("Upgrade")
+	if len(ups) == 0 {
+		return r
+	}
+	for _, v := range ups {
+		for tok := range strings.SplitSeq(v, ",") {
+			if !strings.EqualFold(strings.TrimSpace(tok), "h2c") {
+				return r
+			}
+		}
+	}
+	out := r.WithContext(r.Context())
+	out.Header = r.Header.Clone()
+	out.Header.Del("Upgrade")
+	out.Header.Del("Http2-Settings")
+	var conn []string
+	for _, v := range out.Header.Values("Connection") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if t := strings.TrimSpace(tok); t != "" && !strings.EqualFold(t, "Upgrade") && !strings.EqualFold(t, "HTTP2-Settings") {
+				conn = append(conn, t)
+			}
+		}
+	}
+	out.Header.Del("Connection")
+	if len(conn) > 0 {
+		out.Header.Set("Connection", strings.Join(conn, ", "))
+	}
+	return out
+}
+
 // keepEscapes returns r with a URL whose escaped path is the app's, the
 // bytes a path may not hold as they are escaped. When the request line's
 // path holds one (raw UTF-8, "|", "{", '"'), url.URL.EscapedPath drops

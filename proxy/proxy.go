@@ -289,7 +289,7 @@ func (h *Handler) graceIsOver() bool {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sum := newSummary(r, h.opt.Now())
 	defer h.done(sum)
-	r = keepEscapes(r)
+	r = ignoreH2CUpgrade(keepEscapes(r))
 	if err := checkShape(r); err != nil {
 		h.echoProtectedKey(w, r)
 		if err == ErrFraming {
