@@ -84,11 +84,11 @@ func (h *Handler) obtain(r *http.Request, id store.ID, upstreamKey *string, fp, 
 			if held {
 				// Not free: its operation was in flight for another
 				// request (here or on another replica), and may still run.
-				h.opt.Logger.Error("claiming the key in the store failed while waiting for its operation in flight elsewhere; nothing sent by this request, the operation may be running or done",
+				h.opt.Logger.Error("claiming the key in the store failed while waiting for its operation in flight elsewhere; nothing sent by this request, the operation may be running or done: the app's retry with the same key gets its result once the store answers (/readyz says why it does not)",
 					"method", r.Method, "path", r.URL.Path, "key", id.Key, "err", err)
 				return result{}, storeErrorWaiting{err}
 			}
-			h.opt.Logger.Error("claiming the key in the store failed; nothing sent, key left free",
+			h.opt.Logger.Error("claiming the key in the store failed; nothing sent, key left free: the app's retry proceeds once the store takes writes again (/readyz says why it does not)",
 				"method", r.Method, "path", r.URL.Path, "key", id.Key, "err", err)
 			return result{}, storeError{err}
 		}
@@ -348,7 +348,8 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 			"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status)
 	}
 	if err := h.opt.Store.Abandon(ctx, id, owner); err != nil {
-		h.opt.Logger.Error("releasing in-flight record failed", "err", err)
+		h.opt.Logger.Error("releasing in-flight record failed: its record stays in flight until its lease ends or the next start (PostgreSQL releases it once the database answers), then the app's retry with the same key resumes it; /readyz says why the store refused",
+			"method", r.Method, "path", r.URL.Path, "key", id.Key, "err", err)
 	}
 	return res
 }
@@ -370,7 +371,7 @@ func (h *Handler) unstored(ctx context.Context, r *http.Request, id store.ID, ow
 			"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status, "err", err)
 		return out
 	}
-	h.opt.Logger.Error("storing the final response failed after the upstream answered; keeping the operation as unknown",
+	h.opt.Logger.Error("storing the final response failed after the upstream answered; keeping the operation as unknown: it may have run, and the app's retry with the same key resumes it (the status probe, or the same key sent again), never a new key; /readyz says why the store refused",
 		"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status, "err", err)
 	o := store.Outcome{
 		FirstSentAt: res.report.FirstSentAt,
@@ -425,7 +426,7 @@ func lastBody(b []byte) []byte {
 // in for its first send.
 func (h *Handler) park(ctx context.Context, r *http.Request, id store.ID, owner string, o store.Outcome) {
 	if err := h.opt.Store.Park(ctx, id, owner, o); err != nil {
-		h.opt.Logger.Error("keeping an operation whose outcome is unknown failed",
+		h.opt.Logger.Error("keeping an operation whose outcome is unknown failed: its record stays in flight and the operation may have run; the app's retry with the same key is answered in progress until the record's lease ends or the next start, then resumes it as unknown (PostgreSQL parks it once the database answers); /readyz says why the store refused",
 			"method", r.Method, "path", r.URL.Path, "key", id.Key, "err", err)
 		return
 	}
