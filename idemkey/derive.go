@@ -181,8 +181,12 @@ func (st *state) mentions(s Source, r Request) Reason {
 		st.json.reset(body, false)
 		return reasonIf(st.json.document() != nil && containsFold(body, lastSegment(s.Name)), ReasonOther)
 	case Form:
-		if boundary, ok := formDataBoundary(r.ContentType); ok {
-			return reasonIf(formDataMentions(r.Body, boundary, s.Name), ReasonOther)
+		// PHP may find a boundary where Go finds none or another, and
+		// reads a body cut short (phpBoundary, formParts).
+		boundary, ok := formDataBoundary(r.ContentType)
+		if pb, pok := phpBoundary(r.ContentType); ok || pok {
+			return reasonIf(ok && formDataMentions(r.Body, boundary, s.Name) ||
+				pok && pb != boundary && formDataMentions(r.Body, pb, s.Name), ReasonOther)
 		}
 		if !isFormType(r.ContentType) && (r.ContentType != "" || firstNonSpace(bytes.TrimPrefix(r.Body, utf8BOM)) == '{') {
 			return ReasonNone
@@ -335,6 +339,9 @@ func (st *state) value(s Source, r Request) ([]byte, bool) {
 		return st.json.lookup(body, s.Name)
 	case Form:
 		if boundary, ok := formDataBoundary(r.ContentType); ok {
+			if pb, pok := phpBoundary(r.ContentType); pok && pb != boundary && formDataMentions(r.Body, pb, s.Name) {
+				return nil, false // PHP reads its parts under another boundary
+			}
 			var found bool
 			st.val, found = formDataValue(st.val, r.Body, boundary, s.Name)
 			return st.val, found

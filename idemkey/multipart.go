@@ -29,6 +29,46 @@ func formDataBoundary(contentType string) (boundary string, ok bool) {
 	return params["boundary"], true
 }
 
+// phpBoundary returns the boundary PHP's multipart parser takes from a
+// Content-Type (main/rfc1867.c, rfc1867_post_handler): for a media type
+// that is multipart/form-data up to the first ';', ',' or space, the text
+// after the '=' that follows the first "boundary" (as written, else in any
+// letter case), up to its closing quote if it starts with one, else up to
+// ';' or ','. Go's mime package reads a Content-Type with a parameter it
+// cannot parse ("boundary=x; v2") or a comma before the parameters as none,
+// and "xboundary=y; boundary=x" as boundary x, where PHP reads y.
+func phpBoundary(contentType string) (string, bool) {
+	mt := contentType
+	if i := strings.IndexAny(mt, ";, "); i >= 0 {
+		mt = mt[:i]
+	}
+	if !strings.EqualFold(mt, mimeFormData) {
+		return "", false
+	}
+	i := strings.Index(contentType, "boundary")
+	if i < 0 {
+		i = strings.Index(strings.ToLower(contentType), "boundary")
+	}
+	if i < 0 {
+		return "", false
+	}
+	eq := strings.IndexByte(contentType[i:], '=')
+	if eq < 0 {
+		return "", false
+	}
+	b := contentType[i+eq+1:]
+	if strings.HasPrefix(b, `"`) {
+		end := strings.IndexByte(b[1:], '"')
+		if end < 0 {
+			return "", false
+		}
+		b = b[1 : 1+end]
+	} else if end := strings.IndexAny(b, ";,"); end >= 0 {
+		b = b[:end]
+	}
+	return b, b != ""
+}
+
 // formPart is one part of a multipart/form-data body as it came: its header
 // and its bytes (not decoded, whatever its Content-Transfer-Encoding says).
 type formPart struct {
@@ -38,7 +78,8 @@ type formPart struct {
 
 // formParts splits a multipart/form-data body into its parts, in order;
 // ok is false when it does not parse (a missing closing boundary
-// included).
+// included), and parts are then those read before the error, the last one
+// with the bytes read of it (PHP registers the fields of a body cut short).
 func formParts(body []byte, boundary string) (parts []formPart, ok bool) {
 	r := multipart.NewReader(bytes.NewReader(body), boundary)
 	for {
@@ -47,13 +88,13 @@ func formParts(body []byte, boundary string) (parts []formPart, ok bool) {
 			return parts, true
 		}
 		if err != nil {
-			return nil, false
+			return parts, false
 		}
 		data, err := io.ReadAll(p)
-		if err != nil {
-			return nil, false
-		}
 		parts = append(parts, formPart{header: p.Header, data: data})
+		if err != nil {
+			return parts, false
+		}
 	}
 }
 

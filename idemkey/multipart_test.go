@@ -184,3 +184,44 @@ func TestFormDataAsPHPReadsIt(t *testing.T) {
 		}
 	}
 }
+
+// PHP finds a multipart body's boundary its own way (rfc1867.c): after the
+// first "boundary" in the Content-Type, up to ';' or ',' (or the closing
+// quote), whatever else the value holds; and it registers the fields it
+// read before a body's end that lacks the closing line. Go's mime package
+// refuses a Content-Type with a parameter it cannot parse, and
+// mime/multipart a body cut short. Such a form, whose order_id PHP's
+// $_POST reads, had no key and was not unreadable (a random key for each
+// blind retry under IDEMPROXY_MISSING_KEY=generate, executed each time by a
+// PHP provider); one whose Content-Type gives PHP another boundary than Go
+// ("xboundary=y; boundary=x") had the key of the order Go reads, though
+// PHP reads another. Now each is unreadable.
+func TestFormDataBoundaryAsPHPReadsIt(t *testing.T) {
+	srcs := mustSources(t, "form:order_id")
+	part := func(boundary, value string) string {
+		return "--" + boundary + "\r\nContent-Disposition: form-data; name=\"order_id\"\r\n\r\n" + value + "\r\n"
+	}
+	whole := part("x", "MP-1") + "--x--\r\n"
+	for name, r := range map[string]Request{
+		"a parameter Go cannot parse": {Method: "POST", Path: "/payouts", ContentType: "multipart/form-data; boundary=x; v2", Body: []byte(whole)},
+		"a comma before the boundary": {Method: "POST", Path: "/payouts", ContentType: "multipart/form-data, boundary=x", Body: []byte(whole)},
+		"no closing line":             {Method: "POST", Path: "/payouts", ContentType: "multipart/form-data; boundary=x", Body: []byte(part("x", "MP-1"))},
+		"another boundary to PHP": {Method: "POST", Path: "/payouts", ContentType: "multipart/form-data; xboundary=y; boundary=x",
+			Body: []byte(part("y", "MP-2") + "--y--\r\n" + whole)},
+	} {
+		if key, _, ok := Derive(srcs, r); ok {
+			t.Errorf("%s: key %q, want none", name, key)
+		}
+		if !Unreadable(srcs, r) {
+			t.Errorf("%s: not unreadable", name)
+		}
+	}
+	// The boundary as PHP and Go both read it, also quoted, keeps the key.
+	want := wantKey("POST", "/payouts", Source{Form, "order_id"}, "MP-1")
+	for _, ct := range []string{"multipart/form-data; boundary=x", `multipart/form-data; boundary="x"`, "multipart/form-data; boundary=x; charset=utf-8"} {
+		r := Request{Method: "POST", Path: "/payouts", ContentType: ct, Body: []byte(whole)}
+		if key, _, ok := Derive(srcs, r); !ok || key != want {
+			t.Errorf("%s: key %q (%v), want %q", ct, key, ok, want)
+		}
+	}
+}
