@@ -87,6 +87,7 @@ type config struct {
 
 	StatusProbe          string        `env:"STATUS_PROBE" doc:"provider lookup sent before re-sending an operation whose outcome is unknown: METHOD PATH [BODY] with {idempotency_key}, {req.<dotted.path>}, {resp.<dotted.path>}, e.g. GET /payments/{resp.payment_id}; empty = none"`
 	StatusProbeRoutes    string        `env:"STATUS_PROBE_ROUTES" doc:"the operations STATUS_PROBE looks up: METHOD PATH rules separated by ; (* is one path segment, as in ROUTES), e.g. POST /payments; others are re-sent with the same key; empty = every operation"`
+	StatusProbeNotFound  string        `env:"STATUS_PROBE_NOT_FOUND_CODES" doc:"comma list of the error codes (at error.code or code of a JSON body) by which the provider answers STATUS_PROBE 404 for an operation it does not have (payouts: payout.not_found); only such an answer means not executed, any other 404 (a gateway's, another code) leaves the outcome unknown; empty = no answer does"`
 	ProviderKeyRetention time.Duration `env:"PROVIDER_KEY_RETENTION" envDefault:"0" doc:"how long the provider keeps idempotency keys (payments: 48h); an unknown operation first sent longer ago is never re-sent blindly; 0 = forever"`
 
 	LogLevel      string        `env:"LOG_LEVEL" envDefault:"info" doc:"debug, info, warn or error"`
@@ -107,6 +108,7 @@ type settings struct {
 	policy       retry.Policy
 	probe        *probe.Template // nil: no status probe
 	probeFor     routes.Table    // the operations the probe is for; no rules: all
+	notFound     []string        // the probe's 404 codes that mean "no such operation"
 	adminToken   string          // empty: admin API open
 	storeURL     string          // empty: Badger
 }
@@ -350,6 +352,9 @@ func (c *config) settings() (settings, error) {
 	if s.probeFor, err = probeRoutes(c.StatusProbeRoutes); err != nil {
 		return s, bad("STATUS_PROBE_ROUTES", err)
 	}
+	if s.notFound, err = notFoundCodes(c.StatusProbeNotFound); err != nil {
+		return s, bad("STATUS_PROBE_NOT_FOUND_CODES", err)
+	}
 	if s.storeURL, err = c.storeURL(); err != nil {
 		return s, err
 	}
@@ -381,6 +386,24 @@ func (c *config) checkTokensApart(s settings) error {
 		}
 	}
 	return nil
+}
+
+// notFoundCodes parses STATUS_PROBE_NOT_FOUND_CODES: a comma list of error
+// codes. A status ("404 payout.not_found") or a space in one is refused: the
+// codes are matched whole, and such an entry would never match.
+func notFoundCodes(s string) ([]string, error) {
+	var out []string
+	for code := range strings.SplitSeq(s, ",") {
+		code = strings.TrimSpace(code)
+		if code == "" {
+			continue
+		}
+		if strings.ContainsAny(code, " \t\"{}") {
+			return nil, fmt.Errorf("%q: want a comma list of error codes as the provider writes them, e.g. payout.not_found", code)
+		}
+		out = append(out, code)
+	}
+	return out, nil
 }
 
 // probeRoutes parses STATUS_PROBE_ROUTES: ROUTES rules without a policy.
@@ -1053,6 +1076,9 @@ func ineffective(cfg config, environ []string) []noEffect {
 	if set("STATUS_PROBE_ROUTES") && cfg.StatusProbe == "" {
 		out = append(out, noEffect{envPrefix + "STATUS_PROBE_ROUTES", "no " + envPrefix + "STATUS_PROBE: no lookup is sent; " +
 			"an operation whose outcome is unknown is re-sent with the same key"})
+	}
+	if set("STATUS_PROBE_NOT_FOUND_CODES") && cfg.StatusProbe == "" {
+		out = append(out, noEffect{envPrefix + "STATUS_PROBE_NOT_FOUND_CODES", "no " + envPrefix + "STATUS_PROBE: no lookup is sent"})
 	}
 	if set("STORE_LEASE") && cfg.StoreURL == "" && cfg.StoreURLFile == "" {
 		out = append(out, noEffect{envPrefix + "STORE_LEASE", "no " + envPrefix + "STORE_URL: the embedded store has one process, no replica to take over"})

@@ -47,6 +47,7 @@ func TestConfigBounds(t *testing.T) {
 		{"GET probe with a body", []string{`IDEMPROXY_STATUS_PROBE=GET /payments/search {"order_id":"{req.order_id}"}`, "IDEMPROXY_DATA_DIR=/dev/null/x"}, []string{"IDEMPROXY_STATUS_PROBE", "has no body"}},
 		{"probe routes with a policy", []string{"IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments=unprotected"}, []string{"IDEMPROXY_STATUS_PROBE_ROUTES", "no =POLICY"}},
 		{"probe routes without a path", []string{"IDEMPROXY_STATUS_PROBE_ROUTES=POST payments"}, []string{"IDEMPROXY_STATUS_PROBE_ROUTES", "must start with /"}},
+		{"probe not-found code with a status", []string{"IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES=404 payout.not_found"}, []string{"IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES", "comma list of error codes"}},
 		{"same listen and admin address", []string{"IDEMPROXY_LISTEN_ADDR=:8080", "IDEMPROXY_ADMIN_ADDR=:8080"}, []string{"IDEMPROXY_LISTEN_ADDR", "IDEMPROXY_ADMIN_ADDR"}},
 		// These once started, opened the store, and stopped with status 1
 		// and "listen bogus: ...", naming no variable.
@@ -428,7 +429,7 @@ func TestBinaryWarnsOfSettingsWithoutEffect(t *testing.T) {
 	p := launch(t, launchSpec{env: baseEnv("http://127.0.0.1:1", t.TempDir(),
 		"IDEMPROXY_RATE_BURST=20", "IDEMPROXY_RETRY_BUDGET=10s", "IDEMPROXY_ATTEMPT_TIMEOUT=30s",
 		"IDEMPROXY_KEY_SECRET="+secret, "IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s",
-		"IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments")})
+		"IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments", "IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES=payout.not_found")})
 	for name, because := range map[string]string{
 		"IDEMPROXY_RATE_BURST":      "IDEMPROXY_RATE_LIMIT is 0",
 		"IDEMPROXY_ATTEMPT_TIMEOUT": "IDEMPROXY_RETRY_BUDGET (10s)",
@@ -436,7 +437,8 @@ func TestBinaryWarnsOfSettingsWithoutEffect(t *testing.T) {
 		"IDEMPROXY_CLIENT_HEADER":   "IDEMPROXY_CLIENT_TOKENS",
 		"IDEMPROXY_STORE_LEASE":     "IDEMPROXY_STORE_URL",
 		// Once started without a word: no lookup was ever sent.
-		"IDEMPROXY_STATUS_PROBE_ROUTES": "IDEMPROXY_STATUS_PROBE",
+		"IDEMPROXY_STATUS_PROBE_ROUTES":          "IDEMPROXY_STATUS_PROBE",
+		"IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES": "IDEMPROXY_STATUS_PROBE",
 	} {
 		line := p.waitLine(t, `"variable":"`+name+`"`)
 		if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, "no effect") || !strings.Contains(jsonField(line, "because"), because) {
@@ -452,12 +454,14 @@ func TestBinaryWarnsOfSettingsWithoutEffect(t *testing.T) {
 		"IDEMPROXY_RETRY_BUDGET=1m", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_CLIENT_TOKENS=app=0123456789abcdef",
 		"IDEMPROXY_KEY_SECRET=key-secret-0123456789", "IDEMPROXY_CLIENT_HEADER=X-App-Token",
 		"IDEMPROXY_STORE_URL=postgres://u@127.0.0.1:1/db", "IDEMPROXY_STORE_LEASE=30s",
-		"IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}", "IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments"})
+		"IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}", "IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments",
+		"IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES=payment_not_found"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := ineffective(cfg, []string{"IDEMPROXY_RATE_BURST=20", "IDEMPROXY_ATTEMPT_TIMEOUT=30s", "IDEMPROXY_KEY_SECRET=key-secret-0123456789",
-		"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s", "IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments"}); len(got) != 0 {
+		"IDEMPROXY_CLIENT_HEADER=X-App-Token", "IDEMPROXY_STORE_LEASE=30s", "IDEMPROXY_STATUS_PROBE_ROUTES=POST /payments",
+		"IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES=payment_not_found"}); len(got) != 0 {
 		t.Errorf("settings in effect reported: %v", got)
 	}
 }

@@ -224,7 +224,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		MaxConns:         lim.upstreamConns,
 	}
 	if set.probe != nil {
-		chain.Prober = &probe.Lookup{Template: set.probe, Base: set.upstream, For: set.probeFor}
+		chain.Prober = &probe.Lookup{Template: set.probe, Base: set.upstream, For: set.probeFor, NotFoundCodes: set.notFound}
 	}
 	attempts, err := upstream.New(chain)
 	if err != nil {

@@ -32,6 +32,10 @@ var presets = map[string]map[string]string{
 		"ROUTES":            "POST /v1/payout/info=unprotected; POST /v1/payment/info=unprotected",
 		"INPROGRESS_STATUS": "409",
 		"INPROGRESS_CODE":   "idempotency.in_progress",
+		// Its lookup (POST /v1/payout/info, no probe by default) answers an
+		// order it never created "404 payout.not_found": only that is "not
+		// executed", for an operator who adds the lookup.
+		"STATUS_PROBE_NOT_FOUND_CODES": "payout.not_found",
 	},
 	// Payments: a new X-Nonce per attempt and a hex HMAC over method, path,
 	// timestamp, nonce, key and the body's SHA-256; every POST carries a key
@@ -55,6 +59,11 @@ var presets = map[string]map[string]string{
 		// The lookup says whether a payment exists, so it resolves only
 		// the creation of one: a refund's 504 may name its payment too.
 		"STATUS_PROBE_ROUTES": "POST /payments",
+		// No STATUS_PROBE_NOT_FOUND_CODES: the provider documents no answer
+		// for a payment it does not have, and the 504 the lookup is filled
+		// from names a payment it created; a 404 leaves the outcome
+		// unknown (re-sent with the same key within the 48 h, refused
+		// after).
 	},
 	// Cards: a new signature ("new time") per retry; timeouts, any 5xx, 503
 	// maintenance and 429 are retried with the same key, 4xx business codes

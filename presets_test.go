@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,12 @@ func TestPresetSettings(t *testing.T) {
 	cfg, po, err := loadEnv(t, "IDEMPROXY_PRESET=payouts")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Only the answer each seed documents for an operation the provider
+	// does not have means "not executed": payouts' 404 payout.not_found;
+	// the payments provider documents none.
+	if !slices.Equal(po.notFound, []string{"payout.not_found"}) || len(pay.notFound) != 0 {
+		t.Errorf("probe not-found codes: payouts %q, payments %q; want [payout.not_found] and none", po.notFound, pay.notFound)
 	}
 	if cfg.InProgressCode != "idempotency.in_progress" || !po.policy.Codes["payout.funds_maturing"] {
 		t.Errorf("payouts: in-progress %q, codes %v", cfg.InProgressCode, po.policy.Codes)

@@ -151,6 +151,7 @@ type retentionCase struct {
 func retentionCases(retention time.Duration) []retentionCase {
 	env := []string{"IDEMPROXY_RETRY_MAX_ATTEMPTS=1", "IDEMPROXY_RETRY_BASE_DELAY=10ms", "IDEMPROXY_RETRY_MAX_DELAY=50ms",
 		"IDEMPROXY_RETRY_BUDGET=5s", "IDEMPROXY_ATTEMPT_TIMEOUT=2s", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}",
+		"IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES=payment_not_found", // the sandbox's answer for a payment it does not have
 		"IDEMPROXY_PROVIDER_KEY_RETENTION=" + retention.String()}
 	return []retentionCase{
 		{"one replica, Badger", func(t *testing.T, upstream string) (*opsProc, *opsProc) {

@@ -216,7 +216,8 @@ func TestProbeNotFoundResendsWithSameKey(t *testing.T) {
 	defer up.Close()
 	gw.set(1, false, "pay_never_made") // 504 from the gateway; the provider never saw it
 	p := launch(t, launchSpec{env: unknownEnv(up.URL, t.TempDir(),
-		"IDEMPROXY_RETRY_MAX_ATTEMPTS=3", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}")})
+		"IDEMPROXY_RETRY_MAX_ATTEMPTS=3", "IDEMPROXY_STATUS_PROBE=GET /payments/{resp.payment_id}",
+		"IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES=payment_not_found")})
 
 	r := send(t, "POST", "http://"+p.proxy+"/payments", paymentBody)
 	if r.status != http.StatusCreated || r.header.Get("Idemproxy-Reconciled") != "" {

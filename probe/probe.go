@@ -22,6 +22,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/idemproxy/idemproxy/idemkey"
@@ -409,6 +410,34 @@ type Lookup struct {
 	// and its 2xx must not become the result of a refund whose 504 named the
 	// payment. The zero Table: every operation.
 	For routes.Table
+	// NotFoundCodes are the business codes by which the provider says, in a
+	// 404, that it has no such operation (IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES,
+	// payouts: payout.not_found), read at error.code or code of a JSON body.
+	// Only such an answer means the operation did not happen; none: no answer
+	// does.
+	NotFoundCodes []string
+}
+
+// NotFound reports whether a probe's answer is the provider's own "no such
+// operation": a 404 whose JSON body carries one of NotFoundCodes at
+// error.code (or code). A gateway's or load balancer's 404 (an HTML page, a
+// route it does not know) and a 404 for another reason (another code, no
+// code) say nothing of the operation, which may have run: it stays unknown.
+func (l *Lookup) NotFound(status int, body []byte) bool {
+	if status != http.StatusNotFound || len(l.NotFoundCodes) == 0 {
+		return false
+	}
+	var top, inner map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return false
+	}
+	var code string
+	if json.Unmarshal(top["error"], &inner) != nil || json.Unmarshal(inner["code"], &code) != nil {
+		if json.Unmarshal(top["code"], &code) != nil {
+			return false
+		}
+	}
+	return code != "" && slices.Contains(l.NotFoundCodes, code)
 }
 
 // Covers reports whether the lookup is for the operation req, whose URL is

@@ -64,9 +64,10 @@ type Transport struct {
 	// Prober, if set, builds the status lookup sent before re-sending a
 	// protected request whose outcome is unknown (after a timeout, a broken
 	// connection or a 5xx such as 504, or when the request resumes such an
-	// operation, see [Call.Resume]): a 2xx answer is the final answer, marked
-	// [ReconciledHeader]; a 404 means the operation did not happen. Nil
-	// means no probe: the request is re-sent with the same key.
+	// operation, see [Call.Resume]): a 2xx answer about the operation is the
+	// final answer, marked [ReconciledHeader]; only the provider's own "no
+	// such operation" (see [Prober]) means it did not happen. Nil means no
+	// probe: the request is re-sent with the same key.
 	Prober Prober
 	// KeyRetention is how long the provider keeps idempotency keys. An
 	// operation whose outcome is unknown and that was first sent longer ago
@@ -182,7 +183,7 @@ type sequence struct {
 	// took, and a takeover's (the claim time, created_at) read a few
 	// milliseconds before the record was created.
 	resumedSent time.Time
-	sentAnew    bool   // the status probe said the operation had not happened (404): firstSent is of a send after it
+	sentAnew    bool   // the status probe said the operation had not happened (the provider's not-found): firstSent is of a send after it
 	unknown     bool   // the provider may have acted on an attempt whose answer was lost
 	lastBody    []byte // the body of the last ambiguous answer, for the probe
 	// The record store's clock (Call.Store), and the Transport's time when

@@ -1,10 +1,16 @@
 package retry
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math/big"
 	"net/http"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/idemproxy/idemproxy/idemkey"
@@ -30,6 +36,13 @@ var ErrKeyExpired = errors.New("retry: the provider may have forgotten the key o
 // Covers(req *http.Request) bool (IDEMPROXY_STATUS_PROBE_ROUTES); an
 // operation it does not cover is handled as with no Prober: not looked up,
 // not reported to OnProbe.
+//
+// A 404 says the operation did not happen only when the Prober also has
+// NotFound(status int, body []byte) bool and it says so of the answer (the
+// provider's documented answer for an unknown operation, such as 404
+// payout.not_found): a 404 from a gateway or load balancer in between (a
+// wrong route, an HTML page) or one for another reason says nothing of the
+// operation. Without that method no answer means "not found".
 type Prober interface {
 	Lookup(ctx context.Context, req *http.Request, body, last []byte) (*http.Request, error)
 }
@@ -38,6 +51,80 @@ type Prober interface {
 func covers(p Prober, req *http.Request) bool {
 	c, ok := p.(interface{ Covers(*http.Request) bool })
 	return !ok || c.Covers(req)
+}
+
+// notFound reports whether p says the probe's answer (status, body) is the
+// provider's own "no such operation".
+func notFound(p Prober, status int, body []byte) bool {
+	n, ok := p.(interface{ NotFound(int, []byte) bool })
+	return ok && n.NotFound(status, body)
+}
+
+// contradiction returns why a lookup's 2xx answer is not about the operation
+// whose request body is req: the answer is not a JSON object (a gateway's
+// or login page's HTML, an empty body), or a member the request has at the
+// top level is in the answer (at its top level or under "data") with
+// another value (another order_id, amount or currency), numbers and decimal
+// strings compared as numbers ("25" is "25.00"). Empty when nothing
+// contradicts it. A request body that is not a JSON object is not compared.
+func contradiction(req, answer []byte) string {
+	ans := object(answer)
+	if ans == nil {
+		return "the answer is not a JSON object"
+	}
+	reqObj := object(req)
+	if reqObj == nil {
+		return ""
+	}
+	places := []map[string]json.RawMessage{ans, object(ans["data"])}
+	for _, name := range slices.Sorted(maps.Keys(reqObj)) {
+		want, ok := scalar(reqObj[name])
+		if !ok {
+			continue
+		}
+		for _, place := range places {
+			raw, there := place[name]
+			if !there {
+				continue
+			}
+			got, ok := scalar(raw)
+			if !ok || !sameValue(want, got) {
+				return fmt.Sprintf("the answer's %s is not the request's", name)
+			}
+		}
+	}
+	return ""
+}
+
+// scalar returns a JSON string's text, or a number's or boolean's as
+// written; ok is false for null, objects and arrays.
+func scalar(raw json.RawMessage) (string, bool) {
+	if s, ok := str(raw); ok {
+		return s, true
+	}
+	var v any
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	if len(raw) == 0 || d.Decode(&v) != nil {
+		return "", false
+	}
+	switch v := v.(type) {
+	case json.Number:
+		return v.String(), true
+	case bool:
+		return strconv.FormatBool(v), true
+	}
+	return "", false
+}
+
+// sameValue compares two scalar texts, as decimal numbers when both are.
+func sameValue(a, b string) bool {
+	if a == b {
+		return true
+	}
+	x, okx := new(big.Rat).SetString(a)
+	y, oky := new(big.Rat).SetString(b)
+	return okx && oky && x.Cmp(y) == 0
 }
 
 // Resume describes an earlier attempt sequence of the same operation that
@@ -57,9 +144,9 @@ type ProbeResult string
 
 // The probe results.
 const (
-	ProbeFound    ProbeResult = "found"     // 2xx: the operation exists; its answer is the result
-	ProbeNotFound ProbeResult = "not_found" // 404: it did not happen; re-sent with the same key
-	ProbeOther    ProbeResult = "other"     // another answer or a network error; re-sent (or refused when the key expired)
+	ProbeFound    ProbeResult = "found"     // 2xx about this operation: it exists; its answer is the result
+	ProbeNotFound ProbeResult = "not_found" // the provider's own "no such operation" (Prober's NotFound): it did not happen; re-sent with the same key
+	ProbeOther    ProbeResult = "other"     // another answer (any other 404, a 2xx not about it), or a network error; re-sent (or refused when the key expired)
 	ProbeUnfilled ProbeResult = "unfilled"  // the lookup could not be built for this operation
 )
 
@@ -168,6 +255,16 @@ func (s *sequence) probe() (*http.Response, ProbeResult) {
 	case err != nil:
 		info.Result, info.Err = ProbeOther, err
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		if preq.Method != http.MethodHead {
+			// Stored and replayed as the operation's result, it must be
+			// the provider's answer about this operation: a gateway's 200
+			// page, or another order's payment, would settle it as done
+			// (and never send it) while it may never have run.
+			if why := contradiction(s.body, body); why != "" {
+				info.Result, info.Err = ProbeOther, errors.New("not about this operation: "+why)
+				break
+			}
+		}
 		info.Result = ProbeFound
 		if preq.Method == http.MethodHead {
 			// A HEAD answer's Content-Length is that of a body it does not
@@ -176,7 +273,7 @@ func (s *sequence) probe() (*http.Response, ProbeResult) {
 			resp.Header.Del("Content-Length")
 		}
 		return s.reconciled(resp, body), info.Result
-	case resp.StatusCode == http.StatusNotFound:
+	case notFound(s.t.Prober, resp.StatusCode, body):
 		info.Result = ProbeNotFound
 	default:
 		info.Result = ProbeOther

@@ -2,6 +2,7 @@ package retry
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -44,7 +45,7 @@ func withProbe(t *testing.T, h *harness, p *provider, tmpl string) *probes {
 		t.Fatal(err)
 	}
 	rec := &probes{}
-	h.tr.Prober = &probe.Lookup{Template: pt, Base: base}
+	h.tr.Prober = &probe.Lookup{Template: pt, Base: base, NotFoundCodes: []string{"payout.not_found"}}
 	h.tr.OnProbe = rec.record
 	return rec
 }
@@ -62,7 +63,88 @@ const (
 	probeGET   = "GET /v1/payout/op-7"
 	resendPOST = "POST /v1/payout"
 	found      = `{"id":"op-7","status":"succeeded"}`
+	// notFoundBody is the payouts provider's answer for an operation it does
+	// not have ("404 payout.not_found: not created, may be created").
+	notFoundBody = `{"error":{"code":"payout.not_found","message":"no payout"}}`
 )
+
+// TestProbeSaysNotExecutedOnlyOnTheProvidersWord: an operation whose outcome
+// is unknown, first sent longer than the provider keeps keys ago, is re-sent
+// only when the probe's answer is the provider's documented "no such
+// operation" (404 payout.not_found). A gateway's or load balancer's 404 (an
+// HTML page, a route it does not know), a 404 with another code or none,
+// said "did not happen" before: the operation was re-sent under a key the
+// provider may have forgotten, a second payout if it had run. And a 2xx is
+// the result only when it is about this operation: a gateway's 200 page, or
+// another order's object, was stored as its answer, replayed for ever, while
+// it may never have run.
+func TestProbeSaysNotExecutedOnlyOnTheProvidersWord(t *testing.T) {
+	cases := []struct {
+		name   string
+		answer step
+		result ProbeResult
+		lines  []string // the provider saw
+	}{
+		{"404 payout.not_found: re-sent", respond(404, notFoundBody), ProbeNotFound, []string{probeGET, resendPOST}},
+		{"404 code payout.not_found at the top: re-sent", respond(404, `{"code":"payout.not_found"}`), ProbeNotFound, []string{probeGET, resendPOST}},
+		{"gateway's HTML 404: unknown", htmlAnswer(404, "<html><body><h1>404 Not Found</h1><hr>nginx</body></html>"), ProbeOther, []string{probeGET}},
+		{"gateway's plain 404: unknown", htmlAnswer(404, "404 page not found\n"), ProbeOther, []string{probeGET}},
+		{"gateway's JSON 404 without a code: unknown", respond(404, `{"message":"no Route matched with those values"}`), ProbeOther, []string{probeGET}},
+		{"404 with another code: unknown", respond(404, `{"error":{"code":"merchant.not_found"}}`), ProbeOther, []string{probeGET}},
+		{"empty 404: unknown", respond(404, ``), ProbeOther, []string{probeGET}},
+		{"200 about the order: found", respond(200, `{"id":"op-7","order_id":"payout-1","amount":"25.00","status":"succeeded"}`), ProbeFound, []string{probeGET}},
+		{"200 without the order's members: found", respond(200, found), ProbeFound, []string{probeGET}},
+		{"gateway's HTML 200: unknown", htmlAnswer(200, "<html><body>Please sign in</body></html>"), ProbeOther, []string{probeGET}},
+		{"empty 200: unknown", respond(200, ``), ProbeOther, []string{probeGET}},
+		{"200 for another order: unknown", respond(200, `{"id":"op-9","order_id":"payout-2","amount":"25","status":"succeeded"}`), ProbeOther, []string{probeGET}},
+		{"200 for another amount: unknown", respond(200, `{"id":"op-7","order_id":"payout-1","amount":"250","status":"succeeded"}`), ProbeOther, []string{probeGET}},
+		{"200 data for another currency: unknown", respond(200, `{"data":{"id":"op-7","currency":"USDC","status":"succeeded"}}`), ProbeOther, []string{probeGET}},
+		{"302 to a login page: unknown", respond(302, ``, "Location", "/login"), ProbeOther, []string{probeGET}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newProvider(t, c.answer, process)
+			h := newHarness(t, testPolicy())
+			h.tr.KeyRetention = 48 * time.Hour
+			rec := withProbe(t, h, p, "GET /v1/payout/{resp.id}")
+			resume := &Resume{FirstSentAt: h.clock.Now().Add(-49 * time.Hour), LastBody: []byte(`{"id":"op-7"}`)}
+			resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected, Resume: resume})
+			switch c.result {
+			case ProbeOther:
+				var ex *ExhaustedError
+				if !errors.Is(err, ErrKeyExpired) || !errors.As(err, &ex) || !ex.Unknown || rep.Disposition != Unknown {
+					t.Fatalf("Do = %v, %v (disposition %v); want the operation still unknown, refused (ErrKeyExpired)", resp, err, rep.Disposition)
+				}
+			case ProbeFound:
+				body := readFinal(t, resp, err, 200, rep.Attempts)
+				if resp.Header.Get(ReconciledHeader) != "true" || rep.Disposition != Final || rep.Attempts != 0 {
+					t.Errorf("found: %s reconciled %q disposition %v attempts %d; want the probe's answer, reconciled, final, no attempt",
+						body, resp.Header.Get(ReconciledHeader), rep.Disposition, rep.Attempts)
+				}
+			case ProbeNotFound:
+				readFinal(t, resp, err, 200, rep.Attempts)
+				if !rep.SentAnew {
+					t.Errorf("not found: SentAnew false, want the re-send reported as a first send")
+				}
+			}
+			if got := rec.results(); !slices.Equal(got, []ProbeResult{c.result}) {
+				t.Errorf("probe results %v, want [%s]", got, c.result)
+			}
+			if got := requestLines(p); !slices.Equal(got, c.lines) {
+				t.Errorf("provider saw %q, want %q", got, c.lines)
+			}
+		})
+	}
+}
+
+// htmlAnswer answers status with a text/html body, as a gateway does.
+func htmlAnswer(status int, body string) step {
+	return func(_ *provider, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	}
+}
 
 // TestProbeBeforeResend: a request resuming an operation whose outcome is
 // unknown first sends the status probe, filled from the earlier answer: 2xx
@@ -88,11 +170,11 @@ func TestProbeBeforeResend(t *testing.T) {
 		{"2xx: the probe's answer is the result", earlier,
 			[]step{respond(200, found)},
 			want{status: 200, reconciled: true, lines: []string{probeGET}, results: []ProbeResult{ProbeFound}}},
-		{"404: re-sent with the same key", earlier,
-			[]step{respond(404, `{"error":{"code":"not_found"}}`), process},
+		{"404 payout.not_found: re-sent with the same key", earlier,
+			[]step{respond(404, notFoundBody), process},
 			want{status: 200, lines: []string{probeGET, resendPOST}, results: []ProbeResult{ProbeNotFound}}},
-		{"404 then a 503: the operation did not happen, no longer unknown", earlier,
-			[]step{respond(404, ``), respond(503, ``)},
+		{"404 payout.not_found then a 503: the operation did not happen, no longer unknown", earlier,
+			[]step{respond(404, notFoundBody), respond(503, ``)},
 			want{unknown: false, lines: []string{probeGET, resendPOST}, results: []ProbeResult{ProbeNotFound}}},
 		{"500: re-sent, outcome still unknown", earlier,
 			[]step{respond(500, ``), respond(503, ``)},
@@ -196,12 +278,12 @@ func TestKeyRetentionGuard(t *testing.T) {
 		{"expired, probe finds it: its answer", 49 * time.Hour, true,
 			[]step{respond(200, found)}, false, []string{probeGET}},
 		{"expired, probe says it did not happen: re-sent", 49 * time.Hour, true,
-			[]step{respond(404, ``), process}, false, []string{probeGET, resendPOST}},
+			[]step{respond(404, notFoundBody), process}, false, []string{probeGET, resendPOST}},
 		// The re-send after the 404 is the first the provider saw, so the
 		// retention counts from it: lost too, the operation is re-sent
 		// again when the next probe fails, not refused.
 		{"expired, probe says it did not happen, its re-send lost: re-sent again", 49 * time.Hour, true,
-			[]step{respond(404, ``), respond(504, `{"id":"op-7"}`), respond(500, ``), process}, false,
+			[]step{respond(404, notFoundBody), respond(504, `{"id":"op-7"}`), respond(500, ``), process}, false,
 			[]string{probeGET, resendPOST, probeGET, resendPOST}},
 		{"within retention, no probe: re-sent", 47 * time.Hour, false,
 			[]step{process}, false, []string{resendPOST}},
