@@ -56,3 +56,13 @@ func idleEnded(err error) bool {
 // idleEnded: more than a pool's connections last used at about the same
 // time are likely to be.
 const idleEndedTries = 10
+
+// againIfIdleEnded runs fn, one statement, and runs it again while it fails
+// with idleEnded (at most idleEndedTries more times).
+func againIfIdleEnded(fn func() error) error {
+	err := fn()
+	for try := 0; idleEnded(err) && try < idleEndedTries; try++ {
+		err = fn()
+	}
+	return err
+}

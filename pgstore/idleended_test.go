@@ -98,15 +98,16 @@ func slowReturnProxy(t *testing.T, target string, delay *atomic.Int64) string {
 // 1 in 667 requests with idle_session_timeout under a second), a final
 // answer's write after the provider acted failed too, and so did a read.
 // The race is made certain here: what the server sends reaches the store
-// 150 ms late, its sessions end after 200 ms idle, and each call comes
-// 120 ms after the last answer: the server has ended the session (idle
-// 150 + 120 ms) and its FATAL is still on the way (due 200 ms after the
-// answer).
+// 150 ms late, its sessions end after 300 ms idle, and each call comes
+// 220 ms after the last answer: the server has ended the session (idle
+// 150 + 220 ms) and its FATAL is still on the way (due 300 ms after the
+// answer). Statements sent back to back leave the server idle 150 ms, with
+// 150 ms to spare for a slow host.
 func TestSessionEndedIdleJustBeforeAStatement(t *testing.T) {
 	dbURL := pgtest.Database(t)
 	ctx := context.Background()
 	admin := session(t, dbURL)
-	if _, err := admin.Exec(ctx, `ALTER DATABASE `+pgtest.DatabaseName(dbURL)+` SET idle_session_timeout = '200ms'`); err != nil {
+	if _, err := admin.Exec(ctx, `ALTER DATABASE `+pgtest.DatabaseName(dbURL)+` SET idle_session_timeout = '300ms'`); err != nil {
 		t.Fatal(err)
 	}
 	u, err := url.Parse(dbURL)
@@ -126,6 +127,7 @@ func TestSessionEndedIdleJustBeforeAStatement(t *testing.T) {
 	// Opened without the delay: its schema check holds one session while
 	// it opens another, longer than the timeout with every answer late.
 	delay.Store(int64(150 * time.Millisecond))
+	const gap = 220 * time.Millisecond
 	req := store.Request{Fingerprint: []byte("fp")}
 	var ended atomic.Int64
 	count := func(err error) {
@@ -134,29 +136,29 @@ func TestSessionEndedIdleJustBeforeAStatement(t *testing.T) {
 			ended.Add(1)
 		}
 	}
-	// Every call comes 120 ms after the one before it answered.
+	// Every call comes gap after the one before it answered.
 	if _, err := s.Get(ctx, store.ID{Key: "warm"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("warm-up read: %v", err)
 	}
 	const rounds = 6
 	for i := range rounds {
 		id := store.ID{Key: "k" + string(rune('a'+i))}
-		time.Sleep(120 * time.Millisecond)
+		time.Sleep(gap)
 		if _, created, err := s.Begin(ctx, id, req, "o", time.Minute); err != nil || !created {
 			count(err)
 			t.Errorf("claim %d: %v, %v", i, created, err)
 		}
-		time.Sleep(120 * time.Millisecond)
+		time.Sleep(gap)
 		if _, err := s.Get(ctx, id); err != nil {
 			count(err)
 			t.Errorf("read %d: %v", i, err)
 		}
-		time.Sleep(120 * time.Millisecond)
+		time.Sleep(gap)
 		if err := s.Renew(ctx, id, "o", time.Minute); err != nil {
 			count(err)
 			t.Errorf("lease renewal %d: %v", i, err)
 		}
-		time.Sleep(120 * time.Millisecond)
+		time.Sleep(gap)
 		if err := s.Complete(ctx, id, "o", store.Response{Status: 201, Body: []byte("{}")}, time.Now()); err != nil {
 			count(err)
 			t.Errorf("final answer %d: %v", i, err)
@@ -164,5 +166,34 @@ func TestSessionEndedIdleJustBeforeAStatement(t *testing.T) {
 	}
 	if n := ended.Load(); n > 0 {
 		t.Errorf("%d of %d calls failed on a session the server had ended while idle (57P05): the statement never ran", n, 4*rounds)
+	}
+
+	// The provider-wide throttle's statements alike: a failed take marked
+	// the shared bucket down for seconds (each replica pacing alone), a
+	// failed pause left the other replicas sending into the provider's
+	// pause. Its heartbeat and LISTEN connection take connections of
+	// their own; the calls below still meet just-used ones.
+	ended.Store(0)
+	th := s.Throttle(ThrottleOptions{Name: "p", Heartbeat: time.Hour})
+	defer th.Close()
+	for i := range rounds {
+		time.Sleep(gap)
+		if _, err := th.Take(ctx, 1, 1000, 1, time.Minute); err != nil {
+			count(err)
+			t.Errorf("take %d: %v", i, err)
+		}
+		time.Sleep(gap)
+		if err := th.Give(ctx, 1, 1000); err != nil {
+			count(err)
+			t.Errorf("give back %d: %v", i, err)
+		}
+		time.Sleep(gap)
+		if err := th.Pause(ctx, time.Millisecond); err != nil {
+			count(err)
+			t.Errorf("pause %d: %v", i, err)
+		}
+	}
+	if n := ended.Load(); n > 0 {
+		t.Errorf("%d of %d throttle calls failed on a session the server had ended while idle (57P05)", n, 3*rounds)
 	}
 }

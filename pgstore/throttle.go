@@ -145,14 +145,16 @@ func (t *Throttle) Close() error {
 // is told what is left of it.
 func (t *Throttle) Pause(ctx context.Context, d time.Duration) error {
 	return t.s.call(ctx, "pause", nil, func(ctx context.Context) error {
-		_, err := t.s.pool.Exec(ctx, `
+		return againIfIdleEnded(func() error {
+			_, err := t.s.pool.Exec(ctx, `
 			INSERT INTO idemproxy_throttle AS t (name, paused_until)
 			VALUES (@name::text, now() + @d::bigint * interval '1 microsecond')
 			ON CONFLICT (name) DO UPDATE SET paused_until = greatest(t.paused_until, excluded.paused_until)
 			RETURNING pg_notify('`+throttleChannel+`', json_build_object('name', t.name, 'from', @from::text,
 				'us', (extract(epoch FROM t.paused_until - now()) * 1000000)::bigint)::text)`,
-			pgx.NamedArgs{"name": t.opt.Name, "d": micros(d), "from": t.opt.Replica})
-		return err
+				pgx.NamedArgs{"name": t.opt.Name, "d": micros(d), "from": t.opt.Replica})
+			return err
+		})
 	})
 }
 
@@ -173,12 +175,14 @@ func (t *Throttle) Take(ctx context.Context, n int, perSecond float64, burst int
 	)
 	booked := false
 	err := t.s.call(ctx, "take", nil, func(ctx context.Context) error {
-		err := t.s.pool.QueryRow(ctx, `
+		err := againIfIdleEnded(func() error {
+			return t.s.pool.QueryRow(ctx, `
 			INSERT INTO idemproxy_throttle AS t (name, tat) VALUES (@name::text, now() + @span::bigint * interval '1 microsecond')
 			ON CONFLICT (name) DO UPDATE SET tat = greatest(t.tat, now()) + @span::bigint * interval '1 microsecond'
 				WHERE greatest(t.tat, now()) <= now() + @limit::bigint * interval '1 microsecond'
 			RETURNING (extract(epoch FROM t.tat - now()) * 1000000)::bigint - @span::bigint, t.tat`,
-			pgx.NamedArgs{"name": t.opt.Name, "span": span, "limit": limit}).Scan(&lead, &tat)
+				pgx.NamedArgs{"name": t.opt.Name, "span": span, "limit": limit}).Scan(&lead, &tat)
+		})
 		if errors.Is(err, pgx.ErrNoRows) { // the row is there, but booked too far
 			booked, err = true, nil
 		}
@@ -214,11 +218,13 @@ func (t *Throttle) Give(ctx context.Context, n int, perSecond float64) error {
 	}
 	span := int64(float64(n) * 1e6 / perSecond) // rounded down: never more than was taken
 	return t.s.call(ctx, "give", nil, func(ctx context.Context) error {
-		_, err := t.s.pool.Exec(ctx, `
+		return againIfIdleEnded(func() error {
+			_, err := t.s.pool.Exec(ctx, `
 			UPDATE idemproxy_throttle SET tat = tat - @span::bigint * interval '1 microsecond'
 			WHERE name = @name::text AND tat = @booked::timestamptz`,
-			pgx.NamedArgs{"name": t.opt.Name, "span": span, "booked": booked})
-		return err
+				pgx.NamedArgs{"name": t.opt.Name, "span": span, "booked": booked})
+			return err
+		})
 	})
 }
 
