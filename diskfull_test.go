@@ -3,8 +3,8 @@ package main
 // A full disk at shutdown: the data directory's file system is filled by
 // another writer, then the binary gets SIGTERM. Badger writes through mmap
 // into sparse files, so a memtable flush into a full file system is a SIGBUS,
-// not an error. The process must still exit by itself within the grace plus
-// 5 s, a start while the disk is still full must fail with a clear error
+// not an error. The process must still exit by itself within the grace (plus
+// exitMargin), a start while the disk is still full must fail with a clear error
 // rather than crash, and once the space is back the next start must replay
 // every answer a client was given.
 
@@ -96,7 +96,7 @@ func TestSIGTERMOnFullDisk(t *testing.T) {
 		t.Fatalf("200 orders accepted on a full disk; want 503 store_unavailable once the store looks at the disk")
 	}
 
-	took, _ := p.terminateWithin(t, grace+5*time.Second)
+	took, _ := p.terminateWithin(t, grace+exitMargin)
 	// The Go runtime turns a SIGBUS in its own code into "fatal error: fault"
 	// and exit status 2; one outside Go would leave the signal in the status.
 	var ee *exec.ExitError

@@ -189,7 +189,10 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, closeStore(st, log)) }()
+	// The grace's end, once a shutdown began: the store's close must end by
+	// it too (closeReserve).
+	var graceEnd time.Time
+	defer func() { err = errors.Join(err, closeStore(st, log, graceEnd)) }()
 	log.Info("limits", "max_inflight", lim.maxInflight, "max_inflight_bytes", lim.maxInflightBytes,
 		"max_body_bytes", cfg.MaxBodyBytes, "open_files_limit", lim.nofile,
 		"client_connections", lim.clientConns, "upstream_connections", lim.upstreamConns)
@@ -207,8 +210,9 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	gate := ratelimit.New(cfg.RateLimit, cfg.RateBurst)
 	var settle func(context.Context) error
 	if ps, ok := st.(*pgstore.Store); ok {
-		th := shareThrottle(ps, gate, set, log)
-		defer th.Close() // before the store's Close, deferred earlier
+		// Closed by the store's close, within the grace's end: on a hung
+		// database its last statement would wait on its own.
+		shareThrottle(ps, gate, set, log)
 		settle = ps.Settle
 	}
 	chain := upstream.Config{
@@ -259,8 +263,8 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	adm.api = adminapi.New(adminapi.Options{Store: instrumented, Token: set.adminToken,
 		DefaultTenant: proxy.DefaultTenant, Clients: set.clients.Names(), OrderKeys: handler.OrderKeys, Logger: auditLogger(log)})
 	return serve(ctx, cfg, lim.clientConns, app{proxy: obs.wrap(handler), drain: handler.Drain, settle: settle, stopWaits: gate.Close, cutReads: handler.CutBodyReads,
-		answerRunning: handler.AnswerRunning,
-		admin:         adm, connMetrics: m.ClientConnections}, log, ready)
+		answerRunning: handler.AnswerRunning, graceEnd: &graceEnd,
+		admin: adm, connMetrics: m.ClientConnections}, log, ready)
 }
 
 // app is what serve runs: the proxy handler (wrapped for logs and metrics), the
@@ -285,14 +289,17 @@ type app struct {
 	// answerRunning answers the requests still waiting for an operation in
 	// flight, shortly before the grace ends (the operations go on).
 	answerRunning func()
-	admin         *admin
+	// graceEnd, if set, is given the end of the shutdown grace when the
+	// shutdown begins, for the store's close after serve returns.
+	graceEnd *time.Time
+	admin    *admin
 	// connMetrics, if set, exports the client connection bound (limit,
 	// open, closed idle).
 	connMetrics func(limit int, open, closedIdle func() int64)
 }
 
 // serve runs the proxy and admin listeners until ctx ends, then drains (see
-// shutdown); the caller closes the store after.
+// shutdown); the caller closes the store after, by the grace's end.
 //
 // conns bounds the client connections (0: no bound, see connLimiter).
 // adminReadTimeout bounds reading one admin request whole, body included:
@@ -368,18 +375,23 @@ func proxyServer(l net.Listener, handler http.Handler, conns int, stall time.Dur
 	return ps, answerRefusalsInJSON(ps, l), cl
 }
 
-// shutdown drains within grace: readiness turns false first, then the proxy
-// listener closes, requests being served finish, and detached operations whose
-// clients left finish and are stored. What the drain could not write while
-// the database did not answer (an unstored answer's park as unknown) is
-// redone once it answers, before the caller closes the store: closed, the
-// store would drop it. Operations still running when grace ends stay in
-// flight and are released at the next start (Badger) or parked by another
-// replica's sweep (PostgreSQL).
+// shutdown drains within grace, less closeReserve: readiness turns false
+// first, then the proxy listener closes, requests being served finish, and
+// detached operations whose clients left finish and are stored. What the
+// drain could not write while the database did not answer (an unstored
+// answer's park as unknown) is redone once it answers, before the caller
+// closes the store: closed, the store would drop it. Operations still
+// running when the drain ends stay in flight and are released at the next
+// start (Badger) or parked by another replica's sweep (PostgreSQL). The
+// caller closes the store in the rest of the grace (a.graceEnd).
 func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger) error {
 	a.admin.draining.Store(true)
 	log.Info("shutting down: not ready, draining", "grace", grace.String())
-	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	end := time.Now().Add(grace)
+	if a.graceEnd != nil {
+		*a.graceEnd = end
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), end.Add(-closeReserve(grace)))
 	defer cancel()
 	if a.stopWaits != nil {
 		a.stopWaits()
@@ -408,6 +420,15 @@ func shutdown(grace time.Duration, ps, as *http.Server, a app, log *slog.Logger)
 	}
 	log.Info("shutdown complete: in-flight operations finished and stored")
 	return nil
+}
+
+// closeReserve is the end of the grace kept for the store's close: the drain
+// ends before it, so that the close (a hung database's connections cut, a
+// Badger that cannot flush left behind) ends by the grace's end and the
+// process exits within the grace. An eighth of it, at most a second: less
+// than streamMargin, so that the clients still waiting are answered first.
+func closeReserve(grace time.Duration) time.Duration {
+	return min(grace/8, time.Second)
 }
 
 // streamMargin is how long before the grace ends a body still streaming

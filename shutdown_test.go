@@ -21,7 +21,7 @@ import (
 
 // SIGTERM with requests queued behind a provider's pause and the data
 // directory removed: the queued requests, never sent, get a 503 with their
-// key at once, and the process exits within the grace plus 5 s although
+// key at once, and the process exits within the grace (plus exitMargin) although
 // Badger can no longer flush (its Close would retry forever). The request
 // that met the 429, waiting out the pause for its next attempt, is answered
 // too, not cut off when the process exits: it was sent, so it gets what a
@@ -93,7 +93,7 @@ func TestShutdownWithQueuedRequestsAndDataDirGone(t *testing.T) {
 	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
-	bound := time.After(grace + 5*time.Second)
+	bound := time.After(grace + exitMargin)
 	for range queued {
 		var a got
 		select {

@@ -50,8 +50,8 @@ func shutdownGraceAnswersRunning(t *testing.T, st string) {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(grace + 10*time.Second):
-		t.Fatalf("still running %s after SIGTERM:\n%s", grace+10*time.Second, p.text())
+	case <-time.After(grace + exitMargin):
+		t.Fatalf("still running %s after SIGTERM:\n%s", grace+exitMargin, p.text())
 	}
 	if p.err == nil {
 		t.Errorf("exit 0, want 1: the grace ran out with an operation running\n%s", p.text())

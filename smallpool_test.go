@@ -266,7 +266,8 @@ func TestPauseListenerBackAfterRestart(t *testing.T) {
 // database is hung (every process of the cluster stopped with SIGSTOP), with
 // pool_max_conns=4 and one connection held listening for pauses: the store
 // closes (its statements waiting on the database are given up, the pool's
-// connections cut) and the process exits with status 0 within the grace.
+// connections cut) and the process exits with status 0 within the grace
+// (plus exitMargin).
 // Before, the store's Close waited for pgx's cleanup of each cancelled
 // statement (a cancel request the hung server never answers, up to 15 s),
 // so the process gave up on it after 3 s and exited with status 1.
@@ -285,7 +286,7 @@ func TestShutdownIdleWithDatabaseHung(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Thaw()
-	p.terminateWithin(t, grace+5*time.Second) // the database hung
+	p.terminateWithin(t, grace+exitMargin) // the database hung
 	if p.err != nil || !strings.Contains(p.text(), `"msg":"store closed"`) {
 		t.Fatalf("exit after SIGTERM with the database hung: %v, want status 0 with the store closed:\n%s", p.err, p.text())
 	}

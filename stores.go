@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -87,7 +88,7 @@ func warnDataDirPlace(dir string, log *slog.Logger) {
 // in the database together with the other replicas: a Retry-After pause
 // reaches them all, and RATE_LIMIT is their total. While the database cannot
 // be reached, the gate works alone with its share of the rate (see
-// ratelimit.Gate.Shared). The caller closes the throttle before the store.
+// ratelimit.Gate.Shared). The store's close closes the throttle.
 func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, set settings, log *slog.Logger) *pgstore.Throttle {
 	upstream := set.upstream
 	// The provider, without credentials or query: replicas of another
@@ -276,27 +277,46 @@ func keptKeys(ids []store.ID) []string {
 	return keys
 }
 
-func closeStore(s store.Store, log *slog.Logger) error {
+// closeStore closes s by end, the shutdown grace's end (zero: within
+// storeCloseBound), and logs "store closed" when it did.
+func closeStore(s store.Store, log *slog.Logger, end time.Time) error {
+	bound := storeCloseBound
+	if !end.IsZero() {
+		bound = max(time.Until(end), 0)
+	}
 	done := make(chan error, 1)
-	go func() { done <- s.Close() }()
+	go func() {
+		if ps, ok := s.(*pgstore.Store); ok && !end.IsZero() {
+			// Its connections to a hung database are cut in time.
+			done <- ps.CloseBy(end)
+			return
+		}
+		done <- s.Close()
+	}()
+	t := time.NewTimer(bound)
+	defer t.Stop()
 	select {
 	case err := <-done:
 		if err != nil {
 			return fmt.Errorf("close store: %w", err)
 		}
-	case <-time.After(storeCloseBound):
+	case <-t.C:
 		// Badger's Close retries a failing memtable flush forever (a data
 		// directory removed, a dead volume). Every acknowledged write is
 		// already synced in its WAL, so leaving without the flush loses
 		// nothing: the next start replays the WAL.
+		if !end.IsZero() {
+			return errors.New("close store: not closed by the end of the shutdown grace; exiting without it")
+		}
 		return fmt.Errorf("close store: not closed after %s; exiting without it", storeCloseBound)
 	}
 	log.Info("store closed")
 	return nil
 }
 
-// storeCloseBound bounds the store's Close at shutdown, so that SIGTERM ends
-// within the shutdown grace plus a few seconds whatever the store's state.
+// storeCloseBound bounds the store's Close when it closes without a
+// shutdown (a listener that could not open); at shutdown it ends by the
+// grace's end (see closeReserve).
 const storeCloseBound = 3 * time.Second
 
 // keySettings is a digest of the settings that decide a protected

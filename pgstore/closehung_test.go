@@ -57,3 +57,47 @@ func TestCloseWithDatabaseHung(t *testing.T) {
 		t.Fatal("a read on the hung database still waiting after Close")
 	}
 }
+
+// TestCloseByWithDatabaseHung: CloseBy on a hung database (as above) returns
+// by its deadline when that is nearer than closeWait, the throttle's last
+// heartbeat statement and the loops' included: the connections are cut when
+// three quarters of the time are gone. It is what the process's shutdown
+// leaves for the store's close within the grace; Close waited closeWait
+// (a second) whatever the time left, and the process exited a second after
+// its grace.
+func TestCloseByWithDatabaseHung(t *testing.T) {
+	c, dbURL := pgtest.Own(t, pgtest.Options{})
+	s, err := Open(context.Background(), Options{URL: withQuery(t, dbURL, "pool_max_conns", "4"), CallTimeout: 5 * time.Second,
+		SweepInterval: 10 * time.Millisecond, AnalyzeInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Throttle(ThrottleOptions{Name: "https://provider.test", Heartbeat: 10 * time.Millisecond})
+	waitListening(t, s, 1)
+	if err := c.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Thaw()
+	read := make(chan error, 1)
+	go func() {
+		_, err := s.Get(context.Background(), store.ID{Tenant: "t", Key: "hung"})
+		read <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the read, the heartbeat and the loops reach the hung database
+	const left = 300 * time.Millisecond
+	start := time.Now()
+	s.CloseBy(start.Add(left))
+	took := time.Since(start)
+	t.Logf("closed in %v", took.Round(time.Millisecond))
+	if took > left {
+		t.Errorf("CloseBy returned %v after it was called on a hung database, want by its deadline %v later", took.Round(time.Millisecond), left)
+	}
+	select {
+	case err := <-read:
+		if err == nil {
+			t.Error("a read on the hung database succeeded")
+		}
+	case <-time.After(time.Second):
+		t.Fatal("a read on the hung database still waiting a second after CloseBy")
+	}
+}

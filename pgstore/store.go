@@ -100,7 +100,7 @@ type Store struct {
 	// run out its timeout before Close could go on.
 	bg     context.Context
 	stopBg context.CancelFunc
-	// conns are the connections the pool has open (see closePool).
+	// conns are the connections the pool has open (see cutConns).
 	conns *connSet
 
 	// Claims and final answers of concurrent requests share statements:
@@ -562,10 +562,24 @@ func redact(err error) error {
 
 // Close stops the background loops and closes the pool; later calls fail
 // with store.ErrClosed. On a database that does not answer, it returns
-// within about closeWait (and the Throttles' own Close): calls still
-// waiting on it then fail.
-func (s *Store) Close() error {
+// within about closeWait: calls still waiting on it then fail.
+func (s *Store) Close() error { return s.CloseBy(time.Time{}) }
+
+// CloseBy is Close within a deadline (zero: none): the throttles, loops and
+// connections are given closeWait to end in order, or less, three quarters
+// of the time left to the deadline, before the connections still open are
+// cut (see cutConns); what is left of it is for the pool to let go of them.
+// A hung database then holds neither the throttles' last statements nor
+// the pool's close past the deadline (the process's shutdown grace).
+func (s *Store) CloseBy(deadline time.Time) error {
 	s.once.Do(func() {
+		now := time.Now()
+		wait := closeWait
+		if !deadline.IsZero() {
+			wait = min(wait, deadline.Sub(now)*3/4)
+		}
+		cut := time.AfterFunc(max(wait, 0), func() { s.cutConns(wait) })
+		defer cut.Stop()
 		s.throttlesMu.Lock()
 		throttles := s.throttles
 		s.throttlesMu.Unlock()
@@ -582,42 +596,32 @@ func (s *Store) Close() error {
 				"records", n)
 		}
 		s.lostMu.Unlock()
-		s.closePool()
+		s.pool.Close()
 	})
 	return nil
 }
 
-// closeWait is how long Close lets the pool close its connections in order
-// (each told the session ends) before it cuts those still open.
+// closeWait is how long Close lets the throttles, the loops and the pool
+// close their connections in order (each told the session ends) before it
+// cuts those still open.
 const closeWait = time.Second
 
-// closePool closes the pool, and if it has not closed within closeWait,
-// cuts every connection still open and refuses new ones. On a database that
-// does not answer, the pool's Close would wait for the statements still
-// running (up to the call timeout) and then up to 15 s for each connection
-// pgx dropped after cancelling a statement: pgx sends the server a cancel
-// request on a connection of its own and waits for the server to close it,
-// which a hung server never does. Cut, a connection fails at once, and so
-// does a cancel request's.
-func (s *Store) closePool() {
-	done := make(chan struct{})
-	go func() {
-		s.pool.Close()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return
-	case <-time.After(closeWait):
-	}
+// cutConns cuts every connection still open and refuses new ones, once
+// Close has waited wait for them. On a database that does not answer, the
+// pool's Close would wait for the statements still running (up to the call
+// timeout) and then up to 15 s for each connection pgx dropped after
+// cancelling a statement: pgx sends the server a cancel request on a
+// connection of its own and waits for the server to close it, which a hung
+// server never does. Cut, a connection fails at once, and so does a cancel
+// request's.
+func (s *Store) cutConns(wait time.Duration) {
 	if n := s.conns.cut(); n > 0 {
-		s.opt.Logger.Warn("database connections not closed in order within the wait; cut", "connections", n, "wait", closeWait.String())
+		s.opt.Logger.Warn("database connections not closed in order within the wait; cut", "connections", n, "wait", wait.String())
 	}
-	<-done
 }
 
 // connSet holds the connections the pool opens, its cancel requests'
-// included, so that Close can cut them (see closePool).
+// included, so that Close can cut them (see cutConns).
 type connSet struct {
 	mu   sync.Mutex
 	open map[*trackedConn]struct{}
