@@ -151,11 +151,20 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	go stopOnSignals(sigs, stop, log, ctx.Done())
 	if err := run(ctx, cfg, set, log, nil); err != nil {
+		if errors.Is(err, errStoppedDuringStart) {
+			log.Info("stopped during the start by a signal: nothing was served", "err", err.Error())
+			return 0
+		}
 		log.Error("idemproxy stopped", "err", err)
 		return 1
 	}
 	return 0
 }
+
+// errStoppedDuringStart is run's error when a signal came while the store
+// was opening (PostgreSQL not answering, its schema's lock held): the start
+// stops at once, before any request was served, and the process exits 0.
+var errStoppedDuringStart = errors.New("stopped during the start")
 
 // stopOnSignals cancels serving (stop) at the first signal on sigs, and ends
 // the process with exit status 1 at the second, during the drain. The second
@@ -187,6 +196,9 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 	lim := processLimits(cfg) // before the store opens its files
 	st, lease, err := openStore(ctx, cfg, set, m, log)
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return fmt.Errorf("%w: %w", errStoppedDuringStart, err)
+		}
 		return err
 	}
 	// The grace's end, once a shutdown began: the store's close must end by

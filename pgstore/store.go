@@ -156,7 +156,17 @@ func Open(ctx context.Context, opt Options) (*Store, error) {
 	s := &Store{pool: pool, opt: opt, stop: make(chan struct{}), lostKick: make(chan struct{}, 1), conns: conns}
 	s.bg, s.stopBg = context.WithCancel(context.Background())
 	s.writes = &group[writeArgs, store.Record]{run: s.writeBatch, orphaned: s.orphaned, timeout: opt.CallTimeout, hold: roundHold}
+	// A caller that gives up (a signal during the start) is not held by a
+	// database that does not answer: the connections are cut at once (the
+	// schema's unlock and pgx's cancel request would each wait on it), and
+	// Open fails with ctx's error, not as a refusal.
+	cut := context.AfterFunc(ctx, func() { conns.cut() })
 	err = s.migrate(ctx)
+	if !cut() {
+		s.stopBg()
+		pool.Close()
+		return nil, fmt.Errorf("pgstore: schema: %w", ctx.Err())
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, errTablesBusy):
