@@ -759,6 +759,14 @@ func (h *Handler) OrderKeys(method, path, value, client string, gen int) ([]stri
 		return nil, err
 	}
 	rule := h.ruleFor(method, path)
+	if rule.Policy == routes.Fingerprint {
+		// No order value names such an operation: an operator looking
+		// for one (a failed card issue to try again) is told what does
+		// happen, not only that nothing can be derived.
+		return nil, fmt.Errorf("%s %s is keyed by a fingerprint window (%s), not by an order value: its operations are found by key "+
+			"(records list, records get), and the same request after the window is sent under a new key, a new operation",
+			method, path, rule.Window)
+	}
 	if rule.Policy != routes.Key || len(rule.Sources) == 0 {
 		return nil, fmt.Errorf("%s %s gets no key derived from a source (policy %s)", method, path, rule.Policy)
 	}

@@ -108,6 +108,13 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	n := len(p.stored) + 1
 	p.mu.Unlock()
+	if in["amount"] == "66.66" { // the cards provider: carried out, for a person to review
+		out := []byte(fmt.Sprintf(`{"id":"op_%d","status":"needs_review"}`, n))
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(out)
+		p.record(key, out)
+		return
+	}
 	out := []byte(fmt.Sprintf(`{"id":"pay_%d","order_id":%q,"status":"succeeded","path":%q}`, n, in["order_id"], r.URL.Path))
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Provider-Request", fmt.Sprint(n))

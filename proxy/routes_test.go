@@ -17,6 +17,7 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/routes"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/upstream"
 )
 
@@ -290,6 +291,51 @@ func TestFingerprintWindowSurvivesRestart(t *testing.T) {
 	b := e2.do(t, "POST", "/cards", `{"amount":"5"}`)
 	if b.header.Get("Idempotency-Key") != key || b.status != http.StatusCreated {
 		t.Fatalf("retry after restart, next period: %d key %q, want %q", b.status, b.header.Get("Idempotency-Key"), key)
+	}
+}
+
+// An operation whose answer says needs_review (the cards provider: carried
+// out or not, a person is reviewing it; never to be repeated) is never
+// replaced by a new one while it awaits review: the same request after the
+// window (within the look-back of two windows, as for an unknown outcome)
+// replays it under its key. It was a new operation with a new key, and the
+// provider ran the top-up a second time. Once an operator marks it
+// reviewed, the request after its window is a new operation again.
+func TestFingerprintWindowHoldsNeedsReview(t *testing.T) {
+	const window = time.Minute
+	clk := fakeclock.New(time.Time{})
+	start := periodStart(window).Add(time.Second)
+	clk.Set(start)
+	e := newRouteEnv(t, "POST /cards/*/topup=fingerprint:1m", clk, t.TempDir())
+	topup := `{"amount":"66.66"}`
+	first := e.do(t, "POST", "/cards/c1/topup", topup)
+	key := first.header.Get("Idempotency-Key")
+	if first.status != http.StatusOK || key == "" || !strings.Contains(string(first.body), "needs_review") {
+		t.Fatalf("first top-up: %d key=%q %s, want 200 needs_review with a key", first.status, key, first.body)
+	}
+	for _, after := range []time.Duration{window + 2*time.Second, 2*window + 30*time.Second, 4 * window} {
+		clk.Set(start.Add(after))
+		r := e.do(t, "POST", "/cards/c1/topup", topup)
+		if k := r.header.Get("Idempotency-Key"); k != key || r.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(r.body, first.body) {
+			t.Fatalf("%v after a needs_review top-up: %d key %q replayed=%q, want %q replayed", after, r.status, k, r.header.Get("Idempotent-Replayed"), key)
+		}
+	}
+	if total, execs := e.prov.counts(); total != 1 || execs[key] != 1 {
+		t.Fatalf("provider saw %d requests %v, want the top-up sent once", total, execs)
+	}
+	if _, marked, err := e.store.Reviewed(context.Background(), store.ID{Tenant: proxy.DefaultTenant, Key: key}); err != nil || !marked {
+		t.Fatalf("Reviewed = %v, %v", marked, err)
+	}
+	clk.Set(start.Add(6 * window))
+	n := e.do(t, "POST", "/cards/c1/topup", topup)
+	if k := n.header.Get("Idempotency-Key"); k == key || k == "" || n.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("after review and a window: %d key %q replayed=%q, want a new operation", n.status, k, n.header.Get("Idempotent-Replayed"))
+	}
+	// An operator cannot name such an operation by an order value (orders
+	// renew): told so and what does happen, not only that no key derives.
+	if _, err := e.h.OrderKeys(http.MethodPost, "/cards/c1/topup", "x", proxy.DefaultTenant, 1); err == nil ||
+		!strings.Contains(err.Error(), "fingerprint window (1m0s)") || !strings.Contains(err.Error(), "after the window is sent under a new key") {
+		t.Errorf("OrderKeys on a fingerprint route = %v, want it to name the window and what happens after it", err)
 	}
 }
 

@@ -212,14 +212,16 @@ func (h *Handler) readAnchor(ctx context.Context, tenant string, fp [32]byte, wi
 	return ref, nil
 }
 
-// unsettled says whether the operation key of tenant is in flight or its
-// outcome unknown: one that a request must resume rather than replace.
+// unsettled says whether the operation key of tenant is in flight, its
+// outcome unknown, or its answer awaits a person's review (needs_review, not
+// yet marked reviewed: it may have been carried out, and is never to be
+// repeated): one that a request must resume or replay rather than replace.
 func (h *Handler) unsettled(ctx context.Context, tenant, key string) (bool, error) {
 	if tenant == "" {
 		tenant = DefaultTenant
 	}
 	rec, found, err := h.lookup(ctx, store.ID{Tenant: tenant, Key: key})
-	return found && (rec.State == store.InFlight || rec.State == store.Unknown), err
+	return found && (rec.State == store.InFlight || rec.State == store.Unknown || rec.AwaitsReview()), err
 }
 
 // lookup reads id's record; found is false when there is none or the store
