@@ -302,6 +302,16 @@ func bad(name string, err error) error {
 	return fmt.Errorf("%s%s: %w", envPrefix, name, err)
 }
 
+// setBy names the variable a secret's value came from, for bad: name, or
+// name_FILE when file (the _FILE variable's value) is set, so that a bad
+// value in a file is looked for in that file.
+func setBy(name, file string) string {
+	if file != "" {
+		return name + "_FILE"
+	}
+	return name
+}
+
 func (c *config) settings() (settings, error) {
 	var s settings
 	var err error
@@ -339,7 +349,7 @@ func (c *config) settings() (settings, error) {
 		return s, err
 	}
 	if err := checkBearer(s.adminToken); err != nil {
-		return s, bad("ADMIN_TOKEN", err)
+		return s, bad(setBy("ADMIN_TOKEN", c.AdminTokenFile), err)
 	}
 	if err := c.checkTokensApart(s); err != nil {
 		return s, err
@@ -368,21 +378,15 @@ func (c *config) settings() (settings, error) {
 // what binds every client's upstream keys to its client. The message names
 // the variables and the client, never the value.
 func (c *config) checkTokensApart(s settings) error {
-	from := func(name, file string) string {
-		if file != "" {
-			return envPrefix + name + "_FILE"
-		}
-		return envPrefix + name
-	}
 	secrets := []struct{ name, what, val string }{
-		{from("SIGN_SECRET", c.SignSecretFile), "the provider's signing key", string(s.sign.Secret)},
-		{from("ADMIN_TOKEN", c.AdminTokenFile), "the admin API", s.adminToken},
-		{from("KEY_SECRET", c.KeySecretFile), "the secret that binds every client's upstream keys", string(s.keySecret)},
+		{envPrefix + setBy("SIGN_SECRET", c.SignSecretFile), "the provider's signing key", string(s.sign.Secret)},
+		{envPrefix + setBy("ADMIN_TOKEN", c.AdminTokenFile), "the admin API", s.adminToken},
+		{envPrefix + setBy("KEY_SECRET", c.KeySecretFile), "the secret that binds every client's upstream keys", string(s.keySecret)},
 	}
 	for _, sec := range secrets {
 		if name, ok := s.clients.Holder(sec.val); ok && sec.val != "" {
 			return fmt.Errorf("%s: the token of client %s is the value of %s: that app would hold %s; give each its own value",
-				from("CLIENT_TOKENS", c.ClientTokensFile), name, sec.name, sec.what)
+				envPrefix+setBy("CLIENT_TOKENS", c.ClientTokensFile), name, sec.name, sec.what)
 		}
 	}
 	return nil
@@ -564,7 +568,7 @@ func (c *config) signConfig() (resign.Config, error) {
 	if err != nil {
 		return sc, err
 	}
-	if err := checkKey("SIGN_SECRET", key); err != nil {
+	if err := checkKey(setBy("SIGN_SECRET", c.SignSecretFile), key); err != nil {
 		return sc, err
 	}
 	sc.Secret = []byte(key)
@@ -582,10 +586,7 @@ func (c *config) signConfig() (resign.Config, error) {
 		return sc, bad("SIGN_ENCODING", fmt.Errorf("want hex or base64, got %q", c.SignEncoding))
 	}
 	sc.Encoding = c.SignEncoding
-	staticVar := "STATIC_HEADERS"
-	if c.StaticHeadersFile != "" {
-		staticVar = "STATIC_HEADERS_FILE"
-	}
+	staticVar := setBy("STATIC_HEADERS", c.StaticHeadersFile)
 	if err := checkHeaderSeparators(static); err != nil {
 		return sc, bad(staticVar, err)
 	}
@@ -807,29 +808,26 @@ func (c *config) storeURL() (string, error) {
 	// its line break or a space) would be part of it: a trailing space
 	// names another database ("db "), or another parameter value. The URL
 	// may hold a password: name the variable, not the content.
+	name := setBy("STORE_URL", c.StoreURLFile)
 	if raw != strings.TrimSpace(raw) {
-		from := "STORE_URL"
-		if c.StoreURLFile != "" {
-			from = "STORE_URL_FILE"
-		}
-		return "", bad(from, errors.New("the URL begins or ends with white space (a space or a line break copied with it?), which would be part of it; remove it"))
+		return "", bad(name, errors.New("the URL begins or ends with white space (a space or a line break copied with it?), which would be part of it; remove it"))
 	}
 	// The host is in the authority, or, for a Unix socket directory, in
 	// the query (postgres://user:password@/db?host=/run/postgresql).
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" && u.Query().Get("host") == "" {
-		return "", bad("STORE_URL", errors.New("want a URL such as postgres://user:password@host:5432/db"))
+		return "", bad(name, errors.New("want a URL such as postgres://user:password@host:5432/db"))
 	}
 	// url.Parse lowers the scheme; PostgreSQL's clients (libpq, pgx) take
 	// only postgres:// or postgresql:// as written, and pgx would read any
 	// other spelling as key=value settings ("invalid keyword/value").
 	if !strings.HasPrefix(raw, u.Scheme+"://") {
-		return "", bad("STORE_URL", errors.New("the scheme must be postgres:// or postgresql://, in lower case"))
+		return "", bad(name, errors.New("the scheme must be postgres:// or postgresql://, in lower case"))
 	}
 	// Its parameters (sslmode, connect_timeout, pool_max_conns…) are checked
 	// here too, so that a bad one stops the start as any bad value does.
 	if err := pgstore.CheckURL(raw); err != nil {
-		return "", bad("STORE_URL", err)
+		return "", bad(name, err)
 	}
 	return raw, nil
 }
@@ -846,11 +844,11 @@ func (c *config) clients(inUse []string) (*proxy.ClientTokens, string, error) {
 		return nil, "", bad("CLIENT_HEADER", err)
 	}
 	if err := checkTokenSeparators(list); err != nil {
-		return nil, "", bad("CLIENT_TOKENS", err)
+		return nil, "", bad(setBy("CLIENT_TOKENS", c.ClientTokensFile), err)
 	}
 	ct, err := proxy.ParseClientTokens(c.ClientHeader, list)
 	if err != nil {
-		return nil, "", bad("CLIENT_TOKENS", err)
+		return nil, "", bad(setBy("CLIENT_TOKENS", c.ClientTokensFile), err)
 	}
 	return ct, list, nil
 }
@@ -952,11 +950,11 @@ func (c *config) keySecret(clients bool) ([]byte, error) {
 	case !clients:
 		return nil, nil // keys go upstream as they are, as before client tokens
 	case v == "":
-		return nil, bad("KEY_SECRET", errors.New("required with IDEMPROXY_CLIENT_TOKENS: it binds each client's upstream keys to that client"))
+		return nil, bad(setBy("KEY_SECRET", c.KeySecretFile), errors.New("required with IDEMPROXY_CLIENT_TOKENS: it binds each client's upstream keys to that client"))
 	case len(v) < 16:
-		return nil, bad("KEY_SECRET", errors.New("shorter than 16 characters"))
+		return nil, bad(setBy("KEY_SECRET", c.KeySecretFile), errors.New("shorter than 16 characters"))
 	}
-	if err := checkKey("KEY_SECRET", v); err != nil {
+	if err := checkKey(setBy("KEY_SECRET", c.KeySecretFile), v); err != nil {
 		return nil, err
 	}
 	return []byte(v), nil

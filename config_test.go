@@ -1058,3 +1058,46 @@ func TestConfigUpstreamDotSegments(t *testing.T) {
 		}
 	}
 }
+
+// A bad value read from a _FILE variable's file is reported under the _FILE
+// variable, so that the operator looks in the file; the same value given
+// in the variable itself is reported under the variable. The value is not
+// shown.
+func TestConfigBadValueFromFileNamesTheFileVariable(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_DATA_DIR=" + dir}
+	tokens := "IDEMPROXY_CLIENT_TOKENS=app=token-of-app-0123456"
+	for _, tc := range []struct {
+		name, value string
+		extra       []string
+	}{
+		{"STORE_URL", "mysql://u:pw-secret-3@127.0.0.1/db", nil},
+		{"STORE_URL", "postgres://u:pw-secret-3@127.0.0.1/db?sslmode=sometimes", nil},
+		{"CLIENT_TOKENS", "app-without-token-pw-secret-3", []string{"IDEMPROXY_KEY_SECRET=key-secret-0123456789"}},
+		{"ADMIN_TOKEN", "pw-secret-3\tx", nil},
+		{"KEY_SECRET", "pw-secret-3", []string{tokens}},
+		{"KEY_SECRET", "", []string{tokens}},
+		{"SIGN_SECRET", " pw-secret-3-0123456789", nil},
+	} {
+		file := filepath.Join(dir, strings.ToLower(tc.name))
+		if err := os.WriteFile(file, []byte(tc.value+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		variable := "IDEMPROXY_" + tc.name
+		_, _, err := loadConfig(append(append(base, tc.extra...), variable+"_FILE="+file))
+		if err == nil {
+			t.Errorf("%s_FILE holding %q accepted, want a refusal", variable, tc.value)
+		} else if msg := err.Error(); !strings.Contains(msg, variable+"_FILE") || strings.Contains(msg, "pw-secret-3") {
+			t.Errorf("%s_FILE holding %q: message %q does not name %s_FILE, or shows the value", variable, tc.value, msg, variable)
+		}
+		if tc.value == "" {
+			continue // unset, not bad, without the file
+		}
+		_, _, err = loadConfig(append(append(base, tc.extra...), variable+"="+tc.value))
+		if err == nil {
+			t.Errorf("%s=%q accepted, want a refusal", variable, tc.value)
+		} else if msg := err.Error(); !strings.Contains(msg, variable) || strings.Contains(msg, variable+"_FILE") {
+			t.Errorf("%s=%q: message %q does not name %s alone", variable, tc.value, msg, variable)
+		}
+	}
+}
