@@ -137,6 +137,48 @@ func TestCLIRecordsGet(t *testing.T) {
 	}
 }
 
+// TestCLIWithTokenLogsNoRefusal: an operator command run with the right
+// token leaves no "call refused" line in the instance's log. Its check
+// that the address is the admin API (asked without the token, so that the
+// token never goes to the proxy port) was GET /admin/v1/, which the API
+// refused 401 and logged at WARN as a call refused for its token, with a
+// count: every records and orders command of an incident read in the log as
+// someone trying the admin API without the token, an alert on those lines
+// fired for the on-call's own commands, and a real guesser's refusals were
+// lost among them.
+func TestCLIWithTokenLogsNoRefusal(t *testing.T) {
+	p, key := startOperatorSetup(t)
+	for _, args := range [][]string{
+		{"records", "get", key},
+		{"records", "list", "--state", "unknown"},
+		{"orders", "get", "--path", "/payments", "--value", "no-such-order"},
+	} {
+		cmd := exec.Command(binPath, args...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "IDEMPROXY_ADMIN_ADDR=" + p.admin, "IDEMPROXY_ADMIN_TOKEN=" + adminToken}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v = %v\n%s", args, err, out)
+		}
+	}
+	// Without the token a refusal is still logged: the line is what the
+	// commands above must not cause.
+	if r := send(t, "GET", "http://"+p.admin+"/admin/v1/records/"+key, ""); r.status != http.StatusUnauthorized {
+		t.Fatalf("GET without token = %d, want 401", r.status)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(p.text(), "call refused") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	var refused []string
+	for _, l := range strings.Split(p.text(), "\n") {
+		if strings.Contains(l, "call refused") {
+			refused = append(refused, l)
+		}
+	}
+	if len(refused) != 1 || !strings.Contains(refused[0], `"what":"GET /admin/v1/records/`+key+`"`) || !strings.Contains(refused[0], `"refused":1`) {
+		t.Fatalf("refusal lines = %q, want one, for the GET without token only", refused)
+	}
+}
+
 // TestCLIRecordsGetAnyKey: records get finds the record of every key an app
 // may send, those that are a dot-segment of a URL path included. "." and
 // ".." went into the call's path as they are, so the admin listener took
