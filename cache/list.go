@@ -29,7 +29,7 @@ const defaultListLimit = 100
 // client and key where they still read, instead of failing the page; one in
 // a state this build does not know (a newer build's) is listed so with the
 // unknown records, in its own state: its operation may have reached the
-// provider.
+// provider. Past f.Budget, the page ends at a record read past.
 func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error) {
 	const op = "list"
 	if limit <= 0 {
@@ -52,6 +52,17 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 	var last []byte // the key of out's last record
 	size := 0       // what out's records hold (store.MaxListBytes)
 	now := s.now()
+	began := time.Now() // f.Budget is of the wall clock, whatever s.now is
+	// spent says, for a record read past, whether f.Budget is spent: the
+	// page then ends, and the next starts after that record. Only records
+	// read past count: those listed are at most limit.
+	spent := func(item *badger.Item) bool {
+		if f.Budget > 0 && time.Since(began) >= f.Budget {
+			next = hex.EncodeToString(item.Key())
+			return true
+		}
+		return false
+	}
 	err := s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(recordPrefix)})
 		defer it.Close()
@@ -62,9 +73,15 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 			item := it.Item()
 			meta := store.State(item.UserMeta())
 			if meta != f.State && (f.State != store.Unknown || knownState(meta)) {
+				if spent(item) {
+					return nil
+				}
 				continue
 			}
 			if exp := item.ExpiresAt(); exp != 0 && uint64(now.Unix()) >= exp {
+				if spent(item) {
+					return nil
+				}
 				continue
 			}
 			var rec store.Record
@@ -84,6 +101,9 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 			}
 			rec.ExpiresAt = expiresAt(item.ExpiresAt())
 			if f.Keep != nil && rec.Unreadable == nil && !f.Keep(&rec) {
+				if spent(item) {
+					return nil
+				}
 				continue
 			}
 			n := rec.Size()

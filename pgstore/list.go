@@ -10,6 +10,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,6 +34,7 @@ const defaultListLimit = 100
 // store.Record.Unreadable instead of failing the page, and one in a state
 // this version does not know (a newer version's) is listed with the
 // unknown records so: its operation may have reached the provider.
+// Past f.Budget, the page ends after a batch with a row read past.
 func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit int) ([]store.Record, string, error) {
 	if limit <= 0 {
 		limit = defaultListLimit
@@ -47,13 +49,16 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 	}
 	var out []store.Record
 	size := 0 // what out's records hold
+	began := time.Now()
 	for {
 		rows, cut, err := s.listBatch(ctx, f.State, after, batch, f.Bodies)
 		if err != nil {
 			return nil, "", err
 		}
+		skipped := false // a row of the batch read past: the budget is for those
 		for i := range rows {
 			if f.Keep != nil && rows[i].Unreadable == nil && !f.Keep(&rows[i]) {
+				skipped = true
 				continue
 			}
 			n := rows[i].Size()
@@ -69,6 +74,9 @@ func (s *Store) List(ctx context.Context, f store.Filter, cursor string, limit i
 			return out, "", nil
 		}
 		after = rows[len(rows)-1].ID
+		if skipped && f.Budget > 0 && time.Since(began) >= f.Budget {
+			return out, encodeCursor(after), nil // the next call starts after the batch read
+		}
 	}
 }
 

@@ -323,6 +323,15 @@ type Filter struct {
 	// (MaxListBytes) are those of the records as returned, so records
 	// without their bodies come many more to a page.
 	Bodies bool
+	// Budget, when above 0, bounds how long one List call reads past
+	// records it does not list: past it, List returns the page it has,
+	// short or empty, with the cursor of the last record it read (records
+	// listed count towards the time, but are at most limit), so that a listing whose
+	// records are few among millions (f.Keep's needs_review among every
+	// final answer) answers each call in about Budget, not in a scan of the
+	// whole store that outlasts the caller's timeout. Each call looks at
+	// one record (PostgreSQL: one batch) at least, so paging advances.
+	Budget time.Duration
 }
 
 // Sentinel errors, matched with errors.Is. Any other error from a write
@@ -447,7 +456,8 @@ type Store interface {
 	// page of one or more records past MaxListBytes, so a page holds at
 	// most MaxListBytes, or one record. A page may thus be short with a
 	// next cursor, and every record is still reached once across the pages;
-	// the cursor is the position of the page's last record. Records it
+	// the cursor is the position of the page's last record (past
+	// f.Budget: of the last record read). Records it
 	// reads past (f.Keep's, another state's, one that does not fit) are not
 	// kept meanwhile: a page's memory is bounded whatever the records'
 	// sizes and limit. limit <= 0

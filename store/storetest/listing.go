@@ -532,3 +532,64 @@ func paddedBody(status string, n int) []byte {
 	b = append(b, bytes.Repeat([]byte{'x'}, max(0, n-len(b)-2))...)
 	return append(b, `"}`...)
 }
+
+// testListBudget: with Filter.Budget, a call stops looking once the budget
+// is spent and returns a short (or empty) page with a next cursor; paging
+// on still reaches every record once. The records kept are few among many
+// more of the state that Keep skips (needs_review among every final
+// answer), more than one of PostgreSQL's batches: a listing without the
+// budget scanned them all in one call, however long that took (over the
+// operator command's 10 s timeout on a store of a million final answers).
+func testListBudget(t *testing.T, s store.Store, _ func(time.Duration)) {
+	ctx := context.Background()
+	base := newID("")
+	id := func(k string) store.ID { return store.ID{Tenant: base.Tenant, Key: k} }
+	review := store.Response{Status: 200, Header: http.Header{}, Body: []byte(`{"status":"needs_review"}`)}
+	var want []string
+	for i := range 1100 {
+		k := fmt.Sprintf("b%04d", i)
+		mustBegin(t, s, id(k), fpA, "o-"+k, Long)
+		resp := ok
+		if i%250 == 7 {
+			resp = review
+			want = append(want, k)
+		}
+		if err := s.Complete(ctx, id(k), "o-"+k, resp, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := store.Filter{State: store.Final, Budget: time.Nanosecond, Keep: func(r *store.Record) bool {
+		return r.ID.Tenant == base.Tenant && r.Response.NeedsReview()
+	}}
+	var got []string
+	cursor, cut := "", 0
+	for page := 0; ; page++ {
+		recs, next, err := s.List(ctx, f, cursor, 100)
+		if err != nil {
+			t.Fatalf("List(page %d, %q): %v", page, cursor, err)
+		}
+		for _, r := range recs {
+			if !f.Keep(&r) {
+				t.Fatalf("listed a record Keep refuses: %+v", r)
+			}
+			got = append(got, r.ID.Key)
+		}
+		if next == "" {
+			break
+		}
+		if len(recs) < 100 {
+			cut++
+		}
+		if next == cursor || page > 100000 {
+			t.Fatalf("List does not advance: cursor %q", next)
+		}
+		cursor = next
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	if cut == 0 {
+		t.Fatalf("with a budget of 1ns, every call scanned on to the end or a full page: the budget bounds nothing")
+	}
+}

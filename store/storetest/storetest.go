@@ -67,6 +67,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ListKeepFullPages", testListKeepFullPages},
 		{"ListByBytes", testListByBytes},
 		{"ListWithoutBodies", testListWithoutBodies},
+		{"ListBudget", testListBudget},
 		{"RequestFields", testRequestFields},
 		{"TakeoverKeepsUpstreamKey", testTakeoverKeepsUpstreamKey},
 		{"LastBody", testLastBody},
