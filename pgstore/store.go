@@ -1162,8 +1162,11 @@ func read[T any](ctx context.Context, s *Store, fn func(ctx context.Context, con
 		for try := 0; try == 0 || idleEnded(r.err) && try <= idleEndedTries; try++ {
 			conn, err := s.pool.Acquire(ctx)
 			if err != nil {
+				// A new session the server ended while idle before its
+				// settings (applySettings) reached it is tried again
+				// like a statement's: nothing ran on it.
 				r = result{err: err}
-				break
+				continue
 			}
 			v, err := fn(sctx, conn)
 			conn.Release()
