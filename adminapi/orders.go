@@ -104,7 +104,13 @@ func (h *Handler) listRecords(w http.ResponseWriter, r *http.Request) {
 	// fetches nor keeps them.
 	withBody := q.Get("body") == "1"
 	f.Bodies = withBody
-	f.Budget = listBudget
+	if noToken == nil {
+		// A name with no token is refused unless the listing finds a
+		// record of it, which takes reading the listing whole: a page
+		// cut short could not tell a mistyped name from a removed
+		// client's records further on.
+		f.Budget = listBudget
+	}
 	recs, next, err := h.opt.Store.List(r.Context(), f, cursor, limit)
 	switch {
 	case errors.Is(err, store.ErrBadCursor):
