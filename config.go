@@ -87,7 +87,7 @@ type config struct {
 
 	StatusProbe          string        `env:"STATUS_PROBE" doc:"provider lookup sent before re-sending an operation whose outcome is unknown: METHOD PATH [BODY] with {idempotency_key}, {req.<dotted.path>}, {resp.<dotted.path>}, e.g. GET /payments/{resp.payment_id}; empty = none"`
 	StatusProbeRoutes    string        `env:"STATUS_PROBE_ROUTES" doc:"the operations STATUS_PROBE looks up: METHOD PATH rules separated by ; (* is one path segment, as in ROUTES), e.g. POST /payments; others are re-sent with the same key; empty = every operation"`
-	StatusProbeNotFound  string        `env:"STATUS_PROBE_NOT_FOUND_CODES" doc:"comma list of the error codes (at error.code or code of a JSON body) by which the provider answers STATUS_PROBE 404 for an operation it does not have (payouts: payout.not_found); only such an answer means not executed, any other 404 (a gateway's, another code) leaves the outcome unknown; empty = no answer does"`
+	StatusProbeNotFound  string        `env:"STATUS_PROBE_NOT_FOUND_CODES" doc:"comma list of the error codes (at error.code or code of a JSON body) by which the provider answers STATUS_PROBE 404 for an operation it does not have (payouts: payout.not_found); set, only such an answer means not executed, any other 404 (a gateway's, another code) leaves the outcome unknown; empty = any 404 means not executed but an HTML page (a gateway's or load balancer's)"`
 	ProviderKeyRetention time.Duration `env:"PROVIDER_KEY_RETENTION" envDefault:"0" doc:"how long the provider keeps idempotency keys (payments: 48h); an unknown operation first sent longer ago is never re-sent blindly; 0 = forever"`
 
 	LogLevel      string        `env:"LOG_LEVEL" envDefault:"info" doc:"debug, info, warn or error"`

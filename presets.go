@@ -60,10 +60,8 @@ var presets = map[string]map[string]string{
 		// the creation of one: a refund's 504 may name its payment too.
 		"STATUS_PROBE_ROUTES": "POST /payments",
 		// No STATUS_PROBE_NOT_FOUND_CODES: the provider documents no answer
-		// for a payment it does not have, and the 504 the lookup is filled
-		// from names a payment it created; a 404 leaves the outcome
-		// unknown (re-sent with the same key within the 48 h, refused
-		// after).
+		// for a payment it does not have, so any 404 but a gateway's HTML
+		// page means not executed, as the contract says.
 	},
 	// Cards: a new signature ("new time") per retry; timeouts, any 5xx, 503
 	// maintenance and 429 are retried with the same key, 4xx business codes

@@ -413,19 +413,25 @@ type Lookup struct {
 	// NotFoundCodes are the business codes by which the provider says, in a
 	// 404, that it has no such operation (IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES,
 	// payouts: payout.not_found), read at error.code or code of a JSON body.
-	// Only such an answer means the operation did not happen; none: no answer
-	// does.
+	// With them, only such an answer means the operation did not happen.
+	// None: any 404 does but a page (see NotFound).
 	NotFoundCodes []string
 }
 
-// NotFound reports whether a probe's answer is the provider's own "no such
-// operation": a 404 whose JSON body carries one of NotFoundCodes at
-// error.code (or code). A gateway's or load balancer's 404 (an HTML page, a
-// route it does not know) and a 404 for another reason (another code, no
-// code) say nothing of the operation, which may have run: it stays unknown.
+// NotFound reports whether a probe's answer is the provider's "no such
+// operation". With NotFoundCodes, only a 404 whose JSON body carries one of
+// them at error.code (or code) is: a 404 for another reason (another code,
+// none) or from a gateway in between says nothing of the operation, which
+// may have run, and it stays unknown. Without them, a 404 is, as the
+// contract says, but for a page (a body that begins with <: the HTML a
+// gateway or load balancer answers for a route it does not know), which is
+// not the provider's API speaking.
 func (l *Lookup) NotFound(status int, body []byte) bool {
-	if status != http.StatusNotFound || len(l.NotFoundCodes) == 0 {
+	if status != http.StatusNotFound {
 		return false
+	}
+	if len(l.NotFoundCodes) == 0 {
+		return !bytes.HasPrefix(bytes.TrimLeft(body, " \t\r\n\ufeff"), []byte("<"))
 	}
 	var top, inner map[string]json.RawMessage
 	if json.Unmarshal(body, &top) != nil {

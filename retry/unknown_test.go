@@ -137,6 +137,52 @@ func TestProbeSaysNotExecutedOnlyOnTheProvidersWord(t *testing.T) {
 	}
 }
 
+// Without IDEMPROXY_STATUS_PROBE_NOT_FOUND_CODES a 404 means the operation
+// did not happen, as the contract says, and it is re-sent as a first send
+// past the key retention too; but a page (a gateway's or load balancer's
+// HTML 404 for a route it does not know) is not the provider speaking: the
+// operation stays unknown and is refused past the retention.
+func TestProbeNotFoundWithoutCodes(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		answer step
+		result ProbeResult
+		lines  []string
+	}{
+		{"JSON 404: re-sent", respond(404, `{"error":{"code":"payment_not_found"}}`), ProbeNotFound, []string{probeGET, resendPOST}},
+		{"empty 404: re-sent", respond(404, ``), ProbeNotFound, []string{probeGET, resendPOST}},
+		{"gateway's HTML 404: unknown", htmlAnswer(404, "<html><body><h1>404 Not Found</h1><hr>nginx</body></html>"), ProbeOther, []string{probeGET}},
+		{"gateway's HTML 404 after white space: unknown", htmlAnswer(404, "\r\n  <!DOCTYPE html><html><title>Not Found</title></html>"), ProbeOther, []string{probeGET}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newProvider(t, c.answer, process)
+			h := newHarness(t, testPolicy())
+			h.tr.KeyRetention = 48 * time.Hour
+			rec := withProbe(t, h, p, "GET /v1/payout/{resp.id}")
+			h.tr.Prober.(*probe.Lookup).NotFoundCodes = nil
+			resume := &Resume{FirstSentAt: h.clock.Now().Add(-49 * time.Hour), LastBody: []byte(`{"id":"op-7"}`)}
+			resp, rep, err := h.tr.Do(post(t, p.srv.URL), Call{Mode: Protected, Resume: resume})
+			if c.result == ProbeNotFound {
+				readFinal(t, resp, err, 200, rep.Attempts)
+				if !rep.SentAnew {
+					t.Errorf("not found: SentAnew false, want the re-send reported as a first send")
+				}
+			} else {
+				var ex *ExhaustedError
+				if !errors.Is(err, ErrKeyExpired) || !errors.As(err, &ex) || !ex.Unknown || rep.Disposition != Unknown {
+					t.Fatalf("Do = %v, %v (disposition %v); want the operation still unknown, refused (ErrKeyExpired)", resp, err, rep.Disposition)
+				}
+			}
+			if got := rec.results(); !slices.Equal(got, []ProbeResult{c.result}) {
+				t.Errorf("probe results %v, want [%s]", got, c.result)
+			}
+			if got := requestLines(p); !slices.Equal(got, c.lines) {
+				t.Errorf("provider saw %q, want %q", got, c.lines)
+			}
+		})
+	}
+}
+
 // htmlAnswer answers status with a text/html body, as a gateway does.
 func htmlAnswer(status int, body string) step {
 	return func(_ *provider, w http.ResponseWriter, _ *http.Request) {
