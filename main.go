@@ -218,7 +218,7 @@ func run(ctx context.Context, cfg config, set settings, log *slog.Logger, ready 
 		"inprogress_status", cfg.InProgressStatus, "inprogress_code", cfg.InProgressCode)
 	obs := &observer{log: log, m: m}
 	instrumented := m.Store(st)
-	m.UnknownOperations(countUnknown(st, log, time.Now), time.Now)
+	m.UnknownOperations(countUnknown(st, log, time.Now, unknownScanBound(st)), time.Now)
 	gate := ratelimit.New(cfg.RateLimit, cfg.RateBurst)
 	var settle func(context.Context) error
 	if ps, ok := st.(*pgstore.Store); ok {

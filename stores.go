@@ -139,10 +139,16 @@ func shareThrottle(s *pgstore.Store, gate *ratelimit.Gate, set settings, log *sl
 // first sends are of the database's clock and are carried over to now's). A record kept unknown whose value
 // cannot be read (a newer version's, or damaged) counts, without a first
 // send; a warning says how many there are whenever that number changes.
-func countUnknown(s store.Store, log *slog.Logger, now func() time.Time) func(ctx context.Context) (int, time.Time, error) {
+// bound, if not 0, bounds one walk (a shared store's, on a hung database).
+func countUnknown(s store.Store, log *slog.Logger, now func() time.Time, bound time.Duration) func(ctx context.Context) (int, time.Time, error) {
 	var mu sync.Mutex
 	warned := 0 // unreadable unknown records found by the last scan that ended
 	return func(ctx context.Context) (int, time.Time, error) {
+		if bound > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, bound)
+			defer cancel()
+		}
 		n, oldest, cursor := 0, time.Time{}, ""
 		var unreadable []string
 		for {
@@ -191,6 +197,17 @@ func countUnknown(s store.Store, log *slog.Logger, now func() time.Time) func(ct
 			cursor = next
 		}
 	}
+}
+
+// unknownScanBound bounds a walk of the unknown records (countUnknown): 10 s
+// on a shared store, whose database may hang (the walk's figures then wait
+// for the next one); none on Badger, whose walk of millions of records takes
+// tens of seconds and ends.
+func unknownScanBound(s store.Store) time.Duration {
+	if _, shared := s.(*pgstore.Store); shared {
+		return 10 * time.Second
+	}
+	return 0
 }
 
 // releaseInFlight frees the records a crashed process left in flight. One

@@ -40,7 +40,7 @@ func TestUnknownOldestCountedByDatabaseClock(t *testing.T) {
 
 	ahead := func() time.Time { return time.Now().Add(time.Hour) }
 	m := metrics.New("test")
-	m.UnknownOperations(countUnknown(s, slog.New(slog.NewTextHandler(io.Discard, nil)), ahead), ahead)
+	m.UnknownOperations(countUnknown(s, slog.New(slog.NewTextHandler(io.Discard, nil)), ahead, unknownScanBound(s)), ahead)
 	families, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -214,12 +214,16 @@ const unknownWait = 2 * time.Second
 // idemproxy_unknown_oldest_seconds from scan, which reads the store: how many
 // records are in state unknown and when the oldest was first sent. Every
 // replica sharing a store reports the same figures. A scan is reused for
-// 30 s, so that scrapes do not walk a large store over and over, unless this
-// process parked or resumed an unknown operation since.
+// 30 s, or four times as long as the last one took (a Badger store of
+// millions of records is walked in tens of seconds), so that scrapes do not
+// walk a large store over and over, unless this process parked or resumed
+// an unknown operation since. The scan bounds itself (a shared store's call
+// timeout): a bound here cut the walk of a large Badger store every time,
+// and the gauges then said 0 for ever.
 //
-// A scrape waits at most unknownWait for a scan, which may take up to 10 s,
-// and otherwise reports the figures of the last scan that ended; the scan
-// goes on and its figures serve the next scrape. Waiting for it whole (once
+// A scrape waits at most unknownWait for a scan, and otherwise reports the
+// figures of the last scan that ended; the scan goes on and its figures
+// serve the next scrape. Waiting for it whole (once
 // per gauge) made a scrape on a hung database take twice the store's call
 // timeout, 10 s by default: as long as Prometheus's default scrape timeout,
 // so that the scrape failed as a whole, and with it
@@ -229,20 +233,20 @@ func (m *Metrics) UnknownOperations(scan func(ctx context.Context) (n int, oldes
 	var mu sync.Mutex
 	var at, oldest time.Time
 	var n int
+	var took time.Duration    // how long the last scan that ended took
 	var running chan struct{} // closed when the scan under way ends; nil when none is
 	var until time.Time       // how long scrapes wait for it
 	read := func() (int, time.Time) {
 		mu.Lock()
-		if t := now(); running == nil && (at.IsZero() || t.Sub(at) >= 30*time.Second || m.unknownStale.Swap(false)) {
+		if t := now(); running == nil && (at.IsZero() || t.Sub(at) >= max(30*time.Second, 4*took) || m.unknownStale.Swap(false)) {
 			done := make(chan struct{})
 			running, until = done, time.Now().Add(unknownWait)
 			go func() {
 				defer close(done)
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				c, o, err := scan(ctx)
+				c, o, err := scan(context.Background())
 				mu.Lock()
 				defer mu.Unlock()
+				took = now().Sub(t)
 				if err == nil {
 					n, oldest, at = c, o, t
 				}
@@ -264,7 +268,7 @@ func (m *Metrics) UnknownOperations(scan func(ctx context.Context) (n int, oldes
 		return n, oldest
 	}
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "operations_unknown",
-		Help: "Records in state unknown: the provider may have acted and no final answer came; each waits for the app's next request (or a person). Read from the store at most every 30 s."},
+		Help: "Records in state unknown: the provider may have acted and no final answer came; each waits for the app's next request (or a person). Read from the store at most every 30 s, or every four times as long as a read takes on a large store."},
 		func() float64 { c, _ := read(); return float64(c) }))
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "unknown_oldest_seconds",
 		Help: "Age of the oldest operation in state unknown, from its first send; 0 when there is none."},
