@@ -1,16 +1,15 @@
 package proxy_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/retry"
 	"github.com/idemproxy/idemproxy/store"
@@ -78,7 +77,7 @@ func TestLostLeaseStopsTheOperation(t *testing.T) {
 // made and that the replica that took the key over resumes it with the
 // same key, this one storing nothing.
 func TestLostLeaseLogsTheAttemptsMade(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	done := make(chan proxy.Summary, 1)
 	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) {
 		o.Lease = 300 * time.Millisecond
@@ -122,24 +121,6 @@ func TestLostLeaseLogsTheAttemptsMade(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log destination safe for the handler's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // renewFails is a real store whose lease renewals never reach it.
 type renewFails struct{ proxy.Store }
 
@@ -153,7 +134,7 @@ func (renewFails) Renew(context.Context, store.ID, string, time.Duration) error 
 // a lease taken over, but nobody has taken the key over yet. The line
 // saying the lease was lost must say so, not that another replica took it.
 func TestLeaseRanOutLogsWhy(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	e := newEnv(t, func(o *proxy.Options, _ *retry.Policy) {
 		o.Lease = 300 * time.Millisecond
 		o.Store = renewFails{o.Store}
