@@ -149,7 +149,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	// line, cutting what was in flight. There is nothing to reload: it drains.
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	go stopOnSignals(sigs, stop, log, ctx.Done())
+	go stopOnSignals(sigs, stop, log, ctx.Done(), inFlightCut(set.storeURL != ""))
 	if err := run(ctx, cfg, set, log, nil); err != nil {
 		if errors.Is(err, errStoppedDuringStart) {
 			log.Info("stopped during the start by a signal: nothing was served", "err", err.Error())
@@ -172,8 +172,9 @@ var errStoppedDuringStart = errors.New("stopped during the start")
 // signal with the default action is ignored by the kernel, and Go's runtime
 // then exits with status 2, which says "bad configuration", with no log line.
 // Ending at once keeps the guarantee of a SIGKILL: what was in flight is
-// released at the next start.
-func stopOnSignals(sigs <-chan os.Signal, stop func(), log *slog.Logger, served <-chan struct{}) {
+// released at the next start (Badger) or resumed once its lease runs out
+// (PostgreSQL); cut says which, in the log line.
+func stopOnSignals(sigs <-chan os.Signal, stop func(), log *slog.Logger, served <-chan struct{}, cut string) {
 	select {
 	case <-sigs:
 		stop()
@@ -181,9 +182,18 @@ func stopOnSignals(sigs <-chan os.Signal, stop func(), log *slog.Logger, served 
 		return
 	}
 	s := <-sigs
-	log.Warn("second signal during the drain: stopping at once; operations still in flight are released at the next start and resumed by the app's retry with the same key",
+	log.Warn("second signal during the drain: stopping at once; operations still in flight "+cut,
 		"signal", s.String())
 	os.Exit(1)
+}
+
+// inFlightCut says what becomes of the operations a process ends with in
+// flight (a second signal, as a SIGKILL would).
+func inFlightCut(shared bool) string {
+	if shared {
+		return "keep their records until their lease runs out: the app's retry with the same key, on any replica, then resumes them, and one left unretried is parked as unknown by a sweep a minute after its lease"
+	}
+	return "are released at the next start and resumed by the app's retry with the same key"
 }
 
 // listeners reports where run listens, once both listeners are open.

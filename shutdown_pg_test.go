@@ -66,3 +66,53 @@ func TestShutdownParksWhatTheDrainCouldNotStore(t *testing.T) {
 			rec.status, rec.body, a.text())
 	}
 }
+
+// TestSecondSIGTERMOnPostgresSaysTheLeaseResumes: a second SIGTERM during
+// the drain of a replica on PostgreSQL ends it at once, as on Badger, but
+// its operation in flight is not "released at the next start" (the WARN
+// line said so on both stores): its record stays in flight under the dead
+// replica's lease, and the app's retry on another replica resumes it with
+// the same key once the lease is over. The line now says that, and the
+// retry does it: one execution at the provider, the answer to the app.
+func TestSecondSIGTERMOnPostgresSaysTheLeaseResumes(t *testing.T) {
+	url := pgtest.Database(t)
+	prov := newHeldProvider(1)
+	up := httptest.NewServer(prov)
+	defer up.Close()
+	defer prov.Release()
+	env := sharedEnv(up.URL, url, "IDEMPROXY_SHUTDOWN_GRACE=2m", "IDEMPROXY_STORE_LEASE=2s", "IDEMPROXY_INFLIGHT_WAIT=1m")
+	a := launch(t, launchSpec{env: env})
+	body := `{"order_id":"twice-pg-1","amount":"10.00"}`
+	goSend("POST", "http://"+a.proxy+"/v1/payments", body)
+	key := <-prov.entered
+
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	a.waitLine(t, "proxy listener closed")
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("still draining a minute after the second SIGTERM:\n%s", a.text())
+	}
+	line := a.waitLine(t, "second signal during the drain")
+	if strings.Contains(line, "next start") || !strings.Contains(line, "lease") {
+		t.Errorf("the WARN line on PostgreSQL says what Badger does, not that the lease ends it:\n%s", line)
+	}
+	prov.Release() // the provider executes the cut attempt; nobody gets its answer
+
+	b := launch(t, launchSpec{env: env})
+	r := send(t, "POST", "http://"+b.proxy+"/v1/payments", body)
+	if r.status != http.StatusCreated || !strings.Contains(r.body, "pay_"+key[:8]) {
+		t.Errorf("the retry on b = %d %s, want the provider's answer under the same key\n%s", r.status, r.body, b.text())
+	}
+	prov.mu.Lock()
+	execs, seen := prov.execs[key], prov.seen[key]
+	prov.mu.Unlock()
+	if execs != 1 || seen != 2 {
+		t.Errorf("the key reached the provider %d times and was executed %d times, want 2 and 1", seen, execs)
+	}
+}
