@@ -139,9 +139,11 @@ func resumed(rec store.Record) store.Outcome {
 // request resumes, if it has this request's fingerprint fp: the bytes the
 // resume sends (see store.Outcome.Sent). Else nil, and the resume sends
 // this request's own bytes, as before stores kept them: a record that kept
-// none, or one whose bytes are another request's, which no store writes
-// (a safeguard: sent with this request's key, another request's bytes
-// would be another operation), or bytes that cannot be decoded now.
+// none, or one whose bytes do not give this request's fingerprint (this
+// build never keeps such bytes, but a build that computed fingerprints
+// otherwise may have, in a rolling update: sent with this request's key,
+// another request's bytes would be another operation), or bytes that cannot
+// be decoded now.
 func (h *Handler) firstSent(r *http.Request, id store.ID, fp []byte, sent *store.Sent, t *ticket) *store.Sent {
 	if sent == nil {
 		return nil
