@@ -321,6 +321,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength < 0 {
 		// A declared length was checked above, and the server ends such a
 		// body at it: only a body of unknown length needs the bound.
+		// It goes on a copy of the request: net/http closes the
+		// connection after a chunked body whose read failed (a trailer
+		// section past its 4 KiB buffer) only while the request it
+		// holds still has its own body; with another reader there, its
+		// discard of the rest reads "already closed", takes the body
+		// for consumed, and reads the trailer section's bytes as the
+		// next request (TestTrailerTooLongClosesTheConnection).
+		r = r.WithContext(r.Context())
 		r.Body = http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes)
 	}
 	t := h.adm.admit()
