@@ -340,6 +340,9 @@ func (s *sequence) send() (*http.Response, []byte, error) {
 	}
 	defer resp.Body.Close()
 	body, err := readLimited(resp.Body, resp.ContentLength, s.t.maxResponseBytes())
+	if err == nil {
+		body, err = decodeAnswer(resp, body, s.t.maxResponseBytes())
+	}
 	if err != nil {
 		// A body cut short is an answer lost on the way: outcome unknown.
 		return nil, nil, err

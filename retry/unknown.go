@@ -250,6 +250,9 @@ func (s *sequence) probe() (*http.Response, ProbeResult) {
 	// attempt's does.
 	s.noteRetryAfter(&outcome{resp: resp})
 	body, err := readLimited(resp.Body, resp.ContentLength, s.t.maxResponseBytes())
+	if err == nil {
+		body, err = decodeAnswer(resp, body, s.t.maxResponseBytes())
+	}
 	info.Status = resp.StatusCode
 	switch {
 	case err != nil:
