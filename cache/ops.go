@@ -341,6 +341,20 @@ func expiresAt(exp uint64) time.Time {
 	return time.Unix(int64(exp), 0).UTC()
 }
 
+// expiryAfter is a Badger ExpiresAt (whole Unix seconds) no earlier than
+// now + ttl: rounded up, so that a record is kept for its whole TTL. Rounded
+// down, one written at x.9 s went 0.9 s early, and a fingerprint window's
+// anchor kept for a RECORD_TTL equal to its window was gone before the
+// window ended.
+func expiryAfter(now time.Time, ttl time.Duration) uint64 {
+	at := now.Add(ttl)
+	sec := at.Unix()
+	if at.Nanosecond() > 0 {
+		sec++
+	}
+	return uint64(sec)
+}
+
 // put writes rec at key with the store's TTL counted from now, if it
 // expires. UserMeta
 // carries the state so ReleaseInFlight can scan without reading values.
@@ -372,7 +386,7 @@ func (s *Store) put(txn *badger.Txn, key []byte, buf *[]byte, rec *store.Record,
 	// and an in-flight or unknown one until it is final: forgotten, its
 	// operation would be sent again as a new one.
 	if s.ttl > 0 && rec.Expires() {
-		e.ExpiresAt = uint64(now.Add(s.ttl).Unix())
+		e.ExpiresAt = expiryAfter(now, s.ttl)
 	}
 	rec.ExpiresAt = expiresAt(e.ExpiresAt)
 	return translate(txn.SetEntry(e))
