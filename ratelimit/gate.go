@@ -91,6 +91,7 @@ type Gate struct {
 	downUntil time.Time     // Shared failed: the local share until then
 	shareSet  atomic.Bool   // SetReplicas was called: the local share is known
 	slowUntil time.Time     // a slow Take was reported: the next is not until then
+	slowSince time.Time     // the first of the Takes timing out in a row; zero after any other end
 
 	closed    chan struct{} // closed by Close
 	closeOnce sync.Once

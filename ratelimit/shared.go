@@ -208,7 +208,11 @@ func (g *Gate) sharedTicket(ctx context.Context) (tk ticket, ok bool, err error)
 // provider's rate limit (two replicas on two loaded cores: a replica that
 // timed out paced alone for 5 s at the rate its last heartbeat allowed,
 // while the other took the whole bucket). The attempt waits for the store
-// instead, until its own deadline or Close.
+// instead, until its own deadline or Close. But a store whose Takes have
+// all timed out for sharedRetry is not slow: it is hung or cut off (its
+// processes stopped, its packets dropped), and waiting for it would send
+// nothing for as long as it lasts, every attempt ending at its deadline. It
+// is down then, and the local share paces until a Take answers again.
 func (g *Gate) lead(ctx context.Context) error {
 	for g.giving != nil {
 		done := g.giving
@@ -221,6 +225,7 @@ func (g *Gate) lead(ctx context.Context) error {
 	g.smu.Lock()
 	switch {
 	case err == nil:
+		g.slowSince = time.Time{}
 		g.leases++
 		l.id = g.leases
 		g.lease = l
@@ -229,13 +234,24 @@ func (g *Gate) lead(ctx context.Context) error {
 	case g.isClosed():
 		return ErrClosed
 	case errors.Is(err, context.DeadlineExceeded):
-		if now := g.now(); !now.Before(g.slowUntil) {
+		now := g.now()
+		if g.slowSince.IsZero() {
+			g.slowSince = now
+		}
+		if hung := now.Sub(g.slowSince); hung >= sharedRetry {
+			// Left set: the next Take that times out falls back at once.
+			g.downUntil = now.Add(sharedRetry)
+			g.sharedFailed(fmt.Errorf("no answer for %v: %w", hung.Round(time.Second)+sharedTimeout, err))
+			break
+		}
+		if !now.Before(g.slowUntil) {
 			g.slowUntil = now.Add(sharedRetry)
 			if g.OnSharedSlow != nil {
 				g.OnSharedSlow(err)
 			}
 		}
 	default:
+		g.slowSince = time.Time{}
 		g.downUntil = g.now().Add(sharedRetry)
 		g.sharedFailed(err)
 	}

@@ -267,6 +267,56 @@ func TestGateSharedSlowTakeWaits(t *testing.T) {
 	}
 }
 
+// A store that never answers (its host hung, or its packets dropped: every
+// Take times out) is down, not slow: after Takes have timed out for
+// sharedRetry in a row the replica paces alone with its share, as when the
+// store refuses, and goes on doing so while the Takes keep timing out. It
+// used to take again for ever: with the database's processes stopped
+// (SIGSTOP), three replicas sent nothing to the provider and every
+// unprotected request waited its whole 2 min retry budget for a 502.
+func TestGateSharedHungStoreFallsBack(t *testing.T) {
+	g, c := newTestGate(10, 1)
+	f := &fakeShared{take: func(int, time.Duration) (time.Duration, error) {
+		c.Advance(sharedTimeout) // the call's timeout, spent
+		return 0, fmt.Errorf("pgstore: take: %w", context.DeadlineExceeded)
+	}}
+	g.Shared = f
+	var failed, slow []error
+	g.OnSharedError = func(err error) { failed = append(failed, err) }
+	g.OnSharedSlow = func(err error) { slow = append(slow, err) }
+	g.SetReplicas(2) // 5 per second
+	// Real time bounds the test; the fake clock runs a second per Take.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := c.Now()
+	if _, err := g.Wait(ctx); err != nil {
+		t.Fatalf("Wait = %v after %v, want a token of the local share", err, c.Now().Sub(start))
+	}
+	if took := c.Now().Sub(start); took > sharedRetry+sharedTimeout {
+		t.Errorf("the first attempt left after %v, want at most %v", took, sharedRetry+sharedTimeout)
+	}
+	if len(failed) != 1 || len(slow) != 1 {
+		t.Errorf("reported %d failures and %d slow takes, want 1 and 1: %v %v", len(failed), len(slow), failed, slow)
+	}
+	// The local share holds for sharedRetry; the store's next Take times
+	// out too and the replica paces alone again at once.
+	c.Advance(sharedRetry)
+	calls := len(f.takeCalls())
+	again := c.Now()
+	if _, err := g.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := c.Now().Sub(again); took > sharedTimeout {
+		t.Errorf("after the local share's time, the next attempt left after %v, want at most one Take's %v", took, sharedTimeout)
+	}
+	if got := len(f.takeCalls()) - calls; got != 1 {
+		t.Errorf("Take called %d times after the local share's time, want once", got)
+	}
+	if len(failed) != 2 {
+		t.Errorf("reported %d failures, want 2", len(failed))
+	}
+}
+
 // A store that says the first token is beyond the attempt's deadline ends the
 // wait at once with ErrDeadline.
 func TestGateSharedDeadline(t *testing.T) {
