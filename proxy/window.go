@@ -75,7 +75,7 @@ func (h *Handler) windowKey(ctx context.Context, tenant string, fp [32]byte, win
 	if _, key, joined, err := h.joinWindow(ctx, tenant, fp, window, h.opt.Now()); err != nil || joined {
 		return key, err
 	}
-	now, unlock, err := h.lockWindow(ctx, tenant, fp, window)
+	now, held, unlock, err := h.lockWindow(ctx, tenant, fp, window)
 	if err != nil {
 		return "", err
 	}
@@ -100,7 +100,20 @@ func (h *Handler) windowKey(ctx context.Context, tenant string, fp [32]byte, win
 			key = last.key
 		}
 	}
-	named, err := h.anchor(ctx, anchorID(tenant, fp, window, period), fp, key)
+	// The lock is not renewed: past the end of its lease another replica
+	// may hold it and have anchored the next period for this operation
+	// under another key. Deciding on, this request would anchor its own
+	// period too and send the operation a second time under its own key.
+	// So the anchor is made only while the lock is surely this request's:
+	// past its end nothing is anchored and nothing sent, and an anchor
+	// whose claim reaches the store only after it is undone by the store
+	// (its caller gone, see pgstore's orphaned claims).
+	if !time.Now().Before(held) {
+		return "", storeError{fmt.Errorf("%w: the fingerprint window's lock outlived its lease of %v while deciding (the store's answers too slow); nothing anchored", store.ErrUnavailable, windowLockLease)}
+	}
+	actx, cancel := context.WithDeadline(ctx, held)
+	defer cancel()
+	named, err := h.anchor(actx, anchorID(tenant, fp, window, period), fp, key)
 	if named == "" { // anchored first by an earlier version, naming no operation
 		named = idemkey.WindowKey(fp, window, period, tenant)
 	}
@@ -140,25 +153,28 @@ const windowLockLease = 10 * time.Second
 // lockWindow takes the lock record of fingerprint fp's window, which
 // serialises anchoring across replicas sharing the store as h.windows does
 // within the process, and returns the store's time at the claim (this
-// process's for a store that gives none) and the function that releases it.
+// process's for a store that gives none), the end of the lock's lease as
+// this process knows it (a lease after the claim was sent, by the monotonic
+// clock: before the store's own end of it) and the function that releases it.
 // While another replica holds it, it waits, reading, as for a key in flight,
 // up to InflightWait: then 409, nothing sent.
-func (h *Handler) lockWindow(ctx context.Context, tenant string, fp [32]byte, window time.Duration) (time.Time, func(), error) {
+func (h *Handler) lockWindow(ctx context.Context, tenant string, fp [32]byte, window time.Duration) (time.Time, time.Time, func(), error) {
 	id := anchorID(tenant, fp, window, 0)
 	id.Key += "/lock"
 	owner := newOwner()
 	deadline := h.opt.Now().Add(h.opt.InflightWait)
 	for {
+		claimed := time.Now()
 		rec, created, err := h.opt.Store.Begin(ctx, id, store.Request{Fingerprint: fp[:]}, owner, windowLockLease)
 		if err != nil {
-			return time.Time{}, nil, storeError{err}
+			return time.Time{}, time.Time{}, nil, storeError{err}
 		}
 		if created {
 			now := rec.ReadAt
 			if now.IsZero() {
 				now = h.opt.Now()
 			}
-			return now, func() {
+			return now, claimed.Add(windowLockLease), func() {
 				// Also when the client has gone: left held, the lock would
 				// hold the fingerprint's next request for a lease.
 				h.opt.Store.Abandon(context.WithoutCancel(ctx), id, owner)
@@ -169,15 +185,15 @@ func (h *Handler) lockWindow(ctx context.Context, tenant string, fp [32]byte, wi
 		// (a replica that stopped holding it).
 		for rec.LeaseLive(h.opt.Now()) {
 			if !h.opt.Now().Before(deadline) {
-				return time.Time{}, nil, h.inProgress
+				return time.Time{}, time.Time{}, nil, h.inProgress
 			}
 			if err := ratelimit.SleepContext(ctx, windowLockPoll); err != nil {
-				return time.Time{}, nil, err
+				return time.Time{}, time.Time{}, nil, err
 			}
 			if rec, err = h.opt.Store.Get(ctx, id); errors.Is(err, store.ErrNotFound) {
 				break
 			} else if err != nil {
-				return time.Time{}, nil, storeError{err}
+				return time.Time{}, time.Time{}, nil, storeError{err}
 			}
 		}
 	}
