@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -131,6 +132,14 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 		return 2
 	}
 	log := newLogger(stderr, cfg.LogLevel, set.secrets())
+	// net/http's transport writes some warnings through the standard
+	// logger, as plain text among the JSON lines: an upstream connection
+	// that sent bytes no request asked for (a provider answering a 204 or
+	// a HEAD with a body) gave "2026/12/04 12:31:07 Unsolicited response
+	// received on idle HTTP channel ...", which a log pipeline reading
+	// JSON lines drops or chokes on. They are WARN lines like every other.
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(slog.NewLogLogger(log.Handler(), slog.LevelWarn).Writer())
 	warnUnknownVariables(environ, log)
 	warnIneffective(cfg, environ, log)
 	warnShortAdminToken(set.adminToken, log)
