@@ -426,16 +426,21 @@ func probeRoutes(s string) (routes.Table, error) {
 	return routes.Parse(strings.Join(rules, ";"))
 }
 
-// routes parses ROUTES. A fingerprint window must fit in RECORD_TTL: the
-// records that tie a window's requests together live that long.
+// routes parses ROUTES. Three fingerprint windows must fit in RECORD_TTL:
+// the anchors that tie a window's requests together live that long, and a
+// request reads those of the two periods before its own to find an operation
+// still in flight or unknown, up to three windows after the anchor was
+// written. With a TTL of one window, a retry 1.2 windows after an unknown
+// top-up found its anchor expired and was sent under a new key: executed
+// twice.
 func (c *config) routes() (routes.Table, error) {
 	t, err := routes.Parse(c.Routes)
 	if err != nil {
 		return t, err
 	}
 	for _, r := range t.Rules() {
-		if r.Policy == routes.Fingerprint && r.Window > c.RecordTTL {
-			return t, fmt.Errorf("rule %q: window longer than %sRECORD_TTL (%s)", r.String(), envPrefix, c.RecordTTL)
+		if r.Policy == routes.Fingerprint && r.Window > c.RecordTTL/3 {
+			return t, fmt.Errorf("rule %q: window longer than a third of %sRECORD_TTL (%s): the window's records must outlive three windows", r.String(), envPrefix, c.RecordTTL)
 		}
 	}
 	return t, nil

@@ -117,6 +117,10 @@ func TestBadRouteAndPresetConfig(t *testing.T) {
 		{[]string{"IDEMPROXY_ROUTES=POST /x=maybe"}, "IDEMPROXY_ROUTES"},
 		{[]string{"IDEMPROXY_ROUTES=POST /x=key:cookie:a"}, "IDEMPROXY_ROUTES"},
 		{[]string{"IDEMPROXY_ROUTES=POST /x=fingerprint:100h"}, "IDEMPROXY_RECORD_TTL"},
+		// An unknown operation is found through anchors up to three
+		// windows old, which must not have expired.
+		{[]string{"IDEMPROXY_RECORD_TTL=72h", "IDEMPROXY_ROUTES=POST /x=fingerprint:72h"}, "IDEMPROXY_RECORD_TTL"},
+		{[]string{"IDEMPROXY_RECORD_TTL=29m", "IDEMPROXY_ROUTES=POST /x=fingerprint:10m"}, "IDEMPROXY_RECORD_TTL"},
 		{[]string{"IDEMPROXY_INPROGRESS_STATUS=200"}, "IDEMPROXY_INPROGRESS_STATUS"},
 		{[]string{"IDEMPROXY_INPROGRESS_STATUS=busy"}, "IDEMPROXY_INPROGRESS_STATUS"},
 		{[]string{"IDEMPROXY_INPROGRESS_CODE=in progress"}, "IDEMPROXY_INPROGRESS_CODE"},
@@ -132,11 +136,11 @@ func TestBadRouteAndPresetConfig(t *testing.T) {
 }
 
 func TestFingerprintWindowWithinTTL(t *testing.T) {
-	_, set, err := loadEnv(t, "IDEMPROXY_RECORD_TTL=72h", "IDEMPROXY_ROUTES=POST /x=fingerprint:72h")
+	_, set, err := loadEnv(t, "IDEMPROXY_RECORD_TTL=72h", "IDEMPROXY_ROUTES=POST /x=fingerprint:24h")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := set.routes.Match("POST", "/x", true); r.Window != 72*time.Hour {
+	if r, _ := set.routes.Match("POST", "/x", true); r.Window != 24*time.Hour {
 		t.Errorf("window %v", r.Window)
 	}
 }
