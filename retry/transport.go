@@ -2,11 +2,14 @@ package retry
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/heldbody"
@@ -343,6 +346,9 @@ func (s *sequence) send() (*http.Response, []byte, error) {
 	if err == nil {
 		body, err = decodeAnswer(resp, body, s.t.maxResponseBytes())
 	}
+	if err == nil && cutShort(resp, s.req.Method, body) {
+		err = ErrCutShort
+	}
 	if err != nil {
 		// A body cut short is an answer lost on the way: outcome unknown.
 		return nil, nil, err
@@ -499,6 +505,45 @@ func readLimited(r io.Reader, size, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("%w (over %d bytes)", ErrResponseTooLarge, limit)
 	}
 	return b, err
+}
+
+// ErrCutShort is the error of an answer whose body ended with its
+// connection (no Content-Length, not chunked) and whose bytes are not the
+// JSON its Content-Type says: the connection was cut before the body's end,
+// which HTTP cannot tell from the end itself (RFC 9112 §6.3). It wraps
+// io.ErrUnexpectedEOF, as a body short of its Content-Length does.
+var ErrCutShort = fmt.Errorf("answer cut short: its body ended with the connection, and is not the JSON its Content-Type says: %w", io.ErrUnexpectedEOF)
+
+// cutShort reports an answer to a request of method whose body, read whole
+// and decoded, ended with its connection and is not the JSON its
+// Content-Type says. Stored, the truncated bytes would be replayed as the
+// operation's result for the record's whole life, while the provider holds
+// the whole answer under the key for the next attempt.
+func cutShort(resp *http.Response, method string, body []byte) bool {
+	return closeDelimited(resp, method) && jsonType(resp.Header.Get("Content-Type")) && !json.Valid(body)
+}
+
+// closeDelimited reports an HTTP/1 answer whose body ends where its
+// connection does: neither a length nor chunked framing, and a body the
+// status and method allow (a HEAD's answer has none, nor has a 204 or 304,
+// whose ContentLength net/http sets to 0). An answer net/http decoded from
+// the gzip it asked for has no length either, whatever its framing, but its
+// gzip trailer proves it whole (a cut one fails to read); one in a coding
+// left undone (br) is not JSON as it is.
+func closeDelimited(resp *http.Response, method string) bool {
+	return resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 &&
+		!resp.Uncompressed && len(resp.Header.Values("Content-Encoding")) == 0 && method != http.MethodHead
+}
+
+// jsonType reports a Content-Type of application/json, or of any */json or
+// */*+json type (RFC 6839 §3.1).
+func jsonType(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	_, sub, _ := strings.Cut(mt, "/")
+	return sub == "json" || strings.HasSuffix(sub, "+json")
 }
 
 // noteRetryAfter records the response's Retry-After, capped by MaxDelay, and
