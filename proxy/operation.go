@@ -349,6 +349,14 @@ func (h *Handler) run(r *http.Request, id store.ID, owner string, claimed time.T
 		h.opt.Logger.Warn("final response too large for a record (headers included); passed on unstored, key released",
 			"method", r.Method, "path", r.URL.Path, "key", id.Key, "status", res.resp.Status)
 	}
+	if ex := (*retry.ExhaustedError)(nil); errors.As(res.err, &ex) {
+		// Nothing executed: no attempt reached the provider, or every
+		// answer refused it. The app's 502 says so; this line says why, so
+		// that a name that does not resolve or a certificate that does not
+		// verify is not taken for a provider that is down.
+		h.opt.Logger.Warn("upstream request failed: nothing executed, key released",
+			"method", r.Method, "path", r.URL.Path, "key", id.Key, "attempts", ex.Attempts, "err", res.err.Error())
+	}
 	if err := h.opt.Store.Abandon(ctx, id, owner); err != nil {
 		h.opt.Logger.Error("releasing in-flight record failed: its record stays in flight until its lease ends or the next start (PostgreSQL releases it once the database answers), then the app's retry with the same key resumes it; /readyz says why the store refused",
 			"method", r.Method, "path", r.URL.Path, "key", id.Key, "err", err)
