@@ -131,6 +131,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 		log.Error("idemproxy not started: bad configuration", "err", err.Error())
 		return 2
 	}
+	ownerOnlyFiles()
 	log := newLogger(stderr, cfg.LogLevel, set.secrets())
 	// net/http's transport writes some warnings through the standard
 	// logger, as plain text among the JSON lines: an upstream connection
