@@ -1114,6 +1114,38 @@ func warnShortAdminToken(token string, log *slog.Logger) {
 	}
 }
 
+// warnOpenAdmin logs at WARN an admin API without a token (ADMIN_TOKEN
+// empty) listening where other hosts reach it (ADMIN_ADDR not a loopback
+// address: the default :9090, the image's). It started without a word, and
+// anyone reaching the admin port could read every stored answer with its
+// body (a card provider's may carry card data), resolve an operation whose
+// outcome is unknown as not executed (sent again: a second charge if it
+// had run), renew orders and discard records. Not a refusal: an empty
+// token means an open API. Nothing secret is logged.
+func warnOpenAdmin(addr, token string, log *slog.Logger) {
+	if token != "" || loopbackAddr(addr) {
+		return
+	}
+	log.Warn("admin API open to whoever reaches the admin port: no admin token", "variable", envPrefix+"ADMIN_TOKEN",
+		"admin_addr", addr, "why", "without a token any caller can read stored answers with their bodies, resolve an operation "+
+			"whose outcome is unknown as not executed (it is sent again), renew orders and discard records; set "+
+			envPrefix+"ADMIN_TOKEN (or _FILE), or listen on 127.0.0.1 ("+envPrefix+"ADMIN_ADDR)")
+}
+
+// loopbackAddr reports whether the listen address addr is on a loopback
+// address only (127.0.0.0/8, ::1, localhost).
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // requestPlaceholders are the placeholders that take something of the
 // request into a signature ({timestamp} and {nonce} take only the moment).
 var requestPlaceholders = []string{"method", "path", "query", "body", "body_sha256", "idempotency_key"}

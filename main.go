@@ -144,6 +144,7 @@ func serveFromEnv(environ []string, stderr io.Writer) int {
 	warnUnknownVariables(environ, log)
 	warnIneffective(cfg, environ, log)
 	warnShortAdminToken(set.adminToken, log)
+	warnOpenAdmin(cfg.AdminAddr, set.adminToken, log)
 	warnUnboundSignature(set.sign, log)
 	warnPresetCredentials(cfg, set, log)
 	warnPresetCleared(cfg, environ, log)
