@@ -52,6 +52,17 @@ func idleEnded(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "57P05"
 }
 
+// readAgain says whether a read that failed with err is sent again on
+// another connection: its session was ended while idle (idleEnded), or by
+// a DBA's pg_terminate_backend or a fast shutdown (FATAL 57P01) whose
+// FATAL reached the connection after shouldPing had looked. A read
+// changes nothing, so running it again is safe whatever it had done; a
+// server going down fails the next Acquire instead.
+func readAgain(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "57P05" || pe.Code == "57P01")
+}
+
 // idleEndedTries is how many times a statement is sent again after
 // idleEnded: more than a pool's connections last used at about the same
 // time are likely to be.

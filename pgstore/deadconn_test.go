@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemproxy/idemproxy/pgstore/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -56,5 +58,34 @@ func TestSessionsEndedWhileIdle(t *testing.T) {
 				t.Errorf("round %d: claim %d after %d idle sessions were ended: %v, %v", round, i, ended, created, err)
 			}
 		}
+	}
+}
+
+// TestReadSentAgainAfterItsSessionWasTerminated: a read whose session the
+// server ends by a DBA's command (FATAL 57P01), here its own statement's
+// pg_terminate_backend, is sent again on another connection, as one ended
+// for idle_session_timeout is. In CI, TestSessionsEndedWhileIdle's Ping
+// failed with 57P01 once: the session's FATAL reached the connection after
+// the pool's check had looked, and reads were tried again only on 57P05.
+func TestReadSentAgainAfterItsSessionWasTerminated(t *testing.T) {
+	url := pgtest.Database(t)
+	ctx := context.Background()
+	s := open(t, url, time.Hour)
+	var pids []uint32
+	got, err := read(ctx, s, func(ctx context.Context, conn *pgxpool.Conn) (int, error) {
+		pids = append(pids, conn.Conn().PgConn().PID())
+		if len(pids) == 1 {
+			_, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+			return 0, err
+		}
+		var one int
+		err := conn.QueryRow(ctx, `SELECT 1`).Scan(&one)
+		return one, err
+	})
+	if err != nil || got != 1 {
+		t.Fatalf("read after its session was terminated = %d, %v; want 1 from a second session (sessions %v)", got, err, pids)
+	}
+	if len(pids) != 2 || pids[0] == pids[1] {
+		t.Errorf("sessions used: %v, want two distinct", pids)
 	}
 }

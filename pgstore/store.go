@@ -1159,7 +1159,7 @@ func read[T any](ctx context.Context, s *Store, fn func(ctx context.Context, con
 		defer cancel()
 		defer context.AfterFunc(s.bg, cancel)() // Close ends it
 		var r result
-		for try := 0; try == 0 || idleEnded(r.err) && try <= idleEndedTries; try++ {
+		for try := 0; try == 0 || readAgain(r.err) && try <= idleEndedTries; try++ {
 			conn, err := s.pool.Acquire(ctx)
 			if err != nil {
 				// A new session the server ended while idle before its
