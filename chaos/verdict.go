@@ -81,13 +81,17 @@ type Verdict struct {
 	Longest string
 	// Examples describe up to ten violations, one line each.
 	Examples []string
+	// Unsent counts orders the client never sent: the run was interrupted
+	// (Run's error says why) before their turn. They are not judged.
+	Unsent int
 }
 
 // Judge compares the ledger and the wire counts with the client's records.
 // It must run after the proxy and the sandbox have stopped, so the ledger is
 // final.
-func Judge(ledger sandbox.LedgerSnapshot, wire map[string]WireOrder, unattributed int, orders []Order) Verdict {
-	v := Verdict{Orders: len(orders), Executions: ledger.Executions, Requests: map[string]int{},
+func Judge(ledger sandbox.LedgerSnapshot, wire map[string]WireOrder, unattributed int, all []Order) Verdict {
+	orders := slices.DeleteFunc(slices.Clone(all), func(o Order) bool { return len(o.Answers) == 0 })
+	v := Verdict{Orders: len(orders), Unsent: len(all) - len(orders), Executions: ledger.Executions, Requests: map[string]int{},
 		ClientTries: Histogram{}, UpstreamRequests: Histogram{}, ProxyAttempts: Histogram{},
 		Faults: maps.Clone(ledger.Faults), Unattributed: unattributed,
 		ProviderReplays: ledger.Replays, Throttled: ledger.Throttled}

@@ -117,3 +117,21 @@ func TestJudgeCounts(t *testing.T) {
 		t.Errorf("Requests = %v", v.Requests)
 	}
 }
+
+// TestJudgeUnsentOrders: a run interrupted before every order was sent (a
+// replica that did not come back after its SIGKILL) leaves orders with no
+// answer. Judge panicked on them (index -1), hiding Run's error in CI; they
+// are counted as unsent and not judged.
+func TestJudgeUnsentOrders(t *testing.T) {
+	r := cleanRun()
+	r.orders = append(r.orders, Order{ID: "C"})
+	v := r.judge()
+	if v.Unsent != 1 || v.Orders != 2 {
+		t.Errorf("unsent %d, judged orders %d; want 1 and 2", v.Unsent, v.Orders)
+	}
+	clean := cleanRun().judge()
+	if v.DuplicateExecutions != clean.DuplicateExecutions || v.ExecutedNotLearned != clean.ExecutedNotLearned ||
+		v.Succeeded != clean.Succeeded || v.GaveUp != clean.GaveUp || v.Refused != clean.Refused {
+		t.Errorf("an unsent order changed the verdict: %+v, want the clean run's %+v", v, clean)
+	}
+}
