@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -30,6 +31,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -552,9 +554,20 @@ func tlsFailure(err error) bool {
 		strings.Contains(err.Error(), "server refused TLS connection") // pgconn has no sentinel for it
 }
 
+// isNetwork says whether err is a failure to reach the database or to keep
+// its connection: refused to connect, timed out, or dropped mid-statement
+// (the server going down for a restart or a failover, a proxy between them
+// going away: EOF, a reset, pgconn's closed connection). A connection
+// dropped while the start's first statements ran was taken for a refusal,
+// and the replica exited at start instead of retrying.
 func isNetwork(err error) bool {
-	var ce *pgconn.ConnectError
-	return errors.As(err, &ce) || pgconn.Timeout(err)
+	var (
+		ce *pgconn.ConnectError
+		ne net.Error
+	)
+	return errors.As(err, &ce) || pgconn.Timeout(err) || errors.As(err, &ne) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // redact drops a connection error's text that may carry the URL's password.
