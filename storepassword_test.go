@@ -114,9 +114,25 @@ func TestStorePasswordNeverShownWhenTheDatabaseFails(t *testing.T) {
 	// Serving, then the database fails under it.
 	p = launch(t, launchSpec{env: env(storeURL(base.Host, pw, "appdb"))})
 	ready(p, "the start")
+	// terminate ends the replica's sessions and waits until they are gone:
+	// pg_terminate_backend only signals them, and a RENAME of their
+	// database while one is still exiting fails ("is being accessed by
+	// other users", seen once under load).
 	terminate := func() {
 		t.Helper()
 		exec1(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'`)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			var left int
+			if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'`).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			if left == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d sessions of app still there 10 s after pg_terminate_backend", left)
+			}
+		}
 	}
 
 	exec1(`ALTER ROLE app PASSWORD 'changed-` + pw + `'`)
