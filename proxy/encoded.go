@@ -1,21 +1,12 @@
 package proxy
 
 import (
-	"bytes"
-	"compress/flate"
-	"compress/gzip"
-	"compress/zlib"
 	"errors"
-	"io"
 	"net/http"
-	"strings"
 
+	"github.com/idemproxy/idemproxy/internal/contentcoding"
 	"github.com/idemproxy/idemproxy/internal/heldbody"
 )
-
-// maxCodings bounds the content codings decodedBody undoes: a list longer
-// than any client sends is not decoded.
-const maxCodings = 4
 
 // decodedBody returns the bytes a protected request's key and fingerprint
 // are read from: body itself, or, when its Content-Encoding lists gzip
@@ -39,13 +30,13 @@ func decodedBody(h http.Header, body []byte, limit int64, t *ticket) (decoded []
 	if len(body) == 0 { // nothing to decode: a bodyless POST whatever its header says
 		return body, false, nil
 	}
-	codings, ok := contentCodings(h)
+	codings, ok := contentcoding.List(h)
 	if !ok {
 		return body, true, nil
 	}
 	decoded = body
 	for i := len(codings) - 1; i >= 0; i-- { // the last coding applied is undone first
-		decoded, err = decode(codings[i], decoded, limit, t)
+		decoded, err = contentcoding.Undo(codings[i], decoded, limit, t.reserve)
 		if errors.Is(err, heldbody.ErrRefused) {
 			return body, false, errBodyBytes
 		}
@@ -54,43 +45,4 @@ func decodedBody(h http.Header, body []byte, limit int64, t *ticket) (decoded []
 		}
 	}
 	return decoded, false, nil
-}
-
-// contentCodings lists the codings of h's Content-Encoding, identity left
-// out, in the order they were applied; ok is false when one is not gzip,
-// x-gzip or deflate, or there are more than maxCodings.
-func contentCodings(h http.Header) (codings []string, ok bool) {
-	for _, line := range h.Values("Content-Encoding") {
-		for c := range strings.SplitSeq(line, ",") {
-			c = strings.ToLower(strings.Trim(c, " \t"))
-			switch c {
-			case "", "identity":
-			case "gzip", "x-gzip", "deflate":
-				codings = append(codings, c)
-			default:
-				return nil, false
-			}
-		}
-	}
-	return codings, len(codings) <= maxCodings
-}
-
-// decode undoes one coding of b.
-func decode(coding string, b []byte, limit int64, t *ticket) ([]byte, error) {
-	var rd io.Reader
-	var err error
-	switch coding {
-	case "deflate":
-		// RFC 9110 §8.4.1.2: the zlib format. Some clients send a raw
-		// deflate stream under this name; a provider that decodes both
-		// reads either.
-		if rd, err = zlib.NewReader(bytes.NewReader(b)); err != nil {
-			rd = flate.NewReader(bytes.NewReader(b))
-		}
-	default:
-		if rd, err = gzip.NewReader(bytes.NewReader(b)); err != nil {
-			return nil, err
-		}
-	}
-	return heldbody.ReadAll(rd, -1, limit, t.reserve)
 }

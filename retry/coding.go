@@ -1,17 +1,12 @@
 package retry
 
 import (
-	"bytes"
-	"compress/flate"
-	"compress/gzip"
-	"compress/zlib"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
+	"github.com/idemproxy/idemproxy/internal/contentcoding"
 	"github.com/idemproxy/idemproxy/internal/heldbody"
 )
 
@@ -35,37 +30,14 @@ func decodeAnswer(resp *http.Response, body []byte, limit int64) ([]byte, error)
 	if len(body) == 0 || len(resp.Header.Values("Content-Encoding")) == 0 {
 		return body, nil
 	}
-	var codings []string
-	for _, line := range resp.Header.Values("Content-Encoding") {
-		for c := range strings.SplitSeq(line, ",") {
-			switch c = strings.ToLower(strings.Trim(c, " \t")); c {
-			case "", "identity":
-			case "gzip", "x-gzip", "deflate":
-				codings = append(codings, c)
-			default:
-				return body, nil
-			}
-		}
-	}
-	if len(codings) > 4 {
+	codings, ok := contentcoding.List(resp.Header)
+	if !ok {
 		return body, nil
 	}
 	decoded := body
 	for i := len(codings) - 1; i >= 0; i-- { // the last coding applied is undone first
-		var rd io.Reader
 		var err error
-		if codings[i] == "deflate" {
-			// RFC 9110 §8.4.1.2: the zlib format; some servers send a
-			// raw deflate stream under this name.
-			if rd, err = zlib.NewReader(bytes.NewReader(decoded)); err != nil {
-				rd, err = flate.NewReader(bytes.NewReader(decoded)), nil
-			}
-		} else {
-			rd, err = gzip.NewReader(bytes.NewReader(decoded))
-		}
-		if err == nil {
-			decoded, err = heldbody.ReadAll(rd, -1, limit, nil)
-		}
+		decoded, err = contentcoding.Undo(codings[i], decoded, limit, nil)
 		if errors.Is(err, heldbody.ErrTooLarge) {
 			return nil, fmt.Errorf("%w (over %d bytes once decoded)", ErrResponseTooLarge, limit)
 		}
